@@ -1,0 +1,101 @@
+"""The application entry point: one object that knows an app's commands and projections.
+
+    app = Eventfold("inventory")
+    app.projections.add(inventory_totals)
+
+    @app.commands.handler(ReceiveStock, Product)
+    def receive_stock(product: Product, command: ReceiveStock) -> None: ...
+
+The CLI loads it from ``EVENTFOLD_APP`` (``module:attribute``) and builds every service from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+from fastapi import FastAPI
+from sqlalchemy import create_engine
+
+import migrations
+from eventfold.config import ConfigError, Settings
+from outbox import ConnectClient, OutboxConnectorSpec, TopicAdmin, event_topic
+from outbox.topics import EVENT_TOPIC_CONFIG
+from projections import ProjectionRegistry
+from projections.runner import ProjectionRunner, RunnerSettings
+from projections.sinks import ensure_projection_topics
+from read_api import create_read_app
+from write_model import CommandBus, CommandRegistry, EventStore, Repository
+from write_model.http import create_command_app
+
+log = logging.getLogger(__name__)
+
+
+class Eventfold:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.commands = CommandRegistry()
+        self.projections = ProjectionRegistry()
+
+    @property
+    def aggregate_types(self) -> list[str]:
+        return sorted(set(self.commands.aggregate_types)
+                      | set(self.projections.source_aggregate_types))
+
+    # -- infrastructure -------------------------------------------------------------------
+    def connector_spec(self, settings: Settings) -> OutboxConnectorSpec:
+        return OutboxConnectorSpec(database_url=settings.database_url_for_connect,
+                                   name=f"eventfold-{self.name}-outbox",
+                                   slot_name=f"eventfold_{self.name}_outbox")
+
+    def setup(self, settings: Settings) -> None:
+        """Migrate the database, create event topics, apply the CDC connector (idempotent)."""
+        migrations.upgrade(settings.database_url)
+        log.info("database migrated")
+        admin = TopicAdmin(settings.kafka_bootstrap)
+        admin.ensure([event_topic(t) for t in self.aggregate_types], EVENT_TOPIC_CONFIG,
+                     partitions=settings.event_topic_partitions)
+        for projection in self.projections:
+            ensure_projection_topics(admin, projection)
+        ConnectClient(settings.connect_url).apply(self.connector_spec(settings))
+
+    # -- services ---------------------------------------------------------------------------
+    def event_store(self, settings: Settings) -> EventStore:
+        return EventStore.from_url(settings.database_url)
+
+    def command_bus(self, settings: Settings) -> CommandBus:
+        return CommandBus(Repository(self.event_store(settings)), self.commands)
+
+    def command_api(self, settings: Settings) -> FastAPI:
+        return create_command_app(self.command_bus(settings), title=f"{self.name} commands")
+
+    def read_api(self, settings: Settings) -> FastAPI:
+        engine = create_engine(settings.database_url, pool_size=10, pool_pre_ping=True)
+        return create_read_app(self.projections, engine, settings.kafka_bootstrap,
+                               title=f"{self.name} reads")
+
+    def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
+        from projections.spark import spark_session
+
+        spark = spark_session(settings.spark_master, app_name=f"eventfold-{name}")
+        return ProjectionRunner(spark, self.projections.get(name), RunnerSettings(
+            bootstrap_servers=settings.kafka_bootstrap,
+            database_url=settings.database_url,
+            checkpoint_root=Path(settings.checkpoint_dir),
+            trigger_interval=settings.trigger_interval,
+            max_rows_per_batch=settings.max_rows_per_batch,
+        ))
+
+
+def load_app(spec: str) -> Eventfold:
+    """Import ``module:attribute`` and check that it is an Eventfold application."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        app = getattr(module, attribute or "app")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load EVENTFOLD_APP={spec!r}: {exc}") from exc
+    if not isinstance(app, Eventfold):
+        raise ConfigError(f"EVENTFOLD_APP={spec!r} is a {type(app).__name__}, not an Eventfold")
+    return app

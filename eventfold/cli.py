@@ -1,0 +1,155 @@
+"""The ``eventfold`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from collections.abc import Callable
+from types import FrameType
+
+from eventfold.config import ConfigError, Settings
+
+log = logging.getLogger("eventfold")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), datefmt="%H:%M:%S",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "py4j", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _stack(settings: Settings, args: argparse.Namespace) -> int:
+    from local_stack import LocalStack
+
+    stack = LocalStack(settings.stack_dir)
+    if args.action == "up":
+        endpoints = stack.up()
+        print(f"stack running in {stack.data_dir}")
+        for name, value in endpoints.as_env().items():
+            print(f"export {name}={value}")
+    elif args.action == "down":
+        stack.down()
+        print("stack stopped")
+    else:
+        print(json.dumps(stack.status(), indent=2))
+    return 0
+
+
+def _setup(settings: Settings, _: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+
+    load_app(settings.app).setup(settings.with_local_stack())
+    print("database migrated, event topics created, connector RUNNING")
+    return 0
+
+
+def _migrate(settings: Settings, _: argparse.Namespace) -> int:
+    import migrations
+
+    migrations.upgrade(settings.with_local_stack().database_url)
+    print("database at head")
+    return 0
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+    from eventfold.serving import serve_forever
+
+    settings = settings.with_local_stack()
+    app = load_app(settings.app)
+    if args.api == "commands":
+        serve_forever(app.command_api(settings), settings.http_host, settings.command_api_port)
+    else:
+        serve_forever(app.read_api(settings), settings.http_host, settings.read_api_port)
+    return 0
+
+
+def _projection(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+
+    app = load_app(settings.app)
+    if args.action == "list":
+        for projection in app.projections:
+            print(f"{projection.name}\tsources={','.join(projection.source_topics)}\t"
+                  f"table={projection.table}\tktable={projection.ktable_topic}")
+        return 0
+    if not args.name:
+        raise ConfigError("projection run needs a NAME (see `eventfold projection list`)")
+    runner = app.projection_runner(settings.with_local_stack(), args.name)
+    query = runner.start(once=args.once)
+    _on_sigterm(lambda: query.stop())
+    query.awaitTermination()
+    runner.close()
+    log.info("projection %s stopped after %d batches", args.name, runner.batches)
+    return 0
+
+
+def _on_sigterm(stop: Callable[[], None]) -> None:
+    def handle(signum: int, _: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current batch", signum)
+        stop()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def _demo(settings: Settings, _: argparse.Namespace) -> int:
+    from eventfold.demo import run_demo
+
+    return run_demo(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eventfold", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    stack = commands.add_parser("stack", help="start/stop the local Postgres, broker and Connect")
+    stack.add_argument("action", choices=["up", "down", "status"])
+    stack.set_defaults(run=_stack)
+
+    commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)
+    commands.add_parser(
+        "setup", help="migrate, create event topics, apply the CDC connector"
+    ).set_defaults(run=_setup)
+
+    serve = commands.add_parser("serve", help="serve the command or read API over HTTP")
+    serve.add_argument("api", choices=["commands", "reads"])
+    serve.set_defaults(run=_serve)
+
+    proj = commands.add_parser("projection", help="list or run projections")
+    proj.add_argument("action", choices=["list", "run"])
+    proj.add_argument("name", nargs="?")
+    proj.add_argument("--once", action="store_true",
+                      help="catch up with everything available now, then stop")
+    proj.set_defaults(run=_projection)
+
+    commands.add_parser(
+        "demo", help="start the stack, run the inventory example end to end, stop the stack"
+    ).set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        configure_logging(settings.log_level)
+        return int(args.run(settings, args))
+    except ConfigError as exc:
+        print(f"eventfold: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from local_stack import StackError
+
+        if isinstance(exc, StackError):
+            print(f"eventfold: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Inventory: products receive stock; a projection keeps the total quantity per product.
+
+    POST /commands/ReceiveStock {"product": "apples", "quantity": 5}
+    GET  /read-models/inventory_totals/rows/apples  ->  {"key": "apples", "quantity": 5, ...}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field
+from sqlalchemy import BigInteger
+
+from eventfold.app import Eventfold
+from projections import Event, State, projection
+from write_model import Aggregate, Command, DomainError, DomainEvent
+
+
+@dataclass(frozen=True)
+class StockReceived(DomainEvent):
+    product: str
+    quantity: int
+
+
+class Product(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.on_hand = 0
+
+    def receive_stock(self, quantity: int) -> None:
+        if quantity <= 0:
+            raise DomainError(f"quantity must be positive, got {quantity}")
+        self.record(StockReceived(product=self.id, quantity=quantity))
+
+    def apply(self, event: DomainEvent) -> None:
+        match event:
+            case StockReceived(quantity=quantity):
+                self.on_hand += quantity
+
+
+class ReceiveStock(Command):
+    """Record a delivery of ``quantity`` units of ``product``."""
+
+    product: str = Field(min_length=1, max_length=200)
+    quantity: int = Field(gt=0, le=1_000_000)
+
+    def stream_id(self) -> str:
+        return self.product
+
+
+@projection("inventory_totals", sources=["Product"], columns={"quantity": BigInteger()},
+            event_types=["StockReceived"])
+def inventory_totals(state: State | None, event: Event) -> State | None:
+    """Total quantity received per product."""
+    return {"quantity": (state or {"quantity": 0})["quantity"] + int(event.data["quantity"])}
+
+
+app = Eventfold("inventory")
+app.projections.add(inventory_totals)
+
+
+@app.commands.handler(ReceiveStock, Product)
+def receive_stock(product: Product, command: ReceiveStock) -> None:
+    product.receive_stock(command.quantity)

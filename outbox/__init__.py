@@ -1,0 +1,23 @@
+"""Outbox: change data capture from the Postgres outbox into Kafka, and the wire format.
+
+Owns: the declarative Debezium connector spec and its Kafka Connect configuration, the Connect
+REST client (``requests``), event topic naming and creation, and the envelope of the messages
+on those topics (what downstream consumers decode).
+
+May import: ``write_model.schema`` (table and publication names), confluent-kafka, requests.
+It never imports projections or read_api.
+"""
+
+from outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
+from outbox.envelope import EventEnvelope, MalformedEvent
+from outbox.topics import TopicAdmin, event_topic
+
+__all__ = [
+    "ConnectClient",
+    "ConnectError",
+    "EventEnvelope",
+    "MalformedEvent",
+    "OutboxConnectorSpec",
+    "TopicAdmin",
+    "event_topic",
+]

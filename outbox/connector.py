@@ -1,0 +1,158 @@
+"""The Debezium outbox connector: a declarative spec, and Kafka Connect's REST API to run it."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import requests
+from sqlalchemy.engine import make_url
+
+from outbox.topics import DEFAULT_TOPIC_PREFIX
+from write_model.schema import OUTBOX_PUBLICATION, OUTBOX_TABLE
+
+log = logging.getLogger(__name__)
+
+ENVELOPE_FIELDS = {
+    "type": "eventType",
+    "id": "eventId",
+    "stream_version": "streamVersion",
+    "global_position": "globalPosition",
+    "recorded_at": "recordedAt",
+}
+
+
+@dataclass(frozen=True)
+class OutboxConnectorSpec:
+    """What to capture and where to route it; renders the Debezium + EventRouter config.
+
+    ``database_url`` is the database as the Connect workers reach it, which in production may
+    differ from how the application reaches it.
+    """
+
+    database_url: str
+    name: str = "eventfold-outbox"
+    topic_prefix: str = DEFAULT_TOPIC_PREFIX
+    slot_name: str = "eventfold_outbox"
+    publication_name: str = OUTBOX_PUBLICATION
+    outbox_table: str = f"public.{OUTBOX_TABLE}"
+    poll_interval_ms: int = 50
+
+    def config(self) -> dict[str, str]:
+        url = make_url(self.database_url)
+        placement = ",".join(f"{col}:envelope:{field}" for col, field in ENVELOPE_FIELDS.items())
+        return {
+            "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
+            "tasks.max": "1",
+            "plugin.name": "pgoutput",
+            "database.hostname": url.host or "127.0.0.1",
+            "database.port": str(url.port or 5432),
+            "database.user": url.username or "postgres",
+            "database.password": url.password or "",
+            "database.dbname": url.database or "postgres",
+            "topic.prefix": self.name,
+            "slot.name": self.slot_name,
+            "publication.name": self.publication_name,
+            # The publication is created by a migration, not by the connector.
+            "publication.autocreate.mode": "disabled",
+            "table.include.list": self.outbox_table,
+            "snapshot.mode": "no_data",
+            "tombstones.on.delete": "false",
+            "poll.interval.ms": str(self.poll_interval_ms),
+            "key.converter": "org.apache.kafka.connect.storage.StringConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter.schemas.enable": "false",
+            "transforms": "outbox",
+            "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+            "transforms.outbox.table.field.event.key": "aggregateid",
+            "transforms.outbox.table.field.event.payload": "payload",
+            "transforms.outbox.route.by.field": "aggregatetype",
+            "transforms.outbox.route.topic.replacement": f"{self.topic_prefix}${{routedByValue}}",
+            "transforms.outbox.table.expand.json.payload": "false",
+            "transforms.outbox.table.fields.additional.placement": placement,
+        }
+
+
+class ConnectError(RuntimeError):
+    """Kafka Connect refused a request or a connector did not reach RUNNING."""
+
+
+class ConnectClient:
+    """A small client of the Kafka Connect REST API, retrying rebalances and connection errors."""
+
+    RETRY_STATUSES = (409, 500, 502, 503, 504)
+
+    def __init__(self, url: str, timeout_s: float = 10, retries: int = 20) -> None:
+        self.url = url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.retries = retries
+        self.session = requests.Session()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
+        delay = 0.2
+        for attempt in range(1, self.retries + 1):
+            try:
+                response = self.session.request(
+                    method, f"{self.url}{path}", timeout=self.timeout_s, **kwargs
+                )
+            except requests.ConnectionError as exc:
+                if attempt == self.retries:
+                    raise ConnectError(
+                        f"Kafka Connect at {self.url} is unreachable: {exc}") from exc
+            else:
+                if response.status_code not in self.RETRY_STATUSES or attempt == self.retries:
+                    return response
+                log.info("connect %s %s -> %d (attempt %d); retrying", method, path,
+                         response.status_code, attempt)
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)
+        raise AssertionError("unreachable")
+
+    def put_config(self, name: str, config: dict[str, str]) -> dict[str, Any]:
+        """Create or update the connector (idempotent)."""
+        response = self._request("PUT", f"/connectors/{name}/config", json=config)
+        if response.status_code not in (200, 201):
+            raise ConnectError(f"PUT /connectors/{name}/config -> {response.status_code}: "
+                               f"{response.text[:1000]}")
+        return dict(response.json())
+
+    def status(self, name: str) -> dict[str, Any] | None:
+        response = self._request("GET", f"/connectors/{name}/status")
+        if response.status_code == 404:
+            return None
+        response.raise_for_status()
+        return dict(response.json())
+
+    def delete(self, name: str) -> bool:
+        response = self._request("DELETE", f"/connectors/{name}")
+        if response.status_code == 404:
+            return False
+        if response.status_code not in (200, 204):
+            raise ConnectError(f"DELETE /connectors/{name} -> {response.status_code}: "
+                               f"{response.text[:500]}")
+        return True
+
+    def wait_running(self, name: str, timeout_s: float = 60) -> dict[str, Any]:
+        """Wait until the connector and all its tasks are RUNNING; fail fast on FAILED."""
+        deadline = time.monotonic() + timeout_s
+        status: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            status = self.status(name)
+            if status:
+                states = [status["connector"]["state"]] + [t["state"] for t in status["tasks"]]
+                failed = [t for t in status["tasks"] if t["state"] == "FAILED"]
+                if failed or status["connector"]["state"] == "FAILED":
+                    trace = (failed[0] if failed else status["connector"]).get("trace", "")
+                    raise ConnectError(f"connector {name} FAILED:\n{trace[:3000]}")
+                if status["tasks"] and all(s == "RUNNING" for s in states):
+                    return status
+            time.sleep(0.25)
+        raise ConnectError(f"connector {name} not RUNNING after {timeout_s:.0f} s: {status}")
+
+    def apply(self, spec: OutboxConnectorSpec, timeout_s: float = 60) -> dict[str, Any]:
+        self.put_config(spec.name, spec.config())
+        status = self.wait_running(spec.name, timeout_s)
+        log.info("connector %s RUNNING (%d task(s))", spec.name, len(status["tasks"]))
+        return status

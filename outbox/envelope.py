@@ -1,0 +1,64 @@
+"""The message format on event topics, as the outbox EventRouter writes it.
+
+Key: the aggregate id (stream id), a string. Value: a JSON object
+
+    {"payload": "<event data as a JSON string>", "eventId": "...", "eventType": "...",
+     "streamVersion": 3, "globalPosition": 1042, "recordedAt": "2026-11-21T22:14:00.1Z"}
+
+The payload stays a string on the wire (``table.expand.json.payload=false``): Debezium never has
+to infer a Connect schema from user data, so no event shape can fail the connector.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class MalformedEvent(ValueError):
+    """A message on an event topic that is not a valid Eventfold envelope."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    event_id: str
+    event_type: str
+    stream_id: str
+    stream_version: int
+    global_position: int
+    recorded_at: str
+    data: dict[str, Any]
+
+    @classmethod
+    def decode(cls, key: str | bytes | None, value: str | bytes | None) -> EventEnvelope:
+        if value is None:
+            raise MalformedEvent("null value (tombstone) on an event topic")
+        if key is None:
+            raise MalformedEvent("message without a key (aggregate id)")
+        try:
+            outer = json.loads(value)
+            payload = outer["payload"]
+            data = json.loads(payload) if isinstance(payload, str | bytes) else payload
+            envelope = cls(
+                event_id=str(outer["eventId"]),
+                event_type=str(outer["eventType"]),
+                stream_id=key.decode() if isinstance(key, bytes) else key,
+                stream_version=int(outer["streamVersion"]),
+                global_position=int(outer["globalPosition"]),
+                recorded_at=str(outer.get("recordedAt", "")),
+                data=data,
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MalformedEvent(f"undecodable event envelope: {exc!r}") from exc
+        if not isinstance(envelope.data, dict):
+            raise MalformedEvent("event payload is not a JSON object")
+        return envelope
+
+    def encode(self) -> tuple[str, str]:
+        """The (key, value) pair the connector would produce: used by tests and tools."""
+        return self.stream_id, json.dumps({
+            "payload": json.dumps(self.data), "eventId": self.event_id,
+            "eventType": self.event_type, "streamVersion": self.stream_version,
+            "globalPosition": self.global_position, "recordedAt": self.recorded_at,
+        })

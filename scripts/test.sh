@@ -1,0 +1,6 @@
+#!/usr/bin/env bash
+# Sets everything up, then runs the whole test suite (unit and integration on the real stack).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest "$@"

@@ -1,0 +1,82 @@
+"""The HTTP command API against real Postgres: status codes and nothing written on bad input."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import text
+
+
+@pytest.fixture(scope="module")
+def client(inventory_app, stack_settings):
+    with TestClient(inventory_app.command_api(stack_settings)) as test_client:
+        yield test_client
+
+
+@pytest.fixture(scope="module")
+def events_count(inventory_app, stack_settings):
+    engine = inventory_app.event_store(stack_settings).engine
+
+    def count(stream_id: str) -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM events WHERE stream_id = :s"),
+                                    {"s": stream_id}).scalar_one())
+
+    return count
+
+
+def test_accepted_command_returns_version_and_event_ids(client, unique) -> None:
+    response = client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 4})
+    assert response.status_code == 201
+    body = response.json()
+    assert body["stream_id"] == unique
+    assert body["version"] == 1
+    assert len(body["event_ids"]) == len(body["global_positions"]) == 1
+    second = client.post("/commands/ReceiveStock",
+                         json={"product": unique, "quantity": 1, "expected_version": 1})
+    assert (second.status_code, second.json()["version"]) == (201, 2)
+
+
+@pytest.mark.parametrize(("body", "status", "field", "message"), [
+    ('{"product": "x", ', 422, "body", "invalid JSON"),
+    ('{"product": "x"}', 422, "quantity", "Field required"),
+    ('{"product": "x", "quantity": 0}', 422, "quantity", "greater than 0"),
+    ('{"product": "x", "quantity": "many"}', 422, "quantity", "valid integer"),
+    ('{"product": "x", "quantity": 1, "extra": 1}', 422, "extra", "not permitted"),
+    ('[1, 2]', 422, "body", "valid dictionary"),
+])
+def test_bad_payloads_are_rejected_with_the_reason(client, events_count, body, status, field,
+                                                   message) -> None:
+    response = client.post("/commands/ReceiveStock", content=body,
+                           headers={"content-type": "application/json"})
+    assert response.status_code == status
+    errors = response.json()["errors"]
+    assert any(e["field"] == field and message in e["message"] for e in errors), errors
+    assert events_count("x") == 0
+
+
+def test_unknown_command_is_404_naming_the_known_ones(client) -> None:
+    response = client.post("/commands/SellStock", json={"product": "x", "quantity": 1})
+    assert response.status_code == 404
+    assert "unknown command 'SellStock'" in response.json()["detail"]
+    assert "ReceiveStock" in response.json()["detail"]
+
+
+def test_version_conflict_is_409_with_current_version(client, events_count, unique) -> None:
+    client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 1})
+    response = client.post("/commands/ReceiveStock",
+                           json={"product": unique, "quantity": 1, "expected_version": 0})
+    assert response.status_code == 409
+    assert response.json()["current_version"] == 1
+    assert events_count(unique) == 1
+
+
+def test_openapi_documents_each_command(client) -> None:
+    schema = client.get("/openapi.json").json()
+    assert "/commands/ReceiveStock" in schema["paths"]
+    assert "ReceiveStock" in schema["components"]["schemas"]
+
+
+def test_health_and_readiness(client) -> None:
+    assert client.get("/health").json() == {"status": "ok"}
+    assert client.get("/ready").status_code == 200

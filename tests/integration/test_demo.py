@@ -1,0 +1,32 @@
+"""The README's first command: `eventfold demo` runs the inventory example end to end."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from local_stack import LocalStack
+
+
+def test_demo_prints_totals_that_match_in_read_model_and_ktable(tmp_path) -> None:
+    stack_dir = tmp_path / "stack"
+    env = {**os.environ, "EVENTFOLD_STACK_DIR": str(stack_dir)}
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "eventfold.cli", "demo"], env=env, capture_output=True,
+            text=True, timeout=420, check=False,
+        )
+    finally:
+        LocalStack(Path(stack_dir).parent / "demo").down()  # by PID, even if the demo hung
+    output = result.stdout
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = dict(re.findall(r"^\s+(apples|pears|plums)\s+(\d+\s+\d+\s+\d+)$", output, re.M))
+    assert {k: v.split() for k, v in rows.items()} == {
+        "apples": ["14", "14", "14"], "pears": ["7", "7", "7"], "plums": ["11", "11", "11"]}
+    assert "rejected (malformed JSON): 422" in output
+    assert "rejected (stale expected_version): 409" in output
+    assert "visible in the read model after" in output
+    assert not (tmp_path / "demo" / "stack.json").exists(), "the demo must stop its stack"

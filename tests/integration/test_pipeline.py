@@ -1,0 +1,204 @@
+"""The whole pipeline on the real stack: command API -> Postgres -> Debezium on Connect ->
+broker -> Spark projection -> read model + KTable -> read API."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import time
+from collections.abc import Callable
+
+import pytest
+import requests
+from sqlalchemy import create_engine, text
+
+from eventfold.serving import BackgroundServer
+from examples.inventory import ReceiveStock, inventory_totals
+from local_stack.process import free_port
+from outbox import event_topic
+from projections.runner import ProjectionRunner, RunnerSettings
+from tests.kafka_helpers import produce, read_table, read_topic
+
+PRODUCT_TOPIC = event_topic("Product")
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def engine(stack_settings):
+    return create_engine(stack_settings.database_url)
+
+
+def reference_totals(engine, prefix: str) -> dict[str, int]:
+    """A reference fold of the event store itself."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT stream_id, sum((data->>'quantity')::bigint) FROM events "
+            "WHERE stream_type = 'Product' AND stream_id LIKE :p GROUP BY stream_id"),
+            {"p": f"{prefix}%"}).all()
+    return {stream: int(total) for stream, total in rows}
+
+
+def read_model_totals(engine, table: str, prefix: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(f'SELECT key, quantity FROM "{table}" WHERE key LIKE :p'),
+                            {"p": f"{prefix}%"}).all()
+    return {key: int(quantity) for key, quantity in rows}
+
+
+def ktable_totals(settings, topic: str, prefix: str) -> dict[str, int]:
+    return {k: v["quantity"] for k, v in read_table(settings.kafka_bootstrap, topic).items()
+            if k.startswith(prefix)}
+
+
+def make_runner(spark, settings, projection, **overrides) -> ProjectionRunner:
+    runner_settings = RunnerSettings(
+        bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
+        checkpoint_root=settings.checkpoint_dir, trigger_interval=settings.trigger_interval,
+        **overrides)
+    return ProjectionRunner(spark, projection, runner_settings)
+
+
+def catch_up(spark, settings, projection, **overrides) -> ProjectionRunner:
+    """Run the projection with availableNow until it has folded everything there is."""
+    runner = make_runner(spark, settings, projection, **overrides)
+    query = runner.start(once=True)
+    query.awaitTermination(300)
+    assert query.exception() is None, query.exception()
+    runner.close()
+    return runner
+
+
+def copy_of(projection, unique: str):
+    return dataclasses.replace(projection, name=f"inv_{unique}", table="", ktable_topic="")
+
+
+def send(bus, prefix: str, deliveries: list[tuple[int, int]]) -> None:
+    for product, quantity in deliveries:
+        bus.execute(ReceiveStock(product=f"{prefix}-{product}", quantity=quantity))
+
+
+def wait_until_in_topic(settings, prefix: str, count: int) -> None:
+    """Debezium has published ``count`` events of these streams (CDC is asynchronous)."""
+    def published() -> bool:
+        rows = read_topic(settings.kafka_bootstrap, PRODUCT_TOPIC)
+        return sum(1 for r in rows if (r["key"] or "").startswith(prefix)) >= count
+    wait_for(published, f"{count} events of {prefix} on {PRODUCT_TOPIC}")
+
+
+def test_commands_reach_read_model_and_ktable_through_the_real_stack(
+        inventory_app, stack_settings, spark, engine, unique) -> None:
+    commands = BackgroundServer(inventory_app.command_api(stack_settings), "127.0.0.1",
+                                free_port()).start()
+    reads = BackgroundServer(inventory_app.read_api(stack_settings), "127.0.0.1",
+                             free_port()).start()
+    runner = make_runner(spark, stack_settings, inventory_totals)
+    query = runner.start()
+    try:
+        expected: dict[str, int] = {}
+        for i in range(24):
+            product, quantity = f"{unique}-{i % 3}", i + 1
+            response = requests.post(f"{commands.url}/commands/ReceiveStock",
+                                     json={"product": product, "quantity": quantity}, timeout=10)
+            assert response.status_code == 201, response.text
+            expected[product] = expected.get(product, 0) + quantity
+
+        def read_api_totals() -> dict[str, int]:
+            found = {}
+            for product in expected:
+                r = requests.get(f"{reads.url}/read-models/inventory_totals/rows/{product}",
+                                 timeout=5)
+                if r.status_code == 200:
+                    found[product] = r.json()["quantity"]
+            return found
+
+        wait_for(lambda: read_api_totals() == expected, "read model totals via the read API")
+        assert read_model_totals(engine, "inventory_totals", unique) == expected
+        assert reference_totals(engine, unique) == expected
+        wait_for(lambda: ktable_totals(stack_settings, inventory_totals.ktable_topic,
+                                       unique) == expected, "KTable totals (whole topic)")
+        product = f"{unique}-0"
+        wait_for(lambda: requests.get(f"{reads.url}/ktables/inventory_totals/{product}",
+                                      timeout=5).status_code == 200, "KTable view")
+        body = requests.get(f"{reads.url}/ktables/inventory_totals/{product}", timeout=5).json()
+        assert body["value"] == {"quantity": expected[product]}
+        assert body["version"] == 8
+        page = requests.get(f"{reads.url}/read-models/inventory_totals/rows",
+                            params={"after": f"{unique}-", "limit": 2}, timeout=5).json()
+        assert [r["key"] for r in page["rows"]] == [f"{unique}-0", f"{unique}-1"]
+        assert page["next_after"] == f"{unique}-1"
+    finally:
+        query.stop()
+        runner.close()
+        reads.stop()
+        commands.stop()
+
+
+def test_restart_gives_exact_totals_with_redelivered_events(
+        inventory_app, stack_settings, spark, engine, unique) -> None:
+    projection = copy_of(inventory_totals, unique)
+    bus = inventory_app.command_bus(stack_settings)
+    send(bus, unique, [(i % 4, i + 1) for i in range(20)])
+    wait_until_in_topic(stack_settings, unique, 20)
+    first = catch_up(spark, stack_settings, projection, max_rows_per_batch=7)
+    assert first.batches >= 2, "a small batch cap should have split the catch-up"
+    assert read_model_totals(engine, projection.table, unique) == reference_totals(engine, unique)
+
+    # While the projection is stopped: more commands, and Debezium-style redelivery of events
+    # the projection has already applied (same event, new offsets).
+    send(bus, unique, [(i % 5, 100 + i) for i in range(15)])
+    already_applied = [r for r in read_topic(stack_settings.kafka_bootstrap, PRODUCT_TOPIC)
+                       if (r["key"] or "").startswith(unique)][:6]
+    for record in already_applied:
+        produce(stack_settings.kafka_bootstrap, PRODUCT_TOPIC, record["key"], record["value"])
+    wait_until_in_topic(stack_settings, unique, 35 + len(already_applied))
+
+    catch_up(spark, stack_settings, projection)
+    expected = reference_totals(engine, unique)
+    assert len(expected) == 5
+    assert read_model_totals(engine, projection.table, unique) == expected
+    assert ktable_totals(stack_settings, projection.ktable_topic, unique) == expected
+
+
+def test_lost_spark_checkpoint_does_not_double_count(
+        inventory_app, stack_settings, spark, engine, unique) -> None:
+    projection = copy_of(inventory_totals, unique)
+    send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 2) for i in range(9)])
+    wait_until_in_topic(stack_settings, unique, 9)
+    catch_up(spark, stack_settings, projection)
+    shutil.rmtree(stack_settings.checkpoint_dir / projection.name)
+    catch_up(spark, stack_settings, projection)
+    expected = {f"{unique}-{i}": 6 for i in range(3)}
+    assert read_model_totals(engine, projection.table, unique) == expected
+    assert ktable_totals(stack_settings, projection.ktable_topic, unique) == expected
+
+
+def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(
+        inventory_app, stack_settings, spark, engine, unique) -> None:
+    projection = copy_of(inventory_totals, unique)
+    poison_key = f"{unique}-poison"
+    produce(stack_settings.kafka_bootstrap, PRODUCT_TOPIC, poison_key, "{this is not json")
+    send(inventory_app.command_bus(stack_settings), unique, [(1, 5)])
+    wait_until_in_topic(stack_settings, unique, 2)
+    catch_up(spark, stack_settings, projection)
+
+    assert read_model_totals(engine, projection.table, unique) == {f"{unique}-1": 5}
+    letters = [json.loads(r["value"]) for r in read_topic(stack_settings.kafka_bootstrap,
+                                                          projection.dead_letter_topic)]
+    ours = [letter for letter in letters if letter["key"] == poison_key]
+    assert len(ours) == 1
+    assert ours[0]["topic"] == PRODUCT_TOPIC
+    assert "undecodable" in ours[0]["error"]
+    assert ours[0]["value"] == "{this is not json"
+    with engine.connect() as conn:
+        dead = conn.execute(text("SELECT dead_letters FROM projection_checkpoints "
+                                 "WHERE projection = :p"), {"p": projection.name}).scalar_one()
+    assert dead == len(letters)

@@ -1,0 +1,30 @@
+import json
+
+import pytest
+
+from outbox import EventEnvelope, MalformedEvent
+
+
+def test_decodes_what_the_event_router_writes() -> None:
+    value = json.dumps({"payload": json.dumps({"product": "p1", "quantity": 5}),
+                        "eventType": "StockReceived", "eventId": "e1", "streamVersion": 3,
+                        "globalPosition": 42, "recordedAt": "2026-11-21T22:18:13.2Z"})
+    envelope = EventEnvelope.decode(b"p1", value.encode())
+    assert envelope == EventEnvelope("e1", "StockReceived", "p1", 3, 42,
+                                     "2026-11-21T22:18:13.2Z", {"product": "p1", "quantity": 5})
+    assert EventEnvelope.decode(*envelope.encode()) == envelope
+
+
+@pytest.mark.parametrize(("key", "value", "reason"), [
+    ("p1", None, "tombstone"),
+    (None, "{}", "without a key"),
+    ("p1", "not json", "undecodable"),
+    ("p1", json.dumps({"payload": "{}"}), "undecodable"),
+    ("p1", json.dumps({"payload": "[1]", "eventType": "T", "eventId": "e", "streamVersion": 1,
+                       "globalPosition": 1}), "not a JSON object"),
+    ("p1", json.dumps({"payload": "{}", "eventType": "T", "eventId": "e",
+                       "streamVersion": "x", "globalPosition": 1}), "undecodable"),
+])
+def test_malformed_messages_say_why(key, value, reason) -> None:
+    with pytest.raises(MalformedEvent, match=reason):
+        EventEnvelope.decode(key, value)

@@ -1,0 +1,102 @@
+"""The fold engine without Spark: guards, deletes, poison events."""
+
+from __future__ import annotations
+
+from sqlalchemy import BigInteger
+
+from examples.inventory import inventory_totals
+from outbox import EventEnvelope
+from projections import KeyState, SourceRecord, fold_in_memory, fold_records, projection
+
+TOPIC = "eventfold.events.Product"
+
+
+def stock(product: str, version: int, quantity: int, offset: int, partition: int = 0,
+          event_type: str = "StockReceived") -> SourceRecord:
+    key, value = EventEnvelope(
+        event_id=f"{product}-{version}", event_type=event_type, stream_id=product,
+        stream_version=version, global_position=offset + 1, recorded_at="",
+        data={"product": product, "quantity": quantity},
+    ).encode()
+    return SourceRecord(TOPIC, partition, offset, key, value)
+
+
+def test_totals_per_key() -> None:
+    records = [stock("a", 1, 5, 0), stock("b", 1, 3, 1), stock("a", 2, 7, 2)]
+    assert fold_in_memory(inventory_totals, records) == {"a": {"quantity": 12},
+                                                         "b": {"quantity": 3}}
+
+
+def test_redelivered_event_counts_once() -> None:
+    # Debezium re-sends after a crash: same event (same stream version) at a later offset.
+    records = [stock("a", 1, 5, 0), stock("a", 2, 7, 1), stock("a", 2, 7, 2), stock("a", 1, 5, 3)]
+    outcome = fold_records(inventory_totals, {}, records)
+    assert outcome.changed["a"].state == {"quantity": 12}
+    assert (outcome.applied, outcome.duplicates) == (2, 2)
+
+
+def test_stored_version_guards_replayed_batch() -> None:
+    stored = {"a": KeyState({"quantity": 12}, version=2)}
+    outcome = fold_records(inventory_totals, stored, [stock("a", 2, 7, 5), stock("a", 3, 1, 6)])
+    assert outcome.changed["a"].state == {"quantity": 13}
+    assert outcome.duplicates == 1
+
+
+def test_records_below_committed_offsets_are_skipped() -> None:
+    records = [stock("a", 1, 5, 0), stock("a", 2, 7, 1)]
+    outcome = fold_records(inventory_totals, {}, records, committed_offsets={(TOPIC, 0): 1})
+    assert outcome.skipped == 1
+    assert outcome.changed["a"].state == {"quantity": 7}
+    assert outcome.next_offsets == {(TOPIC, 0): 2}
+
+
+def test_undecodable_record_is_dead_lettered_and_fold_continues() -> None:
+    records = [SourceRecord(TOPIC, 0, 0, "a", "{not json"), SourceRecord(TOPIC, 0, 1, None, "{}"),
+               stock("a", 1, 5, 2)]
+    outcome = fold_records(inventory_totals, {}, records)
+    assert [d.record.offset for d in outcome.dead_letters] == [0, 1]
+    assert "undecodable" in outcome.dead_letters[0].reason
+    assert outcome.changed["a"].state == {"quantity": 5}
+
+
+def test_fold_that_raises_is_dead_lettered() -> None:
+    bad = stock("a", 1, 5, 0)
+    bad = SourceRecord(bad.topic, bad.partition, bad.offset, bad.key,
+                       bad.value.replace('\\"quantity\\": 5', '\\"quantity\\": \\"many\\"'))
+    outcome = fold_records(inventory_totals, {}, [bad, stock("a", 2, 1, 1)])
+    assert len(outcome.dead_letters) == 1
+    assert "fold raised" in outcome.dead_letters[0].reason
+    assert outcome.changed["a"].state == {"quantity": 1}
+
+
+def test_none_deletes_and_keeps_the_version_guard() -> None:
+    @projection("deletable", sources=["Product"], columns={"quantity": BigInteger()})
+    def deletable(state, event):
+        if event.type == "Delisted":
+            return None
+        return {"quantity": (state or {"quantity": 0})["quantity"] + event.data["quantity"]}
+
+    records = [stock("a", 1, 5, 0), stock("a", 2, 0, 1, event_type="Delisted"),
+               stock("a", 2, 0, 2, event_type="Delisted")]
+    outcome = fold_records(deletable, {}, records)
+    assert outcome.changed["a"].state is None
+    assert outcome.changed["a"].version == 2
+    assert outcome.duplicates == 1
+    assert fold_in_memory(deletable, records) == {}
+
+
+def test_unhandled_event_types_are_skipped_but_advance_the_version() -> None:
+    records = [stock("a", 1, 5, 0), stock("a", 2, 9, 1, event_type="PriceChanged"),
+               stock("a", 3, 1, 2)]
+    outcome = fold_records(inventory_totals, {}, records)
+    assert outcome.changed["a"] == KeyState({"quantity": 6}, 3, 3)
+    assert not outcome.dead_letters
+
+
+def test_state_with_unknown_columns_is_rejected() -> None:
+    @projection("sloppy", sources=["Product"], columns={"quantity": BigInteger()})
+    def sloppy(state, event):
+        return {"quantity": 1, "colour": "red"}
+
+    outcome = fold_records(sloppy, {}, [stock("a", 1, 5, 0)])
+    assert "not read model columns" in outcome.dead_letters[0].reason

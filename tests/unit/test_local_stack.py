@@ -1,0 +1,55 @@
+"""The local stack's failure messages: a person must know what to do next."""
+
+import socket
+
+import pytest
+
+from local_stack import LocalStack, StackError, broker, connect, postgres
+from local_stack.process import free_port, pid_alive, spawn, stop_pid, wait_until
+
+
+def test_port_in_use_is_reported(tmp_path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(StackError, match=f"port {port} is already in use"):
+            broker.start(port, tmp_path / "broker.log")
+
+
+def test_missing_postgres_binaries_say_how_to_install(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("EVENTFOLD_PG_BIN", str(tmp_path / "nowhere"))
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(postgres.glob, "glob", lambda _: [])
+    with pytest.raises(StackError, match="apt-get install postgresql"):
+        postgres.find_bin_dir()
+
+
+def test_missing_java_says_how_to_install(monkeypatch, tmp_path) -> None:
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(StackError, match="openjdk-17"):
+        connect.java_binary()
+
+
+def test_a_process_that_dies_during_start_shows_its_log(tmp_path) -> None:
+    log_path = tmp_path / "dies.log"
+    process = spawn(["sh", "-c", "echo 'fatal: bad config'; exit 3"], log_path)
+    with pytest.raises(StackError, match=r"(?s)exited during start-up.*fatal: bad config"):
+        wait_until(lambda: False, what="dies", timeout_s=10, pid=process.pid, log_path=log_path)
+
+
+def test_stop_pid_escalates_to_sigkill(tmp_path) -> None:
+    process = spawn(["sh", "-c", "trap '' TERM; sleep 30"], tmp_path / "stubborn.log")
+    wait_until(lambda: (tmp_path / "stubborn.log").exists(), what="start", timeout_s=5)
+    stop_pid(process.pid, what="stubborn", timeout_s=0.5)
+    assert not pid_alive(process.pid)
+
+
+def test_status_without_a_stack(tmp_path) -> None:
+    assert LocalStack(tmp_path).status() == {"running": False, "data_dir": str(tmp_path)}
+    LocalStack(tmp_path).down()  # nothing to stop is not an error
+
+
+def test_free_ports_differ() -> None:
+    assert len({free_port() for _ in range(5)}) >= 4
