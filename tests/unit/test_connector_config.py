@@ -20,7 +20,8 @@ def test_renders_debezium_outbox_config() -> None:
     assert config["transforms.outbox.type"] == "io.debezium.transforms.outbox.EventRouter"
     assert config["transforms.outbox.table.field.event.key"] == "aggregateid"
     assert config["transforms.outbox.route.by.field"] == "aggregatetype"
-    assert config["transforms.outbox.route.topic.replacement"] == "eventfold.events.${routedByValue}"
+    replacement = config["transforms.outbox.route.topic.replacement"]
+    assert replacement == "eventfold.events.${routedByValue}"
     placement = config["transforms.outbox.table.fields.additional.placement"].split(",")
     assert "id:envelope:eventId" in placement
     assert "type:envelope:eventType" in placement
