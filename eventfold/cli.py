@@ -79,9 +79,11 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
         return 0
     if not args.name:
         raise ConfigError("projection run needs a NAME (see `eventfold projection list`)")
+    from projections.runner import stop_gracefully
+
     runner = app.projection_runner(settings.with_local_stack(), args.name)
     query = runner.start(once=args.once)
-    _on_sigterm(lambda: query.stop())
+    _on_sigterm(lambda: stop_gracefully(query))
     query.awaitTermination()
     runner.close()
     log.info("projection %s stopped after %d batches", args.name, runner.batches)

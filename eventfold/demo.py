@@ -14,6 +14,7 @@ from eventfold.config import Settings
 from eventfold.serving import BackgroundServer
 from local_stack import LocalStack
 from local_stack.process import free_port
+from projections.runner import stop_gracefully
 
 DELIVERIES = [("apples", 5), ("pears", 3), ("apples", 7), ("plums", 11), ("pears", 4),
               ("apples", 2)]
@@ -62,7 +63,7 @@ def _run_example(settings: Settings) -> int:
         _show_live_latency(commands.url, reads.url)
     finally:
         if query is not None:
-            query.stop()
+            stop_gracefully(query)
         runner.close()
         reads.stop()
         commands.stop()

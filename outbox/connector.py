@@ -134,6 +134,28 @@ class ConnectClient:
                                f"{response.text[:500]}")
         return True
 
+    def pause(self, name: str) -> None:
+        self._expect_accepted("PUT", f"/connectors/{name}/pause")
+
+    def resume(self, name: str) -> None:
+        self._expect_accepted("PUT", f"/connectors/{name}/resume")
+
+    def _expect_accepted(self, method: str, path: str) -> None:
+        response = self._request(method, path)
+        if response.status_code not in (200, 202, 204):
+            raise ConnectError(f"{method} {path} -> {response.status_code}: "
+                               f"{response.text[:500]}")
+
+    def wait_state(self, name: str, state: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = self.status(name)
+            if status and status["connector"]["state"] == state and all(
+                    t["state"] == state for t in status["tasks"]):
+                return
+            time.sleep(0.2)
+        raise ConnectError(f"connector {name} not {state} after {timeout_s:.0f} s")
+
     def wait_running(self, name: str, timeout_s: float = 60) -> dict[str, Any]:
         """Wait until the connector and all its tasks are RUNNING; fail fast on FAILED."""
         deadline = time.monotonic() + timeout_s

@@ -12,7 +12,7 @@ import time
 import uuid
 from collections.abc import Iterable, Mapping
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 PartitionKey = tuple[str, int]
 
@@ -29,6 +29,20 @@ def consumer_config(bootstrap_servers: str, **overrides: object) -> dict[str, ob
         "log.connection.close": False,
         **overrides,
     }
+
+
+def consume_available(consumer: Consumer, max_messages: int, wait_s: float) -> list[Message]:
+    """Up to ``max_messages`` messages, returning as soon as any are there.
+
+    ``Consumer.consume(n, timeout)`` blocks for the whole timeout unless ``n`` messages arrive,
+    which would add the timeout to every small read; poll for the first one instead.
+    """
+    first = consumer.poll(wait_s)
+    if first is None:
+        return []
+    if max_messages <= 1:
+        return [first]
+    return [first, *consumer.consume(num_messages=max_messages - 1, timeout=0)]
 
 
 class OffsetPlanner:
@@ -71,7 +85,7 @@ class OffsetPlanner:
         deadline = time.monotonic() + self._timeout_s
         try:
             while pending and time.monotonic() < deadline:
-                for message in self._consumer.consume(num_messages=10_000, timeout=0.2):
+                for message in consume_available(self._consumer, 10_000, wait_s=0.2):
                     key = (message.topic(), message.partition())
                     error = message.error()
                     if error is None:

@@ -43,7 +43,12 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from projections.kafka_offsets import OffsetPlanner, PartitionKey, consumer_config
+from projections.kafka_offsets import (
+    OffsetPlanner,
+    PartitionKey,
+    consume_available,
+    consumer_config,
+)
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([
@@ -107,7 +112,8 @@ def _read_until(consumer: Consumer, rng: OffsetRange) -> Iterator[pa.RecordBatch
         if time.monotonic() > deadline:
             raise TimeoutError(f"{rng}: stuck at offset {position} for {READ_TIMEOUT_S:.0f} s")
         columns: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
-        for message in consumer.consume(num_messages=READ_CHUNK, timeout=1.0):
+        wanted = max(1, min(READ_CHUNK, rng.end - position))
+        for message in consume_available(consumer, wanted, wait_s=1.0):
             error = message.error()
             if error is not None:
                 if error.code() == KafkaError._PARTITION_EOF:

@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from projections.kafka_offsets import OffsetPlanner, consumer_config
+from projections.kafka_offsets import OffsetPlanner, consume_available, consumer_config
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class KTableView:
             self._mark_restored()
         try:
             while not self._stop.is_set():
-                for message in consumer.consume(num_messages=10_000, timeout=0.2):
+                for message in consume_available(consumer, 10_000, wait_s=0.2):
                     self._handle(message, restore_end, pending)
         finally:
             consumer.close()

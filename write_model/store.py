@@ -86,8 +86,9 @@ class EventStore:
 
     @classmethod
     def from_url(cls, database_url: str, pool_size: int = 10) -> EventStore:
-        return cls(create_engine(database_url, pool_size=pool_size, max_overflow=pool_size,
-                                 pool_pre_ping=True))
+        # No pre-ping: it costs a round trip per command. A dead pooled connection fails the
+        # command with OperationalError (503 over HTTP) and is discarded by the pool.
+        return cls(create_engine(database_url, pool_size=pool_size, max_overflow=pool_size))
 
     def append(
         self,

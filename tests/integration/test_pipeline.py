@@ -17,7 +17,7 @@ from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, inventory_totals
 from local_stack.process import free_port
 from outbox import event_topic
-from projections.runner import ProjectionRunner, RunnerSettings
+from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 from tests.kafka_helpers import produce, read_table, read_topic
 
 PRODUCT_TOPIC = event_topic("Product")
@@ -136,7 +136,7 @@ def test_commands_reach_read_model_and_ktable_through_the_real_stack(
         assert [r["key"] for r in page["rows"]] == [f"{unique}-0", f"{unique}-1"]
         assert page["next_after"] == f"{unique}-1"
     finally:
-        query.stop()
+        stop_gracefully(query)
         runner.close()
         reads.stop()
         commands.stop()

@@ -1,0 +1,198 @@
+"""End-to-end benchmark on a stack of its own: latency from command to read model, and the
+rates of each stage for 20,000 events. Prints figures, then one JSON line.
+
+    .venv/bin/python bench/e2e.py [--latency-commands 200] [--events 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import statistics
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import psycopg
+import requests
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from eventfold.config import Settings
+from eventfold.serving import BackgroundServer
+from examples.inventory import ReceiveStock, app, inventory_totals
+from local_stack import LocalStack
+from local_stack.process import free_port
+from outbox import ConnectClient, event_topic
+from projections.kafka_offsets import OffsetPlanner, consumer_config
+from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from projections.sinks import libpq_url
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def measure_latency(settings: Settings, runner: ProjectionRunner, commands: int) -> list[float]:
+    """Commands at ~20/s over HTTP; a poller notes when each product's row appears."""
+    server = BackgroundServer(app.command_api(settings), "127.0.0.1", free_port()).start()
+    sent: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    done = threading.Event()
+
+    def poll() -> None:
+        with psycopg.connect(libpq_url(settings.database_url), autocommit=True) as conn:
+            while not done.is_set():
+                now = time.perf_counter()
+                for (key,) in conn.execute(
+                        "SELECT key FROM inventory_totals WHERE key LIKE 'lat-%'"):
+                    seen.setdefault(key, now)
+                time.sleep(0.005)
+
+    query = runner.start()
+    session = requests.Session()
+    # Warm-up: the first micro-batch starts Spark's Python workers (several seconds).
+    session.post(f"{server.url}/commands/ReceiveStock",
+                 json={"product": "warmup", "quantity": 1}, timeout=10).raise_for_status()
+    with psycopg.connect(libpq_url(settings.database_url), autocommit=True) as conn:
+        while not conn.execute("SELECT 1 FROM inventory_totals WHERE key = 'warmup'").fetchone():
+            time.sleep(0.05)
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    try:
+        for i in range(commands):
+            key = f"lat-{i:05d}"
+            sent[key] = time.perf_counter()
+            session.post(f"{server.url}/commands/ReceiveStock",
+                         json={"product": key, "quantity": 1}, timeout=10).raise_for_status()
+            time.sleep(0.05)
+        deadline = time.monotonic() + 120
+        while len(seen) < commands and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        done.set()
+        poller.join()
+        stop_gracefully(query)
+        server.stop()
+    return [(seen[k] - sent[k]) * 1000 for k in sent if k in seen]
+
+
+def append_commands(settings: Settings, events: int, clients: int) -> float:
+    bus = app.command_bus(settings)
+    keys = [f"thr-{i % 1000:04d}" for i in range(events)]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(lambda k: bus.execute(ReceiveStock(product=k, quantity=1)), keys))
+    return events / (time.perf_counter() - started)
+
+
+def count_on_topic(settings: Settings, prefix: str, expected: int, timeout_s: float = 300,
+                   ) -> tuple[int, float]:
+    """Consume the event topic until ``expected`` distinct events of ``prefix`` arrived."""
+    topic = event_topic("Product")
+    planner = OffsetPlanner(settings.kafka_bootstrap)
+    partitions = planner.partitions([topic])
+    planner.close()
+    consumer = Consumer(
+        consumer_config(settings.kafka_bootstrap, **{"enable.partition.eof": False}))
+    consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
+    event_ids: set[str] = set()
+    last_arrival = time.perf_counter()
+    deadline = time.monotonic() + timeout_s
+    while len(event_ids) < expected and time.monotonic() < deadline:
+        for message in consumer.consume(10_000, timeout=0.2):
+            if message.error() and message.error().code() != KafkaError._PARTITION_EOF:
+                raise RuntimeError(message.error())
+            key = message.key()
+            if message.error() is None and key and key.decode().startswith(prefix):
+                event_ids.add(json.loads(message.value())["eventId"])
+                last_arrival = time.perf_counter()
+    consumer.close()
+    return len(event_ids), last_arrival
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--latency-commands", type=int, default=200)
+    parser.add_argument("--events", type=int, default=20_000)
+    parser.add_argument("--clients", type=int, default=8)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    root = Path(tempfile.mkdtemp(prefix="eventfold-bench-"))
+    stack = LocalStack(root / "stack")
+    endpoints = stack.up()
+    try:
+        settings = Settings(
+            database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
+            connect_url=endpoints.connect_url, checkpoint_dir=root / "checkpoints",
+        )
+        run(settings, args)
+    finally:
+        stack.down()
+
+
+def run(settings: Settings, args: argparse.Namespace) -> None:
+    app.setup(settings)
+    runner = app.projection_runner(settings, "inventory_totals")
+    print(f"stack ready; trigger interval {settings.trigger_interval}", flush=True)
+
+    latencies = measure_latency(settings, runner, args.latency_commands)
+    runner.close()
+    print(f"command -> read model visible, {len(latencies)}/{args.latency_commands} commands: "
+          f"p50 {percentile(latencies, .5):.0f} ms, p95 {percentile(latencies, .95):.0f} ms, "
+          f"p99 {percentile(latencies, .99):.0f} ms", flush=True)
+
+    connect = ConnectClient(settings.connect_url)
+    connector = app.connector_spec(settings).name
+    connect.pause(connector)
+    connect.wait_state(connector, "PAUSED")
+    append_rate = append_commands(settings, args.events, args.clients)
+    print(f"append: {args.events} single-event commands, {args.clients} clients: "
+          f"{append_rate:,.0f} events/s", flush=True)
+
+    resumed = time.perf_counter()
+    connect.resume(connector)
+    delivered, last_arrival = count_on_topic(settings, "thr-", args.events)
+    cdc_rate = delivered / (last_arrival - resumed)
+    print(f"CDC: backlog of {args.events} drained to the topic at {cdc_rate:,.0f} events/s "
+          f"({delivered} distinct events delivered)", flush=True)
+
+    fold_projection = dataclasses.replace(inventory_totals, name="bench_fold", table="",
+                                          ktable_topic="")
+    fold_runner = ProjectionRunner(runner.spark, fold_projection, RunnerSettings(
+        bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
+        checkpoint_root=settings.checkpoint_dir))
+    fold_runner.prepare()
+    started = time.perf_counter()
+    query = fold_runner.start(once=True)
+    query.awaitTermination()
+    fold_seconds = time.perf_counter() - started
+    fold_runner.close()
+    total_on_topic = args.latency_commands + 1 + delivered
+    fold_rate = total_on_topic / fold_seconds
+    print(f"projection fold (catch-up, Postgres + KTable): {total_on_topic} events in "
+          f"{fold_seconds:.1f} s = {fold_rate:,.0f} events/s", flush=True)
+
+    with psycopg.connect(libpq_url(settings.database_url)) as conn:
+        folded = conn.execute("SELECT coalesce(sum(quantity), 0) FROM bench_fold "
+                              "WHERE key LIKE 'thr-%'").fetchone()[0]
+    lost = args.events - int(folded)
+    print(f"lost events: {lost} (read model total {folded} of {args.events} appended)")
+    print(json.dumps({
+        "e2e_p50_ms": round(percentile(latencies, .5), 1),
+        "e2e_p95_ms": round(percentile(latencies, .95), 1),
+        "e2e_p99_ms": round(percentile(latencies, .99), 1),
+        "e2e_mean_ms": round(statistics.fmean(latencies), 1),
+        "append_events_per_s": round(append_rate),
+        "cdc_events_per_s": round(cdc_rate),
+        "fold_events_per_s": round(fold_rate),
+        "lost_events": lost + (args.latency_commands - len(latencies)),
+    }))
+
+
+if __name__ == "__main__":
+    main()
