@@ -31,6 +31,8 @@ from projections.kafka_offsets import OffsetPlanner, consumer_config
 from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 from projections.sinks import libpq_url
 
+WARMUP_COMMANDS = 40
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -55,11 +57,16 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, commands: int)
 
     query = runner.start()
     session = requests.Session()
-    # Warm-up: the first micro-batch starts Spark's Python workers (several seconds).
-    session.post(f"{server.url}/commands/ReceiveStock",
-                 json={"product": "warmup", "quantity": 1}, timeout=10).raise_for_status()
+    # Warm-up: the first micro-batches start Spark's Python workers (seconds each); spread
+    # keys over every partition so that all readers are warm before measuring.
+    for i in range(WARMUP_COMMANDS):
+        session.post(f"{server.url}/commands/ReceiveStock",
+                     json={"product": f"warmup-{i}", "quantity": 1}, timeout=10
+                     ).raise_for_status()
+        time.sleep(0.1)
     with psycopg.connect(libpq_url(settings.database_url), autocommit=True) as conn:
-        while not conn.execute("SELECT 1 FROM inventory_totals WHERE key = 'warmup'").fetchone():
+        while conn.execute("SELECT count(*) FROM inventory_totals WHERE key LIKE 'warmup-%'"
+                           ).fetchone()[0] < WARMUP_COMMANDS:
             time.sleep(0.05)
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
@@ -172,7 +179,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     query.awaitTermination()
     fold_seconds = time.perf_counter() - started
     fold_runner.close()
-    total_on_topic = args.latency_commands + 1 + delivered
+    total_on_topic = args.latency_commands + WARMUP_COMMANDS + delivered
     fold_rate = total_on_topic / fold_seconds
     print(f"projection fold (catch-up, Postgres + KTable): {total_on_topic} events in "
           f"{fold_seconds:.1f} s = {fold_rate:,.0f} events/s", flush=True)

@@ -15,7 +15,7 @@ import importlib
 import logging
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from sqlalchemy import create_engine
 
 import migrations
@@ -27,7 +27,7 @@ from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import ensure_projection_topics
 from read_api import create_read_app
 from write_model import CommandBus, CommandRegistry, EventStore, Repository
-from write_model.http import create_command_app
+from write_model.http import bearer_auth, create_command_app
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,15 @@ class Eventfold:
         return CommandBus(Repository(self.event_store(settings)), self.commands)
 
     def command_api(self, settings: Settings) -> FastAPI:
-        return create_command_app(self.command_bus(settings), title=f"{self.name} commands")
+        return create_command_app(self.command_bus(settings), title=f"{self.name} commands",
+                                  api_token=settings.api_token or None,
+                                  max_body_bytes=settings.max_body_bytes)
 
     def read_api(self, settings: Settings) -> FastAPI:
         engine = create_engine(settings.database_url, pool_size=10, pool_pre_ping=True)
         return create_read_app(self.projections, engine, settings.kafka_bootstrap,
-                               title=f"{self.name} reads")
+                               title=f"{self.name} reads",
+                               dependencies=[Depends(bearer_auth(settings.api_token or None))])
 
     def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
         from projections.spark import spark_session

@@ -60,11 +60,12 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.serving import serve_forever
 
     settings = settings.with_local_stack()
-    app = load_app(settings.app)
+    load_app(settings.app)  # fail here, with a clear message, not in a worker
     if args.api == "commands":
-        serve_forever(app.command_api(settings), settings.http_host, settings.command_api_port)
+        factory, port = "eventfold.asgi:command_api", settings.command_api_port
     else:
-        serve_forever(app.read_api(settings), settings.http_host, settings.read_api_port)
+        factory, port = "eventfold.asgi:read_api", settings.read_api_port
+    serve_forever(factory, settings.http_host, port, workers=settings.http_workers)
     return 0
 
 

@@ -33,6 +33,9 @@ class Settings:
     http_host: str = "127.0.0.1"
     command_api_port: int = 8000
     read_api_port: int = 8001
+    http_workers: int = 1
+    api_token: str = ""
+    max_body_bytes: int = 1024 * 1024
     log_level: str = "INFO"
 
     @classmethod

@@ -36,13 +36,12 @@ SERVER_SETTINGS = {
 def find_bin_dir() -> Path:
     """The directory of the newest installed PostgreSQL server binaries (initdb, postgres)."""
     configured = os.environ.get("EVENTFOLD_PG_BIN")
-    candidates = [configured] if configured else sorted(
-        glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(Path(p).parent.name)
-    )
+    installed = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                       key=lambda p: int(Path(p).parent.name), reverse=True)
     on_path = shutil.which("initdb")
-    if on_path:
-        candidates.append(str(Path(on_path).parent))
-    for candidate in reversed(candidates):
+    candidates = [configured] if configured else [*installed,
+                                                  *([str(Path(on_path).parent)] if on_path else [])]
+    for candidate in candidates:
         if candidate and (Path(candidate) / "initdb").exists():
             return Path(candidate)
     raise StackError(

@@ -21,6 +21,8 @@ ENVELOPE_FIELDS = {
     "stream_version": "streamVersion",
     "global_position": "globalPosition",
     "recorded_at": "recordedAt",
+    "schema_version": "schemaVersion",
+    "metadata": "metadata",
 }
 
 

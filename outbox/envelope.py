@@ -3,7 +3,8 @@
 Key: the aggregate id (stream id), a string. Value: a JSON object
 
     {"payload": "<event data as a JSON string>", "eventId": "...", "eventType": "...",
-     "streamVersion": 3, "globalPosition": 1042, "recordedAt": "2026-11-21T22:14:00.1Z"}
+     "streamVersion": 3, "globalPosition": 1042, "recordedAt": "2026-11-21T22:14:00.1Z",
+     "schemaVersion": 1, "metadata": "<JSON string: correlation_id, causation_id, ...>"}
 
 The payload stays a string on the wire (``table.expand.json.payload=false``): Debezium never has
 to infer a Connect schema from user data, so no event shape can fail the connector.
@@ -12,7 +13,7 @@ to infer a Connect schema from user data, so no event shape can fail the connect
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -29,6 +30,8 @@ class EventEnvelope:
     global_position: int
     recorded_at: str
     data: dict[str, Any]
+    schema_version: int = 1
+    metadata: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def decode(cls, key: str | bytes | None, value: str | bytes | None) -> EventEnvelope:
@@ -48,6 +51,8 @@ class EventEnvelope:
                 global_position=int(outer["globalPosition"]),
                 recorded_at=str(outer.get("recordedAt", "")),
                 data=data,
+                schema_version=int(outer.get("schemaVersion", 1)),
+                metadata=_json_object(outer.get("metadata")),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MalformedEvent(f"undecodable event envelope: {exc!r}") from exc
@@ -55,10 +60,24 @@ class EventEnvelope:
             raise MalformedEvent("event payload is not a JSON object")
         return envelope
 
+    @property
+    def correlation_id(self) -> str | None:
+        return self.metadata.get("correlation_id")
+
     def encode(self) -> tuple[str, str]:
         """The (key, value) pair the connector would produce: used by tests and tools."""
         return self.stream_id, json.dumps({
             "payload": json.dumps(self.data), "eventId": self.event_id,
             "eventType": self.event_type, "streamVersion": self.stream_version,
             "globalPosition": self.global_position, "recordedAt": self.recorded_at,
+            "schemaVersion": self.schema_version, "metadata": json.dumps(self.metadata),
         })
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    parsed = json.loads(value) if isinstance(value, str | bytes) else value
+    if not isinstance(parsed, dict):
+        raise ValueError("metadata is not a JSON object")
+    return parsed

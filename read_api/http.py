@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import APIRouter, FastAPI, HTTPException, Query
 from sqlalchemy import Engine, text
 
 from projections import Projection
@@ -16,8 +16,9 @@ from read_api.read_models import MAX_PAGE_SIZE, ReadModelQueries
 
 def create_read_app(
     projections: Iterable[Projection], engine: Engine, bootstrap_servers: str,
-    title: str = "Eventfold read API",
+    title: str = "Eventfold read API", dependencies: Sequence[Any] = (),
 ) -> FastAPI:
+    """``dependencies`` apply to every data route (the composition root passes auth here)."""
     by_name = {p.name: p for p in projections}
     queries = {name: ReadModelQueries(engine, p) for name, p in by_name.items()}
     ktables = {name: KTableView(bootstrap_servers, p.ktable_topic) for name, p in by_name.items()}
@@ -31,26 +32,27 @@ def create_read_app(
             view.stop()
 
     app = FastAPI(title=title, lifespan=lifespan)
+    data = APIRouter(dependencies=list(dependencies))
 
     def read_model(name: str) -> ReadModelQueries:
         if name not in queries:
             raise HTTPException(404, f"unknown read model {name!r}; known: {sorted(queries)}")
         return queries[name]
 
-    @app.get("/read-models")
+    @data.get("/read-models")
     def list_read_models() -> list[dict[str, Any]]:
         return [{"name": p.name, "key": "key", "columns": {
             c: str(t) for c, t in p.columns.items()}, "ktable": p.ktable_topic}
             for p in by_name.values()]
 
-    @app.get("/read-models/{name}/rows/{key}")
+    @data.get("/read-models/{name}/rows/{key}")
     def get_row(name: str, key: str) -> dict[str, Any]:
         row = read_model(name).get(key)
         if row is None:
             raise HTTPException(404, f"no row with key {key!r} in {name}")
         return row
 
-    @app.get("/read-models/{name}/rows")
+    @data.get("/read-models/{name}/rows")
     def list_rows(
         name: str, after: str | None = None,
         limit: int = Query(default=50, ge=1, le=MAX_PAGE_SIZE),
@@ -58,7 +60,7 @@ def create_read_app(
         rows = read_model(name).page(after, limit)
         return {"rows": rows, "next_after": rows[-1]["key"] if len(rows) == limit else None}
 
-    @app.get("/ktables/{name}/{key}")
+    @data.get("/ktables/{name}/{key}")
     def get_ktable_value(name: str, key: str) -> dict[str, Any]:
         if name not in ktables:
             raise HTTPException(404, f"unknown KTable {name!r}; known: {sorted(ktables)}")
@@ -69,6 +71,8 @@ def create_read_app(
         if entry is None:
             raise HTTPException(404, f"no value for key {key!r} in KTable {name}")
         return {"key": key, "value": entry.value, "version": entry.version}
+
+    app.include_router(data)
 
     @app.get("/health")
     def health() -> dict[str, str]:

@@ -17,7 +17,8 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
     """Postgres, Tansu and Kafka Connect on free ports; stopped by PID at the end."""
     from local_stack import LocalStack
 
-    logging.getLogger("alembic").setLevel(logging.WARNING)
+    for noisy in ("alembic", "httpx", "py4j"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     root = tmp_path_factory.mktemp("eventfold")
     stack = LocalStack(root / "stack")
     endpoints = stack.up()

@@ -13,7 +13,14 @@ from write_model.aggregate import Aggregate, DomainError
 from write_model.commands import Command, CommandBus, CommandRegistry, CommandResult
 from write_model.events import DomainEvent, EventRegistry, RecordedEvent, default_registry
 from write_model.repository import Repository
-from write_model.store import AppendResult, ConcurrencyError, EventStore, StreamNotFound
+from write_model.store import (
+    AppendResult,
+    ConcurrencyError,
+    EventStore,
+    StoreUnavailable,
+    StreamAppend,
+    StreamNotFound,
+)
 
 __all__ = [
     "Aggregate",
@@ -29,6 +36,8 @@ __all__ = [
     "EventStore",
     "RecordedEvent",
     "Repository",
+    "StoreUnavailable",
+    "StreamAppend",
     "StreamNotFound",
     "default_registry",
 ]

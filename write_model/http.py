@@ -1,32 +1,46 @@
 """The HTTP command API: one POST route per registered command, typed in the OpenAPI document.
 
-Status codes: 201 with the append result; 404 for an unknown command, or an unknown stream where
-the command needs one; 409 for a version conflict (with the current version); 422 for a payload
-that does not parse or validate, or a command a business rule rejects. Bad input never gives 500.
+Status codes: 201 with the append result (200 when a ``command_id`` was executed before, with
+that first result, or when the command recorded nothing); 401 without the bearer token when
+one is configured; 404 for an unknown command, or an unknown stream where the command needs
+one; 409 for a version conflict, with the current version; 413 for a body over the limit; 422
+for a payload that does not parse or validate, or a command a business rule rejects; 503 while
+the database is unreachable. Bad input never gives a 5xx.
 """
 
+import json
 import logging
-from collections.abc import Mapping
-from typing import Any
+import secrets
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from write_model.aggregate import DomainError
 from write_model.commands import Command, CommandBus, CommandResult, HandlerSpec
-from write_model.store import ConcurrencyError, StreamNotFound
+from write_model.store import ConcurrencyError, StoreUnavailable, StreamNotFound
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
-def create_command_app(bus: CommandBus, title: str = "Eventfold command API") -> FastAPI:
+
+def create_command_app(
+    bus: CommandBus, title: str = "Eventfold command API", api_token: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
     app = FastAPI(title=title)
+    authorize = bearer_auth(api_token)
     for spec in bus.registry:
-        _add_command_route(app, bus, spec)
+        _add_command_route(app, bus, spec, authorize)
 
-    @app.post("/commands/{name}", status_code=404, include_in_schema=False)
+    @app.post("/commands/{name}", status_code=404, include_in_schema=False,
+              dependencies=[Depends(authorize)])
     def unknown_command(name: str) -> JSONResponse:
         try:
             bus.registry.get(name)
@@ -39,24 +53,52 @@ def create_command_app(bus: CommandBus, title: str = "Eventfold command API") ->
         return {"status": "ok"}
 
     @app.get("/ready")
-    def ready() -> JSONResponse:
-        try:
-            with bus.repository.store.engine.connect() as conn:
-                conn.execute(text("SELECT 1"))
-        except Exception as exc:  # readiness reports any database failure as not ready
-            return JSONResponse(status_code=503, content={"status": "unavailable",
-                                                          "detail": str(exc)[:200]})
-        return JSONResponse(content={"status": "ready"})
+    def ready() -> dict[str, str]:
+        with bus.repository.store.connection() as conn:
+            conn.execute("SELECT 1")
+        return {"status": "ready"}
 
-    _add_error_handlers(app)
+    add_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
 
 
-def _add_command_route(app: FastAPI, bus: CommandBus, spec: HandlerSpec[Any, Any]) -> None:
+def bearer_auth(api_token: str | None) -> Callable[..., None]:
+    """A dependency that requires ``Authorization: Bearer <api_token>`` when one is set."""
+    scheme = HTTPBearer(auto_error=False)
+
+    def authorize(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(scheme)],
+    ) -> None:
+        if api_token is None:
+            return
+        if credentials is None or not secrets.compare_digest(
+                credentials.credentials.encode(), api_token.encode()):
+            raise HTTPException(401, "missing or invalid bearer token",
+                                headers={"WWW-Authenticate": "Bearer"})
+
+    return authorize
+
+
+def _add_command_route(app: FastAPI, bus: CommandBus, spec: HandlerSpec[Any, Any],
+                       authorize: Callable[..., None]) -> None:
     command_model: type[Command] = spec.command
 
-    def execute(command: command_model) -> CommandResult:  # type: ignore[valid-type]
-        return bus.execute(command)
+    def execute(
+        command: command_model,  # type: ignore[valid-type]
+        response: Response,
+        idempotency_key: Annotated[uuid.UUID | None, Header(
+            description="Same as command_id in the body.")] = None,
+        x_correlation_id: Annotated[str | None, Header(max_length=200)] = None,
+        x_metadata: Annotated[str | None, Header(
+            description="A JSON object stored with every event (e.g. the acting user).")] = None,
+    ) -> CommandResult:
+        if idempotency_key is not None and command.command_id is None:
+            command = command.model_copy(update={"command_id": idempotency_key})
+        result = bus.execute(command, metadata=_parse_metadata(x_metadata),
+                             correlation_id=x_correlation_id)
+        response.status_code = 201 if result.event_ids and not result.replayed else 200
+        return result
 
     execute.__name__ = f"execute_{command_model.command_name}"
     app.post(
@@ -65,8 +107,23 @@ def _add_command_route(app: FastAPI, bus: CommandBus, spec: HandlerSpec[Any, Any
         status_code=201,
         summary=f"{command_model.command_name} on a {spec.aggregate.stream_type}",
         description=(command_model.__doc__ or "").strip(),
-        responses={404: {"description": "unknown stream"}, 409: {"description": "conflict"}},
+        dependencies=[Depends(authorize)],
+        responses={200: {"description": "replayed result of an earlier command_id"},
+                   404: {"description": "unknown stream"}, 409: {"description": "conflict"},
+                   413: {"description": "body too large"}, 503: {"description": "retry later"}},
     )(execute)
+
+
+def _parse_metadata(raw: str | None) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict):
+        raise HTTPException(422, "X-Metadata must be a JSON object")
+    return parsed
 
 
 def _field_error(err: Mapping[str, Any]) -> dict[str, str]:
@@ -74,28 +131,77 @@ def _field_error(err: Mapping[str, Any]) -> dict[str, str]:
         position = err["loc"][-1] if len(err["loc"]) > 1 else "?"
         return {"field": "body", "message": f"invalid JSON at character {position}: "
                 f"{err.get('ctx', {}).get('error', err['msg'])}", "type": "json_invalid"}
-    field = ".".join(str(part) for part in err["loc"][1:]) or "body"
+    field = ".".join(str(part) for part in err["loc"][1:]) or str(err["loc"][0])
     return {"field": field, "message": err["msg"], "type": err["type"]}
 
 
-def _add_error_handlers(app: FastAPI) -> None:
+def add_error_handlers(app: FastAPI) -> None:
+    def json_error(status: int, **content: Any) -> JSONResponse:
+        return JSONResponse(status_code=status, content=content)
+
     @app.exception_handler(RequestValidationError)
     async def invalid_payload(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [_field_error(err) for err in exc.errors()]
-        return JSONResponse(status_code=422,
-                            content={"detail": "invalid command", "errors": errors})
+        return json_error(422, detail="invalid command",
+                          errors=[_field_error(err) for err in exc.errors()])
 
     @app.exception_handler(ConcurrencyError)
     async def conflict(_: Request, exc: ConcurrencyError) -> JSONResponse:
-        return JSONResponse(status_code=409, content={
-            "detail": str(exc), "stream_id": exc.stream_id,
-            "expected_version": exc.expected_version, "current_version": exc.current_version,
-        })
+        return json_error(409, detail=str(exc), stream_id=exc.stream_id,
+                          expected_version=exc.expected_version,
+                          current_version=exc.current_version)
 
     @app.exception_handler(StreamNotFound)
     async def not_found(_: Request, exc: StreamNotFound) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": str(exc)})
+        return json_error(404, detail=str(exc))
 
     @app.exception_handler(DomainError)
     async def rejected(_: Request, exc: DomainError) -> JSONResponse:
-        return JSONResponse(status_code=422, content={"detail": str(exc)})
+        return json_error(422, detail=str(exc))
+
+    @app.exception_handler(StoreUnavailable)
+    async def unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        log.warning("503: %s", exc)
+        response = json_error(503, detail=f"{exc}; nothing was written, retry later")
+        response.headers["Retry-After"] = "1"
+        return response
+
+    @app.exception_handler(Exception)
+    async def internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error in %s %s", request.method, request.url.path)
+        return json_error(500, detail="internal error; see the server log")
+
+
+class BodySizeLimit:
+    """Answer 413 to a body over ``max_bytes``, by Content-Length or while it streams in."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._too_large(send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:
+                # FastAPI passes HTTPExceptions raised while reading the body through as is.
+                raise HTTPException(413, f"request body over {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+    async def _too_large(self, send: Callable[[Message], Awaitable[None]]) -> None:
+        body = json.dumps({"detail": f"request body over {self.max_bytes} bytes"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})

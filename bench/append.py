@@ -1,0 +1,190 @@
+"""Write-side benchmark: single-event commands per second through the Python API and over
+HTTP, with 1 and 8 clients, beside pgbench's single-row insert TPS on the same Postgres (our
+stack's own cluster, default durability). Then the load time of a 1,000-event aggregate with a
+snapshot. Prints figures, then one JSON line.
+
+    .venv/bin/python bench/append.py [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import migrations
+from local_stack import postgres
+from local_stack.process import free_port, stop_pid, wait_until
+
+EVENTSOURCING_REFERENCE_PER_S = 1_000  # eventsourcing 9.5 here: about 700-1,300 commands/s
+
+
+def pgbench_tps(dsn: str, clients: int, seconds: int, work_dir: Path) -> float:
+    script = work_dir / "insert.sql"
+    script.write_text("INSERT INTO bench_insert (v) VALUES (1);\n")
+    output = subprocess.run(
+        [str(postgres.find_bin_dir() / "pgbench"), "-n", "-c", str(clients), "-j",
+         str(min(clients, 2)), "-T", str(seconds), "-f", str(script), dsn],
+        capture_output=True, text=True, check=True).stdout
+    match = re.search(r"^tps = ([\d.]+)", output, re.M)
+    assert match, output
+    return float(match.group(1))
+
+
+def python_client(database_url: str, client: int, seconds: float, counts: mp.Queue) -> None:
+    from examples.inventory import ReceiveStock, app
+    from write_model import CommandBus, EventStore, Repository
+
+    bus = CommandBus(Repository(EventStore.from_url(database_url, pool_size=1)), app.commands)
+    done, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        bus.execute(ReceiveStock(product=f"py-{client}-{done % 200}", quantity=1))
+        done += 1
+    counts.put(done)
+
+
+def http_client(port: int, client: int, seconds: float, counts: mp.Queue) -> None:
+    connection = http.client.HTTPConnection("127.0.0.1", port)
+    headers = {"content-type": "application/json"}
+    done, deadline = 0, time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        body = json.dumps({"product": f"http-{client}-{done % 200}", "quantity": 1})
+        connection.request("POST", "/commands/ReceiveStock", body, headers)
+        response = connection.getresponse()
+        response.read()
+        assert response.status == 201, response.status
+        done += 1
+    counts.put(done)
+
+
+def run_clients(target, args: tuple, clients: int, seconds: float) -> float:  # noqa: ANN001
+    context = mp.get_context("spawn")
+    counts: mp.Queue = context.Queue()
+    processes = [context.Process(target=target, args=(*args, n, seconds, counts))
+                 for n in range(clients)]
+    for process in processes:
+        process.start()
+    total = sum(counts.get(timeout=seconds + 120) for _ in processes)
+    for process in processes:
+        process.join()
+    return total / seconds
+
+
+def start_command_api(database_url: str, workers: int) -> tuple[subprocess.Popen, int]:
+    port = free_port()
+    env = {**os.environ, "EVENTFOLD_DATABASE_URL": database_url,
+           "EVENTFOLD_KAFKA_BOOTSTRAP": "127.0.0.1:1", "EVENTFOLD_CONNECT_URL": "http://x",
+           "EVENTFOLD_COMMAND_API_PORT": str(port), "EVENTFOLD_HTTP_WORKERS": str(workers),
+           "EVENTFOLD_LOG_LEVEL": "WARNING"}
+    server = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "commands"],
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def ready() -> bool:
+        try:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=1)
+            connection.request("GET", "/ready")
+            return connection.getresponse().status == 200
+        except OSError:
+            return False
+
+    wait_until(ready, what="command API", timeout_s=60, pid=server.pid)
+    return server, port
+
+
+def load_time_ms(database_url: str) -> tuple[float, float]:
+    """Median load of a 1,000-event Product: with its snapshot, and by full replay."""
+    from examples.inventory import Product
+    from write_model import EventStore, Repository
+    from write_model.events import NewEvent
+
+    store = EventStore.from_url(database_url)
+    for batch in range(10):
+        store.append("Product", "big", batch * 100, [
+            NewEvent("StockReceived", {"product": "big", "quantity": 1}) for _ in range(100)])
+    repository = Repository(store, cache_size=0)
+    full = repository.load(Product, "big")
+    store.save_snapshot("big", "Product", Product.state_version, full.version,
+                        full.snapshot_state())
+
+    def median_ms(load) -> float:  # noqa: ANN001
+        samples = []
+        for _ in range(50):
+            started = time.perf_counter()
+            aggregate = load()
+            samples.append((time.perf_counter() - started) * 1000)
+            assert aggregate.on_hand == 1000 and aggregate.version == 1000
+        return statistics.median(samples)
+
+    with_snapshot = median_ms(lambda: repository.load(Product, "big"))
+    replay = median_ms(lambda: Product.replay("big", [
+        repository.registry.decode(e.event_type, e.data, e.schema_version)
+        for e in store.load("big")[1]]))
+    return with_snapshot, replay
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--http-workers", type=int, default=2)
+    args = parser.parse_args()
+    work_dir = Path(tempfile.mkdtemp(prefix="eventfold-append-"))
+    port = free_port()
+    postgres.init_cluster(work_dir / "pg", work_dir / "pg.log")
+    pg_pid = postgres.start(work_dir / "pg", port, work_dir / "pg.log")
+    try:
+        run(postgres.dsn(port), args, work_dir)
+    finally:
+        stop_pid(pg_pid, what="postgres", sig=signal.SIGINT)
+
+
+def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
+    database_url = dsn.replace("postgresql://", "postgresql+psycopg://")
+    migrations.upgrade(database_url)
+    subprocess.run([str(postgres.find_bin_dir() / "psql"), dsn, "-qc",
+                    "CREATE TABLE bench_insert (id BIGINT GENERATED ALWAYS AS IDENTITY "
+                    "PRIMARY KEY, v INT)"], check=True)
+    figures: dict[int, dict[str, float]] = {}
+    for clients in (1, 8):
+        pg = pgbench_tps(dsn, clients, args.seconds, work_dir)
+        py = run_clients(python_client, (database_url,), clients, args.seconds)
+        server, port = start_command_api(database_url, args.http_workers)
+        try:
+            web = run_clients(http_client, (port,), clients, args.seconds)
+        finally:
+            stop_pid(server.pid, what="command API")
+        figures[clients] = {"pgbench": pg, "python": py, "http": web}
+        print(f"{clients} client(s): pgbench {pg:,.0f} TPS | Python API {py:,.0f} commands/s "
+              f"({py / pg:.2f}x) | HTTP {web:,.0f} commands/s ({web / pg:.2f}x, "
+              f"{args.http_workers} workers)", flush=True)
+    with_snapshot, replay = load_time_ms(database_url)
+    print(f"load of a 1,000-event aggregate: {with_snapshot:.2f} ms with its snapshot, "
+          f"{replay:.2f} ms by full replay")
+    eight = figures[8]
+    print(f"vs eventsourcing 9.5 (~{EVENTSOURCING_REFERENCE_PER_S}/s here): Python API "
+          f"{eight['python'] / EVENTSOURCING_REFERENCE_PER_S:.1f}x")
+    print(json.dumps({
+        "python_api_commands_per_s": round(eight["python"]),
+        "http_commands_per_s": round(eight["http"]),
+        "pgbench_tps": round(eight["pgbench"]),
+        "python_api_vs_pgbench_ratio": round(eight["python"] / eight["pgbench"], 3),
+        "http_vs_pgbench_ratio": round(eight["http"] / eight["pgbench"], 3),
+        "load_1000_events_snapshot_ms": round(with_snapshot, 2),
+        "load_1000_events_replay_ms": round(replay, 2),
+        "python_api_1_client_commands_per_s": round(figures[1]["python"]),
+        "http_1_client_commands_per_s": round(figures[1]["http"]),
+        "pgbench_1_client_tps": round(figures[1]["pgbench"]),
+    }))
+
+
+if __name__ == "__main__":
+    main()
