@@ -27,7 +27,7 @@ from examples.inventory import ReceiveStock, app, inventory_totals
 from local_stack import LocalStack
 from local_stack.process import free_port
 from outbox import ConnectClient, event_topic
-from projections.kafka_offsets import OffsetPlanner, consumer_config
+from outbox.kafka import OffsetPlanner, consumer_config
 from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 from projections.sinks import libpq_url
 

@@ -20,8 +20,18 @@ from sqlalchemy import create_engine
 
 import migrations
 from eventfold.config import ConfigError, Settings
-from outbox import ConnectClient, OutboxConnectorSpec, TopicAdmin, event_topic
+from outbox import (
+    ConnectClient,
+    ConnectorOperations,
+    LogReport,
+    OutboxConnectorSpec,
+    TopicAdmin,
+    event_topic,
+    verify_topic,
+)
+from outbox.kafka import read_messages
 from outbox.topics import EVENT_TOPIC_CONFIG
+from outbox.verify import LoggedEvent
 from projections import ProjectionRegistry
 from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import ensure_projection_topics
@@ -58,7 +68,21 @@ class Eventfold:
                      partitions=settings.event_topic_partitions)
         for projection in self.projections:
             ensure_projection_topics(admin, projection)
-        ConnectClient(settings.connect_url).apply(self.connector_spec(settings))
+        self.connector(settings).apply()
+
+    def connector(self, settings: Settings) -> ConnectorOperations:
+        return ConnectorOperations(ConnectClient(settings.connect_url),
+                                   self.connector_spec(settings), settings.kafka_bootstrap)
+
+    def verify_log(self, settings: Settings, aggregate_type: str,
+                   stream_prefix: str = "") -> LogReport:
+        """Compare the event store with the aggregate type's topic (missing, duplicated,
+        out-of-order events per aggregate)."""
+        stored = [LoggedEvent(*identity) for identity in
+                  self.event_store(settings).event_identities(aggregate_type)]
+        messages = [(key, value) for _, _, key, value in
+                    read_messages(settings.kafka_bootstrap, event_topic(aggregate_type))]
+        return verify_topic(stored, messages, include=lambda s: s.startswith(stream_prefix))
 
     # -- services ---------------------------------------------------------------------------
     def event_store(self, settings: Settings) -> EventStore:

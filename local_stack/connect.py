@@ -98,6 +98,7 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str) -> dict[str
         "scheduled.rebalance.max.delay.ms": "0",
         "consumer.group.protocol": "classic",
         "producer.linger.ms": "5",
+        "producer.batch.size": "524288",
         "task.shutdown.graceful.timeout.ms": "10000",
     }
 

@@ -11,7 +11,7 @@ import logging
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from local_stack import broker, connect, postgres
@@ -66,8 +66,7 @@ class LocalStack:
             for what, pid in reversed(started):
                 stop_pid(pid, what=what)
             raise
-        self.state_path.write_text(json.dumps(asdict(endpoints), indent=2))
-        return endpoints
+        return self._save(endpoints)
 
     def _start_components(self, started: list[tuple[str, int]]) -> StackEndpoints:
         t0 = time.monotonic()
@@ -123,6 +122,35 @@ class LocalStack:
                 )
             },
         }
+
+    def restart_connect(self, sig: int = signal.SIGTERM) -> StackEndpoints:
+        """Stop the Connect worker with ``sig`` (SIGKILL to simulate a crash) and start it again
+        on the same port; its configs and offsets live in Kafka topics and survive."""
+        endpoints = self._require_endpoints()
+        stop_pid(endpoints.connect_pid, what="kafka connect", sig=sig, timeout_s=60)
+        port = int(endpoints.connect_url.rsplit(":", 1)[1])
+        pid = connect.start(self.data_dir / "connect", endpoints.kafka_bootstrap, port,
+                            self.data_dir / "logs" / "connect.log")
+        return self._save(replace(endpoints, connect_pid=pid))
+
+    def restart_postgres(self) -> StackEndpoints:
+        """Fast-shutdown Postgres and start it again on the same port and data directory."""
+        endpoints = self._require_endpoints()
+        stop_pid(endpoints.postgres_pid, what="postgres", sig=signal.SIGINT, timeout_s=60)
+        port = int(endpoints.database_url.rsplit(":", 1)[1].split("/")[0])
+        pid = postgres.start(self.data_dir / "postgres", port,
+                             self.data_dir / "logs" / "postgres.log")
+        return self._save(replace(endpoints, postgres_pid=pid))
+
+    def _require_endpoints(self) -> StackEndpoints:
+        endpoints = self.endpoints()
+        if endpoints is None:
+            raise StackError(f"no stack running in {self.data_dir}")
+        return endpoints
+
+    def _save(self, endpoints: StackEndpoints) -> StackEndpoints:
+        self.state_path.write_text(json.dumps(asdict(endpoints), indent=2))
+        return endpoints
 
     def endpoints(self) -> StackEndpoints | None:
         try:

@@ -10,14 +10,22 @@ It never imports projections or read_api.
 
 from outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
 from outbox.envelope import EventEnvelope, MalformedEvent
+from outbox.operations import ConnectorOperations, ConnectorStatus, config_diff
 from outbox.topics import TopicAdmin, event_topic
+from outbox.verify import LogReport, compare, verify_topic
 
 __all__ = [
     "ConnectClient",
     "ConnectError",
+    "ConnectorOperations",
+    "ConnectorStatus",
     "EventEnvelope",
+    "LogReport",
     "MalformedEvent",
     "OutboxConnectorSpec",
     "TopicAdmin",
+    "compare",
+    "config_diff",
     "event_topic",
+    "verify_topic",
 ]

@@ -11,7 +11,7 @@ import requests
 from sqlalchemy.engine import make_url
 
 from outbox.topics import DEFAULT_TOPIC_PREFIX
-from write_model.schema import OUTBOX_PUBLICATION, OUTBOX_TABLE
+from write_model.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION, OUTBOX_TABLE
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,14 @@ class OutboxConnectorSpec:
     slot_name: str = "eventfold_outbox"
     publication_name: str = OUTBOX_PUBLICATION
     outbox_table: str = f"public.{OUTBOX_TABLE}"
+    heartbeat_table: str = f"public.{HEARTBEAT_TABLE}"
+    heartbeat_interval_ms: int = 10_000
     poll_interval_ms: int = 50
+
+    @property
+    def heartbeat_topics(self) -> list[str]:
+        """Topics the heartbeats go to (created ahead: not every broker auto-creates)."""
+        return [f"__debezium-heartbeat.{self.name}", f"{self.name}.{self.heartbeat_table}"]
 
     def config(self) -> dict[str, str]:
         url = make_url(self.database_url)
@@ -59,15 +66,29 @@ class OutboxConnectorSpec:
             "publication.name": self.publication_name,
             # The publication is created by a migration, not by the connector.
             "publication.autocreate.mode": "disabled",
-            "table.include.list": self.outbox_table,
+            "table.include.list": f"{self.outbox_table},{self.heartbeat_table}",
+            # An idle outbox must not pin WAL: the heartbeat writes to a published table, so
+            # the slot's confirmed position moves on with the rest of the database.
+            "heartbeat.interval.ms": str(self.heartbeat_interval_ms),
+            "heartbeat.action.query": (
+                f"INSERT INTO {self.heartbeat_table} (id, beat_at) VALUES (1, now()) "
+                "ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at"),
             "snapshot.mode": "no_data",
             "tombstones.on.delete": "false",
             "poll.interval.ms": str(self.poll_interval_ms),
+            "max.batch.size": "8192",
+            "max.queue.size": "32768",
             "key.converter": "org.apache.kafka.connect.storage.StringConverter",
             "value.converter": "org.apache.kafka.connect.json.JsonConverter",
             "value.converter.schemas.enable": "false",
             "transforms": "outbox",
             "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
+            # The router sees outbox rows only; heartbeat rows pass through to their topic.
+            "transforms.outbox.predicate": "isOutbox",
+            "predicates": "isOutbox",
+            "predicates.isOutbox.type":
+                "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
+            "predicates.isOutbox.pattern": f".*\\.{self.outbox_table.split('.')[-1]}$",
             "transforms.outbox.table.field.event.key": "aggregateid",
             "transforms.outbox.table.field.event.payload": "payload",
             "transforms.outbox.route.by.field": "aggregatetype",
@@ -79,6 +100,15 @@ class OutboxConnectorSpec:
 
 class ConnectError(RuntimeError):
     """Kafka Connect refused a request or a connector did not reach RUNNING."""
+
+
+def _explain(what: str, response: requests.Response) -> str:
+    text = response.text[:1500]
+    if "Failed to find any class that implements Connector" in text or (
+            response.status_code == 404 and "connector-plugins" in response.url):
+        return (f"{what}: the connector plugin is not installed on the Connect workers "
+                f"({response.status_code}: {text[:300]})")
+    return f"{what} -> {response.status_code}: {text}"
 
 
 class ConnectClient:
@@ -116,9 +146,34 @@ class ConnectClient:
         """Create or update the connector (idempotent)."""
         response = self._request("PUT", f"/connectors/{name}/config", json=config)
         if response.status_code not in (200, 201):
-            raise ConnectError(f"PUT /connectors/{name}/config -> {response.status_code}: "
-                               f"{response.text[:1000]}")
+            raise ConnectError(_explain(f"PUT /connectors/{name}/config", response))
         return dict(response.json())
+
+    def get_config(self, name: str) -> dict[str, str] | None:
+        response = self._request("GET", f"/connectors/{name}/config")
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise ConnectError(_explain(f"GET /connectors/{name}/config", response))
+        return dict(response.json())
+
+    def validate(self, config: dict[str, str]) -> list[tuple[str, str]]:
+        """Connect's own validation of ``config``: (key, error) for every problem."""
+        plugin = config["connector.class"]
+        response = self._request("PUT", f"/connector-plugins/{plugin}/config/validate",
+                                 json=config)
+        if response.status_code != 200:
+            raise ConnectError(_explain(f"validating with {plugin}", response))
+        return [(entry["value"]["name"], error) for entry in response.json()["configs"]
+                for error in entry["value"]["errors"]]
+
+    def restart(self, name: str, only_failed: bool = True) -> dict[str, Any]:
+        """Restart the connector's instance and tasks; by default only those that FAILED."""
+        params = {"includeTasks": "true", "onlyFailed": str(only_failed).lower()}
+        response = self._request("POST", f"/connectors/{name}/restart", params=params)
+        if response.status_code not in (200, 202, 204):
+            raise ConnectError(_explain(f"POST /connectors/{name}/restart", response))
+        return dict(response.json()) if response.content else {}
 
     def status(self, name: str) -> dict[str, Any] | None:
         response = self._request("GET", f"/connectors/{name}/status")
@@ -127,13 +182,21 @@ class ConnectClient:
         response.raise_for_status()
         return dict(response.json())
 
-    def delete(self, name: str) -> bool:
+    def delete(self, name: str, timeout_s: float = 60) -> bool:
+        """Delete the connector and wait until the cluster no longer knows it (deletion
+        spreads through a rebalance in distributed mode)."""
         response = self._request("DELETE", f"/connectors/{name}")
         if response.status_code == 404:
             return False
         if response.status_code not in (200, 204):
             raise ConnectError(f"DELETE /connectors/{name} -> {response.status_code}: "
                                f"{response.text[:500]}")
+        deadline = time.monotonic() + timeout_s
+        while self.status(name) is not None:
+            if time.monotonic() > deadline:
+                raise ConnectError(f"connector {name} still listed {timeout_s:.0f} s after "
+                                   "DELETE")
+            time.sleep(0.2)
         return True
 
     def pause(self, name: str) -> None:
@@ -176,6 +239,7 @@ class ConnectClient:
         raise ConnectError(f"connector {name} not RUNNING after {timeout_s:.0f} s: {status}")
 
     def apply(self, spec: OutboxConnectorSpec, timeout_s: float = 60) -> dict[str, Any]:
+        """Create or update ``spec``'s connector and wait for it to run (idempotent)."""
         self.put_config(spec.name, spec.config())
         status = self.wait_running(spec.name, timeout_s)
         log.info("connector %s RUNNING (%d task(s))", spec.name, len(status["tasks"]))

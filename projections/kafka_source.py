@@ -43,7 +43,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from projections.kafka_offsets import (
+from outbox.kafka import (
     OffsetPlanner,
     PartitionKey,
     consume_available,

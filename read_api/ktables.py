@@ -15,7 +15,7 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from projections.kafka_offsets import OffsetPlanner, consume_available, consumer_config
+from outbox.kafka import OffsetPlanner, consume_available, consumer_config
 
 log = logging.getLogger(__name__)
 

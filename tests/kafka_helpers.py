@@ -7,32 +7,22 @@ from typing import Any
 
 from confluent_kafka import Producer
 
-from projections.kafka_offsets import OffsetPlanner
-from projections.kafka_source import OffsetRange, read_range
+from outbox.kafka import read_messages
 
 
 def read_topic(bootstrap: str, topic: str) -> list[dict[str, Any]]:
-    planner = OffsetPlanner(bootstrap)
-    try:
-        partitions = planner.partitions([topic])
-        begin, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
-    finally:
-        planner.close()
-    rows: list[dict[str, Any]] = []
-    for t, p in partitions:
-        for batch in read_range(bootstrap, OffsetRange(t, p, begin[(t, p)], end[(t, p)])):
-            rows.extend(batch.to_pylist())
-    return rows
+    return [{"partition": p, "offset": o, "key": k, "value": v}
+            for p, o, k, v in read_messages(bootstrap, topic)]
 
 
 def read_table(bootstrap: str, topic: str) -> dict[str, Any]:
     """Latest value per key, tombstones removing keys, as a compacted topic means it."""
     table: dict[str, Any] = {}
-    for row in sorted(read_topic(bootstrap, topic), key=lambda r: (r["partition"], r["offset"])):
-        if row["value"] is None:
-            table.pop(row["key"], None)
+    for _, _, key, value in read_messages(bootstrap, topic):
+        if value is None:
+            table.pop(key, None)
         else:
-            table[row["key"]] = json.loads(row["value"])
+            table[key] = json.loads(value)
     return table
 
 

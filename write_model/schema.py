@@ -10,4 +10,5 @@ from __future__ import annotations
 EVENTS_TABLE = "events"
 OUTBOX_TABLE = "outbox"
 OUTBOX_PUBLICATION = "eventfold_outbox"
+HEARTBEAT_TABLE = "eventfold_heartbeat"
 PROJECTION_CHECKPOINTS_TABLE = "projection_checkpoints"

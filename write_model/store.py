@@ -243,6 +243,14 @@ class EventStore:
             rows = conn.execute(_LOAD, (stream_id, after_version)).fetchall()
         return snapshot, [StoredEvent(*row) for row in rows]
 
+    def event_identities(self, stream_type: str) -> list[tuple[str, str, int]]:
+        """(event id, stream id, stream version) of every event of one aggregate type."""
+        with self.connection() as conn:
+            rows = conn.execute(
+                "SELECT event_id::text, stream_id, stream_version FROM events "
+                "WHERE stream_type = %s ORDER BY global_position", (stream_type,)).fetchall()
+        return [(str(a), str(b), int(c)) for a, b, c in rows]
+
     def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
         with self.connection() as conn:
             rows = conn.execute(_READ_STREAM, (stream_id, after_version)).fetchall()

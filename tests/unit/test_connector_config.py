@@ -1,4 +1,4 @@
-from outbox import OutboxConnectorSpec
+from outbox import OutboxConnectorSpec, config_diff
 
 
 def test_renders_debezium_outbox_config() -> None:
@@ -14,7 +14,13 @@ def test_renders_debezium_outbox_config() -> None:
     assert config["slot.name"] == "shop_slot"
     assert config["publication.name"] == "eventfold_outbox"
     assert config["publication.autocreate.mode"] == "disabled"
-    assert config["table.include.list"] == "public.outbox"
+    assert config["table.include.list"] == "public.outbox,public.eventfold_heartbeat"
+    assert config["heartbeat.interval.ms"] == "10000"
+    assert "eventfold_heartbeat" in config["heartbeat.action.query"]
+    assert config["transforms.outbox.predicate"] == "isOutbox"
+    assert config["predicates.isOutbox.pattern"] == r".*\.outbox$"
+    assert spec.heartbeat_topics == ["__debezium-heartbeat.shop-outbox",
+                                     "shop-outbox.public.eventfold_heartbeat"]
     assert config["snapshot.mode"] == "no_data"
     assert config["tombstones.on.delete"] == "false"
     assert config["transforms.outbox.type"] == "io.debezium.transforms.outbox.EventRouter"
@@ -33,3 +39,12 @@ def test_defaults_for_a_url_without_credentials() -> None:
     config = OutboxConnectorSpec(database_url="postgresql://localhost/db").config()
     assert (config["database.port"], config["database.user"], config["database.password"]) == (
         "5432", "postgres", "")
+
+
+def test_config_diff_names_changed_added_and_removed_keys() -> None:
+    current = {"name": "c", "a": "1", "b": "2", "gone": "x"}
+    wanted = {"a": "1", "b": "3", "new": "y"}
+    assert config_diff(current, wanted) == {"b": ("2", "3"), "gone": ("x", None),
+                                            "new": (None, "y")}
+    assert config_diff(None, {"a": "1"}) == {"a": (None, "1")}
+    assert config_diff({"name": "c", "a": "1"}, {"a": "1"}) == {}

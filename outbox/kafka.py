@@ -1,4 +1,4 @@
-"""Planning reads over Kafka topics: partitions, and end offsets that are really the end.
+"""Reading Kafka topics: partitions, end offsets that are really the end, whole-topic reads.
 
 Some brokers (Tansu, which local runs use) answer ListOffsets(latest) with the first offset of
 the newest batch + 1 instead of the end. The high watermark in Fetch responses is right, so the
@@ -27,6 +27,9 @@ def consumer_config(bootstrap_servers: str, **overrides: object) -> dict[str, ob
         "auto.offset.reset": "earliest",
         "topic.metadata.refresh.interval.ms": 1000,
         "log.connection.close": False,
+        # A broker may answer a waiting fetch only when the wait expires (Tansu does), so a
+        # short wait bounds latency; against Kafka it only means more idle fetches.
+        "fetch.wait.max.ms": 20,
         **overrides,
     }
 
@@ -99,3 +102,48 @@ class OffsetPlanner:
 
     def close(self) -> None:
         self._consumer.close()
+
+
+def read_messages(bootstrap_servers: str, topic: str, timeout_s: float = 120,
+                  ) -> list[tuple[int, int, str | None, str | None]]:
+    """Every message on ``topic`` now, as (partition, offset, key, value), in offset order per
+    partition. Reads to the confirmed end, so it sees what a consumer from offset 0 sees."""
+    planner = OffsetPlanner(bootstrap_servers)
+    try:
+        partitions = planner.partitions([topic])
+        begin, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
+    finally:
+        planner.close()
+    messages: list[tuple[int, int, str | None, str | None]] = []
+    consumer = Consumer(consumer_config(bootstrap_servers))
+    try:
+        for key in partitions:
+            if end[key] > begin[key]:
+                messages.extend(_read_partition(consumer, key, begin[key], end[key], timeout_s))
+    finally:
+        consumer.close()
+    return messages
+
+
+def _read_partition(consumer: Consumer, partition: PartitionKey, start: int, end: int,
+                    timeout_s: float) -> list[tuple[int, int, str | None, str | None]]:
+    consumer.assign([TopicPartition(partition[0], partition[1], start)])
+    found: list[tuple[int, int, str | None, str | None]] = []
+    position, deadline = start, time.monotonic() + timeout_s
+    while position < end:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{partition}: stuck at offset {position} of {end}")
+        for message in consume_available(consumer, min(10_000, end - position), wait_s=1.0):
+            error = message.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    raise RuntimeError(f"reading {partition}: {error}")
+                position = max(position, message.offset())
+                continue
+            position = message.offset() + 1
+            if message.offset() < end:
+                key, value = message.key(), message.value()
+                found.append((partition[1], message.offset(),
+                              key.decode() if key is not None else None,
+                              value.decode() if value is not None else None))
+    return found

@@ -1,0 +1,198 @@
+"""Outbox CDC that a team can operate: connector lifecycle through the Connect REST API, and
+delivery guarantees when the worker or the database restarts. These tests restart components,
+so they run on a stack of their own."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+
+import migrations
+from local_stack import LocalStack
+from outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
+from outbox import event_topic as topic_of
+from outbox.kafka import read_messages
+from outbox.topics import EVENT_TOPIC_CONFIG
+from outbox.verify import LoggedEvent, LogReport, verify_topic
+from projections.sinks import libpq_url
+from write_model import EventStore, StoreUnavailable
+from write_model.events import NewEvent
+
+TOPIC = topic_of("Product")
+
+
+@dataclasses.dataclass
+class CdcStack:
+    stack: LocalStack
+    database_url: str
+    bootstrap: str
+    operations: ConnectorOperations
+    store: EventStore
+
+
+@pytest.fixture(scope="module")
+def cdc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdcStack]:
+    stack = LocalStack(tmp_path_factory.mktemp("cdc") / "stack")
+    endpoints = stack.up()
+    try:
+        migrations.upgrade(endpoints.database_url)
+        TopicAdmin(endpoints.kafka_bootstrap).ensure([TOPIC], EVENT_TOPIC_CONFIG, partitions=4)
+        spec = OutboxConnectorSpec(database_url=endpoints.database_url, name="cdc-outbox",
+                                   slot_name="cdc_outbox", heartbeat_interval_ms=1000)
+        operations = ConnectorOperations(ConnectClient(endpoints.connect_url), spec,
+                                         endpoints.kafka_bootstrap)
+        assert operations.apply().action == "created"
+        yield CdcStack(stack, endpoints.database_url, endpoints.kafka_bootstrap, operations,
+                       EventStore.from_url(endpoints.database_url))
+    finally:
+        stack.down()
+
+
+def write(store: EventStore, prefix: str, transactions: int, per_transaction: int,
+          pause_s: float = 0.0) -> None:
+    """Append ``transactions`` x ``per_transaction`` events over 8 streams; ride out outages."""
+    versions: dict[str, int] = {}
+    for i in range(transactions):
+        stream = f"{prefix}-{i % 8}"
+        events = [NewEvent("StockReceived", {"product": stream, "quantity": 1})
+                  for _ in range(per_transaction)]
+        while True:
+            try:
+                versions[stream] = store.append("Product", stream, versions.get(stream, 0),
+                                                events).version
+                break
+            except StoreUnavailable:
+                time.sleep(0.2)
+        time.sleep(pause_s)
+
+
+def report(cdc: CdcStack, prefix: str) -> LogReport:
+    stored = [LoggedEvent(*identity) for identity in cdc.store.event_identities("Product")]
+    messages = [(k, v) for _, _, k, v in read_messages(cdc.bootstrap, TOPIC)]
+    return verify_topic(stored, messages, include=lambda s: s.startswith(f"{prefix}-"))
+
+
+def delivered(cdc: CdcStack, prefix: str, timeout_s: float = 120) -> LogReport:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = report(cdc, prefix)
+        if result.missing_count == 0 or time.monotonic() > deadline:
+            return result
+        time.sleep(1)
+
+
+def writing_while(cdc: CdcStack, prefix: str, disturb, transactions: int = 60,
+                  per_transaction: int = 50) -> LogReport:
+    writer = threading.Thread(target=write, args=(cdc.store, prefix, transactions,
+                                                  per_transaction, 0.05))
+    writer.start()
+    time.sleep(1.0)  # mid-stream
+    disturb()
+    writer.join()
+    cdc.operations.client.wait_running(cdc.operations.spec.name, timeout_s=120)
+    return delivered(cdc, prefix)
+
+
+def test_apply_is_idempotent_and_a_change_updates_in_place(cdc) -> None:
+    assert cdc.operations.apply().action == "unchanged"
+    assert cdc.operations.diff() == {}
+    changed = ConnectorOperations(
+        cdc.operations.client, dataclasses.replace(cdc.operations.spec, poll_interval_ms=60),
+        cdc.bootstrap)
+    assert changed.diff() == {"poll.interval.ms": ("50", "60")}
+    result = changed.apply()
+    assert (result.action, result.diff) == ("updated", {"poll.interval.ms": ("50", "60")})
+    assert cdc.operations.apply().action == "updated"  # and back
+    assert cdc.operations.status().running
+
+
+def test_validate_reports_each_error_against_its_key(cdc) -> None:
+    assert cdc.operations.validate() == []
+    broken = dataclasses.replace(
+        cdc.operations.spec, database_url="postgresql://nobody@127.0.0.1:1/none")
+    broken_config = {"name": "x", **broken.config(), "snapshot.mode": "sometimes"}
+    errors = cdc.operations.client.validate(broken_config)
+    assert any(key == "snapshot.mode" for key, _ in errors), errors
+
+
+def test_status_shows_tasks_and_retained_wal(cdc) -> None:
+    status = cdc.operations.status()
+    assert status.running
+    assert status.slot is not None and status.slot.name == "cdc_outbox"
+    assert status.slot.retained_wal_bytes >= 0
+    warned = cdc.operations.status(wal_warning_bytes=-1)
+    assert any("retains" in warning for warning in warned.warnings)
+
+
+def test_pause_holds_events_and_resume_delivers_them(cdc, unique) -> None:
+    cdc.operations.pause()
+    write(cdc.store, unique, 10, 10)
+    time.sleep(2)
+    assert report(cdc, unique).delivered == 0
+    cdc.operations.resume()
+    result = delivered(cdc, unique)
+    assert (result.missing_count, result.duplicate_count, result.expected) == (0, 0, 100)
+
+
+def test_restart_touches_only_failed_tasks_by_default(cdc) -> None:
+    before = cdc.operations.status()
+    cdc.operations.restart()
+    after = cdc.operations.status()
+    assert before.running and after.running
+
+
+def test_sigterm_of_the_worker_mid_stream_loses_and_duplicates_nothing(cdc, unique) -> None:
+    result = writing_while(cdc, unique, lambda: cdc.stack.restart_connect(signal.SIGTERM))
+    assert result.expected == 3000
+    assert (result.missing_count, result.duplicate_count, result.out_of_order) == (0, 0, {})
+
+
+def test_sigkill_of_the_worker_mid_stream_loses_nothing(cdc, unique) -> None:
+    result = writing_while(cdc, unique, lambda: cdc.stack.restart_connect(signal.SIGKILL))
+    assert result.expected == 3000
+    assert (result.missing_count, result.out_of_order) == (0, {})
+    print(f"SIGKILL: {result.summary()}")  # duplicates are allowed: at-least-once
+
+
+def test_postgres_restart_while_the_connector_runs_delivers_everything(cdc, unique) -> None:
+    result = writing_while(cdc, unique, cdc.stack.restart_postgres)
+    assert result.expected == 3000
+    assert (result.missing_count, result.out_of_order) == (0, {})
+
+
+def test_delete_and_reapply_with_the_same_slot_resumes_without_loss(cdc, unique) -> None:
+    assert cdc.operations.delete(keep_slot=True)
+    assert cdc.operations.slot() is not None
+    write(cdc.store, unique, 20, 10)  # while no connector runs
+    assert cdc.operations.apply().action == "created"
+    result = delivered(cdc, unique)
+    assert (result.missing_count, result.duplicate_count, result.expected) == (0, 0, 200)
+
+
+def test_idle_outbox_does_not_pin_wal_thanks_to_heartbeats(cdc) -> None:
+    with psycopg.connect(libpq_url(cdc.database_url), autocommit=True) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS filler (id BIGSERIAL, pad TEXT)")
+        conn.execute("INSERT INTO filler (pad) SELECT repeat('x', 1000) "
+                     "FROM generate_series(1, 20000)")  # ~25 MB of WAL, nothing for the outbox
+        written = conn.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        slot = cdc.operations.slot()
+        assert slot is not None
+        if slot.unconfirmed_wal_bytes < 2_000_000:
+            break
+        time.sleep(0.5)
+    assert slot.unconfirmed_wal_bytes < 2_000_000, (written, slot)
+
+
+def test_delete_drops_the_slot_unless_asked_to_keep_it(cdc) -> None:
+    assert cdc.operations.delete()
+    assert cdc.operations.slot() is None
+    assert cdc.operations.status().connector_state == "ABSENT"
+    assert cdc.operations.apply().action == "created"  # leave the stack as we found it
