@@ -30,7 +30,27 @@ def free_port() -> int:
 def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.settimeout(0.2)
-        return sock.connect_ex((host, port)) == 0
+        if sock.connect_ex((host, port)) != 0:
+            return False
+        # Connecting to a free port in the ephemeral range can connect the socket to itself
+        # (TCP simultaneous open); that is not a listener.
+        return sock.getsockname() != sock.getpeername()
+
+
+def wait_port_closed(port: int, what: str, timeout_s: float = 30) -> None:
+    try:
+        wait_until(lambda: not port_is_open(port), what=f"{what}'s port {port} to close",
+                   timeout_s=timeout_s)
+    except StackError as exc:
+        raise StackError(f"{exc} Listening there:\n{_listeners(port)}") from None
+
+
+def _listeners(port: int) -> str:
+    try:
+        return subprocess.run(["ss", "-ltnp", f"sport = :{port}"], capture_output=True,
+                              text=True, timeout=5, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(ss unavailable: {exc})"
 
 
 def log_tail(path: Path, lines: int = 25) -> str:

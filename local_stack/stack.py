@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from local_stack import broker, connect, postgres
-from local_stack.process import StackError, free_port, pid_alive, stop_pid
+from local_stack.process import StackError, free_port, pid_alive, stop_pid, wait_port_closed
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class LocalStack:
         endpoints = self._require_endpoints()
         stop_pid(endpoints.connect_pid, what="kafka connect", sig=sig, timeout_s=60)
         port = int(endpoints.connect_url.rsplit(":", 1)[1])
+        wait_port_closed(port, "kafka connect")
         pid = connect.start(self.data_dir / "connect", endpoints.kafka_bootstrap, port,
                             self.data_dir / "logs" / "connect.log")
         return self._save(replace(endpoints, connect_pid=pid))
@@ -138,6 +139,7 @@ class LocalStack:
         endpoints = self._require_endpoints()
         stop_pid(endpoints.postgres_pid, what="postgres", sig=signal.SIGINT, timeout_s=60)
         port = int(endpoints.database_url.rsplit(":", 1)[1].split("/")[0])
+        wait_port_closed(port, "postgres")
         pid = postgres.start(self.data_dir / "postgres", port,
                              self.data_dir / "logs" / "postgres.log")
         return self._save(replace(endpoints, postgres_pid=pid))
