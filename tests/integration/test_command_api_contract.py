@@ -22,6 +22,7 @@ import migrations
 from eventfold.serving import BackgroundServer
 from local_stack import postgres
 from local_stack.process import free_port, stop_pid, wait_until
+from tests.concurrency import run_together
 from write_model import CommandBus, EventStore, Repository
 
 
@@ -47,19 +48,13 @@ def test_same_command_id_posted_five_times_concurrently_appends_once(
                               free_port()).start()
     body = {"product": unique, "quantity": 3, "command_id": str(uuid.uuid4())}
     responses: list[requests.Response] = []
-    barrier = threading.Barrier(5)
 
     def post() -> None:
-        barrier.wait()
         responses.append(requests.post(f"{server.url}/commands/ReceiveStock", json=body,
                                        timeout=10))
 
     try:
-        threads = [threading.Thread(target=post) for _ in range(5)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_together(post, 5)
     finally:
         server.stop()
     assert sorted(r.status_code for r in responses) == [200, 200, 200, 200, 201]
@@ -84,11 +79,9 @@ def test_eight_http_writers_on_one_aggregate_lose_with_409(
                               free_port()).start()
     statuses: list[int] = []
     conflicts_with_version: list[int] = []
-    barrier = threading.Barrier(8)
 
     def writer() -> None:
         session = requests.Session()
-        barrier.wait()
         for _ in range(5):
             version = store.current_version(unique)
             response = session.post(f"{server.url}/commands/ReceiveStock", json={
@@ -98,11 +91,7 @@ def test_eight_http_writers_on_one_aggregate_lose_with_409(
                 conflicts_with_version.append(response.json()["current_version"])
 
     try:
-        threads = [threading.Thread(target=writer) for _ in range(8)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_together(writer, 8)
     finally:
         server.stop()
     versions = [e.stream_version for e in store.read_stream(unique)]

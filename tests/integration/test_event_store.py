@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from sqlalchemy import text
 
 from examples.inventory import Product, ReceiveStock
+from tests.concurrency import run_together
 from write_model import CommandBus, ConcurrencyError, EventStore, Repository
 from write_model.events import NewEvent
 
@@ -50,10 +49,8 @@ def test_concurrent_writers_leave_a_gapless_stream(store, unique) -> None:
     stream = f"{unique}-race"
     conflicts: list[int] = []
     results: list[int] = []
-    barrier = threading.Barrier(8)
 
     def writer() -> None:
-        barrier.wait()
         for _ in range(5):
             version = store.current_version(stream)
             try:
@@ -63,11 +60,7 @@ def test_concurrent_writers_leave_a_gapless_stream(store, unique) -> None:
             except ConcurrencyError as exc:
                 conflicts.append(exc.current_version)
 
-    threads = [threading.Thread(target=writer) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    run_together(writer, 8)
     versions = [e.stream_version for e in store.read_stream(stream)]
     assert versions == list(range(1, len(versions) + 1))
     assert sorted(results) == versions
@@ -75,15 +68,14 @@ def test_concurrent_writers_leave_a_gapless_stream(store, unique) -> None:
     assert conflicts, "8 racing writers should have produced at least one conflict"
 
 
-def test_command_bus_retries_lost_races_without_expected_version(store, unique) -> None:
-    bus = CommandBus(Repository(store), __import__("examples.inventory").inventory.app.commands)
+def test_command_bus_retries_lost_races_without_expected_version(store, inventory_app,
+                                                                unique) -> None:
+    bus = CommandBus(Repository(store), inventory_app.commands)
     product = f"{unique}-bus"
-    threads = [threading.Thread(target=lambda: [bus.execute(ReceiveStock(product=product,
-                                                                        quantity=1))
-                                                for _ in range(5)]) for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    def five_commands() -> None:
+        for _ in range(5):
+            bus.execute(ReceiveStock(product=product, quantity=1))
+
+    run_together(five_commands, 4)
     loaded = Repository(store).load(Product, product)
     assert (loaded.version, loaded.on_hand) == (20, 20)

@@ -4,7 +4,6 @@ idempotent commands, and random command sequences against an in-memory model."""
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from dataclasses import dataclass
 
@@ -16,6 +15,7 @@ from sqlalchemy import text
 
 from examples.inventory import Product, ReceiveStock, ShipStock
 from projections.sinks import libpq_url
+from tests.concurrency import run_together
 from write_model import (
     Aggregate,
     ConcurrencyError,
@@ -170,17 +170,7 @@ def test_snapshots_shortcut_loading_and_stale_ones_are_ignored(store, unique) ->
 def test_same_command_id_five_times_concurrently_appends_once(bus, store, unique) -> None:
     command = ReceiveStock(product=unique, quantity=7, command_id=uuid.uuid4())
     results = []
-    barrier = threading.Barrier(5)
-
-    def send() -> None:
-        barrier.wait()
-        results.append(bus.execute(command))
-
-    threads = [threading.Thread(target=send) for _ in range(5)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_together(lambda: results.append(bus.execute(command)), 5)
     assert len(store.read_stream(unique)) == 1
     assert len({tuple(r.event_ids) for r in results}) == 1
     assert sum(not r.replayed for r in results) == 1
