@@ -82,6 +82,15 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
             print(f"{projection.name}\tsources={','.join(projection.source_topics)}\t"
                   f"table={projection.table}\tktable={projection.ktable_topic}")
         return 0
+    if args.action == "status":
+        from projections.status import projection_status
+
+        settings = settings.with_local_stack()
+        chosen = [app.projections.get(args.name)] if args.name else list(app.projections)
+        for projection in chosen:
+            print(projection_status(projection, settings.database_url,
+                                    settings.kafka_bootstrap).describe())
+        return 0
     if not args.name:
         raise ConfigError("projection run needs a NAME (see `eventfold projection list`)")
     from projections.runner import stop_gracefully
@@ -197,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(run=_serve)
 
     proj = commands.add_parser("projection", help="list or run projections")
-    proj.add_argument("action", choices=["list", "run"])
+    proj.add_argument("action", choices=["list", "run", "status"])
     proj.add_argument("name", nargs="?")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")

@@ -95,6 +95,17 @@ class ReadModelStore:
                 states[key] = KeyState(state, version, position)
         return states
 
+    def live_rows(self) -> int | None:
+        """Rows in the read model's view; None before the projection first ran."""
+        with self.conn.transaction():
+            exists = self.conn.execute("SELECT to_regclass(%s)", (
+                sql.Identifier(self.projection.table).as_string(self.conn),)).fetchone()
+            if exists is None or exists[0] is None:
+                return None
+            row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(self.projection.table))).fetchone()
+        return int(row[0]) if row else 0
+
     def committed_offsets(self) -> dict[PartitionKey, int]:
         checkpoint = self.checkpoint()
         if checkpoint is None:

@@ -18,6 +18,7 @@ from examples.inventory import ReceiveStock, inventory_totals
 from local_stack.process import free_port
 from outbox import event_topic
 from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from projections.status import projection_status
 from tests.kafka_helpers import produce, read_table, read_topic
 
 PRODUCT_TOPIC = event_topic("Product")
@@ -198,7 +199,10 @@ def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(
     assert ours[0]["topic"] == PRODUCT_TOPIC
     assert "undecodable" in ours[0]["error"]
     assert ours[0]["value"] == "{this is not json"
-    with engine.connect() as conn:
-        dead = conn.execute(text("SELECT dead_letters FROM projection_checkpoints "
-                                 "WHERE projection = :p"), {"p": projection.name}).scalar_one()
-    assert dead == len(letters)
+    status = projection_status(projection, stack_settings.database_url,
+                               stack_settings.kafka_bootstrap)
+    assert status.dead_letters == len(letters)
+    assert status.lag == 0 and status.partitions
+    assert status.rows is not None and status.rows >= 1
+    assert status.batch_id is not None and status.last_batch_at is not None
+    assert f"{status.dead_letters:,} dead letters" in status.describe()
