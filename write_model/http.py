@@ -86,19 +86,20 @@ def _add_command_route(app: FastAPI, bus: CommandBus, spec: HandlerSpec[Any, Any
 
     def execute(
         command: command_model,  # type: ignore[valid-type]
-        response: Response,
         idempotency_key: Annotated[uuid.UUID | None, Header(
             description="Same as command_id in the body.")] = None,
         x_correlation_id: Annotated[str | None, Header(max_length=200)] = None,
         x_metadata: Annotated[str | None, Header(
             description="A JSON object stored with every event (e.g. the acting user).")] = None,
-    ) -> CommandResult:
+    ) -> Response:
         if idempotency_key is not None and command.command_id is None:
             command = command.model_copy(update={"command_id": idempotency_key})
         result = bus.execute(command, metadata=_parse_metadata(x_metadata),
                              correlation_id=x_correlation_id)
-        response.status_code = 201 if result.event_ids and not result.replayed else 200
-        return result
+        # Serialized once here: FastAPI would otherwise validate the model a second time.
+        return Response(result.model_dump_json(),
+                        status_code=201 if result.event_ids and not result.replayed else 200,
+                        media_type="application/json")
 
     execute.__name__ = f"execute_{command_model.command_name}"
     app.post(
