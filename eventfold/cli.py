@@ -7,7 +7,7 @@ import json
 import logging
 import signal
 import sys
-from collections.abc import Callable
+import threading
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -96,21 +96,29 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     from projections.runner import stop_gracefully
 
     runner = app.projection_runner(settings.with_local_stack(), args.name)
+    stop_requested = _stop_requested_on_signal()
     query = runner.start(once=args.once)
-    _on_sigterm(lambda: stop_gracefully(query))
-    query.awaitTermination()
+    # The signal handler only sets a flag: the main thread may be inside a py4j call, which
+    # must not be re-entered from a handler. Wait in slices and stop from here.
+    while not query.awaitTermination(1):
+        if stop_requested.is_set():
+            stop_gracefully(query)
+            break
     runner.close()
     log.info("projection %s stopped after %d batches", args.name, runner.batches)
     return 0
 
 
-def _on_sigterm(stop: Callable[[], None]) -> None:
+def _stop_requested_on_signal() -> threading.Event:
+    requested = threading.Event()
+
     def handle(signum: int, _: FrameType | None) -> None:
         log.info("signal %d: stopping after the current batch", signum)
-        stop()
+        requested.set()
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    return requested
 
 
 def _connector(settings: Settings, args: argparse.Namespace) -> int:
