@@ -47,6 +47,7 @@ class ProjectionRunner:
         self.store = ReadModelStore(settings.database_url, projection)
         self.topics = TopicSink(settings.bootstrap_servers, projection)
         self.batches = 0
+        self._progress = _ProgressLog(projection.name)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -98,16 +99,42 @@ class ProjectionRunner:
         self.store.commit(batch_id, outcome, committed)
         self.batches += 1
         elapsed = time.monotonic() - started
-        log.info(
+        log.debug(
             "projection %s batch %d: %d records, %d applied, %d duplicates, %d already "
             "committed, %d dead letters, %d keys changed in %.2f s",
             self.projection.name, batch_id, len(records), outcome.applied, outcome.duplicates,
             outcome.skipped, len(outcome.dead_letters), len(outcome.changed), elapsed,
         )
+        self._progress.add(batch_id, len(records), outcome.applied, outcome.duplicates,
+                           len(outcome.dead_letters))
 
     def close(self) -> None:
         self.topics.close()
         self.store.close()
+
+
+class _ProgressLog:
+    """One INFO line per interval, not per micro-batch: rates, duplicates, dead letters."""
+
+    def __init__(self, name: str, interval_s: float = 10.0) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self._since = time.monotonic()
+        self._first = True
+        self._counts = [0, 0, 0, 0, 0]  # batches, records, applied, duplicates, dead letters
+
+    def add(self, batch_id: int, records: int, applied: int, duplicates: int,
+            dead_letters: int) -> None:
+        for i, value in enumerate((1, records, applied, duplicates, dead_letters)):
+            self._counts[i] += value
+        elapsed = time.monotonic() - self._since
+        if not self._first and elapsed < self.interval_s:
+            return
+        batches, records, applied, duplicates, dead = self._counts
+        log.info("projection %s: %d batches up to #%d, %d records (%.0f/s), %d applied, "
+                 "%d duplicates skipped, %d dead letters", self.name, batches, batch_id,
+                 records, records / max(elapsed, 1e-6), applied, duplicates, dead)
+        self._since, self._first, self._counts = time.monotonic(), False, [0, 0, 0, 0, 0]
 
 
 def stop_gracefully(query: StreamingQuery, timeout_s: float = 60) -> None:
