@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
@@ -127,13 +127,30 @@ def read_messages(bootstrap_servers: str, topic: str, timeout_s: float = 120,
 
 def _read_partition(consumer: Consumer, partition: PartitionKey, start: int, end: int,
                     timeout_s: float) -> list[tuple[int, int, str | None, str | None]]:
+    return [(partition[1], m.offset(), _text(m.key()), _text(m.value()))
+            for chunk in iter_range(consumer, partition, start, end, timeout_s) for m in chunk]
+
+
+def _text(raw: bytes | None) -> str | None:
+    return raw.decode() if raw is not None else None
+
+
+def iter_range(consumer: Consumer, partition: PartitionKey, start: int, end: int,
+               stuck_timeout_s: float = 120, chunk: int = 10_000) -> Iterator[list[Message]]:
+    """The messages of offsets [start, end) of one partition, in chunks.
+
+    Offsets may have gaps (compaction, transaction markers), so the read ends at ``end`` or at
+    partition EOF past it, never after end-start messages. Fails if no progress is made for
+    ``stuck_timeout_s``.
+    """
     consumer.assign([TopicPartition(partition[0], partition[1], start)])
-    found: list[tuple[int, int, str | None, str | None]] = []
-    position, deadline = start, time.monotonic() + timeout_s
+    position, deadline = start, time.monotonic() + stuck_timeout_s
     while position < end:
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{partition}: stuck at offset {position} of {end}")
-        for message in consume_available(consumer, min(10_000, end - position), wait_s=1.0):
+            raise TimeoutError(f"{partition}: no progress at offset {position} of {end} "
+                               f"for {stuck_timeout_s:.0f} s")
+        found: list[Message] = []
+        for message in consume_available(consumer, max(1, min(chunk, end - position)), 1.0):
             error = message.error()
             if error is not None:
                 if error.code() != KafkaError._PARTITION_EOF:
@@ -142,8 +159,7 @@ def _read_partition(consumer: Consumer, partition: PartitionKey, start: int, end
                 continue
             position = message.offset() + 1
             if message.offset() < end:
-                key, value = message.key(), message.value()
-                found.append((partition[1], message.offset(),
-                              key.decode() if key is not None else None,
-                              value.decode() if value is not None else None))
-    return found
+                found.append(message)
+        if found:
+            deadline = time.monotonic() + stuck_timeout_s
+            yield found

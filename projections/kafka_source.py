@@ -15,13 +15,12 @@ checkpoint, so a restarted query resumes where the last committed batch ended. B
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, Message
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -43,12 +42,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from outbox.kafka import (
-    OffsetPlanner,
-    PartitionKey,
-    consume_available,
-    consumer_config,
-)
+from outbox.kafka import OffsetPlanner, PartitionKey, consumer_config, iter_range
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([
@@ -93,50 +87,29 @@ def _flatten(offsets: Mapping[str, Mapping[str, int]]) -> dict[PartitionKey, int
 
 
 def read_range(bootstrap_servers: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
-    """Every message of ``rng`` as Arrow batches. Offsets may have gaps (compaction,
-    transaction markers), so the read ends at the range end, not after end-start messages."""
+    """Every message of ``rng`` as Arrow batches."""
     if rng.end <= rng.start:
         return
     consumer = Consumer(consumer_config(bootstrap_servers, **{"fetch.min.bytes": 1}))
-    consumer.assign([TopicPartition(rng.topic, rng.partition, rng.start)])
     try:
-        yield from _read_until(consumer, rng)
+        for messages in iter_range(consumer, (rng.topic, rng.partition), rng.start, rng.end,
+                                   READ_TIMEOUT_S, chunk=READ_CHUNK):
+            yield _to_arrow(messages, rng)
     finally:
         consumer.close()
 
 
-def _read_until(consumer: Consumer, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
-    deadline = time.monotonic() + READ_TIMEOUT_S
-    position = rng.start
-    while position < rng.end:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{rng}: stuck at offset {position} for {READ_TIMEOUT_S:.0f} s")
-        columns: dict[str, list[Any]] = {name: [] for name in ARROW_SCHEMA.names}
-        wanted = max(1, min(READ_CHUNK, rng.end - position))
-        for message in consume_available(consumer, wanted, wait_s=1.0):
-            error = message.error()
-            if error is not None:
-                if error.code() == KafkaError._PARTITION_EOF:
-                    position = max(position, message.offset())
-                    continue
-                raise RuntimeError(f"reading {rng}: {error}")
-            offset = message.offset()
-            position = offset + 1
-            if offset >= rng.end:
-                break
-            _append_row(columns, message, rng)
-        if columns["offset"]:
-            yield pa.RecordBatch.from_pydict(columns, schema=ARROW_SCHEMA)
-
-
-def _append_row(columns: dict[str, list[Any]], message: Any, rng: OffsetRange) -> None:
-    key, value = message.key(), message.value()
-    columns["topic"].append(rng.topic)
-    columns["partition"].append(rng.partition)
-    columns["offset"].append(message.offset())
-    columns["key"].append(key.decode() if key is not None else None)
-    columns["value"].append(value.decode() if value is not None else None)
-    columns["timestamp"].append(message.timestamp()[1] * 1000)
+def _to_arrow(messages: list[Message], rng: OffsetRange) -> pa.RecordBatch:
+    keys = [m.key() for m in messages]
+    values = [m.value() for m in messages]
+    return pa.RecordBatch.from_pydict({
+        "topic": [rng.topic] * len(messages),
+        "partition": [rng.partition] * len(messages),
+        "offset": [m.offset() for m in messages],
+        "key": [k.decode() if k is not None else None for k in keys],
+        "value": [v.decode() if v is not None else None for v in values],
+        "timestamp": [m.timestamp()[1] * 1000 for m in messages],
+    }, schema=ARROW_SCHEMA)
 
 
 class KafkaDataSource(DataSource):
