@@ -15,6 +15,20 @@ from collections.abc import Iterable, Iterator, Mapping
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 PartitionKey = tuple[str, int]
+NestedOffsets = dict[str, dict[str, int]]
+
+
+def nest_offsets(flat: Mapping[PartitionKey, int]) -> NestedOffsets:
+    """{(topic, partition): offset} as {topic: {"partition": offset}}: the JSON form kept in
+    Spark's offset log and in projection checkpoints."""
+    nested: NestedOffsets = {}
+    for (topic, partition), offset in sorted(flat.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return nested
+
+
+def flatten_offsets(nested: Mapping[str, Mapping[str, int]]) -> dict[PartitionKey, int]:
+    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
 
 
 def consumer_config(bootstrap_servers: str, **overrides: object) -> dict[str, object]:

@@ -42,7 +42,14 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from outbox.kafka import OffsetPlanner, PartitionKey, consumer_config, iter_range
+from outbox.kafka import (
+    OffsetPlanner,
+    PartitionKey,
+    consumer_config,
+    flatten_offsets,
+    iter_range,
+    nest_offsets,
+)
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([
@@ -64,7 +71,6 @@ ARROW_SCHEMA = pa.schema([
 READ_CHUNK = 5_000
 READ_TIMEOUT_S = 120.0
 
-Offsets = dict[str, dict[str, int]]
 
 
 @dataclass(frozen=True)
@@ -73,17 +79,6 @@ class OffsetRange(InputPartition):
     partition: int
     start: int
     end: int
-
-
-def _to_offsets(flat: Mapping[PartitionKey, int]) -> Offsets:
-    nested: Offsets = {}
-    for (topic, partition), offset in sorted(flat.items()):
-        nested.setdefault(topic, {})[str(partition)] = int(offset)
-    return nested
-
-
-def _flatten(offsets: Mapping[str, Mapping[str, int]]) -> dict[PartitionKey, int]:
-    return {(t, int(p)): int(o) for t, parts in offsets.items() for p, o in parts.items()}
 
 
 def read_range(bootstrap_servers: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
@@ -183,12 +178,12 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         found = self.planner.partitions(self.topics)
         if self.starting_offsets.startswith("{"):
             # Resume from offsets a sink committed (its checkpoint outlived Spark's).
-            committed = _flatten(json.loads(self.starting_offsets))
+            committed = flatten_offsets(json.loads(self.starting_offsets))
             beginning = self.planner.beginning_offsets(found)
-            return _to_offsets({k: max(committed.get(k, 0), beginning[k]) for k in found})
+            return nest_offsets({k: max(committed.get(k, 0), beginning[k]) for k in found})
         if self.starting_offsets == "latest":
-            return _to_offsets(self.planner.end_offsets(found))
-        return _to_offsets(self.planner.beginning_offsets(found))
+            return nest_offsets(self.planner.end_offsets(found))
+        return nest_offsets(self.planner.beginning_offsets(found))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.max_rows_per_batch > 0:
@@ -202,19 +197,19 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.planner.end_offsets(self.planner.partitions(self.topics))
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        begin = _flatten(start)
+        begin = flatten_offsets(start)
         end = dict(self._available_now_end) if self._available_now_end else self._current_end()
         for key in end:
             begin.setdefault(key, 0)  # a partition that appeared since the last batch
         if isinstance(limit, ReadMaxRows):
             end = _cap_rows(begin, end, limit.max_rows)
-        return _to_offsets({k: max(end.get(k, v), v) for k, v in begin.items()})
+        return nest_offsets({k: max(end.get(k, v), v) for k, v in begin.items()})
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
-        return _to_offsets(self._current_end())
+        return nest_offsets(self._current_end())
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        begin, finish = _flatten(start), _flatten(end)
+        begin, finish = flatten_offsets(start), flatten_offsets(end)
         ranges = [OffsetRange(t, p, begin.get((t, p), 0), off) for (t, p), off in finish.items()]
         return [r for r in ranges if r.end > r.start]
 

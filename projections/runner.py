@@ -19,6 +19,7 @@ from pathlib import Path
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from outbox.kafka import nest_offsets
 from projections.fold import SourceRecord, fold_records
 from projections.kafka_source import FORMAT_NAME
 from projections.projection import Projection
@@ -61,7 +62,7 @@ class ProjectionRunner:
         """Start the query: ``once`` catches up with what is there now and stops."""
         self.prepare()
         committed = self.store.committed_offsets()
-        starting = json.dumps(_nest(committed)) if committed else "earliest"
+        starting = json.dumps(nest_offsets(committed)) if committed else "earliest"
         source = (
             self.spark.readStream.format(FORMAT_NAME)
             .option("bootstrap.servers", self.settings.bootstrap_servers)
@@ -144,10 +145,3 @@ def stop_gracefully(query: StreamingQuery, timeout_s: float = 60) -> None:
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.02)
     query.stop()
-
-
-def _nest(flat: dict[tuple[str, int], int]) -> dict[str, dict[str, int]]:
-    nested: dict[str, dict[str, int]] = {}
-    for (topic, partition), offset in flat.items():
-        nested.setdefault(topic, {})[str(partition)] = offset
-    return nested

@@ -22,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.types import JSON
 
 from outbox import TopicAdmin
+from outbox.kafka import flatten_offsets, nest_offsets
 from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG
 from projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
 from projections.projection import Projection
@@ -110,8 +111,7 @@ class ReadModelStore:
         checkpoint = self.checkpoint()
         if checkpoint is None:
             return {}
-        return {(t, int(p)): int(o) for t, parts in checkpoint["offsets"].items()
-                for p, o in parts.items()}
+        return flatten_offsets(checkpoint["offsets"])
 
     def checkpoint(self) -> dict[str, Any] | None:
         with self.conn.transaction():
@@ -129,9 +129,7 @@ class ReadModelStore:
     def commit(self, batch_id: int, outcome: FoldOutcome,
                previous_offsets: Mapping[PartitionKey, int]) -> None:
         """Upsert changed keys and the checkpoint in one transaction."""
-        offsets: dict[str, dict[str, int]] = {}
-        for (topic, partition), offset in {**previous_offsets, **outcome.next_offsets}.items():
-            offsets.setdefault(topic, {})[str(partition)] = offset
+        offsets = nest_offsets({**previous_offsets, **outcome.next_offsets})
         with self.conn.transaction():
             if outcome.changed:
                 self._upsert(outcome.changed)

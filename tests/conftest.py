@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -57,7 +56,3 @@ def spark(stack_settings: Settings):
 def unique() -> str:
     """A short unique prefix so tests sharing the stack never share keys."""
     return uuid.uuid4().hex[:10]
-
-
-def checkpoint_root(settings: Settings) -> Path:
-    return Path(settings.checkpoint_dir)

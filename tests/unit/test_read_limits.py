@@ -1,7 +1,9 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from projections.kafka_source import _cap_rows, _flatten, _to_offsets
+from outbox.kafka import flatten_offsets as _flatten
+from outbox.kafka import nest_offsets as _to_offsets
+from projections.kafka_source import _cap_rows
 
 
 def test_cap_shares_rows_across_partitions() -> None:
