@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 from sqlalchemy import create_engine
@@ -33,11 +34,15 @@ from outbox.kafka import read_messages
 from outbox.topics import EVENT_TOPIC_CONFIG
 from outbox.verify import LoggedEvent
 from projections import ProjectionRegistry
+from projections.replay import ReplayResult, replay
 from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import ensure_projection_topics
 from read_api import create_read_app
 from write_model import CommandBus, CommandRegistry, EventStore, Repository
 from write_model.http import bearer_auth, create_command_app
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -103,16 +108,30 @@ class Eventfold:
                                dependencies=[Depends(bearer_auth(settings.api_token or None))])
 
     def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
+        """The active version of projection ``name``, ready to start."""
+        return ProjectionRunner(self._spark(settings, name), self.projections.get(name),
+                                self._runner_settings(settings))
+
+    def replay(self, settings: Settings, name: str) -> ReplayResult:
+        """Rebuild projection ``name`` from offset 0 beside the live version, then switch."""
+        return replay(self._spark(settings, name), self.projections.get(name),
+                      self._runner_settings(settings, settings.replay_max_rows_per_batch))
+
+    @staticmethod
+    def _spark(settings: Settings, name: str) -> SparkSession:
         from projections.spark import spark_session
 
-        spark = spark_session(settings.spark_master, app_name=f"eventfold-{name}")
-        return ProjectionRunner(spark, self.projections.get(name), RunnerSettings(
+        return spark_session(settings.spark_master, app_name=f"eventfold-{name}")
+
+    @staticmethod
+    def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
+        return RunnerSettings(
             bootstrap_servers=settings.kafka_bootstrap,
             database_url=settings.database_url,
             checkpoint_root=Path(settings.checkpoint_dir),
             trigger_interval=settings.trigger_interval,
-            max_rows_per_batch=settings.max_rows_per_batch,
-        ))
+            max_rows_per_batch=max_rows or settings.max_rows_per_batch,
+        )
 
 
 def load_app(spec: str) -> Eventfold:

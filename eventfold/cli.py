@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from eventfold.config import ConfigError, Settings
 
 if TYPE_CHECKING:
+    from eventfold.app import Eventfold
     from outbox import ConnectorStatus
 
 log = logging.getLogger("eventfold")
@@ -92,20 +93,39 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
                                     settings.kafka_bootstrap).describe())
         return 0
     if not args.name:
-        raise ConfigError("projection run needs a NAME (see `eventfold projection list`)")
+        raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
+                          "list`)")
+    settings = settings.with_local_stack()
+    if args.action == "replay":
+        result = app.replay(settings, args.name)
+        print(f"replayed {result.projection}: v{result.new_version} active, "
+              f"{result.events:,} events in {result.seconds:.1f} s "
+              f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
+        return 0
+    return _run_projection(app, settings, args.name, args.once)
+
+
+def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -> int:
     from projections.runner import stop_gracefully
 
-    runner = app.projection_runner(settings.with_local_stack(), args.name)
     stop_requested = _stop_requested_on_signal()
-    query = runner.start(once=args.once)
-    # The signal handler only sets a flag: the main thread may be inside a py4j call, which
-    # must not be re-entered from a handler. Wait in slices and stop from here.
-    while not query.awaitTermination(1):
-        if stop_requested.is_set():
-            stop_gracefully(query)
+    while True:
+        runner = app.projection_runner(settings, name)
+        query = runner.start(once=once)
+        # The signal handler only sets a flag: the main thread may be inside a py4j call,
+        # which must not be re-entered from a handler. Wait in slices and stop from here.
+        while not query.awaitTermination(1):
+            if stop_requested.is_set():
+                stop_gracefully(query)
+                break
+        runner.close()
+        if query.exception() is None or stop_requested.is_set():
             break
-    runner.close()
-    log.info("projection %s stopped after %d batches", args.name, runner.batches)
+        if runner.versions.active(name) == runner.version:
+            raise RuntimeError(f"projection {name} failed: {query.exception()}")
+        log.info("projection %s: a replay made v%d active; continuing on it", name,
+                 runner.versions.active(name))
+    log.info("projection %s stopped after %d batches", name, runner.batches)
     return 0
 
 
@@ -213,8 +233,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("api", choices=["commands", "reads"])
     serve.set_defaults(run=_serve)
 
-    proj = commands.add_parser("projection", help="list or run projections")
-    proj.add_argument("action", choices=["list", "run", "status"])
+    proj = commands.add_parser("projection", help="list, run, replay projections; status")
+    proj.add_argument("action", choices=["list", "run", "replay", "status"])
     proj.add_argument("name", nargs="?")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")

@@ -30,6 +30,7 @@ class Settings:
     event_topic_partitions: int = 4
     trigger_interval: str = "500 milliseconds"
     max_rows_per_batch: int = 200_000
+    replay_max_rows_per_batch: int = 500_000
     http_host: str = "127.0.0.1"
     command_api_port: int = 8000
     read_api_port: int = 8001

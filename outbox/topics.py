@@ -54,3 +54,18 @@ class TopicAdmin:
     def partitions(self, topic: str) -> int:
         metadata = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
         return 0 if metadata is None or metadata.error else len(metadata.partitions)
+
+    def delete(self, topics: Iterable[str]) -> None:
+        """Delete topics that exist (a replaced KTable version); missing ones are fine."""
+        existing = set(self._admin.list_topics(timeout=self._timeout_s).topics)
+        doomed = sorted(set(topics) & existing)
+        if not doomed:
+            return
+        futures = self._admin.delete_topics(doomed, operation_timeout=self._timeout_s)
+        for topic, future in futures.items():
+            try:
+                future.result(timeout=self._timeout_s)
+                log.info("deleted topic %s", topic)
+            except KafkaException as exc:
+                if exc.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    raise

@@ -2,24 +2,50 @@
 
 Owns: projection definitions (a per-key fold plus its read model columns), the fold engine
 (plain Python, also used by tests), the Spark Kafka data source, the streaming runner, and the
-sinks (Postgres read model with checkpoint, KTable and dead-letter topics).
+sinks (Postgres read model with checkpoint, KTable, dead-letter and derived-event topics),
+versions and replay.
 
-May import: ``outbox`` (topic names, the event envelope), ``write_model.schema`` (the checkpoint
-table name), pyspark, confluent-kafka, psycopg, SQLAlchemy types. Never ``read_api``.
+May import: ``outbox`` (topic names, the event envelope, Kafka readers), pyspark,
+confluent-kafka, psycopg, SQLAlchemy types. Never ``write_model`` or ``read_api``.
 """
 
 from projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records
-from projections.projection import Event, Projection, State, projection
+from projections.projection import (
+    Count,
+    Derived,
+    Event,
+    Latest,
+    Lookup,
+    Max,
+    Min,
+    Projection,
+    State,
+    Sum,
+    aggregation,
+    on_crossing,
+    projection,
+    stream,
+)
 from projections.registry import ProjectionRegistry
 
 __all__ = [
+    "Count",
+    "Derived",
     "Event",
     "KeyState",
+    "Latest",
+    "Lookup",
+    "Max",
+    "Min",
     "Projection",
     "ProjectionRegistry",
     "SourceRecord",
     "State",
+    "Sum",
+    "aggregation",
     "fold_in_memory",
     "fold_records",
+    "on_crossing",
     "projection",
+    "stream",
 ]

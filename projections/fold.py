@@ -1,23 +1,32 @@
-"""The fold engine: apply a batch of source records to per-key state, without Spark.
+"""The fold core: apply events to per-key state, in plain Python, without Spark.
 
-The same code folds a Spark micro-batch (on the driver) and runs in plain-Python tests.
-Delivery upstream is at-least-once, so every record is guarded: a record at or below the
-committed offset of its partition was applied before; an event at or below the last applied
-stream version of its key is a duplicate (Debezium re-sends after a crash at new offsets).
+A Spark executor task runs ``KeyFolder`` over the keys of its partition; ``fold_records`` runs
+the very same code over a list of topic records, for tests and for a reference fold.
+
+Delivery upstream is at-least-once, so every event is guarded: a record below the committed
+offset of its partition was applied before; an event whose (stream, version) is at or below
+the stream's watermark, or was seen earlier in the batch, is a duplicate (Debezium re-sends
+after a crash, at new offsets). Watermarks are per source stream, so the guard holds for
+re-keyed projections too, where one key gathers the events of many streams.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
+from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from outbox import EventEnvelope, MalformedEvent
-from projections.projection import Event, Projection, State
+from projections.projection import Derived, Event, Projection, State
 
 log = logging.getLogger(__name__)
 
 PartitionKey = tuple[str, int]
+DERIVED_NAMESPACE = uuid.UUID("6f1d8a52-7c1e-4d55-9a55-1f0f9a0c2b10")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +40,12 @@ class SourceRecord:
 
 @dataclass(slots=True)
 class KeyState:
-    """A key's state (None once deleted) and the last stream version folded into it."""
+    """A key's state (None once deleted), its version and the last applied global position.
+
+    The version is the last applied stream version when the key is the aggregate id (so a
+    client can wait for the version a command returned); for a re-keyed projection it counts
+    the events folded into the key.
+    """
 
     state: State | None
     version: int
@@ -44,72 +58,47 @@ class DeadLetter:
     reason: str
 
 
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """A derived event ready to produce: its id is a function of its source event, so a
+    re-sent emission is recognisable downstream."""
+
+    topic: str
+    key: str
+    value: str
+
+
 @dataclass
 class FoldOutcome:
     changed: dict[str, KeyState] = field(default_factory=dict)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    emissions: list[Emission] = field(default_factory=list)
+    watermarks: dict[str, int] = field(default_factory=dict)
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
     applied: int = 0
     duplicates: int = 0
     skipped: int = 0
 
-
-def fold_records(
-    projection: Projection,
-    stored: Mapping[str, KeyState],
-    records: Iterable[SourceRecord],
-    committed_offsets: Mapping[PartitionKey, int] | None = None,
-) -> FoldOutcome:
-    """Fold ``records`` (in offset order per partition) onto ``stored`` states."""
-    committed = committed_offsets or {}
-    outcome = FoldOutcome()
-    for record in records:
-        partition = (record.topic, record.partition)
-        if record.offset < committed.get(partition, 0):
-            outcome.skipped += 1
-            continue
-        outcome.next_offsets[partition] = record.offset + 1
-        _fold_one(projection, stored, record, outcome)
-    return outcome
+    def see(self, stream_id: str, version: int) -> None:
+        if version > self.watermarks.get(stream_id, 0):
+            self.watermarks[stream_id] = version
 
 
-def _fold_one(
-    projection: Projection, stored: Mapping[str, KeyState], record: SourceRecord,
-    outcome: FoldOutcome,
-) -> None:
-    try:
-        envelope = EventEnvelope.decode(record.key, record.value)
-    except MalformedEvent as exc:
-        outcome.dead_letters.append(DeadLetter(record, str(exc)))
-        return
-    current = outcome.changed.get(envelope.stream_id) or stored.get(envelope.stream_id)
-    if current is not None and envelope.stream_version <= current.version:
-        outcome.duplicates += 1
-        return
-    if not projection.handles(envelope.event_type):
-        # Keep the version moving so a later duplicate of this event is still recognised.
-        outcome.changed[envelope.stream_id] = KeyState(
-            current.state if current else None, envelope.stream_version, envelope.global_position
-        )
-        return
-    event = Event(
-        type=envelope.event_type, data=envelope.data, stream_id=envelope.stream_id,
-        stream_version=envelope.stream_version, event_id=envelope.event_id,
-        global_position=envelope.global_position, recorded_at=envelope.recorded_at,
-    )
-    try:
-        new_state = projection.apply(current.state if current else None, event)
-        _check_state(projection, new_state)
-    except Exception as exc:  # a fold's bug must not stop the projection: dead-letter it
-        outcome.dead_letters.append(DeadLetter(record, f"fold raised {exc!r}"))
-        return
-    outcome.changed[envelope.stream_id] = KeyState(
-        new_state, envelope.stream_version, envelope.global_position
-    )
-    outcome.applied += 1
+def apply_event(projection: Projection, state: State | None, event: Event) -> State | None:
+    """One step of the projection's fold; aggregations step their columns in Python here."""
+    if projection.apply is not None:
+        new_state = projection.apply(state, event)
+        check_state(projection, new_state)
+        return new_state
+    if projection.aggregates is not None:
+        current = state or {}
+        return {column: agg.python_step(current.get(column),
+                                        event.data.get(agg.field) if agg.field else None)
+                for column, agg in projection.aggregates.items()}
+    return None
 
 
-def _check_state(projection: Projection, state: State | None) -> None:
+def check_state(projection: Projection, state: State | None) -> None:
     if state is None:
         return
     if not isinstance(state, dict):
@@ -119,9 +108,140 @@ def _check_state(projection: Projection, state: State | None) -> None:
         raise ValueError(f"state fields {sorted(unknown)} are not read model columns")
 
 
-def fold_in_memory(
-    projection: Projection, records: Iterable[SourceRecord]
-) -> dict[str, State]:
+def encode_derived(projection: Projection, event: Event, index: int, derived: Derived) -> Emission:
+    event_id = uuid.uuid5(DERIVED_NAMESPACE, f"{projection.name}:{event.event_id}:{index}")
+    return Emission(derived.topic, derived.key, json.dumps({
+        "eventId": str(event_id), "eventType": derived.type, "data": dict(derived.data),
+        "projection": projection.name, "sourceEventId": event.event_id,
+        "sourcePosition": event.global_position,
+    }, default=str))
+
+
+class KeyFolder:
+    """Folds the events of one key after another onto their stored states."""
+
+    def __init__(self, projection: Projection, outcome: FoldOutcome,
+                 emit_from: Mapping[PartitionKey, int] | None) -> None:
+        self.projection = projection
+        self.outcome = outcome
+        self.emit_from = emit_from  # None: this run emits nothing (a replay behind the live one)
+        self._seen: set[tuple[str, int]] = set()
+
+    def fold(self, key: str, stored: KeyState | None,
+             items: Iterable[tuple[SourceRecord, Event]]) -> None:
+        current = stored
+        for record, event in items:
+            identity = (event.stream_id, event.stream_version)
+            if identity in self._seen:
+                self.outcome.duplicates += 1
+                continue
+            self._seen.add(identity)
+            self.outcome.see(event.stream_id, event.stream_version)
+            before = current.state if current else None
+            try:
+                after = apply_event(self.projection, before, event)
+                emissions = self._derive(record, event, before, after)
+            except Exception as exc:  # a fold's bug must not stop the projection
+                self.outcome.dead_letters.append(DeadLetter(record, f"fold raised {exc!r}"))
+                continue
+            version = (event.stream_version if self.projection.key_by is None
+                       else (current.version if current else 0) + 1)
+            current = KeyState(after, version, event.global_position)
+            self.outcome.emissions.extend(emissions)
+            self.outcome.applied += 1
+        if current is not stored and current is not None and self.projection.has_state:
+            self.outcome.changed[key] = current
+
+    def _derive(self, record: SourceRecord, event: Event, before: State | None,
+                after: State | None) -> list[Emission]:
+        if self.projection.derive is None or self.emit_from is None:
+            return []
+        if record.offset < self.emit_from.get((record.topic, record.partition), 0):
+            return []  # emitted by the run that applied it first
+        return [encode_derived(self.projection, event, i, derived)
+                for i, derived in enumerate(self.projection.derive(event, before, after))]
+
+
+def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) -> Event:
+    return Event(type=envelope.event_type, data=envelope.data, stream_id=envelope.stream_id,
+                 stream_version=envelope.stream_version, event_id=envelope.event_id,
+                 global_position=envelope.global_position, recorded_at=envelope.recorded_at,
+                 joined=joined)
+
+
+def fold_records(
+    projection: Projection,
+    stored: Mapping[str, KeyState],
+    records: Iterable[SourceRecord],
+    committed_offsets: Mapping[PartitionKey, int] | None = None,
+    watermarks: Mapping[str, int] | None = None,
+    lookup_rows: Mapping[str, State] | None = None,
+    emit_from: Mapping[PartitionKey, int] | None = None,
+) -> FoldOutcome:
+    """Fold topic ``records`` onto ``stored`` states, exactly as one Spark batch would.
+
+    ``watermarks`` are the source streams' last applied versions (by default the stored
+    versions, which they equal unless the projection re-keys), ``lookup_rows`` the table a
+    ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted.
+    """
+    committed = committed_offsets or {}
+    if watermarks is None and projection.key_by is None:
+        watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
+    marks = watermarks or {}
+    outcome = FoldOutcome()
+    by_key: dict[str, list[tuple[SourceRecord, Event]]] = defaultdict(list)
+    for record in records:
+        partition = (record.topic, record.partition)
+        if record.offset < committed.get(partition, 0):
+            outcome.skipped += 1
+            continue
+        outcome.next_offsets[partition] = record.offset + 1
+        routed = _route(projection, record, marks, lookup_rows or {}, outcome)
+        if routed is not None:
+            by_key[routed[0]].append((record, routed[1]))
+    folder = KeyFolder(projection, outcome, emit_from if emit_from is not None else {})
+    for key, items in by_key.items():
+        items.sort(key=lambda item: item[1].global_position)
+        folder.fold(key, outcome.changed.get(key) or stored.get(key), items)
+    return outcome
+
+
+def _route(projection: Projection, record: SourceRecord, watermarks: Mapping[str, int],
+           lookup_rows: Mapping[str, State], outcome: FoldOutcome) -> tuple[str, Event] | None:
+    """Decode, filter, dedupe and key one record; None when it is not for the fold."""
+    try:
+        envelope = EventEnvelope.decode(record.key, record.value)
+    except MalformedEvent as exc:
+        outcome.dead_letters.append(DeadLetter(record, str(exc)))
+        return None
+    if not projection.handles(envelope.event_type):
+        return None
+    if envelope.stream_version <= watermarks.get(envelope.stream_id, 0):
+        outcome.duplicates += 1
+        return None
+    key = fold_key(projection, envelope.stream_id, envelope.data)
+    if key is None:
+        outcome.dead_letters.append(DeadLetter(record, missing_key_reason(projection)))
+        return None
+    joined = None
+    if projection.lookup is not None:
+        joined = lookup_rows.get(str(envelope.data.get(projection.lookup.on)))
+    return key, event_from_envelope(envelope, joined)
+
+
+def fold_key(projection: Projection, stream_id: str, data: Mapping[str, Any]) -> str | None:
+    if projection.key_by is None:
+        return stream_id
+    value = data.get(projection.key_by)
+    return None if value is None else str(value)
+
+
+def missing_key_reason(projection: Projection) -> str:
+    return f"re-key field {projection.key_by!r} is missing from the event"
+
+
+def fold_in_memory(projection: Projection, records: Iterable[SourceRecord],
+                   lookup_rows: Mapping[str, State] | None = None) -> dict[str, State]:
     """A reference fold of ``records`` from empty state: the live keys and their states."""
-    outcome = fold_records(projection, {}, records)
+    outcome = fold_records(projection, {}, records, lookup_rows=lookup_rows)
     return {key: ks.state for key, ks in outcome.changed.items() if ks.state is not None}

@@ -5,6 +5,8 @@ Format name ``eventfold-kafka``. Options:
 - ``bootstrap.servers`` (required), ``topics`` (comma-separated, required)
 - ``max_rows_per_batch``: cap on rows in one micro-batch (default: no cap)
 - ``starting_offsets``: ``earliest`` (default), ``latest``, or offsets as JSON
+- ``ending_offsets``: offsets as JSON at which an ``availableNow`` run stops (a replay catching
+  up to the live version's position); partitions not named are read to their end
 
 Each micro-batch covers one offset range per partition, and each range is one Spark input
 partition. Offsets are ``{"topic": {"partition": next_offset}}``; Spark keeps them in its
@@ -130,6 +132,7 @@ class KafkaDataSource(DataSource):
             topics=self._topics(),
             max_rows_per_batch=int(self.options.get("max_rows_per_batch", 0)),
             starting_offsets=str(self.options.get("starting_offsets", "earliest")),
+            ending_offsets=flatten_offsets(json.loads(self.options.get("ending_offsets", "{}"))),
         )
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -159,12 +162,13 @@ class KafkaBatchReader(DataSourceReader):
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(
         self, bootstrap_servers: str, topics: list[str], max_rows_per_batch: int,
-        starting_offsets: str,
+        starting_offsets: str, ending_offsets: Mapping[PartitionKey, int] | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topics = topics
         self.max_rows_per_batch = max_rows_per_batch
         self.starting_offsets = starting_offsets
+        self.ending_offsets = dict(ending_offsets or {})
         self._planner: OffsetPlanner | None = None
         self._available_now_end: dict[PartitionKey, int] | None = None
 
@@ -191,7 +195,8 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_end = self._current_end()
+        end = self._current_end()
+        self._available_now_end = {k: min(v, self.ending_offsets.get(k, v)) for k, v in end.items()}
 
     def _current_end(self) -> dict[PartitionKey, int]:
         return self.planner.end_offsets(self.planner.partitions(self.topics))

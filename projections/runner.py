@@ -1,10 +1,10 @@
 """Running a projection as a Spark Structured Streaming query.
 
-Each micro-batch: read offset ranges from the source topics (our Kafka data source), fold the
-records per key on the driver against the state loaded from the read model, write the KTable
-and dead letters (produce + flush), then commit the read model rows with the offsets and batch
-id in one Postgres transaction. A crash anywhere replays the batch; the offset and version
-guards make the replay a no-op for what was already committed, and KTable re-writes are the
+Each micro-batch: read offset ranges from the source topics (our Kafka data source), fold on
+the executors (``engine``), produce dead letters and derived events, then commit the read model
+rows, watermarks, offsets and batch id in one Postgres transaction whose last step before
+COMMIT produces and flushes the KTable rows. A crash anywhere replays the batch; the offset and
+watermark guards make the replay a no-op for what was committed, and KTable re-writes are the
 same values again (last value wins).
 """
 
@@ -15,15 +15,18 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from outbox.kafka import nest_offsets
-from projections.fold import SourceRecord, fold_records
+from outbox.kafka import PartitionKey, flatten_offsets, nest_offsets
+from projections.engine import BatchContext, plan_batch, run_aggregation, run_fold
+from projections.fold import FoldOutcome
 from projections.kafka_source import FORMAT_NAME
 from projections.projection import Projection
 from projections.sinks import ReadModelStore, TopicSink
+from projections.versions import ProjectionVersions
 
 log = logging.getLogger(__name__)
 
@@ -37,29 +40,47 @@ class RunnerSettings:
     max_rows_per_batch: int = 200_000
 
 
+class Progress(Protocol):
+    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None: ...
+
+
 class ProjectionRunner:
-    """One projection, one streaming query, one driver-side writer of its sinks."""
+    """One version of one projection, one streaming query.
+
+    Without ``version`` it runs the active version (registering version 1 on a first run) and
+    emits derived events; with a version a replay is building, it emits nothing.
+    """
 
     def __init__(self, spark: SparkSession, projection: Projection,
-                 settings: RunnerSettings) -> None:
+                 settings: RunnerSettings, version: int | None = None,
+                 progress: Progress | None = None) -> None:
         self.spark = spark
         self.projection = projection
         self.settings = settings
-        self.store = ReadModelStore(settings.database_url, projection)
-        self.topics = TopicSink(settings.bootstrap_servers, projection)
+        self.versions = ProjectionVersions(settings.database_url)
+        active = self.versions.register(projection.name)
+        self.version = version or active
+        self.is_active = self.version == active
+        self.store = ReadModelStore(settings.database_url, projection, self.version)
+        self.topics = TopicSink(settings.bootstrap_servers, projection, self.version)
         self.batches = 0
-        self._progress = _ProgressLog(projection.name)
+        self.progress: Progress = progress or ProgressLog(projection.name)
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.settings.checkpoint_root / self.projection.name
+        return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}"
 
     def prepare(self) -> None:
         self.store.ensure_schema()
         self.topics.ensure_topics()
+        if self.is_active:
+            with self.store.conn.transaction():
+                self.store.publish_view(self.store.conn)
 
-    def start(self, once: bool = False) -> StreamingQuery:
-        """Start the query: ``once`` catches up with what is there now and stops."""
+    def start(self, once: bool = False,
+              ending_offsets: dict[PartitionKey, int] | None = None) -> StreamingQuery:
+        """Start the query: ``once`` catches up with what is there now (or up to
+        ``ending_offsets``) and stops."""
         self.prepare()
         committed = self.store.committed_offsets()
         starting = json.dumps(nest_offsets(committed)) if committed else "earliest"
@@ -69,52 +90,78 @@ class ProjectionRunner:
             .option("topics", ",".join(self.projection.source_topics))
             .option("max_rows_per_batch", str(self.settings.max_rows_per_batch))
             .option("starting_offsets", starting)
+            .option("ending_offsets", json.dumps(nest_offsets(ending_offsets or {})))
             .load()
         )
         writer = (
-            source.writeStream.queryName(self.projection.name)
+            source.writeStream.queryName(f"{self.projection.name}_v{self.version}")
             .option("checkpointLocation", str(self.checkpoint_dir))
             .foreachBatch(self.process_batch)
         )
         writer = writer.trigger(availableNow=True) if once else writer.trigger(
             processingTime=self.settings.trigger_interval)
-        log.info("projection %s: %s from %s", self.projection.name,
+        log.info("projection %s v%d: %s from %s", self.projection.name, self.version,
                  "catching up" if once else "streaming", ", ".join(self.projection.source_topics))
         return writer.start()
 
+    def catch_up(self, ending_offsets: dict[PartitionKey, int] | None = None,
+                 timeout_s: float = 3600) -> None:
+        query = self.start(once=True, ending_offsets=ending_offsets)
+        query.awaitTermination(timeout_s)
+        if query.exception() is not None:
+            raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
+                               f"{query.exception()}")
+
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        started = time.monotonic()
-        table = batch.toArrow()
-        if table.num_rows == 0:
-            return
         committed = self.store.committed_offsets()
-        records = sorted(
-            (SourceRecord(*row) for row in zip(
-                *(table.column(c).to_pylist()
-                  for c in ("topic", "partition", "offset", "key", "value")), strict=True)),
-            key=lambda r: (r.topic, r.partition, r.offset),
-        )
-        keys = {r.key for r in records if r.key is not None}
-        outcome = fold_records(self.projection, self.store.load(keys), records, committed)
-        self.topics.write(outcome)
-        self.store.commit(batch_id, outcome, committed)
+        end = self._batch_end(batch_id)
+        records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
+        if records == 0:
+            return  # a re-run of a batch the store already committed
+        events = plan_batch(self.spark, batch, self.projection, committed,
+                            self.store.watermarks())
+        if self.projection.kind == "aggregation":
+            outcome = run_aggregation(events, self.projection)
+        else:
+            emit_from = self.versions.emitted_offsets(self.projection.name)
+            outcome = run_fold(events, BatchContext(
+                self.projection, self.version, self.settings.database_url,
+                emit_from if self.is_active else None))
+        outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
+        self.topics.write_events(outcome)
+        self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
         self.batches += 1
-        elapsed = time.monotonic() - started
-        log.debug(
-            "projection %s batch %d: %d records, %d applied, %d duplicates, %d already "
-            "committed, %d dead letters, %d keys changed in %.2f s",
-            self.projection.name, batch_id, len(records), outcome.applied, outcome.duplicates,
-            outcome.skipped, len(outcome.dead_letters), len(outcome.changed), elapsed,
-        )
-        self._progress.add(batch_id, len(records), outcome.applied, outcome.duplicates,
-                           len(outcome.dead_letters))
+        self.progress.add(batch_id, records, outcome)
+
+    def _batch_end(self, batch_id: int) -> dict[PartitionKey, int]:
+        """The batch's end offsets, from Spark's offset log (written before the batch runs):
+        exact, and free, where computing them from the rows would read the source again."""
+        text = _read_text(self.spark, f"{self.checkpoint_dir}/offsets/{batch_id}")
+        source_offsets = text.strip().splitlines()[2]
+        return flatten_offsets(json.loads(source_offsets))
 
     def close(self) -> None:
         self.topics.close()
         self.store.close()
 
 
-class _ProgressLog:
+def _read_text(spark: SparkSession, path: str) -> str:
+    """A small file of the checkpoint location: local, or any Hadoop file system (cluster)."""
+    local = Path(path.removeprefix("file:"))
+    if "://" not in path or path.startswith("file:"):
+        return local.read_text()
+    jvm = spark._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+    stream = fs.open(hadoop_path)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
+class ProgressLog:
     """One INFO line per interval, not per micro-batch: rates, duplicates, dead letters."""
 
     def __init__(self, name: str, interval_s: float = 10.0) -> None:
@@ -124,9 +171,9 @@ class _ProgressLog:
         self._first = True
         self._counts = [0, 0, 0, 0, 0]  # batches, records, applied, duplicates, dead letters
 
-    def add(self, batch_id: int, records: int, applied: int, duplicates: int,
-            dead_letters: int) -> None:
-        for i, value in enumerate((1, records, applied, duplicates, dead_letters)):
+    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
+        for i, value in enumerate((1, records, outcome.applied, outcome.duplicates,
+                                   len(outcome.dead_letters))):
             self._counts[i] += value
         elapsed = time.monotonic() - self._since
         if not self._first and elapsed < self.interval_s:

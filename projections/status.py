@@ -8,6 +8,7 @@ from datetime import datetime
 from outbox.kafka import OffsetPlanner
 from projections.projection import Projection
 from projections.sinks import ReadModelStore
+from projections.versions import ProjectionVersions
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,7 @@ class PartitionLag:
 @dataclass(frozen=True)
 class ProjectionStatus:
     name: str
+    version: int
     batch_id: int | None
     events_applied: int
     dead_letters: int
@@ -39,7 +41,7 @@ class ProjectionStatus:
     def describe(self) -> str:
         last = self.last_batch_at.isoformat(timespec="seconds") if self.last_batch_at else "never"
         rows = "no read model yet" if self.rows is None else f"{self.rows:,} rows"
-        lines = [f"{self.name}: lag {self.lag:,} events, {self.events_applied:,} applied, "
+        lines = [f"{self.name} v{self.version}: lag {self.lag:,} events, {self.events_applied:,} applied, "
                  f"{self.dead_letters:,} dead letters, {rows}, last batch {last}"
                  + (f" (#{self.batch_id})" if self.batch_id is not None else "")]
         lines += [f"  {p.topic}[{p.partition}]: at {p.committed:,} of {p.end:,} (lag {p.lag:,})"
@@ -49,7 +51,11 @@ class ProjectionStatus:
 
 def projection_status(projection: Projection, database_url: str,
                       bootstrap_servers: str) -> ProjectionStatus:
-    store = ReadModelStore(database_url, projection)
+    try:
+        version = ProjectionVersions(database_url).active(projection.name)
+    except LookupError:
+        version = 1  # never ran: everything is lag
+    store = ReadModelStore(database_url, projection, version)
     try:
         checkpoint = store.checkpoint()
         committed = store.committed_offsets()
@@ -64,6 +70,7 @@ def projection_status(projection: Projection, database_url: str,
         planner.close()
     return ProjectionStatus(
         name=projection.name,
+        version=version,
         batch_id=checkpoint["batch_id"] if checkpoint else None,
         events_applied=checkpoint["events_applied"] if checkpoint else 0,
         dead_letters=checkpoint["dead_letters"] if checkpoint else 0,

@@ -3,8 +3,9 @@
 Owns: queries over SQL read models (the views named after projections), KTable views
 materialized by consuming their compacted topics from the beginning, and the HTTP app.
 
-May import: ``projections`` (definitions, table naming, offset planning), SQLAlchemy,
-confluent-kafka, FastAPI. It never imports write_model or outbox: reads do not reach upstream.
+May import: ``projections`` (definitions, versions), ``outbox.kafka`` (topic readers),
+SQLAlchemy, confluent-kafka, FastAPI. Nothing upstream imports it; it never imports
+``write_model``.
 """
 
 from read_api.http import create_read_app

@@ -10,6 +10,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Query
 from sqlalchemy import Engine, text
 
 from projections import Projection
+from projections.catalog import VERSIONS_TABLE
 from read_api.ktables import KTableView
 from read_api.read_models import MAX_PAGE_SIZE, ReadModelQueries
 
@@ -19,9 +20,10 @@ def create_read_app(
     title: str = "Eventfold read API", dependencies: Sequence[Any] = (),
 ) -> FastAPI:
     """``dependencies`` apply to every data route (the composition root passes auth here)."""
-    by_name = {p.name: p for p in projections}
+    by_name = {p.name: p for p in projections if p.has_state}
     queries = {name: ReadModelQueries(engine, p) for name, p in by_name.items()}
-    ktables = {name: KTableView(bootstrap_servers, p.ktable_topic) for name, p in by_name.items()}
+    ktables = {name: KTableView(bootstrap_servers, active_ktable_topic(engine, p))
+               for name, p in by_name.items()}
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -88,3 +90,12 @@ def create_read_app(
         return {"status": "ready"}
 
     return app
+
+
+def active_ktable_topic(engine: Engine, projection: Projection) -> str:
+    """The KTable topic of the version that serves reads (a replay writes a new one)."""
+    with engine.connect() as conn:
+        version = conn.execute(text(
+            f"SELECT active_version FROM {VERSIONS_TABLE} WHERE projection = :name"),
+            {"name": projection.name}).scalar()
+    return projection.ktable_topic_for(version or 1)

@@ -174,8 +174,8 @@ def test_lost_spark_checkpoint_does_not_double_count(
     projection = copy_of(inventory_totals, unique)
     send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 2) for i in range(9)])
     wait_until_in_topic(stack_settings, unique, 9)
-    catch_up(spark, stack_settings, projection)
-    shutil.rmtree(stack_settings.checkpoint_dir / projection.name)
+    runner = catch_up(spark, stack_settings, projection)
+    shutil.rmtree(runner.checkpoint_dir)
     catch_up(spark, stack_settings, projection)
     expected = {f"{unique}-{i}": 6 for i in range(3)}
     assert read_model_totals(engine, projection.table, unique) == expected
