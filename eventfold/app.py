@@ -59,10 +59,12 @@ class Eventfold:
                       | set(self.projections.source_aggregate_types))
 
     # -- infrastructure -------------------------------------------------------------------
-    def connector_spec(self, settings: Settings) -> OutboxConnectorSpec:
+    @staticmethod
+    def connector_spec(settings: Settings) -> OutboxConnectorSpec:
+        """One outbox table, one connector: every app on a database applies the same one."""
         return OutboxConnectorSpec(database_url=settings.database_url_for_connect,
-                                   name=f"eventfold-{self.name}-outbox",
-                                   slot_name=f"eventfold_{self.name}_outbox")
+                                   name=settings.connector_name,
+                                   slot_name=settings.connector_name.replace("-", "_"))
 
     def setup(self, settings: Settings) -> None:
         """Migrate the database, create event topics, apply the CDC connector (idempotent)."""

@@ -24,6 +24,7 @@ class Settings:
     kafka_bootstrap: str = ""
     connect_url: str = ""
     connect_database_url: str = ""
+    connector_name: str = "eventfold-outbox"
     spark_master: str = "local[2]"
     stack_dir: Path = Path(".eventfold/stack")
     checkpoint_dir: Path = Path(".eventfold/checkpoints")

@@ -130,6 +130,7 @@ class KeyFolder:
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]]) -> None:
         current = stored
+        had_state = False
         for record, event in items:
             identity = (event.stream_id, event.stream_version)
             if identity in self._seen:
@@ -147,10 +148,14 @@ class KeyFolder:
             version = (event.stream_version if self.projection.key_by is None
                        else (current.version if current else 0) + 1)
             current = KeyState(after, version, event.global_position)
+            had_state = had_state or after is not None
             self.outcome.emissions.extend(emissions)
             self.outcome.applied += 1
-        if current is not stored and current is not None and self.projection.has_state:
-            self.outcome.changed[key] = current
+        if current is stored or current is None or not self.projection.has_state:
+            return
+        if stored is None and not had_state:
+            return  # never had a state: nothing to store, no tombstone to send
+        self.outcome.changed[key] = current
 
     def _derive(self, record: SourceRecord, event: Event, before: State | None,
                 after: State | None) -> list[Emission]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import time
-from collections.abc import Callable
 
 import pytest
 import requests
@@ -17,20 +15,12 @@ from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, inventory_totals
 from local_stack.process import free_port
 from outbox import event_topic
-from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from projections.runner import stop_gracefully
 from projections.status import projection_status
 from tests.kafka_helpers import produce, read_table, read_topic
+from tests.pipeline_helpers import catch_up, make_runner, wait_for, wait_until_in_topic
 
 PRODUCT_TOPIC = event_topic("Product")
-
-
-def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")
@@ -60,24 +50,6 @@ def ktable_totals(settings, topic: str, prefix: str) -> dict[str, int]:
             if k.startswith(prefix)}
 
 
-def make_runner(spark, settings, projection, **overrides) -> ProjectionRunner:
-    runner_settings = RunnerSettings(
-        bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
-        checkpoint_root=settings.checkpoint_dir, trigger_interval=settings.trigger_interval,
-        **overrides)
-    return ProjectionRunner(spark, projection, runner_settings)
-
-
-def catch_up(spark, settings, projection, **overrides) -> ProjectionRunner:
-    """Run the projection with availableNow until it has folded everything there is."""
-    runner = make_runner(spark, settings, projection, **overrides)
-    query = runner.start(once=True)
-    query.awaitTermination(300)
-    assert query.exception() is None, query.exception()
-    runner.close()
-    return runner
-
-
 def copy_of(projection, unique: str):
     return dataclasses.replace(projection, name=f"inv_{unique}", table="", ktable_topic="")
 
@@ -85,14 +57,6 @@ def copy_of(projection, unique: str):
 def send(bus, prefix: str, deliveries: list[tuple[int, int]]) -> None:
     for product, quantity in deliveries:
         bus.execute(ReceiveStock(product=f"{prefix}-{product}", quantity=quantity))
-
-
-def wait_until_in_topic(settings, prefix: str, count: int) -> None:
-    """Debezium has published ``count`` events of these streams (CDC is asynchronous)."""
-    def published() -> bool:
-        rows = read_topic(settings.kafka_bootstrap, PRODUCT_TOPIC)
-        return sum(1 for r in rows if (r["key"] or "").startswith(prefix)) >= count
-    wait_for(published, f"{count} events of {prefix} on {PRODUCT_TOPIC}")
 
 
 def test_commands_reach_read_model_and_ktable_through_the_real_stack(
@@ -148,7 +112,7 @@ def test_restart_gives_exact_totals_with_redelivered_events(
     projection = copy_of(inventory_totals, unique)
     bus = inventory_app.command_bus(stack_settings)
     send(bus, unique, [(i % 4, i + 1) for i in range(20)])
-    wait_until_in_topic(stack_settings, unique, 20)
+    wait_until_in_topic(stack_settings, "Product", unique, 20)
     first = catch_up(spark, stack_settings, projection, max_rows_per_batch=7)
     assert first.batches >= 2, "a small batch cap should have split the catch-up"
     assert read_model_totals(engine, projection.table, unique) == reference_totals(engine, unique)
@@ -160,7 +124,7 @@ def test_restart_gives_exact_totals_with_redelivered_events(
                        if (r["key"] or "").startswith(unique)][:6]
     for record in already_applied:
         produce(stack_settings.kafka_bootstrap, PRODUCT_TOPIC, record["key"], record["value"])
-    wait_until_in_topic(stack_settings, unique, 35 + len(already_applied))
+    wait_until_in_topic(stack_settings, "Product", unique, 35 + len(already_applied))
 
     catch_up(spark, stack_settings, projection)
     expected = reference_totals(engine, unique)
@@ -173,7 +137,7 @@ def test_lost_spark_checkpoint_does_not_double_count(
         inventory_app, stack_settings, spark, engine, unique) -> None:
     projection = copy_of(inventory_totals, unique)
     send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 2) for i in range(9)])
-    wait_until_in_topic(stack_settings, unique, 9)
+    wait_until_in_topic(stack_settings, "Product", unique, 9)
     runner = catch_up(spark, stack_settings, projection)
     shutil.rmtree(runner.checkpoint_dir)
     catch_up(spark, stack_settings, projection)
@@ -188,7 +152,7 @@ def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(
     poison_key = f"{unique}-poison"
     produce(stack_settings.kafka_bootstrap, PRODUCT_TOPIC, poison_key, "{this is not json")
     send(inventory_app.command_bus(stack_settings), unique, [(1, 5)])
-    wait_until_in_topic(stack_settings, unique, 2)
+    wait_until_in_topic(stack_settings, "Product", unique, 2)
     catch_up(spark, stack_settings, projection)
 
     assert read_model_totals(engine, projection.table, unique) == {f"{unique}-1": 5}

@@ -1,0 +1,195 @@
+"""The worked examples as acceptance tests on the real stack: commands -> Postgres ->
+Debezium -> broker -> Spark projections -> read models, KTables and derived-event topics."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from examples import orders, point_of_sale, sales
+from projections import Lookup, Projection
+from projections.replay import replay
+from projections.versions import ProjectionVersions
+from tests.kafka_helpers import read_table, read_topic
+from tests.pipeline_helpers import (
+    catch_up,
+    make_runner,
+    runner_settings,
+    wait_for,
+    wait_until_in_topic,
+)
+
+
+@pytest.fixture(scope="module")
+def engine(stack_settings):
+    return create_engine(stack_settings.database_url)
+
+
+def renamed(projection: Projection, unique: str, **changes) -> Projection:
+    """The example's projection under a name of this test's own (tests share the stack)."""
+    return dataclasses.replace(projection, name=f"{projection.name}_{unique}", table="",
+                               ktable_topic="", **changes)
+
+
+def rows(engine, table: str, prefix: str, column: str) -> dict[str, object]:
+    with engine.connect() as conn:
+        found = conn.execute(text(f'SELECT key, "{column}" FROM "{table}" WHERE key LIKE :p'),
+                             {"p": f"{prefix}%"}).all()
+    return dict(found)
+
+
+def derived(settings, topic: str, prefix: str) -> list[dict]:
+    return [json.loads(r["value"]) for r in read_topic(settings.kafka_bootstrap, topic)
+            if (r["key"] or "").startswith(prefix)]
+
+
+def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
+        stack_settings, spark, engine, unique) -> None:
+    sales.app.setup(stack_settings)
+    totals = renamed(sales.sales_totals, unique)
+    bus = sales.app.command_bus(stack_settings)
+
+    def product(n: int) -> str:
+        return f"{unique}-product{n}"
+
+    for n, value in [(2, 1000), (1, 1500), (1, 1000), (2, 1300), (5, 1000)]:
+        bus.execute(sales.RecordSale(product=product(n), value=value))
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 5)
+    expected = {product(1): 2500, product(2): 2300, product(5): 1000}
+
+    def notified() -> dict[str, list[int]]:
+        found: dict[str, list[int]] = {}
+        for event in derived(stack_settings, sales.NOTIFICATIONS_TOPIC, unique):
+            assert event["eventType"] == "SalesTargetReached"
+            found.setdefault(event["data"]["product"], []).append(event["data"]["total"])
+        return found
+
+    live = make_runner(spark, stack_settings, totals)
+    query = live.start()
+    try:
+        wait_for(lambda: rows(engine, totals.table, unique, "total") == expected, "totals")
+        wait_for(lambda: notified() == {product(1): [2500], product(2): [2300]},
+                 "one notification for product1 and product2")
+
+        # Replay while the live version streams and clients keep reading: never a gap.
+        seen_sizes: list[int] = []
+        stop = threading.Event()
+
+        def keep_reading() -> None:
+            while not stop.is_set():
+                seen_sizes.append(len(rows(engine, totals.table, unique, "total")))
+
+        reader = threading.Thread(target=keep_reading)
+        reader.start()
+        try:
+            result = replay(spark, totals, runner_settings(stack_settings))
+        finally:
+            stop.set()
+            reader.join()
+        assert (result.old_version, result.new_version) == (1, 2)
+        assert len(seen_sizes) > 10 and set(seen_sizes) == {3}
+        assert rows(engine, totals.table, unique, "total") == expected
+        new_topic = totals.ktable_topic_for(2)
+        assert {k: v["total"] for k, v in read_table(stack_settings.kafka_bootstrap,
+                                                      new_topic).items()} == expected
+        assert notified() == {product(1): [2500], product(2): [2300]}  # not again
+
+        # The old live version stops at its next batch; `projection run` restarts on v2.
+        bus.execute(sales.DelistProduct(product=product(1)))
+        wait_for(lambda: not query.isActive, "the v1 query to stop after the switch")
+        assert query.exception() is not None
+    finally:
+        if query.isActive:
+            query.stop()
+        live.close()
+    assert ProjectionVersions(stack_settings.database_url).active(totals.name) == 2
+
+    catch_up(spark, stack_settings, totals)
+    assert product(1) not in rows(engine, totals.table, unique, "total")
+    assert product(1) not in read_table(stack_settings.kafka_bootstrap, totals.ktable_topic_for(2))
+    bus.execute(sales.RecordSale(product=product(1), value=2000))
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 7)
+    catch_up(spark, stack_settings, totals)
+    assert notified() == {product(1): [2500, 2000], product(2): [2300]}
+
+
+def test_spark_aggregation_matches_the_event_store(stack_settings, spark, engine,
+                                                   unique) -> None:
+    sales.app.setup(stack_settings)
+    stats = renamed(sales.sales_stats, unique)
+    bus = sales.app.command_bus(stack_settings)
+    values = {f"{unique}-a": [5, 7, 11], f"{unique}-b": [3]}
+    for name, amounts in values.items():
+        for value in amounts:
+            bus.execute(sales.RecordSale(product=name, value=value))
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 4)
+    catch_up(spark, stack_settings, stats)
+    bus.execute(sales.RecordSale(product=f"{unique}-a", value=2))
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 5)
+    catch_up(spark, stack_settings, stats)  # a second batch merges into the stored aggregate
+    assert rows(engine, stats.table, unique, "revenue") == {f"{unique}-a": 25, f"{unique}-b": 3}
+    assert rows(engine, stats.table, unique, "sales") == {f"{unique}-a": 4, f"{unique}-b": 1}
+    assert rows(engine, stats.table, unique, "largest_sale") == {f"{unique}-a": 11,
+                                                                 f"{unique}-b": 3}
+    ktable = read_table(stack_settings.kafka_bootstrap, stats.ktable_topic)
+    assert ktable[f"{unique}-a"] == {"revenue": 25, "sales": 4, "largest_sale": 11}
+
+
+def test_point_of_sale_shipments_loyalty_and_masked_analytics(
+        stack_settings, spark, engine, unique) -> None:
+    point_of_sale.app.setup(stack_settings)
+    bus = point_of_sale.app.command_bus(stack_settings)
+    invoices = [("1", "S1", "C1", "PRIME", "HOME-DELIVERY", 1000.0, 2),
+                ("2", "S2", "C1", "PRIME", "TAKEAWAY", 500.0, 2),
+                ("3", "S1", "C2", "NON-PRIME", "HOME-DELIVERY", 100.0, 3)]
+    for number, store, customer, kind, delivery, total, lines in invoices:
+        bus.execute(point_of_sale.IssueInvoice(
+            invoice_no=f"{unique}-{number}", store_id=f"{unique}-{store}",
+            customer_id=f"{unique}-{customer}", customer_type=kind, delivery_type=delivery,
+            total=total, customer_name="Ada Lovelace", customer_phone="555-123-4567",
+            delivery_address="12 Analytical Street",
+            items=[{"item_code": f"I{i}", "item_name": f"item {i}", "price": 2.5,
+                    "quantity": 1} for i in range(lines)]))
+    wait_until_in_topic(stack_settings, "Store", unique, 3)
+    for definition in (point_of_sale.shipments, point_of_sale.loyalty_points,
+                       point_of_sale.invoice_analytics):
+        catch_up(spark, stack_settings, renamed(definition, unique))
+
+    shipped = derived(stack_settings, point_of_sale.SHIPMENTS_TOPIC, unique)
+    assert sorted(e["data"]["invoice_no"] for e in shipped) == [f"{unique}-1", f"{unique}-3"]
+    loyalty = derived(stack_settings, point_of_sale.LOYALTY_TOPIC, unique)
+    assert sorted((e["data"]["points_earned"], e["data"]["total_points"]) for e in loyalty) == [
+        (10.0, 30.0), (20.0, 20.0)]  # two stores, one customer, one running total
+    assert rows(engine, f"loyalty_points_{unique}", unique, "points") == {f"{unique}-C1": 30.0}
+    lines = derived(stack_settings, point_of_sale.ANALYTICS_TOPIC, unique)
+    assert len(lines) == 7
+    assert {line["data"]["customer_name"] for line in lines} == {"Ad**********"}
+    assert all("Analytical" not in json.dumps(line) for line in lines)
+
+
+def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, engine,
+                                                       unique) -> None:
+    orders.app.setup(stack_settings)
+    customers = renamed(orders.customers, unique)
+    per_customer = renamed(orders.orders_per_customer, unique,
+                           lookup=Lookup(customers.table, on="customer_id"))
+    bus = orders.app.command_bus(stack_settings)
+    bus.execute(orders.RegisterCustomer(customer_id=f"{unique}-c1", name="Ada"))
+    bus.execute(orders.RegisterCustomer(customer_id=f"{unique}-c2", name="Grace"))
+    for i, customer in enumerate(["c1", "c2", "c1", "ghost"]):
+        bus.execute(orders.PlaceOrder(order_id=f"{unique}-o{i}", customer_id=f"{unique}-{customer}",
+                                      amount=10.0))
+    wait_until_in_topic(stack_settings, "Customer", unique, 2)
+    wait_until_in_topic(stack_settings, "Order", unique, 4)
+    catch_up(spark, stack_settings, customers)
+    catch_up(spark, stack_settings, per_customer)
+    assert rows(engine, per_customer.table, unique, "orders") == {
+        f"{unique}-c1": 2, f"{unique}-c2": 1, f"{unique}-ghost": 1}
+    assert rows(engine, per_customer.table, unique, "customer_name") == {
+        f"{unique}-c1": "Ada", f"{unique}-c2": "Grace", f"{unique}-ghost": None}
+    ktable = read_table(stack_settings.kafka_bootstrap, per_customer.ktable_topic)
+    assert ktable[f"{unique}-ghost"] == {"orders": 1, "amount": 10.0, "customer_name": None}

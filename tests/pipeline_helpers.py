@@ -1,0 +1,51 @@
+"""Helpers for tests that run projections on the real stack."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from outbox import event_topic
+from projections.runner import ProjectionRunner, RunnerSettings
+from tests.kafka_helpers import read_topic
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def runner_settings(settings, **overrides: Any) -> RunnerSettings:
+    return RunnerSettings(
+        bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
+        checkpoint_root=settings.checkpoint_dir, trigger_interval=settings.trigger_interval,
+        **overrides)
+
+
+def make_runner(spark, settings, projection, **overrides: Any) -> ProjectionRunner:
+    return ProjectionRunner(spark, projection, runner_settings(settings, **overrides))
+
+
+def catch_up(spark, settings, projection, **overrides: Any) -> ProjectionRunner:
+    """Run the projection with availableNow until it has folded everything there is."""
+    runner = make_runner(spark, settings, projection, **overrides)
+    try:
+        runner.catch_up(timeout_s=300)
+    finally:
+        runner.close()
+    return runner
+
+
+def wait_until_in_topic(settings, aggregate_type: str, prefix: str, count: int) -> None:
+    """Debezium has published ``count`` events of these streams (CDC is asynchronous)."""
+    topic = event_topic(aggregate_type)
+
+    def published() -> bool:
+        rows = read_topic(settings.kafka_bootstrap, topic)
+        return sum(1 for r in rows if (r["key"] or "").startswith(prefix)) >= count
+    wait_for(published, f"{count} events of {prefix} on {topic}")
