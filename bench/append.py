@@ -3,7 +3,7 @@ HTTP, with 1 and 8 clients, beside pgbench's single-row insert TPS on the same P
 stack's own cluster, default durability). Then the load time of a 1,000-event aggregate with a
 snapshot. Prints figures, then one JSON line.
 
-    .venv/bin/python bench/append.py [--seconds 10]
+    .venv/bin/python -m bench.append [--seconds 10]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 connector was paused, commit-to-consumer latency of single commands, and lost events.
 Prints figures, then one JSON line.
 
-    .venv/bin/python bench/cdc.py [--events 50000] [--latency-commands 300]
+    .venv/bin/python -m bench.cdc [--events 50000] [--latency-commands 300]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, TopicPartition
 
 import migrations
+from bench.common import percentile
 from local_stack import LocalStack
 from outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
 from outbox import event_topic as topic_of
@@ -99,10 +100,6 @@ def write_single_events(store: EventStore, prefix: str, events: int, writers: in
     with ThreadPoolExecutor(writers) as pool:
         return set(pool.map(one, range(events)))
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> None:

@@ -21,6 +21,7 @@ import psycopg
 import requests
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
+from bench.common import percentile
 from eventfold.config import Settings
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, app, inventory_totals
@@ -33,10 +34,6 @@ from projections.sinks import libpq_url
 
 WARMUP_COMMANDS = 40
 
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def measure_latency(settings: Settings, runner: ProjectionRunner, commands: int) -> list[float]:

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 
 class MalformedEvent(ValueError):
     """A message on an event topic that is not a valid Eventfold envelope."""
@@ -40,9 +42,9 @@ class EventEnvelope:
         if key is None:
             raise MalformedEvent("message without a key (aggregate id)")
         try:
-            outer = json.loads(value)
+            outer = orjson.loads(value)
             payload = outer["payload"]
-            data = json.loads(payload) if isinstance(payload, str | bytes) else payload
+            data = orjson.loads(payload) if isinstance(payload, str | bytes) else payload
             envelope = cls(
                 event_id=str(outer["eventId"]),
                 event_type=str(outer["eventType"]),
@@ -77,7 +79,7 @@ class EventEnvelope:
 def _json_object(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
-    parsed = json.loads(value) if isinstance(value, str | bytes) else value
+    parsed = orjson.loads(value) if isinstance(value, str | bytes) else value
     if not isinstance(parsed, dict):
         raise ValueError("metadata is not a JSON object")
     return parsed

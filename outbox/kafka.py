@@ -171,6 +171,8 @@ def iter_range(consumer: Consumer, partition: PartitionKey, start: int, end: int
                     raise RuntimeError(f"reading {partition}: {error}")
                 position = max(position, message.offset())
                 continue
+            if message.offset() < start:
+                continue  # prefetched for an earlier assignment of a reused consumer
             position = message.offset() + 1
             if message.offset() < end:
                 found.append(message)

@@ -18,17 +18,20 @@ from dataclasses import dataclass
 from functools import reduce
 from typing import Any
 
+import orjson
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from projections.fold import (
     DeadLetter,
+    Emission,
     FoldOutcome,
     KeyFolder,
     KeyState,
     PartitionKey,
     SourceRecord,
+    fold_records,
     missing_key_reason,
 )
 from projections.projection import Event, Projection
@@ -36,6 +39,8 @@ from projections.projection import Event, Projection
 ENVELOPE_DDL = ("payload STRING, eventId STRING, eventType STRING, streamVersion BIGINT, "
                 "globalPosition BIGINT, recordedAt STRING")
 RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
+FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
+              "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
 OUTPUT_SCHEMA = pa.schema([
     ("kind", pa.string()), ("key", pa.string()), ("state", pa.string()),
     ("version", pa.int64()), ("position", pa.int64()), ("topic", pa.string()),
@@ -54,6 +59,7 @@ class BatchContext:
     version: int
     database_url: str
     emit_from: Mapping[PartitionKey, int] | None
+    committed: Mapping[PartitionKey, int]
 
 
 def plan_batch(spark: SparkSession, batch: DataFrame, projection: Projection,
@@ -107,41 +113,91 @@ def _dead_letter_reason(projection: Projection) -> Column:
 
 def run_fold(events: DataFrame, context: BatchContext) -> FoldOutcome:
     """Shuffle by key, fold on the executors, gather the O(keys) results on the driver."""
+    # The raw value only travels for dead letters: the fold needs the decoded fields.
     ordered = (events.repartition("fold_key")
                .sortWithinPartitions("fold_key", "globalPosition")
-               .select(*RECORD_COLUMNS, "reason", "fold_key", "eventId", "eventType",
-                       "streamVersion", "globalPosition", "recordedAt", "payload"))
+               .withColumn("value", F.when(F.col("reason").isNotNull(), F.col("value")))
+               .select(*FOLD_INPUT))
     results = ordered.mapInArrow(lambda batches: fold_task(batches, context), OUTPUT_DDL)
     return gather(results.toArrow())
 
 
 def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext) -> Iterator[pa.RecordBatch]:
-    """One executor task: fold the keys of this partition (rows arrive sorted by key)."""
-    from projections.sinks import ReadModelStore, lookup_rows  # executor side: import here
-
+    """One executor task after the shuffle: fold the keys of this partition (rows arrive
+    sorted by key)."""
     rows = _columns(pa.Table.from_batches(list(batches)))
-    outcome = FoldOutcome()
-    if not rows["key"]:
+    if not rows or not rows["key"]:
         return
     projection = context.projection
-    store = ReadModelStore(context.database_url, projection, context.version)
-    try:
-        keys = {k for k, r in zip(rows["fold_key"], rows["reason"], strict=True) if r is None}
-        stored = store.load(keys)
-        joined: dict[str, Any] = {}
-        if projection.lookup is not None:
-            on = projection.lookup.on
-            wanted = set()
-            for payload, reason in zip(rows["payload"], rows["reason"], strict=True):
-                if reason is None:
-                    wanted.add(str(json.loads(payload).get(on)))
-            joined = lookup_rows(store.conn, projection.lookup.projection, wanted)
-    finally:
-        store.close()
+    keys = {k for k, r in zip(rows["fold_key"], rows["reason"], strict=True) if r is None}
+    lookup_keys: set[str] = set()
+    if projection.lookup is not None:
+        on = projection.lookup.on
+        lookup_keys = {str(orjson.loads(p).get(on))
+                       for p, r in zip(rows["payload"], rows["reason"], strict=True) if r is None}
+    stored, _, joined = _load(context, keys, lookup_keys, with_watermarks=False)
+    outcome = FoldOutcome()
     folder = KeyFolder(projection, outcome, context.emit_from)
     for key, items in _events_by_key(rows, outcome, joined, projection):
         folder.fold(key, stored.get(key), items)
     yield _to_output(outcome)
+
+
+def folds_in_place(projection: Projection) -> bool:
+    """A Python fold keyed by aggregate id over one topic needs no shuffle (see below)."""
+    return projection.kind != "aggregation" and projection.key_by is None \
+        and len(projection.sources) == 1
+
+
+def run_fold_in_place(batch: DataFrame, context: BatchContext) -> FoldOutcome:
+    """Fold where the data is: the key is the aggregate id, so every event of a key sits in
+    one partition of the (single) source topic, and each Kafka partition is one Spark
+    partition. No shuffle, no sort (offset order is stream order); the task decodes itself."""
+    results = batch.select(*RECORD_COLUMNS).mapInArrow(
+        lambda batches: in_place_task(batches, context), OUTPUT_DDL)
+    return gather(results.toArrow())
+
+
+def in_place_task(batches: Iterator[pa.RecordBatch],
+                  context: BatchContext) -> Iterator[pa.RecordBatch]:
+    rows = _columns(pa.Table.from_batches(list(batches)))
+    if not rows or not rows["key"]:
+        return
+    records = [SourceRecord(*row) for row in zip(*(rows[c] for c in RECORD_COLUMNS),
+                                                 strict=True)]
+    projection = context.projection
+    keys = {r.key for r in records if r.key is not None}
+    lookup_keys: set[str] = set()
+    if projection.lookup is not None:
+        lookup_keys = {str(k) for k in _lookup_keys(records, projection.lookup.on)}
+    stored, watermarks, joined = _load(context, keys, lookup_keys, with_watermarks=True)
+    yield _to_output(fold_records(projection, stored, records, context.committed, watermarks,
+                                  joined, context.emit_from))
+
+
+def _lookup_keys(records: list[SourceRecord], field_name: str) -> Iterator[Any]:
+    for record in records:
+        try:
+            yield orjson.loads(orjson.loads(record.value or "{}").get("payload", "{}")).get(
+                field_name)
+        except (orjson.JSONDecodeError, AttributeError, TypeError):
+            continue  # undecodable: the fold dead-letters it
+
+
+def _load(context: BatchContext, keys: set[str], lookup_keys: set[str],
+          with_watermarks: bool) -> tuple[dict[str, KeyState], dict[str, int], dict[str, Any]]:
+    """Stored states, source watermarks and looked-up rows of one task's keys."""
+    from projections.sinks import ReadModelStore, lookup_rows  # executor side: import here
+
+    store = ReadModelStore(context.database_url, context.projection, context.version)
+    try:
+        stored = store.load(keys)
+        watermarks = store.watermarks(keys) if with_watermarks else {}
+        joined = (lookup_rows(store.conn, context.projection.lookup.projection, lookup_keys)
+                  if context.projection.lookup is not None else {})
+    finally:
+        store.close()
+    return stored, watermarks, joined
 
 
 def _columns(table: pa.Table) -> dict[str, list[Any]]:
@@ -156,19 +212,16 @@ def _events_by_key(rows: dict[str, list[Any]], outcome: FoldOutcome, joined: Map
     on = projection.lookup.on if projection.lookup is not None else None
     current_key: str | None = None
     items: list[tuple[SourceRecord, Event]] = []
-    for i in range(len(rows["key"])):
-        record = SourceRecord(rows["topic"][i], rows["partition"][i], rows["offset"][i],
-                              rows["key"][i], rows["value"][i])
-        if rows["reason"][i] is not None:
-            outcome.dead_letters.append(DeadLetter(record, rows["reason"][i]))
+    for (topic, partition, offset, stream_id, value, reason, key, event_id, event_type,
+         stream_version, position, recorded_at, payload) in zip(
+            *(rows[c] for c in FOLD_INPUT), strict=True):
+        record = SourceRecord(topic, partition, offset, stream_id, value)
+        if reason is not None:
+            outcome.dead_letters.append(DeadLetter(record, reason))
             continue
-        data = json.loads(rows["payload"][i])
-        event = Event(type=rows["eventType"][i], data=data, stream_id=rows["key"][i],
-                      stream_version=rows["streamVersion"][i], event_id=rows["eventId"][i],
-                      global_position=rows["globalPosition"][i],
-                      recorded_at=rows["recordedAt"][i] or "",
-                      joined=joined.get(str(data.get(on))) if on is not None else None)
-        key = rows["fold_key"][i]
+        data = orjson.loads(payload)
+        event = Event(event_type, data, stream_id, stream_version, event_id, position,
+                      recorded_at or "", joined.get(str(data.get(on))) if on else None)
         if key != current_key and items:
             yield current_key, items  # type: ignore[misc]
             items = []
@@ -202,8 +255,6 @@ def _to_output(outcome: FoldOutcome) -> pa.RecordBatch:
 
 def gather(table: pa.Table) -> FoldOutcome:
     """The driver's side: merge the tasks' outputs into one outcome."""
-    from projections.fold import Emission
-
     outcome = FoldOutcome()
     rows = _columns(table)
     for i, kind in enumerate(rows["kind"]):
@@ -229,30 +280,45 @@ def gather(table: pa.Table) -> FoldOutcome:
 # -- aggregation projections -------------------------------------------------------------------
 
 def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
-    """Partial aggregates per key for this batch, computed by Spark; the store merges them."""
+    """Partial aggregates per key for this batch, computed by Spark in one job; the store
+    merges them into the stored rows. Dead letters ride along as groups of their own."""
     assert projection.aggregates is not None
-    events = events.persist()
-    try:
-        outcome = FoldOutcome()
-        good = events.where(F.col("reason").isNull()).dropDuplicates(["key", "streamVersion"])
-        for row in events.where(F.col("reason").isNotNull()).select(
-                *RECORD_COLUMNS, "reason").collect():
-            outcome.dead_letters.append(DeadLetter(SourceRecord(*row[:5]), row["reason"]))
-        columns = [_aggregate_column(projection, name) for name in projection.aggregates]
-        version = (F.max("streamVersion") if projection.key_by is None else F.count(F.lit(1)))
-        partial = good.groupBy("fold_key").agg(
-            *columns, version.alias("_version"), F.max("globalPosition").alias("_position"),
-            F.count(F.lit(1)).alias("_events")).toArrow()
-        for row in partial.to_pylist():
-            outcome.changed[row["fold_key"]] = KeyState(
-                {name: row[name] for name in projection.aggregates}, row["_version"],
-                row["_position"])
-            outcome.applied += row["_events"]
-        for row in good.groupBy("key").agg(F.max("streamVersion").alias("v")).toArrow().to_pylist():
-            outcome.see(row["key"], row["v"])
-        return outcome
-    finally:
-        events.unpersist()
+    letter = F.col("reason").isNotNull()
+    group = F.when(letter, F.concat_ws("/", F.lit("\u0000dlq"), "topic", "partition", "offset")
+                   ).otherwise(F.col("fold_key"))
+    columns = [_aggregate_column(projection, name) for name in projection.aggregates]
+    version = F.max("streamVersion") if projection.key_by is None else F.count(F.lit(1))
+    # A (stream, version) twice in one batch counts once; every dead letter stays.
+    identity = F.when(letter, F.concat_ws("/", "topic", "partition", "offset")).otherwise(
+        F.concat_ws("#", "key", "streamVersion"))
+    partial = (events.withColumn("_identity", identity).dropDuplicates(["_identity"])
+               .withColumn("_group", group)
+               .groupBy("_group").agg(
+                   *columns, version.alias("_version"),
+                   F.max("globalPosition").alias("_position"),
+                   F.count(F.lit(1)).alias("_events"),
+                   F.first("fold_key").alias("fold_key"), F.first("reason").alias("reason"),
+                   *(F.first(c).alias(f"_{c}") for c in RECORD_COLUMNS))
+               .toArrow())
+    outcome = FoldOutcome()
+    for row in partial.to_pylist():
+        if row["reason"] is not None:
+            record = SourceRecord(*(row[f"_{c}"] for c in RECORD_COLUMNS))
+            outcome.dead_letters.append(DeadLetter(record, row["reason"]))
+            continue
+        outcome.changed[row["fold_key"]] = KeyState(
+            {name: row[name] for name in projection.aggregates}, row["_version"],
+            row["_position"])
+        outcome.applied += row["_events"]
+        if projection.key_by is None:
+            outcome.see(row["fold_key"], row["_version"])  # the key is the stream
+    if projection.key_by is not None:
+        # Re-keyed: a key gathers many streams, so their watermarks take a job of their own.
+        marks = (events.where(~letter).groupBy("key")
+                 .agg(F.max("streamVersion").alias("v")).toArrow().to_pylist())
+        for mark in marks:
+            outcome.see(mark["key"], mark["v"])
+    return outcome
 
 
 def _aggregate_column(projection: Projection, name: str) -> Column:

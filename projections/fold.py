@@ -18,7 +18,8 @@ import uuid
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from types import MappingProxyType
+from typing import Any, NamedTuple
 
 from outbox import EventEnvelope, MalformedEvent
 from projections.projection import Derived, Event, Projection, State
@@ -26,11 +27,13 @@ from projections.projection import Derived, Event, Projection, State
 log = logging.getLogger(__name__)
 
 PartitionKey = tuple[str, int]
+EMIT_ALL: Mapping[PartitionKey, int] = MappingProxyType({})
 DERIVED_NAMESPACE = uuid.UUID("6f1d8a52-7c1e-4d55-9a55-1f0f9a0c2b10")
 
 
-@dataclass(frozen=True, slots=True)
-class SourceRecord:
+class SourceRecord(NamedTuple):
+    """One message of a source topic (a named tuple: one is built per event)."""
+
     topic: str
     partition: int
     offset: int
@@ -103,9 +106,9 @@ def check_state(projection: Projection, state: State | None) -> None:
         return
     if not isinstance(state, dict):
         raise TypeError(f"fold returned {type(state).__name__}, expected dict or None")
-    unknown = set(state) - set(projection.columns)
-    if unknown:
-        raise ValueError(f"state fields {sorted(unknown)} are not read model columns")
+    if not state.keys() <= projection.columns.keys():
+        unknown = sorted(set(state) - set(projection.columns))
+        raise ValueError(f"state fields {unknown} are not read model columns")
 
 
 def encode_derived(projection: Projection, event: Event, index: int, derived: Derived) -> Emission:
@@ -129,33 +132,37 @@ class KeyFolder:
 
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]]) -> None:
-        current = stored
-        had_state = False
+        projection, outcome, seen = self.projection, self.outcome, self._seen
+        watermarks = outcome.watermarks
+        state = stored.state if stored else None
+        version = stored.version if stored else 0
+        position = stored.position if stored else 0
+        applied = had_state = False
         for record, event in items:
             identity = (event.stream_id, event.stream_version)
-            if identity in self._seen:
-                self.outcome.duplicates += 1
+            if identity in seen:
+                outcome.duplicates += 1
                 continue
-            self._seen.add(identity)
-            self.outcome.see(event.stream_id, event.stream_version)
-            before = current.state if current else None
+            seen.add(identity)
+            if event.stream_version > watermarks.get(event.stream_id, 0):
+                watermarks[event.stream_id] = event.stream_version
             try:
-                after = apply_event(self.projection, before, event)
-                emissions = self._derive(record, event, before, after)
+                after = apply_event(projection, state, event)
+                emissions = self._derive(record, event, state, after)
             except Exception as exc:  # a fold's bug must not stop the projection
-                self.outcome.dead_letters.append(DeadLetter(record, f"fold raised {exc!r}"))
+                outcome.dead_letters.append(DeadLetter(record, f"fold raised {exc!r}"))
                 continue
-            version = (event.stream_version if self.projection.key_by is None
-                       else (current.version if current else 0) + 1)
-            current = KeyState(after, version, event.global_position)
-            had_state = had_state or after is not None
-            self.outcome.emissions.extend(emissions)
-            self.outcome.applied += 1
-        if current is stored or current is None or not self.projection.has_state:
+            version = event.stream_version if projection.key_by is None else version + 1
+            position, state = event.global_position, after
+            applied, had_state = True, had_state or after is not None
+            if emissions:
+                outcome.emissions.extend(emissions)
+            outcome.applied += 1
+        if not applied or not projection.has_state:
             return
         if stored is None and not had_state:
             return  # never had a state: nothing to store, no tombstone to send
-        self.outcome.changed[key] = current
+        outcome.changed[key] = KeyState(state, version, position)
 
     def _derive(self, record: SourceRecord, event: Event, before: State | None,
                 after: State | None) -> list[Emission]:
@@ -181,13 +188,14 @@ def fold_records(
     committed_offsets: Mapping[PartitionKey, int] | None = None,
     watermarks: Mapping[str, int] | None = None,
     lookup_rows: Mapping[str, State] | None = None,
-    emit_from: Mapping[PartitionKey, int] | None = None,
+    emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
 ) -> FoldOutcome:
     """Fold topic ``records`` onto ``stored`` states, exactly as one Spark batch would.
 
     ``watermarks`` are the source streams' last applied versions (by default the stored
     versions, which they equal unless the projection re-keys), ``lookup_rows`` the table a
-    ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted.
+    ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted
+    (None: emit nothing).
     """
     committed = committed_offsets or {}
     if watermarks is None and projection.key_by is None:
@@ -204,7 +212,7 @@ def fold_records(
         routed = _route(projection, record, marks, lookup_rows or {}, outcome)
         if routed is not None:
             by_key[routed[0]].append((record, routed[1]))
-    folder = KeyFolder(projection, outcome, emit_from if emit_from is not None else {})
+    folder = KeyFolder(projection, outcome, emit_from)
     for key, items in by_key.items():
         items.sort(key=lambda item: item[1].global_position)
         folder.fold(key, outcome.changed.get(key) or stored.get(key), items)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sqlalchemy.types import JSON, Boolean, Float, Integer, Numeric, TypeEngine
 
@@ -25,9 +25,11 @@ from outbox.topics import DEFAULT_TOPIC_PREFIX
 State = dict[str, Any]
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """What a fold sees: one decoded event with its identity and position."""
+class Event(NamedTuple):
+    """What a fold sees: one decoded event with its identity and position.
+
+    A named tuple rather than a frozen dataclass: it is built once per event on the hot path,
+    and a tuple is several times cheaper to create."""
 
     type: str
     data: Mapping[str, Any]

@@ -21,7 +21,14 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from outbox.kafka import PartitionKey, flatten_offsets, nest_offsets
-from projections.engine import BatchContext, plan_batch, run_aggregation, run_fold
+from projections.engine import (
+    BatchContext,
+    folds_in_place,
+    plan_batch,
+    run_aggregation,
+    run_fold,
+    run_fold_in_place,
+)
 from projections.fold import FoldOutcome
 from projections.kafka_source import FORMAT_NAME
 from projections.projection import Projection
@@ -113,23 +120,32 @@ class ProjectionRunner:
                                f"{query.exception()}")
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        clock = _PhaseClock()
         committed = self.store.committed_offsets()
         end = self._batch_end(batch_id)
         records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
         if records == 0:
             return  # a re-run of a batch the store already committed
-        events = plan_batch(self.spark, batch, self.projection, committed,
-                            self.store.watermarks())
-        if self.projection.kind == "aggregation":
-            outcome = run_aggregation(events, self.projection)
+        projection = self.projection
+        emit_from = (self.versions.emitted_offsets(projection.name) if self.is_active
+                     else None)
+        context = BatchContext(projection, self.version, self.settings.database_url,
+                               emit_from, committed)
+        if folds_in_place(projection):
+            outcome = run_fold_in_place(batch, context)
         else:
-            emit_from = self.versions.emitted_offsets(self.projection.name)
-            outcome = run_fold(events, BatchContext(
-                self.projection, self.version, self.settings.database_url,
-                emit_from if self.is_active else None))
+            events = plan_batch(self.spark, batch, projection, committed,
+                                self.store.watermarks())
+            clock.lap("plan")
+            outcome = (run_aggregation(events, projection) if projection.kind == "aggregation"
+                       else run_fold(events, context))
+        clock.lap("fold")
         outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
         self.topics.write_events(outcome)
         self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
+        clock.lap("commit")
+        log.debug("projection %s batch %d: %d records, %d keys changed; %s", self.projection.name,
+                  batch_id, records, len(outcome.changed), clock)
         self.batches += 1
         self.progress.add(batch_id, records, outcome)
 
@@ -159,6 +175,20 @@ def _read_text(spark: SparkSession, path: str) -> str:
         return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
     finally:
         stream.close()
+
+
+class _PhaseClock:
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self._laps.append((name, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self._laps)
 
 
 class ProgressLog:

@@ -123,10 +123,14 @@ class ReadModelStore:
                 states[key] = KeyState(state, version, position)
         return states
 
-    def watermarks(self) -> dict[str, int]:
+    def watermarks(self, streams: Iterable[str] | None = None) -> dict[str, int]:
+        """Last applied version per source stream: all of them, or those of ``streams``."""
+        query = sql.SQL("SELECT stream_id, version FROM {}").format(self._sources)
         with self.conn.transaction():
-            return dict(self.conn.execute(
-                sql.SQL("SELECT stream_id, version FROM {}").format(self._sources)).fetchall())
+            if streams is None:
+                return dict(self.conn.execute(query).fetchall())
+            return dict(self.conn.execute(query + sql.SQL(" WHERE stream_id = ANY(%s)"),
+                                          (list(streams),)).fetchall())
 
     def live_rows(self) -> int | None:
         """Rows in the read model's view; None before the projection first ran."""

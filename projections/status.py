@@ -41,7 +41,8 @@ class ProjectionStatus:
     def describe(self) -> str:
         last = self.last_batch_at.isoformat(timespec="seconds") if self.last_batch_at else "never"
         rows = "no read model yet" if self.rows is None else f"{self.rows:,} rows"
-        lines = [f"{self.name} v{self.version}: lag {self.lag:,} events, {self.events_applied:,} applied, "
+        lines = [f"{self.name} v{self.version}: lag {self.lag:,} events, "
+                 f"{self.events_applied:,} applied, "
                  f"{self.dead_letters:,} dead letters, {rows}, last batch {last}"
                  + (f" (#{self.batch_id})" if self.batch_id is not None else "")]
         lines += [f"  {p.topic}[{p.partition}]: at {p.committed:,} of {p.end:,} (lag {p.lag:,})"

@@ -1,0 +1,213 @@
+"""Projection engine benchmark on a stack of its own: 1,000,000 events, 10,000 keys, 4
+partitions, side by side with a plain single-process Python fold of the same events.
+
+Measures: the streaming fold into Postgres + KTable (steady state, after the first batch),
+a replay of that Python-fold projection and of a Spark-aggregation projection (end to end,
+switch included), a plain confluent-kafka loop folding into a dict, and the peak memory of
+this process tree (Spark's JVM and Python workers; the stack's own processes left out).
+Prints figures, then one JSON line.
+
+    .venv/bin/python -m bench.projections [--events 1000000] [--keys 10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import BigInteger
+
+import migrations
+from bench.common import PeakMemory
+from local_stack import LocalStack
+from outbox import EventEnvelope, TopicAdmin, event_topic
+from outbox.kafka import consumer_config
+from outbox.topics import EVENT_TOPIC_CONFIG
+from projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
+from projections.fold import FoldOutcome
+from projections.replay import ReplayResult, replay
+from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from projections.spark import spark_session
+
+SOURCE = "BenchSale"
+TARGETS = {"streaming": 150_000, "replay_aggregation": 250_000, "replay_python_fold": 150_000,
+           "peak_rss_mb": 3072}
+
+
+@projection("bench_totals", sources=[SOURCE],
+            columns={"total": BigInteger(), "sales": BigInteger()})
+def bench_totals(state: State | None, event: Event) -> State | None:
+    current = state or {"total": 0, "sales": 0}
+    return {"total": current["total"] + event.data["value"], "sales": current["sales"] + 1}
+
+
+bench_stats = aggregation(
+    "bench_stats", sources=[SOURCE],
+    aggregates={"revenue": Sum("value"), "sales": Count(), "largest": Max("value")},
+    columns={"revenue": BigInteger(), "sales": BigInteger(), "largest": BigInteger()})
+
+
+def produce_events(bootstrap: str, events: int, keys: int, partitions: int) -> float:
+    topic = event_topic(SOURCE)
+    TopicAdmin(bootstrap).ensure([topic], EVENT_TOPIC_CONFIG, partitions=partitions)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
+                         "batch.size": 1_000_000, "compression.type": "lz4",
+                         "queue.buffering.max.messages": 1_000_000})
+    versions = [0] * keys
+    started = time.perf_counter()
+    for position in range(1, events + 1):
+        k = position % keys
+        versions[k] += 1
+        key, value = EventEnvelope(
+            event_id=f"e{position}", event_type="SaleRecorded", stream_id=f"product-{k}",
+            stream_version=versions[k], global_position=position, recorded_at="",
+            data={"product": f"product-{k}", "value": position % 97 + 1}).encode()
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, partition=k % partitions)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    producer.flush(120)
+    return events / (time.perf_counter() - started)
+
+
+def plain_python_fold(bootstrap: str, events: int, partitions: int) -> float:
+    """The baseline: one process, a confluent-kafka loop folding into a dict."""
+    consumer = Consumer(consumer_config(bootstrap, **{"enable.partition.eof": False,
+                                                      "fetch.wait.max.ms": 100}))
+    consumer.assign([TopicPartition(event_topic(SOURCE), p, 0) for p in range(partitions)])
+    states: dict[str, State | None] = {}
+    seen = 0
+    started = time.perf_counter()
+    while seen < events:
+        for message in consumer.consume(10_000, 1.0):
+            envelope = EventEnvelope.decode(message.key(), message.value())
+            event = Event(type=envelope.event_type, data=envelope.data,
+                          stream_id=envelope.stream_id, stream_version=envelope.stream_version,
+                          event_id=envelope.event_id, global_position=envelope.global_position)
+            states[event.stream_id] = bench_totals.apply(states.get(event.stream_id), event)
+            seen += 1
+    rate = seen / (time.perf_counter() - started)
+    consumer.close()
+    return rate
+
+
+class BatchClock:
+    """Records when each batch finished and how many events it covered."""
+
+    def __init__(self) -> None:
+        self.batches: list[tuple[float, int]] = []
+
+    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
+        self.batches.append((time.perf_counter(), records))
+        logging.getLogger("bench").info("batch %d: %d events", batch_id, records)
+
+    @property
+    def events(self) -> int:
+        return sum(n for _, n in self.batches)
+
+    def steady_rate(self) -> float:
+        """Events per second after the first batch (which pays for Python worker start)."""
+        (first_end, _), *rest = self.batches
+        return sum(n for _, n in rest) / (rest[-1][0] - first_end) if rest else 0.0
+
+
+def streaming(spark, settings: RunnerSettings, definition: Projection, events: int) -> float:  # noqa: ANN001
+    clock = BatchClock()
+    runner = ProjectionRunner(spark, definition, settings, progress=clock)
+    query = runner.start()
+    try:
+        while clock.events < events:
+            if not query.isActive:
+                raise RuntimeError(f"streaming query died: {query.exception()}")
+            time.sleep(0.05)
+    finally:
+        stop_gracefully(query)
+        runner.close()
+    return clock.steady_rate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--max-rows-per-batch", type=int, default=200_000)
+    parser.add_argument("--replay-max-rows-per-batch", type=int, default=500_000)
+    parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("projections.runner").setLevel(args.log_level)
+    for noisy in ("py4j", "alembic", "outbox.topics"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="eventfold-bench-") as tmp:
+        stack = LocalStack(Path(tmp) / "stack")
+        endpoints = stack.up()
+        try:
+            migrations.upgrade(endpoints.database_url)
+            stack_pids = frozenset({endpoints.postgres_pid, endpoints.broker_pid,
+                                    endpoints.connect_pid})
+            run(args, endpoints.database_url, endpoints.kafka_bootstrap, Path(tmp), stack_pids)
+        finally:
+            stack.down()
+
+
+def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: Path,
+        stack_pids: frozenset[int]) -> None:
+    produce_rate = produce_events(bootstrap, args.events, args.keys, args.partitions)
+    print(f"produced {args.events:,} events ({args.keys:,} keys, {args.partitions} partitions) "
+          f"at {produce_rate:,.0f} events/s", flush=True)
+    plain = plain_python_fold(bootstrap, args.events, args.partitions)
+    print(f"plain Python fold (one process, confluent-kafka loop into a dict): "
+          f"{plain:,.0f} events/s", flush=True)
+
+    settings = RunnerSettings(bootstrap_servers=bootstrap, database_url=database_url,
+                              checkpoint_root=work_dir / "checkpoints",
+                              trigger_interval="200 milliseconds",
+                              max_rows_per_batch=args.max_rows_per_batch)
+    replay_settings = RunnerSettings(**{**settings.__dict__,
+                                        "max_rows_per_batch": args.replay_max_rows_per_batch})
+    with PeakMemory(exclude=stack_pids) as memory:
+        spark = spark_session("local[2]", app_name="eventfold-bench")
+        stream_rate = streaming(spark, settings, bench_totals, args.events)
+        print(f"streaming Python fold into Postgres + KTable, steady state: "
+              f"{stream_rate:,.0f} events/s", flush=True)
+        fold_replay = replay(spark, bench_totals, replay_settings)
+        report_replay("Python fold", fold_replay)
+        agg_stream = streaming(spark, settings, bench_stats, args.events)
+        print(f"streaming Spark aggregation, steady state: {agg_stream:,.0f} events/s", flush=True)
+        agg_replay = replay(spark, bench_stats, replay_settings)
+        report_replay("Spark aggregation", agg_replay)
+        spark.stop()
+    peak_mb = memory.peak / 2**20
+    print(f"peak RSS of this process tree (driver, Spark JVM, Python workers): {peak_mb:,.0f} MB")
+    figures = {
+        "streaming_events_per_s": round(stream_rate),
+        "streaming_aggregation_events_per_s": round(agg_stream),
+        "replay_aggregation_events_per_s": round(agg_replay.events_per_s),
+        "replay_python_fold_events_per_s": round(fold_replay.events_per_s),
+        "plain_python_fold_events_per_s": round(plain),
+        "peak_rss_mb": round(peak_mb),
+    }
+    for name, target in TARGETS.items():
+        key = f"{name}_events_per_s" if name != "peak_rss_mb" else name
+        ratio = figures[key] / target
+        print(f"  {key}: {figures[key]:,} vs target {target:,} = {ratio:.2f}x")
+    print(json.dumps({**figures, "streaming_vs_plain_python_ratio": round(stream_rate / plain, 2),
+                      "events": args.events, "keys": args.keys}))
+
+
+def report_replay(kind: str, result: ReplayResult) -> None:
+    print(f"replay of the {kind} projection (v{result.old_version} -> v{result.new_version}, "
+          f"switch included): {result.events:,} events in {result.seconds:.1f} s = "
+          f"{result.events_per_s:,.0f} events/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
