@@ -18,6 +18,9 @@ from typing import Any
 
 import orjson
 
+# A tuple, not ``str | bytes``: the union is rebuilt on every call of a hot path.
+_TEXT = (str, bytes)
+
 
 class MalformedEvent(ValueError):
     """A message on an event topic that is not a valid Eventfold envelope."""
@@ -36,7 +39,9 @@ class EventEnvelope:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def decode(cls, key: str | bytes | None, value: str | bytes | None) -> EventEnvelope:
+    def decode(cls, key: str | bytes | None, value: str | bytes | None,
+               with_metadata: bool = True) -> EventEnvelope:
+        """Parse one message; projections skip the metadata they never read (hot path)."""
         if value is None:
             raise MalformedEvent("null value (tombstone) on an event topic")
         if key is None:
@@ -44,7 +49,7 @@ class EventEnvelope:
         try:
             outer = orjson.loads(value)
             payload = outer["payload"]
-            data = orjson.loads(payload) if isinstance(payload, str | bytes) else payload
+            data = orjson.loads(payload) if isinstance(payload, _TEXT) else payload
             envelope = cls(
                 event_id=str(outer["eventId"]),
                 event_type=str(outer["eventType"]),
@@ -54,7 +59,7 @@ class EventEnvelope:
                 recorded_at=str(outer.get("recordedAt", "")),
                 data=data,
                 schema_version=int(outer.get("schemaVersion", 1)),
-                metadata=_json_object(outer.get("metadata")),
+                metadata=_json_object(outer.get("metadata")) if with_metadata else {},
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise MalformedEvent(f"undecodable event envelope: {exc!r}") from exc
@@ -79,7 +84,7 @@ class EventEnvelope:
 def _json_object(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
-    parsed = orjson.loads(value) if isinstance(value, str | bytes) else value
+    parsed = orjson.loads(value) if isinstance(value, _TEXT) else value
     if not isinstance(parsed, dict):
         raise ValueError("metadata is not a JSON object")
     return parsed

@@ -223,7 +223,7 @@ def _route(projection: Projection, record: SourceRecord, watermarks: Mapping[str
            lookup_rows: Mapping[str, State], outcome: FoldOutcome) -> tuple[str, Event] | None:
     """Decode, filter, dedupe and key one record; None when it is not for the fold."""
     try:
-        envelope = EventEnvelope.decode(record.key, record.value)
+        envelope = EventEnvelope.decode(record.key, record.value, with_metadata=False)
     except MalformedEvent as exc:
         outcome.dead_letters.append(DeadLetter(record, str(exc)))
         return None
