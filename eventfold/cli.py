@@ -80,8 +80,11 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     app = load_app(settings.app)
     if args.action == "list":
         for projection in app.projections:
-            print(f"{projection.name}\tsources={','.join(projection.source_topics)}\t"
-                  f"table={projection.table}\tktable={projection.ktable_topic}")
+            keyed = f"\tkey_by={projection.key_by}" if projection.key_by else ""
+            stored = (f"\ttable={projection.table}\tktable={projection.ktable_topic}"
+                      if projection.has_state else "")
+            print(f"{projection.name}\t{projection.kind}\t"
+                  f"sources={','.join(projection.source_topics)}{keyed}{stored}")
         return 0
     if args.action == "status":
         from projections.status import projection_status
