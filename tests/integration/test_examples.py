@@ -95,7 +95,8 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
         assert rows(engine, totals.table, unique, "total") == expected
         new_topic = totals.ktable_topic_for(2)
         assert {k: v["total"] for k, v in read_table(stack_settings.kafka_bootstrap,
-                                                      new_topic).items()} == expected
+                                                      new_topic).items()
+                if k.startswith(unique)} == expected  # other tests' sales share the topic
         assert notified() == {product(1): [2500], product(2): [2300]}  # not again
 
         # The old live version stops at its next batch; `projection run` restarts on v2.
