@@ -16,7 +16,7 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, NamedTuple
@@ -181,6 +181,20 @@ def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) ->
                  joined=joined)
 
 
+Decoded = tuple[SourceRecord, Event | None, str | None]
+"""A record with its event, or with the reason it is a dead letter."""
+
+
+def decode_records(records: Iterable[SourceRecord]) -> Iterator[Decoded]:
+    for record in records:
+        try:
+            envelope = EventEnvelope.decode(record.key, record.value, with_metadata=False)
+        except MalformedEvent as exc:
+            yield record, None, str(exc)
+            continue
+        yield record, event_from_envelope(envelope), None
+
+
 def fold_records(
     projection: Projection,
     stored: Mapping[str, KeyState],
@@ -197,19 +211,36 @@ def fold_records(
     ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted
     (None: emit nothing).
     """
+    return fold_decoded(projection, stored, decode_records(records), committed_offsets,
+                        watermarks, lookup_rows, emit_from)
+
+
+def fold_decoded(
+    projection: Projection,
+    stored: Mapping[str, KeyState],
+    decoded: Iterable[Decoded],
+    committed_offsets: Mapping[PartitionKey, int] | None = None,
+    watermarks: Mapping[str, int] | None = None,
+    lookup_rows: Mapping[str, State] | None = None,
+    emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
+) -> FoldOutcome:
+    """``fold_records`` for records already decoded (by whichever decoder is fastest)."""
     committed = committed_offsets or {}
     if watermarks is None and projection.key_by is None:
         watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
     marks = watermarks or {}
     outcome = FoldOutcome()
     by_key: dict[str, list[tuple[SourceRecord, Event]]] = defaultdict(list)
-    for record in records:
+    for record, event, error in decoded:
         partition = (record.topic, record.partition)
         if record.offset < committed.get(partition, 0):
             outcome.skipped += 1
             continue
         outcome.next_offsets[partition] = record.offset + 1
-        routed = _route(projection, record, marks, lookup_rows or {}, outcome)
+        if event is None:
+            outcome.dead_letters.append(DeadLetter(record, error or "undecodable"))
+            continue
+        routed = _route(projection, record, event, marks, lookup_rows or {}, outcome)
         if routed is not None:
             by_key[routed[0]].append((record, routed[1]))
     folder = KeyFolder(projection, outcome, emit_from)
@@ -219,27 +250,22 @@ def fold_records(
     return outcome
 
 
-def _route(projection: Projection, record: SourceRecord, watermarks: Mapping[str, int],
-           lookup_rows: Mapping[str, State], outcome: FoldOutcome) -> tuple[str, Event] | None:
-    """Decode, filter, dedupe and key one record; None when it is not for the fold."""
-    try:
-        envelope = EventEnvelope.decode(record.key, record.value, with_metadata=False)
-    except MalformedEvent as exc:
-        outcome.dead_letters.append(DeadLetter(record, str(exc)))
+def _route(projection: Projection, record: SourceRecord, event: Event,
+           watermarks: Mapping[str, int], lookup_rows: Mapping[str, State],
+           outcome: FoldOutcome) -> tuple[str, Event] | None:
+    """Filter, dedupe and key one event; None when it is not for the fold."""
+    if not projection.handles(event.type):
         return None
-    if not projection.handles(envelope.event_type):
-        return None
-    if envelope.stream_version <= watermarks.get(envelope.stream_id, 0):
+    if event.stream_version <= watermarks.get(event.stream_id, 0):
         outcome.duplicates += 1
         return None
-    key = fold_key(projection, envelope.stream_id, envelope.data)
+    key = fold_key(projection, event.stream_id, event.data)
     if key is None:
         outcome.dead_letters.append(DeadLetter(record, missing_key_reason(projection)))
         return None
-    joined = None
     if projection.lookup is not None:
-        joined = lookup_rows.get(str(envelope.data.get(projection.lookup.on)))
-    return key, event_from_envelope(envelope, joined)
+        event = event._replace(joined=lookup_rows.get(str(event.data.get(projection.lookup.on))))
+    return key, event
 
 
 def fold_key(projection: Projection, stream_id: str, data: Mapping[str, Any]) -> str | None:

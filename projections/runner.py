@@ -23,6 +23,7 @@ from pyspark.sql.streaming import StreamingQuery
 from outbox.kafka import PartitionKey, flatten_offsets, nest_offsets
 from projections.engine import (
     BatchContext,
+    KeySplitAcrossPartitions,
     folds_in_place,
     plan_batch,
     run_aggregation,
@@ -131,9 +132,16 @@ class ProjectionRunner:
                      else None)
         context = BatchContext(projection, self.version, self.settings.database_url,
                                emit_from, committed)
+        outcome = None
         if folds_in_place(projection):
-            outcome = run_fold_in_place(batch, context)
-        else:
+            try:
+                outcome = run_fold_in_place(batch, context)
+            except KeySplitAcrossPartitions as split:
+                # Some producer put a key into two partitions: fold this batch after a shuffle.
+                log.warning("projection %s batch %d: key %r is in more than one partition; "
+                            "folding the batch after a shuffle", projection.name, batch_id,
+                            str(split))
+        if outcome is None:
             events = plan_batch(self.spark, batch, projection, committed,
                                 self.store.watermarks())
             clock.lap("plan")
