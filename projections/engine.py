@@ -259,13 +259,17 @@ def _events_by_key(rows: dict[str, list[Any]], outcome: FoldOutcome, joined: Map
     for (topic, partition, offset, stream_id, value, reason, key, event_id, event_type,
          stream_version, position, recorded_at, payload) in zip(
             *(rows[c] for c in FOLD_INPUT), strict=True):
-        record = SourceRecord(topic, partition, offset, stream_id, value)
-        if reason is not None:
-            outcome.dead_letters.append(DeadLetter(record, reason))
+        if reason is None:
+            record, event, reason = _decoded(topic, partition, offset, stream_id, value,
+                                             event_id, event_type, stream_version, position,
+                                             recorded_at, payload)
+        else:
+            record, event = SourceRecord(topic, partition, offset, stream_id, value), None
+        if event is None:
+            outcome.dead_letters.append(DeadLetter(record, reason or "undecodable"))
             continue
-        data = orjson.loads(payload)
-        event = Event(event_type, data, stream_id, stream_version, event_id, position,
-                      recorded_at or "", joined.get(str(data.get(on))) if on else None)
+        if on is not None:
+            event = event._replace(joined=joined.get(str(event.data.get(on))))
         if key != current_key and items:
             yield current_key, items  # type: ignore[misc]
             items = []

@@ -133,7 +133,6 @@ class KeyFolder:
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]]) -> None:
         projection, outcome, seen = self.projection, self.outcome, self._seen
-        watermarks = outcome.watermarks
         state = stored.state if stored else None
         version = stored.version if stored else 0
         position = stored.position if stored else 0
@@ -144,8 +143,7 @@ class KeyFolder:
                 outcome.duplicates += 1
                 continue
             seen.add(identity)
-            if event.stream_version > watermarks.get(event.stream_id, 0):
-                watermarks[event.stream_id] = event.stream_version
+            outcome.see(event.stream_id, event.stream_version)
             try:
                 after = apply_event(projection, state, event)
                 emissions = self._derive(record, event, state, after)

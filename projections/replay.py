@@ -84,6 +84,7 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         builder.close()
     finally:
         live.close()
+        versions.close()
     if old != new:
         TopicAdmin(settings.bootstrap_servers).delete([projection.ktable_topic_for(old)])
     seconds = time.monotonic() - started

@@ -167,6 +167,7 @@ class ProjectionRunner:
     def close(self) -> None:
         self.topics.close()
         self.store.close()
+        self.versions.close()
 
 
 def _read_text(spark: SparkSession, path: str) -> str:

@@ -52,10 +52,13 @@ class ProjectionStatus:
 
 def projection_status(projection: Projection, database_url: str,
                       bootstrap_servers: str) -> ProjectionStatus:
+    versions = ProjectionVersions(database_url)
     try:
-        version = ProjectionVersions(database_url).active(projection.name)
+        version = versions.active(projection.name)
     except LookupError:
         version = 1  # never ran: everything is lag
+    finally:
+        versions.close()
     store = ReadModelStore(database_url, projection, version)
     try:
         checkpoint = store.checkpoint()

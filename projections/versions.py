@@ -26,41 +26,44 @@ _TABLE = sql.Identifier(VERSIONS_TABLE)
 class ProjectionVersions:
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
+        self._connection: psycopg.Connection | None = None
 
-    def _connect(self) -> psycopg.Connection:
-        return psycopg.connect(libpq_url(self.database_url), autocommit=True)
+    def _conn(self) -> psycopg.Connection:
+        """One autocommit connection, opened on first use: a runner asks every batch."""
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(libpq_url(self.database_url), autocommit=True)
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
 
     def register(self, name: str) -> int:
         """The active version, registering version 1 on a projection's first run."""
-        with self._connect() as conn:
-            conn.execute(sql.SQL("INSERT INTO {} (projection, active_version) VALUES (%s, 1) "
-                                 "ON CONFLICT (projection) DO NOTHING").format(_TABLE), (name,))
-            return self.active(name, conn)
+        self._conn().execute(sql.SQL("INSERT INTO {} (projection, active_version) VALUES "
+                                     "(%s, 1) ON CONFLICT (projection) DO NOTHING")
+                             .format(_TABLE), (name,))
+        return self.active(name)
 
-    def active(self, name: str, conn: psycopg.Connection | None = None) -> int:
-        if conn is None:
-            with self._connect() as own:
-                return self.active(name, own)
-        row = conn.execute(sql.SQL("SELECT active_version FROM {} WHERE projection = %s")
+    def active(self, name: str) -> int:
+        row = self._conn().execute(sql.SQL("SELECT active_version FROM {} WHERE projection = %s")
                            .format(_TABLE), (name,)).fetchone()
         if row is None:
             raise LookupError(f"projection {name!r} has never run")
         return int(row[0])
 
     def emitted_offsets(self, name: str) -> dict[PartitionKey, int]:
-        with self._connect() as conn:
-            row = conn.execute(sql.SQL("SELECT emitted_offsets FROM {} WHERE projection = %s")
-                               .format(_TABLE), (name,)).fetchone()
+        row = self._conn().execute(sql.SQL("SELECT emitted_offsets FROM {} WHERE projection = %s")
+                                   .format(_TABLE), (name,)).fetchone()
         return flatten_offsets(row[0]) if row else {}
 
     def begin_build(self, name: str) -> int:
         """The version a replay builds: a new one, or the unfinished one of an earlier replay
         (its checkpoints are consistent, so it resumes)."""
-        with self._connect() as conn:
-            row = conn.execute(sql.SQL(
-                "UPDATE {} SET building_version = coalesce(building_version, active_version + 1)"
-                " WHERE projection = %s RETURNING building_version").format(_TABLE),
-                (name,)).fetchone()
+        row = self._conn().execute(sql.SQL(
+            "UPDATE {} SET building_version = coalesce(building_version, active_version + 1)"
+            " WHERE projection = %s RETURNING building_version").format(_TABLE),
+            (name,)).fetchone()
         if row is None:
             raise LookupError(f"projection {name!r} has never run")
         return int(row[0])

@@ -25,6 +25,14 @@ def eventfold(*args: str, env: dict[str, str],
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
+def stack_env(settings, tmp_path, **extra: str) -> dict[str, str]:
+    """The environment a CLI process needs to use the test session's stack."""
+    return {**os.environ, "EVENTFOLD_DATABASE_URL": settings.database_url,
+            "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "EVENTFOLD_CONNECT_URL": settings.connect_url,
+            "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), **extra}
+
+
 def test_stack_up_status_down(tmp_path) -> None:
     env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack")}
     try:
@@ -45,11 +53,7 @@ def test_stack_up_status_down(tmp_path) -> None:
 
 def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_settings,
                                                        tmp_path, unique) -> None:
-    env = {**os.environ, "EVENTFOLD_DATABASE_URL": stack_settings.database_url,
-           "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka_bootstrap,
-           "EVENTFOLD_CONNECT_URL": stack_settings.connect_url,
-           "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-           "EVENTFOLD_TRIGGER_INTERVAL": "200 milliseconds"}
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
     from examples.inventory import ReceiveStock, inventory_totals
 
     inventory_app.command_bus(stack_settings).execute(ReceiveStock(product=unique, quantity=4))
@@ -89,12 +93,8 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         for product in range(20):
             bus.execute(sales.RecordSale(product=f"{unique}-{product}", value=250 + round_))
     wait_until_in_topic(stack_settings, "ProductSales", unique, 200)
-    env = {**os.environ, "EVENTFOLD_APP": "examples.sales:app",
-           "EVENTFOLD_DATABASE_URL": stack_settings.database_url,
-           "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka_bootstrap,
-           "EVENTFOLD_CONNECT_URL": stack_settings.connect_url,
-           "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-           "EVENTFOLD_MAX_ROWS_PER_BATCH": "60"}
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app",
+                    EVENTFOLD_MAX_ROWS_PER_BATCH="60")
     totals = sales.sales_totals
     runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
                                totals.name], env=env, stdout=subprocess.DEVNULL,
