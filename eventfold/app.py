@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
-from sqlalchemy import create_engine
 
 import migrations
 from eventfold.config import ConfigError, Settings
+from eventfold.request_log import RequestLog
 from outbox import (
     ConnectClient,
     ConnectorOperations,
@@ -37,7 +37,7 @@ from projections import ProjectionRegistry
 from projections.replay import ReplayResult, replay
 from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import ensure_projection_topics
-from read_api import create_read_app
+from read_api import ReadApiOptions, create_read_app
 from write_model import CommandBus, CommandRegistry, EventStore, Repository
 from write_model.http import bearer_auth, create_command_app
 
@@ -99,15 +99,21 @@ class Eventfold:
         return CommandBus(Repository(self.event_store(settings)), self.commands)
 
     def command_api(self, settings: Settings) -> FastAPI:
-        return create_command_app(self.command_bus(settings), title=f"{self.name} commands",
-                                  api_token=settings.api_token or None,
-                                  max_body_bytes=settings.max_body_bytes)
+        app = create_command_app(self.command_bus(settings), title=f"{self.name} commands",
+                                 api_token=settings.api_token or None,
+                                 max_body_bytes=settings.max_body_bytes)
+        return _with_request_log(app, settings)
 
     def read_api(self, settings: Settings) -> FastAPI:
-        engine = create_engine(settings.database_url, pool_size=10, pool_pre_ping=True)
-        return create_read_app(self.projections, engine, settings.kafka_bootstrap,
-                               title=f"{self.name} reads",
-                               dependencies=[Depends(bearer_auth(settings.api_token or None))])
+        """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
+        options = ReadApiOptions(
+            database_url=settings.read_database_url or settings.database_url,
+            bootstrap_servers=settings.kafka_bootstrap, reader_role=settings.reader_role,
+            instance_id=settings.instance_id, pool_size=settings.read_pool_size,
+            title=f"{self.name} reads")
+        app = create_read_app(self.projections, options,
+                              dependencies=[Depends(bearer_auth(settings.api_token or None))])
+        return _with_request_log(app, settings)
 
     def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
         """The active version of projection ``name``, ready to start."""
@@ -134,6 +140,12 @@ class Eventfold:
             trigger_interval=settings.trigger_interval,
             max_rows_per_batch=max_rows or settings.max_rows_per_batch,
         )
+
+
+def _with_request_log(app: FastAPI, settings: Settings) -> FastAPI:
+    if settings.request_log:
+        app.add_middleware(RequestLog)
+    return app
 
 
 def load_app(spec: str) -> Eventfold:

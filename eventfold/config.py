@@ -21,6 +21,8 @@ class ConfigError(RuntimeError):
 class Settings:
     app: str = "examples.inventory:app"
     database_url: str = ""
+    read_database_url: str = ""
+    reader_role: str = "eventfold_reader"
     kafka_bootstrap: str = ""
     connect_url: str = ""
     connect_database_url: str = ""
@@ -36,6 +38,9 @@ class Settings:
     command_api_port: int = 8000
     read_api_port: int = 8001
     http_workers: int = 1
+    read_pool_size: int = 10
+    instance_id: str = ""
+    request_log: bool = True
     api_token: str = ""
     max_body_bytes: int = 1024 * 1024
     log_level: str = "INFO"

@@ -107,14 +107,14 @@ def _totals(url: str, expected: dict[str, int]) -> dict[str, int]:
     for product in expected:
         response = requests.get(f"{url}/read-models/inventory_totals/rows/{product}", timeout=5)
         if response.status_code == 200:
-            found[product] = response.json()["quantity"]
+            found[product] = response.json()["row"]["quantity"]
     return found
 
 
 def _ktable_totals(url: str, expected: dict[str, int]) -> dict[str, int]:
     found = {}
     for product in expected:
-        response = requests.get(f"{url}/ktables/inventory_totals/{product}", timeout=5)
+        response = requests.get(f"{url}/ktables/inventory_totals/entries/{product}", timeout=5)
         if response.status_code == 200:
             found[product] = response.json()["value"]["quantity"]
     return found

@@ -144,6 +144,7 @@ class Projection:
     key_by: str | None = None
     lookup: Lookup | None = None
     event_types: frozenset[str] | None = None
+    indexes: tuple[str, ...] = ()
     table: str = ""
     ktable_topic: str = ""
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
@@ -161,6 +162,9 @@ class Projection:
         for column in self.columns:
             if not column.isidentifier() or column.startswith("_") or column == "key":
                 raise ValueError(f"column {column!r}: use identifiers; 'key' and _names are ours")
+        for column in self.indexes:
+            if column not in self.columns:
+                raise ValueError(f"projection {self.name!r}: index on unknown column {column!r}")
         if self.aggregates is not None and set(self.aggregates) != set(self.columns):
             raise ValueError(f"projection {self.name!r}: declare one column per aggregate")
         if self.table and not self.table.isidentifier():
@@ -219,14 +223,15 @@ def projection(
     name: str, *, sources: Iterable[str], columns: Mapping[str, TypeEngine[Any]],
     event_types: Iterable[str] | None = None, key_by: str | None = None,
     lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
-    ktable_topic: str = "",
+    ktable_topic: str = "", indexes: Iterable[str] = (),
 ) -> Callable[[Fold], Projection]:
-    """Decorator: turn a fold function into a Projection."""
+    """Decorator: turn a fold function into a Projection. ``indexes`` are the columns the read
+    model indexes (the read API sorts on them and on the key)."""
 
     def wrap(fold: Fold) -> Projection:
         return Projection(
             name=name, columns=dict(columns), apply=fold, key_by=key_by, lookup=lookup,
-            derive=derive, table=table, ktable_topic=ktable_topic,
+            derive=derive, table=table, ktable_topic=ktable_topic, indexes=tuple(indexes),
             description=(fold.__doc__ or "").strip(), **_options(sources, event_types),
         )
 
@@ -237,10 +242,12 @@ def aggregation(
     name: str, *, sources: Iterable[str], aggregates: Mapping[str, Aggregate],
     columns: Mapping[str, TypeEngine[Any]], event_types: Iterable[str] | None = None,
     key_by: str | None = None, table: str = "", description: str = "",
+    indexes: Iterable[str] = (),
 ) -> Projection:
     """A projection Spark computes natively: ``{"total": Sum("value"), "sales": Count()}``."""
     return Projection(name=name, columns=dict(columns), aggregates=dict(aggregates),
                       key_by=key_by, table=table, description=description,
+                      indexes=tuple(indexes),
                       **_options(sources, event_types))
 
 

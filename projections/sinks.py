@@ -25,7 +25,7 @@ from sqlalchemy.engine import make_url
 from outbox import TopicAdmin
 from outbox.kafka import flatten_offsets, nest_offsets
 from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG
-from projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
+from projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
 from projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
 from projections.projection import Projection
 
@@ -74,6 +74,9 @@ class ReadModelStore:
             self.conn.execute(sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (stream_id TEXT PRIMARY KEY, version BIGINT "
                 "NOT NULL)").format(self._sources))
+            # the read API waits on these watermarks for read-your-writes
+            self.conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                self._sources, sql.Identifier(READER_ROLE)))
             if not self.projection.has_state:
                 return
             dialect = postgresql.dialect()
@@ -88,6 +91,11 @@ class ReadModelStore:
                     _deleted BOOLEAN NOT NULL DEFAULT false,
                     _updated_at TIMESTAMPTZ NOT NULL DEFAULT now())
             """).format(table=self._table, columns=sql.SQL(", ").join(column_defs)))
+            for column in self.projection.indexes:
+                # (column, key): the read API pages sorted on a column with the key as tie-break
+                self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({}, key)").format(
+                    sql.Identifier(f"{state_table(self.projection, self.version)}_{column}"),
+                    self._table, sql.Identifier(column)))
 
     def publish_view(self, conn: psycopg.Connection) -> None:
         """Point the user-facing view at this version (inside the caller's transaction).
@@ -101,6 +109,7 @@ class ReadModelStore:
             CREATE VIEW {view} AS SELECT key, {columns}, _version, _position, _updated_at
             FROM {table} WHERE NOT _deleted
         """).format(view=view, table=self._table, columns=_names(self._columns)))
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(view, sql.Identifier(READER_ROLE)))
 
     def drop(self, conn: psycopg.Connection) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._table, self._sources))

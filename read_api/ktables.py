@@ -1,23 +1,36 @@
-"""A KTable materialized in memory from its compacted topic, and kept live.
+"""KTables materialized in memory from their compacted topics, and kept live.
 
-Restore reads the topic from the beginning up to the end offsets seen at start (the way a
-Kafka Streams store restores from its changelog); last value per key wins, a null value
-deletes. After that the same consumer keeps following new records.
+``KTableStore`` is the local state store: last value per key in key order (for range queries),
+a null value deletes. ``KTableView`` restores a store by reading its topic from the beginning
+up to the end offsets seen at start (the way a Kafka Streams store restores from its
+changelog), reports restore progress, then keeps following new records. ``KTableHost`` serves
+the projection's active version: when a replay switches versions it restores the new topic
+beside the old one and swaps when it is ready.
+
+Every read API instance assigns itself all partitions (no consumer group), so several
+instances each hold the full table.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+import orjson
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from sortedcontainers import SortedDict
 
 from outbox.kafka import OffsetPlanner, consume_available, consumer_config
 
 log = logging.getLogger(__name__)
+
+PartitionKey = tuple[str, int]
+_PROGRESS_EVERY_S = 5.0
+VERSION_HEADER = "eventfold.version"
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,23 +39,97 @@ class KTableEntry:
     version: int
 
 
+class KTableStore:
+    """Key-ordered entries; safe to read from request handlers while the consumer writes."""
+
+    def __init__(self) -> None:
+        self._entries: SortedDict = SortedDict()
+        self._lock = threading.Lock()
+
+    def put(self, key: str, entry: KTableEntry | None) -> None:
+        with self._lock:
+            if entry is None:
+                self._entries.pop(key, None)
+            else:
+                self._entries[key] = entry
+
+    def get(self, key: str) -> KTableEntry | None:
+        return self._entries.get(key)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def range(self, start: str | None = None, end: str | None = None, after: str | None = None,
+              limit: int | None = None) -> list[tuple[str, KTableEntry]]:
+        """Entries with start <= key <= end (either bound optional) and key > after, in key
+        order, at most ``limit`` of them."""
+        low, inclusive_low = start, True
+        if after is not None and (low is None or after >= low):
+            low, inclusive_low = after, False
+        with self._lock:
+            keys = self._entries.irange(low, end, inclusive=(inclusive_low, True))
+            found = []
+            for key in keys:
+                found.append((key, self._entries[key]))
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
+
+    def scan(self, start: str | None = None, end: str | None = None, chunk: int = 1000
+             ) -> Iterator[tuple[str, KTableEntry]]:
+        """All entries in range, a chunk at a time (the lock is never held across a yield)."""
+        after: str | None = None
+        while True:
+            batch = self.range(start, end, after, chunk)
+            yield from batch
+            if len(batch) < chunk:
+                return
+            after = batch[-1][0]
+
+
+@dataclass(frozen=True)
+class RestoreProgress:
+    records: int
+    total: int
+    restored: bool
+    seconds: float
+
+    @property
+    def records_per_s(self) -> float:
+        return self.records / self.seconds if self.seconds > 0 else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {"records": self.records, "total": self.total, "restored": self.restored,
+                "seconds": round(self.seconds, 3), "records_per_s": round(self.records_per_s)}
+
+
 class KTableView:
+    """One KTable topic, restored into a store and followed by a consumer thread."""
+
     def __init__(self, bootstrap_servers: str, topic: str) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
-        self._entries: dict[str, KTableEntry] = {}
+        self.store = KTableStore()
+        self.records_read = 0
+        self._restore_total = 0
+        self._restore_records = 0
+        self._started_at = 0.0
+        self._restore_seconds: float | None = None
+        self._positions: dict[PartitionKey, int] = {}
+        self._high_watermarks: dict[PartitionKey, int] = {}
         self._restored = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ktable-{topic}", daemon=True)
-        self.records_read = 0
 
     def start(self) -> KTableView:
+        self._started_at = time.monotonic()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
 
     @property
     def restored(self) -> bool:
@@ -52,12 +139,34 @@ class KTableView:
         return self._restored.wait(timeout_s)
 
     def get(self, key: str) -> KTableEntry | None:
-        return self._entries.get(key)
+        return self.store.get(key)
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return len(self.store)
 
+    @property
+    def progress(self) -> RestoreProgress:
+        elapsed = (self._restore_seconds if self._restore_seconds is not None
+                   else time.monotonic() - self._started_at)
+        return RestoreProgress(self._restore_records, self._restore_total, self.restored,
+                               elapsed)
+
+    @property
+    def lag(self) -> int:
+        """Records in the topic not yet applied, from the high watermarks of recent fetches."""
+        return sum(max(high - self._positions.get(tp, 0), 0)
+                   for tp, high in list(self._high_watermarks.items()))
+
+    # -- the consumer thread ------------------------------------------------------------------
     def _run(self) -> None:
+        try:
+            partitions, restore_end = self._plan_restore()
+            if partitions:
+                self._follow(partitions, restore_end)
+        except KafkaException:
+            log.exception("ktable %s: consumer failed", self.topic)
+
+    def _plan_restore(self) -> tuple[list[PartitionKey], dict[PartitionKey, int]]:
         planner = OffsetPlanner(self.bootstrap_servers)
         try:
             partitions = planner.partitions([self.topic])
@@ -65,51 +174,129 @@ class KTableView:
                 # The projection has not created its topic yet: an empty table is up to date.
                 self._mark_restored()
                 partitions = planner.partitions([self.topic])
-            restore_end = planner.end_offsets(partitions)
+            restore_end = planner.end_offsets(partitions) if partitions else {}
         finally:
             planner.close()
-        consumer = Consumer(consumer_config(self.bootstrap_servers))
+        self._restore_total = sum(restore_end.values())
+        return partitions, restore_end
+
+    def _follow(self, partitions: list[PartitionKey], restore_end: dict[PartitionKey, int]
+                ) -> None:
+        consumer = Consumer(consumer_config(self.bootstrap_servers,
+                                            **{"fetch.max.bytes": 64 * 1024 * 1024}))
         consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
         pending = {key for key, end in restore_end.items() if end > 0}
         if not pending:
             self._mark_restored()
+        next_report = time.monotonic() + _PROGRESS_EVERY_S
         try:
             while not self._stop.is_set():
-                for message in consume_available(consumer, 10_000, wait_s=0.2):
+                messages = consume_available(consumer, 10_000, wait_s=0.2)
+                for message in messages:
                     self._handle(message, restore_end, pending)
+                if messages:
+                    self._note_high_watermarks(consumer, partitions)
+                if not self.restored and time.monotonic() >= next_report:
+                    next_report += _PROGRESS_EVERY_S
+                    self._report_progress()
         finally:
             consumer.close()
 
-    def _handle(self, message: Any, restore_end: dict[tuple[str, int], int],
-                pending: set[tuple[str, int]]) -> None:
+    def _handle(self, message: Message, restore_end: dict[PartitionKey, int],
+                pending: set[PartitionKey]) -> None:
         partition = (message.topic(), message.partition())
         error = message.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("ktable %s: %s", self.topic, error)
                 return
+            position = message.offset()
         else:
             self._apply(message)
-        position = message.offset() if error is not None else message.offset() + 1
+            position = message.offset() + 1
+        self._positions[partition] = position
         if partition in pending and position >= restore_end[partition]:
             pending.discard(partition)
             if not pending:
                 self._mark_restored()
 
-    def _apply(self, message: Any) -> None:
+    def _apply(self, message: Message) -> None:
         self.records_read += 1
-        key = message.key().decode()
+        if not self.restored:
+            self._restore_records += 1
+        key_bytes = message.key()
+        if key_bytes is None:
+            return  # a KTable record without a key has no place in the table
         value = message.value()
         if value is None:
-            self._entries.pop(key, None)
+            self.store.put(key_bytes.decode(), None)
             return
-        headers = dict(message.headers() or [])
-        version = int(headers.get("eventfold.version", b"0"))
-        self._entries[key] = KTableEntry(json.loads(value), version)
+        version = 0
+        for name, header in message.headers() or ():
+            if name == VERSION_HEADER and header is not None:
+                version = int(header)
+        try:
+            self.store.put(key_bytes.decode(), KTableEntry(orjson.loads(value), version))
+        except orjson.JSONDecodeError:
+            log.warning("ktable %s: undecodable value at %s[%d]@%d skipped", self.topic,
+                        message.topic(), message.partition(), message.offset())
+
+    def _note_high_watermarks(self, consumer: Consumer, partitions: list[PartitionKey]) -> None:
+        for topic, partition in partitions:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                     cached=True)
+            if high >= 0:
+                self._high_watermarks[(topic, partition)] = high
+
+    def _report_progress(self) -> None:
+        progress = self.progress
+        log.info("ktable %s restoring: %d of %d records (%.0f/s)", self.topic,
+                 progress.records, progress.total, progress.records_per_s)
 
     def _mark_restored(self) -> None:
         if self._restored.is_set():
             return
-        log.info("ktable %s restored: %d keys from %d records", self.topic, len(self._entries),
-                 self.records_read)
+        self._restore_seconds = time.monotonic() - self._started_at
+        log.info("ktable %s restored: %d keys from %d records in %.2f s", self.topic,
+                 len(self.store), self._restore_records, self._restore_seconds)
         self._restored.set()
+
+
+class KTableHost:
+    """Serves a projection's KTable at its active version, restoring the next version's topic
+    in the background when a replay switches and swapping once it is restored."""
+
+    def __init__(self, bootstrap_servers: str, topic: str, version: int) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.version = version
+        self.view = KTableView(bootstrap_servers, topic)
+        self._next: tuple[int, KTableView] | None = None
+        self._lock = threading.Lock()
+
+    def start(self) -> KTableHost:
+        self.view.start()
+        return self
+
+    def stop(self) -> None:
+        with self._lock:
+            views = [self.view] + ([self._next[1]] if self._next else [])
+        for view in views:
+            view.stop()
+
+    def follow(self, version: int, topic: str) -> None:
+        """Called when the registry shows ``version`` active; cheap when nothing changed."""
+        with self._lock:
+            if version == self.version:
+                return
+            if self._next is None or self._next[0] != version:
+                if self._next is not None:
+                    self._next[1].stop()
+                log.info("ktable %s: version %d is active, restoring %s", self.view.topic,
+                         version, topic)
+                self._next = (version, KTableView(self.bootstrap_servers, topic).start())
+            next_version, next_view = self._next
+            if not next_view.restored:
+                return
+            old, self.view, self.version, self._next = self.view, next_view, next_version, None
+        old.stop()
+        log.info("ktable now served from %s (version %d)", self.view.topic, self.version)

@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-apt_packages=(postgresql postgresql-contrib libjetty9-java openjdk-17-jre-headless)
+# wrk drives bench/read_api.py
+apt_packages=(postgresql postgresql-contrib libjetty9-java openjdk-17-jre-headless wrk)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

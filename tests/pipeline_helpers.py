@@ -49,3 +49,34 @@ def wait_until_in_topic(settings, aggregate_type: str, prefix: str, count: int) 
         rows = read_topic(settings.kafka_bootstrap, topic)
         return sum(1 for r in rows if (r["key"] or "").startswith(prefix)) >= count
     wait_for(published, f"{count} events of {prefix} on {topic}")
+
+
+def materialize(settings, projection, states: dict[str, dict | None], version: int = 1,
+                batch_id: int = 0, first_stream_version: int = 1) -> None:
+    """Write ``states`` as one committed batch of ``projection`` through its real sinks (read
+    model table + view + KTable topic), as the engine would; the i-th key gets stream version
+    ``first_stream_version + i``."""
+    from projections.fold import FoldOutcome, KeyState
+    from projections.sinks import ReadModelStore, TopicSink
+    from projections.versions import ProjectionVersions
+
+    versions = ProjectionVersions(settings.database_url)
+    versions.register(projection.name)
+    versions.close()
+    store = ReadModelStore(settings.database_url, projection, version)
+    sink = TopicSink(settings.kafka_bootstrap, projection, version)
+    try:
+        store.ensure_schema()
+        sink.ensure_topics()
+        changed = {key: KeyState(state, version=first_stream_version + i,
+                                 position=first_stream_version + i)
+                   for i, (key, state) in enumerate(states.items())}
+        outcome = FoldOutcome(changed=changed, applied=len(changed),
+                              watermarks={key: ks.version for key, ks in changed.items()})
+        store.commit(batch_id, outcome, {}, publish=sink.write_states)
+        if version == 1:
+            with store.conn.transaction():
+                store.publish_view(store.conn)
+    finally:
+        sink.close()
+        store.close()

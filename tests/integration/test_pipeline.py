@@ -82,7 +82,7 @@ def test_commands_reach_read_model_and_ktable_through_the_real_stack(
                 r = requests.get(f"{reads.url}/read-models/inventory_totals/rows/{product}",
                                  timeout=5)
                 if r.status_code == 200:
-                    found[product] = r.json()["quantity"]
+                    found[product] = r.json()["row"]["quantity"]
             return found
 
         wait_for(lambda: read_api_totals() == expected, "read model totals via the read API")
@@ -91,15 +91,18 @@ def test_commands_reach_read_model_and_ktable_through_the_real_stack(
         wait_for(lambda: ktable_totals(stack_settings, inventory_totals.ktable_topic,
                                        unique) == expected, "KTable totals (whole topic)")
         product = f"{unique}-0"
-        wait_for(lambda: requests.get(f"{reads.url}/ktables/inventory_totals/{product}",
-                                      timeout=5).status_code == 200, "KTable view")
-        body = requests.get(f"{reads.url}/ktables/inventory_totals/{product}", timeout=5).json()
+        entry = f"{reads.url}/ktables/inventory_totals/entries/{product}"
+        body = requests.get(entry, params={"min_version": 8}, timeout=10).json()
         assert body["value"] == {"quantity": expected[product]}
         assert body["version"] == 8
         page = requests.get(f"{reads.url}/read-models/inventory_totals/rows",
-                            params={"after": f"{unique}-", "limit": 2}, timeout=5).json()
+                            params={"key.prefix": f"{unique}-", "limit": 2}, timeout=5).json()
         assert [r["key"] for r in page["rows"]] == [f"{unique}-0", f"{unique}-1"]
-        assert page["next_after"] == f"{unique}-1"
+        rest = requests.get(f"{reads.url}/read-models/inventory_totals/rows",
+                            params={"key.prefix": f"{unique}-", "limit": 2,
+                                    "cursor": page["next_cursor"]}, timeout=5).json()
+        assert [r["key"] for r in rest["rows"]] == [f"{unique}-2"]
+        assert rest["next_cursor"] is None
     finally:
         stop_gracefully(query)
         runner.close()

@@ -1,0 +1,336 @@
+"""The read API on the real stack: a read model and KTable written by the projection sinks
+into Postgres and Tansu, queried over HTTP as the read-only role."""
+
+from __future__ import annotations
+
+import base64
+import random
+import uuid
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+import orjson
+import psycopg
+import pytest
+import requests
+from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
+
+from eventfold.serving import BackgroundServer
+from local_stack.process import free_port
+from projections import Projection
+from projections.catalog import READER_ROLE
+from projections.sinks import ReadModelStore, libpq_url
+from projections.versions import ProjectionVersions
+from read_api import ReadApiOptions, create_read_app
+from tests.pipeline_helpers import materialize, wait_for
+
+NAMES = ["apple", "banana", "bandana", "cherry", "pear", None]
+COLUMNS = {"name": String(), "price": Numeric(10, 2), "stock": Integer(), "rating": Float(),
+           "active": Boolean(), "tags": JSON(), "listed_at": DateTime(timezone=True)}
+
+
+def catalog_projection(unique: str) -> Projection:
+    return Projection(name=f"catalog_{unique}", sources=("Catalog",), columns=COLUMNS,
+                      apply=lambda state, event: event.data,
+                      indexes=("name", "price", "stock", "listed_at"))
+
+
+def catalog_rows(count: int, seed: int) -> dict[str, dict]:
+    rng = random.Random(seed)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    return {f"p{i:03d}": {
+        "name": rng.choice(NAMES),
+        "price": None if rng.random() < 0.1 else Decimal(rng.randint(100, 9999)) / 100,
+        "stock": rng.randint(-5, 40),
+        "rating": None if rng.random() < 0.2 else round(rng.uniform(0, 5), 2),
+        "active": rng.random() < 0.5,
+        "tags": [rng.choice(["x", "y"])],
+        "listed_at": start + timedelta(hours=rng.randint(0, 24 * 300)),
+    } for i in range(count)}
+
+
+def read_api(projections, settings, instance: str) -> BackgroundServer:
+    options = ReadApiOptions(database_url=settings.database_url,
+                             bootstrap_servers=settings.kafka_bootstrap, instance_id=instance)
+    server = BackgroundServer(create_read_app(projections, options), "127.0.0.1",
+                              free_port()).start()
+    wait_for(lambda: requests.get(f"{server.url}/ready", timeout=5).status_code == 200,
+             f"read API {instance} ready", 60)
+    return server
+
+
+@pytest.fixture(scope="module")
+def catalog(inventory_app, stack_settings):
+    """240 live rows and one deleted key, committed as two batches."""
+    projection = catalog_projection(uuid.uuid4().hex[:8])
+    states = catalog_rows(240, seed=7)
+    materialize(stack_settings, projection, {**states, "gone": {"name": "x"}})
+    materialize(stack_settings, projection, {"gone": None}, batch_id=1,
+                first_stream_version=1000)
+    return projection, states
+
+
+@pytest.fixture(scope="module")
+def reads(catalog, stack_settings):
+    server = read_api([catalog[0]], stack_settings, "instance-a")
+    yield server
+    server.stop()
+
+
+def get(server, path: str, **params) -> requests.Response:
+    return requests.get(f"{server.url}{path}", params=params, timeout=30)
+
+
+# -- a Python model of the query semantics -------------------------------------------------------
+def expected_keys(states: dict[str, dict], predicate, sort: str) -> list[str]:
+    keys = [k for k, row in states.items() if predicate(row | {"key": k})]
+    spec = [(p.lstrip("-"), p.startswith("-")) for p in sort.split(",") if p]
+    if "key" not in {f for f, _ in spec}:
+        spec.append(("key", False))
+    for field, descending in reversed(spec):  # stable sorts, last key first
+        # (is null, value): ASC puts nulls last, and reversed (DESC) puts them first,
+        # exactly as Postgres orders by default
+        keys.sort(key=lambda k, f=field: (_value(states, k, f) is None,
+                                           _value(states, k, f) or 0), reverse=descending)
+    return keys
+
+
+def _value(states, key, field):
+    return key if field == "key" else states[key][field]
+
+
+def all_pages(server, path: str, limit: int, **params) -> list[dict]:
+    rows, cursor = [], None
+    while True:
+        body = get(server, path, limit=limit, **params, **({"cursor": cursor} if cursor else {}))
+        assert body.status_code == 200, body.text
+        page = body.json()
+        assert len(page["rows"]) <= limit
+        rows += page["rows"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return rows
+
+
+JUNE = datetime(2026, 6, 1, tzinfo=UTC)
+CASES = [
+    ({}, lambda r: True),
+    ({"stock.gte": "0"}, lambda r: r["stock"] >= 0),
+    ({"name": "apple"}, lambda r: r["name"] == "apple"),
+    ({"name.in": "apple,pear"}, lambda r: r["name"] in ("apple", "pear")),
+    ({"name.prefix": "ban"}, lambda r: (r["name"] or "").startswith("ban")),
+    ({"name.ne": "apple"}, lambda r: r["name"] != "apple"),
+    ({"price.lt": "50.5", "active": "true"},
+     lambda r: r["price"] is not None and r["price"] < Decimal("50.5") and r["active"]),
+    ({"rating.null": "true"}, lambda r: r["rating"] is None),
+    ({"price.null": "false", "stock.lt": "10"},
+     lambda r: r["price"] is not None and r["stock"] < 10),
+    ({"listed_at.gte": JUNE.isoformat()}, lambda r: r["listed_at"] >= JUNE),
+    ({"key.gt": "p100", "key.lte": "p150"}, lambda r: "p100" < r["key"] <= "p150"),
+]
+SORTS = ["", "-price", "stock,-name", "-listed_at", "name,-stock", "-key"]
+
+
+@pytest.mark.parametrize("sort", SORTS)
+def test_filtered_sorted_pages_match_a_python_model(reads, catalog, sort):
+    projection, states = catalog
+    path = f"/read-models/{projection.name}"
+    for limit, (params, predicate) in zip([7, 25, 500] * 4, CASES, strict=False):
+        wanted = expected_keys(states, predicate, sort)
+        query = {**params, **({"sort": sort} if sort else {})}
+        rows = all_pages(reads, f"{path}/rows", limit, **query)
+        assert [r["key"] for r in rows] == wanted, (query, limit)
+        count = get(reads, f"{path}/count", **params).json()["count"]
+        assert count == len(wanted), params
+
+
+def test_get_by_key_fields_and_freshness(reads, catalog):
+    projection, states = catalog
+    path = f"/read-models/{projection.name}"
+    body = get(reads, f"{path}/rows/p005").json()
+    assert body["row"]["stock"] == states["p005"]["stock"]
+    assert body["row"]["_version"] == 6
+    assert body["freshness"]["projection_version"] == 1
+    assert body["freshness"]["batch_id"] == 1
+    assert body["freshness"]["lag_events"] == 0
+    assert get(reads, f"{path}/rows/gone").status_code == 404
+    page = get(reads, f"{path}/rows", fields="name,price", sort="-stock", limit=3).json()
+    assert all(set(r) == {"key", "name", "price"} for r in page["rows"])
+    assert get(reads, f"{path}/rows", fields="name", sort="-stock", limit=3,
+               cursor=page["next_cursor"]).status_code == 200
+
+
+def test_discovery_and_openapi_describe_each_read_model(reads, catalog):
+    projection, _ = catalog
+    models = {m["name"]: m for m in get(reads, "/read-models").json()}
+    fields = models[projection.name]["fields"]
+    assert fields["price"] == {"type": "decimal", "sortable": True, "filterable": True}
+    assert fields["tags"] == {"type": "json", "sortable": False, "filterable": False}
+    assert fields["rating"]["sortable"] is False
+    openapi = get(reads, "/openapi.json").json()
+    row_path = openapi["paths"][f"/read-models/{projection.name}/rows/{{key}}"]["get"]
+    schema = row_path["responses"]["200"]["content"]["application/json"]["schema"]
+    assert schema["properties"]["row"]["properties"]["listed_at"]["anyOf"][0]["format"] == \
+        "date-time"
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"colour": "red"}, "unknown field 'colour'"),
+    ({"stock.like": "1"}, "unknown operator 'like'"),
+    ({"stock": "many"}, "not a valid integer"),
+    ({"tags": "x"}, "holds JSON"),
+    ({"sort": "rating"}, "not indexed"),
+    ({"sort": "stock,stock"}, "appears twice"),
+    ({"limit": "501"}, "between 1 and 500"),
+    ({"limit": "0"}, "between 1 and 500"),
+    ({"fields": "key,secret"}, "unknown field 'secret'"),
+    ({"stock.prefix": "1"}, "prefix needs a text field"),
+    ({"cursor": "not-a-cursor"}, "cursor"),
+])
+def test_bad_queries_are_400_naming_the_problem(reads, catalog, params, message):
+    response = get(reads, f"/read-models/{catalog[0].name}/rows", **params)
+    assert response.status_code == 400, response.text
+    assert message in response.json()["detail"]
+
+
+def test_a_cursor_only_fits_the_sort_it_was_made_for(reads, catalog):
+    path = f"/read-models/{catalog[0].name}/rows"
+    cursor = get(reads, path, sort="-stock", limit=2).json()["next_cursor"]
+    response = get(reads, path, sort="price", cursor=cursor)
+    assert response.status_code == 400
+    assert "made for sort=-stock,key" in response.json()["detail"]
+
+
+def _cursor(payload) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(payload)).decode()
+
+
+INJECTIONS = [
+    ("name", "x' OR '1'='1", 200),
+    ("name.in", "apple','pear", 200),
+    ("name.prefix", "%", 200),
+    ("key", "p001'; DROP TABLE projection_versions; --", 200),
+    ("name'; DROP TABLE projection_versions; --", "1", 400),
+    ("stock", "1 OR 1=1", 400),
+    ("stock.gte", "0; DELETE FROM projection_checkpoints", 400),
+    ("sort", "name; DROP TABLE projection_versions", 400),
+    ("sort", "(SELECT 1)", 400),
+    ("sort", "name DESC, (CASE WHEN 1=1 THEN key END)", 400),
+    ("fields", "key,(SELECT rolpassword FROM pg_authid)", 400),
+    ("fields", "*", 400),
+    ("cursor", _cursor({"sort": ["key"], "after": ["' OR 1=1 --"]}), 200),
+    ("cursor", _cursor({"sort": ["key; DROP TABLE events"], "after": ["x"]}), 400),
+    ("cursor", _cursor({"sort": ["stock", "key"], "after": ["1) OR (1=1", "x"]}), 400),
+    ("cursor", _cursor({"sort": ["key"], "after": [{"$gt": ""}]}), 400),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "status"), INJECTIONS)
+def test_sql_injection_attempts_are_rejected_or_inert(reads, catalog, stack_settings, name,
+                                                      value, status):
+    projection, states = catalog
+    response = get(reads, f"/read-models/{projection.name}/rows", **{name: value})
+    assert response.status_code == status, response.text
+    if status == 200:
+        assert all(r["key"] in states for r in response.json()["rows"])
+        if name != "cursor":
+            assert response.json()["rows"] == []  # the value matched as a value, literally
+    with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+        assert conn.execute(f'SELECT count(*) FROM "{projection.table}"').fetchone()[0] == 240
+        assert conn.execute("SELECT count(*) FROM projection_versions").fetchone()[0] > 0
+
+
+def test_queries_run_as_a_read_only_role_that_cannot_see_events(catalog, stack_settings):
+    projection, _ = catalog
+    with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
+        conn.execute(f"SET ROLE {READER_ROLE}")
+        conn.execute("SET default_transaction_read_only = on")
+        assert conn.execute(f'SELECT count(*) FROM "{projection.table}"').fetchone()[0] == 240
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM events LIMIT 1")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("SELECT * FROM outbox LIMIT 1")
+        with pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute(f'DELETE FROM "{projection.table}"')  # SELECT is all it was granted
+        with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+            conn.execute("CREATE TEMP TABLE scratch (x int)")
+
+
+def test_read_your_writes_waits_then_answers_504_with_the_current_version(reads, catalog):
+    projection, _ = catalog
+    row = f"/read-models/{projection.name}/rows/p005"
+    assert get(reads, row, min_version=6).json()["row"]["_version"] == 6
+    late = get(reads, row, min_version=9, wait_ms=300)
+    assert late.status_code == 504
+    assert late.json()["current_version"] == 6
+    entry = f"/ktables/{projection.name}/entries/p005"
+    assert get(reads, entry, min_version=6).json()["version"] == 6
+    assert get(reads, entry, min_version=9, wait_ms=300).status_code == 504
+    assert get(reads, row, min_version="x").status_code == 400
+    assert get(reads, row, wait_ms="99999999", min_version=1).status_code == 400
+
+
+def test_ktable_interactive_queries(reads, catalog):
+    projection, states = catalog
+    path = f"/ktables/{projection.name}"
+    body = get(reads, f"{path}/entries/p005").json()
+    assert body["value"]["stock"] == states["p005"]["stock"]
+    assert body["freshness"]["restored"] is True
+    assert get(reads, f"{path}/entries/gone").status_code == 404  # the tombstone deleted it
+    ranged = get(reads, f"{path}/entries", **{"from": "p010", "to": "p019"}).json()
+    assert [e["key"] for e in ranged["entries"]] == [f"p{i:03d}" for i in range(10, 20)]
+    keys, after = [], None
+    while True:
+        page = get(reads, f"{path}/entries", limit=64, **({"after": after} if after else {}))
+        keys += [e["key"] for e in page.json()["entries"]]
+        after = page.json()["next_after"]
+        if after is None:
+            break
+    assert keys == sorted(states)
+    lines = get(reads, f"{path}/entries", format="ndjson").text.splitlines()
+    assert [orjson.loads(line)["key"] for line in lines] == sorted(states)
+    count = get(reads, f"{path}/count").json()
+    assert count["count"] == 240 and count["approximate"] is True
+    assert get(reads, f"{path}/entries", format="xml").status_code == 400
+    assert get(reads, "/ktables/nope/entries/x").status_code == 404
+
+
+def test_two_instances_each_hold_the_full_ktable(reads, catalog, stack_settings):
+    projection, states = catalog
+    other = read_api([projection], stack_settings, "instance-b")
+    try:
+        for server, instance in ((reads, "instance-a"), (other, "instance-b")):
+            meta = get(server, "/ktables").json()
+            assert meta["instance"] == instance
+            (table,) = meta["ktables"]
+            assert table["keys"] == 240 and table["restored"] is True
+            assert table["restore"]["records"] >= 241  # every record, tombstone included
+            assert get(server, f"/ktables/{projection.name}/entries/p100").json()["value"][
+                "stock"] == states["p100"]["stock"]
+    finally:
+        other.stop()
+
+
+def test_a_version_switch_moves_reads_to_the_new_table_and_topic(inventory_app, stack_settings):
+    projection = catalog_projection(uuid.uuid4().hex[:8])
+    materialize(stack_settings, projection, {"a": {"stock": 1}})
+    server = read_api([projection], stack_settings, "switch")
+    try:
+        versions = ProjectionVersions(stack_settings.database_url)
+        assert versions.begin_build(projection.name) == 2
+        materialize(stack_settings, projection, {"a": {"stock": 2}}, version=2)
+        store = ReadModelStore(stack_settings.database_url, projection, 2)
+        with versions.locked(projection.name) as conn:
+            store.publish_view(conn)
+            ProjectionVersions.activate(conn, projection.name, 2, {})
+        store.close()
+        versions.close()
+        row = f"/read-models/{projection.name}/rows/a"
+        assert get(server, row).json()["row"]["stock"] == 2
+        wait_for(lambda: get(server, f"/ktables/{projection.name}/entries/a").json()[
+            "value"]["stock"] == 2, "the KTable served from the v2 topic", 30)
+        meta = get(server, "/ktables").json()["ktables"][0]
+        assert meta["topic"] == projection.ktable_topic_for(2)
+        assert get(server, row).json()["freshness"]["projection_version"] == 2
+    finally:
+        server.stop()
