@@ -69,23 +69,23 @@ def test_commands_reach_read_model_and_ktable_through_the_real_stack(
     query = runner.start()
     try:
         expected: dict[str, int] = {}
+        written: dict[str, int] = {}
         for i in range(24):
             product, quantity = f"{unique}-{i % 3}", i + 1
             response = requests.post(f"{commands.url}/commands/ReceiveStock",
                                      json={"product": product, "quantity": quantity}, timeout=10)
             assert response.status_code == 201, response.text
             expected[product] = expected.get(product, 0) + quantity
+            written[product] = response.json()["version"]
 
-        def read_api_totals() -> dict[str, int]:
-            found = {}
-            for product in expected:
-                r = requests.get(f"{reads.url}/read-models/inventory_totals/rows/{product}",
-                                 timeout=5)
-                if r.status_code == 200:
-                    found[product] = r.json()["row"]["quantity"]
-            return found
-
-        wait_for(lambda: read_api_totals() == expected, "read model totals via the read API")
+        # Read-your-writes: each read waits until the projection applied the version the
+        # command returned, so the very first read already shows the write.
+        for product, version in written.items():
+            r = requests.get(f"{reads.url}/read-models/inventory_totals/rows/{product}",
+                             params={"min_version": version, "wait_ms": 30_000}, timeout=40)
+            assert r.status_code == 200, r.text
+            assert r.json()["row"]["quantity"] == expected[product]
+            assert r.json()["row"]["_version"] == version == 8
         assert read_model_totals(engine, "inventory_totals", unique) == expected
         assert reference_totals(engine, unique) == expected
         wait_for(lambda: ktable_totals(stack_settings, inventory_totals.ktable_topic,
