@@ -2,7 +2,9 @@
 
     POST /commands/ReceiveStock {"product": "apples", "quantity": 5}
     POST /commands/ShipStock    {"product": "apples", "quantity": 2}
-    GET  /read-models/inventory_totals/rows/apples  ->  {"key": "apples", "quantity": 3, ...}
+    GET  /read-models/inventory_totals/rows/apples  ->  {"row": {"key": "apples", "quantity": 3,
+                                                         ...}, "freshness": {...}}
+    GET  /read-models/inventory_totals/rows?quantity.gte=10&sort=-quantity   (indexed: sorts)
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ class ShipStock(Command):
 
 
 @projection("inventory_totals", sources=["Product"], columns={"quantity": BigInteger()},
-            event_types=["StockReceived", "StockShipped"])
+            event_types=["StockReceived", "StockShipped"], indexes=["quantity"])
 def inventory_totals(state: State | None, event: Event) -> State | None:
     """Quantity on hand per product."""
     quantity = (state or {"quantity": 0})["quantity"]

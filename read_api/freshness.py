@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
 import psycopg
@@ -41,6 +42,10 @@ class Freshness:
     checked_at: datetime
 
     def as_json(self) -> dict[str, Any]:
+        return self._json
+
+    @cached_property
+    def _json(self) -> dict[str, Any]:
         return {
             "projection_version": self.version,
             "batch_id": self.batch_id,

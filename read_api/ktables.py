@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -33,10 +33,28 @@ _PROGRESS_EVERY_S = 5.0
 VERSION_HEADER = "eventfold.version"
 
 
-@dataclass(frozen=True, slots=True)
-class KTableEntry:
-    value: Any
-    version: int
+class KTableEntry(NamedTuple):
+    """A key's current value as the record carried it. Decoded when read, not when restored:
+    a restore builds one per record and most are never asked for."""
+
+    raw: bytes
+    headers: list[tuple[str, bytes | None]] | None = None
+
+    @property
+    def value(self) -> Any:
+        try:
+            return orjson.loads(self.raw)
+        except orjson.JSONDecodeError:
+            log.warning("ktable value is not JSON: %r", self.raw[:100])
+            return None
+
+    @property
+    def version(self) -> int:
+        """The version the projection wrote the value at (its ``eventfold.version`` header)."""
+        for name, header in self.headers or ():
+            if name == VERSION_HEADER and header:
+                return int(header)
+        return 0
 
 
 class KTableStore:
@@ -55,6 +73,12 @@ class KTableStore:
 
     def get(self, key: str) -> KTableEntry | None:
         return self._entries.get(key)
+
+    def load(self, entries: dict[str, KTableEntry]) -> None:
+        """Replace everything with ``entries`` (a restore: one bulk sort, not n inserts)."""
+        loaded = SortedDict(entries)
+        with self._lock:
+            self._entries = loaded
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -183,63 +207,72 @@ class KTableView:
     def _follow(self, partitions: list[PartitionKey], restore_end: dict[PartitionKey, int]
                 ) -> None:
         consumer = Consumer(consumer_config(self.bootstrap_servers,
-                                            **{"fetch.max.bytes": 64 * 1024 * 1024}))
+                                            **{"fetch.max.bytes": 64 * 1024 * 1024,
+                                               "max.partition.fetch.bytes": 16 * 1024 * 1024}))
         consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
-        pending = {key for key, end in restore_end.items() if end > 0}
-        if not pending:
-            self._mark_restored()
-        next_report = time.monotonic() + _PROGRESS_EVERY_S
         try:
+            self._restore(consumer, restore_end)
             while not self._stop.is_set():
                 messages = consume_available(consumer, 10_000, wait_s=0.2)
                 for message in messages:
-                    self._handle(message, restore_end, pending)
+                    self._apply_live(message)
                 if messages:
                     self._note_high_watermarks(consumer, partitions)
-                if not self.restored and time.monotonic() >= next_report:
-                    next_report += _PROGRESS_EVERY_S
-                    self._report_progress()
         finally:
             consumer.close()
 
-    def _handle(self, message: Message, restore_end: dict[PartitionKey, int],
-                pending: set[PartitionKey]) -> None:
-        partition = (message.topic(), message.partition())
+    def _restore(self, consumer: Consumer, restore_end: dict[PartitionKey, int]) -> None:
+        """Read every partition up to its restore end into a plain dict (no lock, no ordering:
+        nobody reads it yet), then load the store in one sorted bulk build."""
+        ends = {partition: end for (_, partition), end in restore_end.items()}
+        pending = {partition for partition, end in ends.items() if end > 0}
+        entries: dict[str, KTableEntry | None] = {}
+        entry = self._entry
+        next_report = time.monotonic() + _PROGRESS_EVERY_S
+        while pending and not self._stop.is_set():
+            reached: dict[int, int] = {}
+            records = 0
+            for message in consume_available(consumer, 10_000, wait_s=0.2):
+                error = message.error()
+                if error is None:
+                    key = message.key()
+                    if key is not None:
+                        entries[key.decode()] = entry(message)
+                    records += 1
+                    reached[message.partition()] = message.offset() + 1
+                elif error.code() == KafkaError._PARTITION_EOF:
+                    reached[message.partition()] = message.offset()
+                else:
+                    log.warning("ktable %s: %s", self.topic, error)
+            self._restore_records += records
+            for partition, position in reached.items():
+                self._positions[(self.topic, partition)] = position
+                if position >= ends.get(partition, 0):
+                    pending.discard(partition)
+            if time.monotonic() >= next_report:
+                next_report += _PROGRESS_EVERY_S
+                self._report_progress()
+        self.records_read = self._restore_records
+        self.store.load({k: e for k, e in entries.items() if e is not None})
+        self._mark_restored()
+
+    def _apply_live(self, message: Message) -> None:
         error = message.error()
         if error is not None:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("ktable %s: %s", self.topic, error)
-                return
-            position = message.offset()
-        else:
-            self._apply(message)
-            position = message.offset() + 1
-        self._positions[partition] = position
-        if partition in pending and position >= restore_end[partition]:
-            pending.discard(partition)
-            if not pending:
-                self._mark_restored()
-
-    def _apply(self, message: Message) -> None:
-        self.records_read += 1
-        if not self.restored:
-            self._restore_records += 1
-        key_bytes = message.key()
-        if key_bytes is None:
-            return  # a KTable record without a key has no place in the table
-        value = message.value()
-        if value is None:
-            self.store.put(key_bytes.decode(), None)
             return
-        version = 0
-        for name, header in message.headers() or ():
-            if name == VERSION_HEADER and header is not None:
-                version = int(header)
-        try:
-            self.store.put(key_bytes.decode(), KTableEntry(orjson.loads(value), version))
-        except orjson.JSONDecodeError:
-            log.warning("ktable %s: undecodable value at %s[%d]@%d skipped", self.topic,
-                        message.topic(), message.partition(), message.offset())
+        self.records_read += 1
+        self._positions[(message.topic(), message.partition())] = message.offset() + 1
+        key = message.key()
+        if key is not None:
+            self.store.put(key.decode(), self._entry(message))
+
+    @staticmethod
+    def _entry(message: Message) -> KTableEntry | None:
+        """The record as an entry; None for a tombstone."""
+        value = message.value()
+        return None if value is None else KTableEntry(value, message.headers())
 
     def _note_high_watermarks(self, consumer: Consumer, partitions: list[PartitionKey]) -> None:
         for topic, partition in partitions:

@@ -63,11 +63,11 @@ def create_command_app(
     return app
 
 
-def bearer_auth(api_token: str | None) -> Callable[..., None]:
+def bearer_auth(api_token: str | None) -> Callable[..., Awaitable[None]]:
     """A dependency that requires ``Authorization: Bearer <api_token>`` when one is set."""
     scheme = HTTPBearer(auto_error=False)
 
-    def authorize(
+    async def authorize(  # async: a sync dependency costs a thread hop per request
         credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(scheme)],
     ) -> None:
         if api_token is None:

@@ -76,10 +76,12 @@ def test_limit_and_repeated_parameters():
 def test_ktable_store_ranges_in_key_order():
     store = KTableStore()
     for key in ["b", "d", "a", "c", "e"]:
-        store.put(key, KTableEntry({"k": key}, 1))
+        store.put(key, KTableEntry(b'{"k": 1}', [("eventfold.version", b"3")]))
     store.put("c", None)
     assert [k for k, _ in store.range()] == ["a", "b", "d", "e"]
     assert [k for k, _ in store.range("b", "d")] == ["b", "d"]
     assert [k for k, _ in store.range("a", None, after="b", limit=1)] == ["d"]
     assert [k for k, _ in store.scan(chunk=2)] == ["a", "b", "d", "e"]
     assert len(store) == 4
+    assert store.get("a") == KTableEntry(b'{"k": 1}', [("eventfold.version", b"3")])
+    assert (store.get("a").value, store.get("a").version) == ({"k": 1}, 3)
