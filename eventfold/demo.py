@@ -131,14 +131,23 @@ def _print_totals(url: str, expected: dict[str, int]) -> None:
 
 
 def _show_live_latency(commands_url: str, reads_url: str) -> None:
-    before = _totals(reads_url, {"apples": 0})["apples"]
+    """Read-your-writes: the read waits for the version the command returned."""
     started = time.monotonic()
-    requests.post(f"{commands_url}/commands/ReceiveStock",
-                  json={"product": "apples", "quantity": 10}, timeout=10).raise_for_status()
-    _wait_for(lambda: _totals(reads_url, {"apples": 0}).get("apples") == before + 10,
-              "live update", 60)
-    say(f"live: ReceiveStock apples +10 visible in the read model after "
-        f"{(time.monotonic() - started) * 1000:.0f} ms (apples now {before + 10})")
+    response = requests.post(f"{commands_url}/commands/ReceiveStock",
+                             json={"product": "apples", "quantity": 10}, timeout=10)
+    response.raise_for_status()
+    version = response.json()["version"]
+    read = requests.get(f"{reads_url}/read-models/inventory_totals/rows/apples",
+                        params={"min_version": version, "wait_ms": 30_000}, timeout=40)
+    read.raise_for_status()
+    say(f"live: ReceiveStock apples +10 -> version {version}; GET ...?min_version={version} "
+        f"answered after {(time.monotonic() - started) * 1000:.0f} ms with apples = "
+        f"{read.json()['row']['quantity']} (lag {read.json()['freshness']['lag_events']})")
+    page = requests.get(f"{reads_url}/read-models/inventory_totals/rows",
+                        params={"quantity.gte": 1, "sort": "-quantity", "fields": "quantity",
+                                "limit": 2}, timeout=10).json()
+    say("top 2 by quantity (?quantity.gte=1&sort=-quantity&limit=2): "
+        + ", ".join(f"{r['key']} {r['quantity']}" for r in page["rows"]))
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float) -> None:

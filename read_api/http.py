@@ -18,6 +18,7 @@ current version. The query grammar is in ``read_api.query``.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import socket
@@ -141,6 +142,9 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         monitor.on_version(follow_version)
         monitor.start()
         await asyncio.to_thread(monitor.wait_first_poll, 10)
+        # Everything built so far lives as long as the process: keep the cyclic collector
+        # from walking it again and again while a restore allocates (and during requests).
+        gc.freeze()
         for p in stateful:
             version = monitor.active_version(p.name) or 1
             hosts[p.name] = KTableHost(options.bootstrap_servers, p.ktable_topic_for(version),
