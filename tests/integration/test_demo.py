@@ -28,5 +28,6 @@ def test_demo_prints_totals_that_match_in_read_model_and_ktable(tmp_path) -> Non
         "apples": ["14", "14", "14"], "pears": ["7", "7", "7"], "plums": ["11", "11", "11"]}
     assert "rejected (malformed JSON): 422" in output
     assert "rejected (stale expected_version): 409" in output
-    assert "visible in the read model after" in output
+    assert "min_version=" in output and "answered after" in output  # read-your-writes
+    assert "top 2 by quantity" in output
     assert not (tmp_path / "demo" / "stack.json").exists(), "the demo must stop its stack"
