@@ -102,7 +102,7 @@ class Eventfold:
         app = create_command_app(self.command_bus(settings), title=f"{self.name} commands",
                                  api_token=settings.api_token or None,
                                  max_body_bytes=settings.max_body_bytes)
-        return _with_request_log(app, settings)
+        return app
 
     def read_api(self, settings: Settings) -> FastAPI:
         """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
