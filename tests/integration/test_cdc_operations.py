@@ -122,7 +122,11 @@ def test_validate_reports_each_error_against_its_key(cdc) -> None:
 
 
 def test_status_shows_tasks_and_retained_wal(cdc) -> None:
+    deadline = time.monotonic() + 30  # Connect reassigns the connector after an update
     status = cdc.operations.status()
+    while not status.running and time.monotonic() < deadline:
+        time.sleep(0.5)
+        status = cdc.operations.status()
     assert status.running
     assert status.slot is not None and status.slot.name == "cdc_outbox"
     assert status.slot.retained_wal_bytes >= 0
