@@ -23,6 +23,7 @@ from outbox.kafka import OffsetPlanner, flatten_offsets
 from projections import Projection
 from projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
 from projections.sinks import libpq_url
+from read_api.read_models import reader_session
 
 log = logging.getLogger(__name__)
 
@@ -58,18 +59,11 @@ class Freshness:
 NEVER_RAN = Freshness(None, None, None, {}, None, datetime.fromtimestamp(0, UTC))
 
 
-def connect_as_reader(database_url: str, role: str, *, autocommit: bool = True
-                      ) -> psycopg.Connection:
-    conn = psycopg.connect(libpq_url(database_url), autocommit=autocommit)
-    apply_reader_session(conn, role)
+def connect_as_reader(database_url: str, role: str) -> psycopg.Connection:
+    conn = psycopg.connect(libpq_url(database_url), autocommit=True)
+    for statement in reader_session(role):
+        conn.execute(statement)
     return conn
-
-
-def apply_reader_session(conn: psycopg.Connection, role: str) -> None:
-    """Read-only transactions, as ``role`` when one is given (the login may be that role)."""
-    if role:
-        conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-    conn.execute("SET default_transaction_read_only = on")
 
 
 class FreshnessMonitor:

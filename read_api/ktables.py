@@ -134,7 +134,6 @@ class KTableView:
         self.bootstrap_servers = bootstrap_servers
         self.topic = topic
         self.store = KTableStore()
-        self.records_read = 0
         self._restore_total = 0
         self._restore_records = 0
         self._started_at = 0.0
@@ -158,9 +157,6 @@ class KTableView:
     @property
     def restored(self) -> bool:
         return self._restored.is_set()
-
-    def wait_restored(self, timeout_s: float) -> bool:
-        return self._restored.wait(timeout_s)
 
     def get(self, key: str) -> KTableEntry | None:
         return self.store.get(key)
@@ -252,7 +248,6 @@ class KTableView:
             if time.monotonic() >= next_report:
                 next_report += _PROGRESS_EVERY_S
                 self._report_progress()
-        self.records_read = self._restore_records
         self.store.load({k: e for k, e in entries.items() if e is not None})
         self._mark_restored()
 
@@ -262,7 +257,6 @@ class KTableView:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("ktable %s: %s", self.topic, error)
             return
-        self.records_read += 1
         self._positions[(message.topic(), message.partition())] = message.offset() + 1
         key = message.key()
         if key is not None:

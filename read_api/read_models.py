@@ -19,14 +19,22 @@ from read_api.query import Filter, ListQuery, count_query, encode_cursor, get_qu
 from read_api.schema import ReadModelSchema
 
 
+def reader_session(role: str) -> list[sql.Composable]:
+    """What makes a session a reader's: read-only transactions, as ``role`` when one is given
+    (the login may already be that role)."""
+    statements: list[sql.Composable] = [sql.SQL("SET default_transaction_read_only = on")]
+    if role:
+        statements.insert(0, sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+    return statements
+
+
 def reader_pool(database_url: str, role: str, size: int) -> AsyncConnectionPool:
     """An unopened pool (open it inside the event loop) of read-only reader sessions."""
 
     async def configure(conn: AsyncConnection) -> None:
         await conn.set_autocommit(True)
-        if role:
-            await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
-        await conn.execute("SET default_transaction_read_only = on")
+        for statement in reader_session(role):
+            await conn.execute(statement)
 
     return AsyncConnectionPool(libpq_url(database_url), min_size=min(2, size), max_size=size,
                                configure=configure, open=False,
