@@ -38,7 +38,15 @@ from projections.replay import ReplayResult, replay
 from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import ensure_projection_topics
 from read_api import ReadApiOptions, create_read_app
-from write_model import CommandBus, CommandRegistry, EventStore, Repository
+from write_model import (
+    AsyncCommandBus,
+    AsyncEventStore,
+    AsyncRepository,
+    CommandBus,
+    CommandRegistry,
+    EventStore,
+    Repository,
+)
 from write_model.http import bearer_auth, create_command_app
 
 if TYPE_CHECKING:
@@ -98,8 +106,13 @@ class Eventfold:
     def command_bus(self, settings: Settings) -> CommandBus:
         return CommandBus(Repository(self.event_store(settings)), self.commands)
 
+    def async_command_bus(self, settings: Settings) -> AsyncCommandBus:
+        """The bus for asyncio code; its store opens with ``async with bus.repository.store``."""
+        store = AsyncEventStore.from_url(settings.database_url)
+        return AsyncCommandBus(AsyncRepository(store), self.commands)
+
     def command_api(self, settings: Settings) -> FastAPI:
-        app = create_command_app(self.command_bus(settings), title=f"{self.name} commands",
+        app = create_command_app(self.async_command_bus(settings), title=f"{self.name} commands",
                                  api_token=settings.api_token or None,
                                  max_body_bytes=settings.max_body_bytes)
         return app

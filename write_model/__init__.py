@@ -10,9 +10,16 @@ the reverse.
 """
 
 from write_model.aggregate import Aggregate, DomainError
-from write_model.commands import Command, CommandBus, CommandRegistry, CommandResult
+from write_model.async_store import AsyncEventStore
+from write_model.commands import (
+    AsyncCommandBus,
+    Command,
+    CommandBus,
+    CommandRegistry,
+    CommandResult,
+)
 from write_model.events import DomainEvent, EventRegistry, RecordedEvent, default_registry
-from write_model.repository import Repository
+from write_model.repository import AsyncRepository, Repository
 from write_model.store import (
     AppendResult,
     ConcurrencyError,
@@ -25,6 +32,9 @@ from write_model.store import (
 __all__ = [
     "Aggregate",
     "AppendResult",
+    "AsyncCommandBus",
+    "AsyncEventStore",
+    "AsyncRepository",
     "Command",
     "CommandBus",
     "CommandRegistry",

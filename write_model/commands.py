@@ -6,17 +6,18 @@ and appends nothing, also when the first attempt committed but its response was 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from write_model.aggregate import Aggregate
-from write_model.repository import Repository
+from write_model.repository import AggregateCache, AsyncRepository, Repository
 from write_model.store import AppendResult, ConcurrencyError, DuplicateCommand, StreamNotFound
 
 A = TypeVar("A", bound=Aggregate)
@@ -108,29 +109,57 @@ class CommandRegistry:
         return sorted({spec.aggregate.stream_type for spec in self._handlers.values()})
 
 
-class CommandBus:
-    """Executes commands against the event store: the Python API of the write side."""
+@dataclass(frozen=True)
+class _FindResult:
+    command_id: uuid.UUID
+
+
+@dataclass(frozen=True)
+class _Load:
+    aggregate_class: type[Aggregate]
+    stream_id: str
+
+
+@dataclass(frozen=True)
+class _Save:
+    aggregate: Aggregate
+    metadata: dict[str, Any]
+    command_id: uuid.UUID | None
+
+
+@dataclass(frozen=True)
+class _Pause:
+    seconds: float
+
+
+_Request = _FindResult | _Load | _Save | _Pause
+_Steps = Generator[_Request, Any, CommandResult]
+
+
+class _Execution:
+    """How a command executes, free of I/O: a generator that yields what it needs done
+    (find an earlier result, load, save, pause) and is sent the answer, or has the error
+    thrown in. ``CommandBus`` performs the requests with blocking calls, ``AsyncCommandBus``
+    with awaits, so both follow exactly the same rules."""
 
     MAX_ATTEMPTS = 20
 
-    def __init__(self, repository: Repository, registry: CommandRegistry) -> None:
-        self.repository = repository
+    def __init__(self, registry: CommandRegistry, cache: AggregateCache) -> None:
         self.registry = registry
+        self.cache = cache
 
-    def execute(self, command: Command, metadata: Mapping[str, Any] | None = None,
-                correlation_id: str | None = None) -> CommandResult:
-        """Run ``command``; events carry ``metadata`` plus correlation and causation ids (the
-        causation id is the command id, the correlation id defaults to it)."""
+    def steps(self, command: Command, metadata: Mapping[str, Any] | None,
+              correlation_id: str | None) -> _Steps:
         spec = self.registry.get(command.command_name)
         if command.command_id is not None:
-            earlier = self.repository.store.command_result(command.command_id)
+            earlier = yield _FindResult(command.command_id)
             if earlier is not None:
                 return CommandResult.of(earlier, replayed=True)
         event_metadata = _event_metadata(command, metadata, correlation_id)
         use_cache = True
         for attempt in range(1, self.MAX_ATTEMPTS + 1):
             try:
-                return self._attempt(spec, command, event_metadata, use_cache)
+                return (yield from self._attempt(spec, command, event_metadata, use_cache))
             except DuplicateCommand as duplicate:
                 return CommandResult.of(duplicate.result, replayed=True)
             except _CachedAggregateRejected:
@@ -140,14 +169,14 @@ class CommandBus:
                     raise
                 use_cache = False
                 # Jitter, so that writers that collided do not collide again in lockstep.
-                time.sleep(random.uniform(0, 0.002 * attempt))
+                yield _Pause(random.uniform(0, 0.002 * attempt))
         raise AssertionError("unreachable")
 
     def _attempt(self, spec: HandlerSpec[Any, Any], command: Command,
-                 metadata: dict[str, Any], use_cache: bool) -> CommandResult:
+                 metadata: dict[str, Any], use_cache: bool) -> _Steps:
         stream_id = command.stream_id()
-        cached = self.repository.cache.take(spec.aggregate, stream_id) if use_cache else None
-        aggregate = cached or self.repository.load(spec.aggregate, stream_id)
+        cached = self.cache.take(spec.aggregate, stream_id) if use_cache else None
+        aggregate = cached or (yield _Load(spec.aggregate, stream_id))
         try:
             self._decide(spec, command, aggregate)
         except Exception:
@@ -156,16 +185,16 @@ class CommandBus:
                 raise _CachedAggregateRejected from None
             raise
         if not aggregate.pending_events:
-            self.repository.cache.put(aggregate)
+            self.cache.put(aggregate)
             return CommandResult(stream_id=aggregate.id, version=aggregate.version,
                                  event_ids=[], global_positions=[])
         try:
-            result = self.repository.save(aggregate, metadata, command.command_id)
+            result = yield _Save(aggregate, metadata, command.command_id)
         except ConcurrencyError:
             if cached is not None and command.expected_version is not None:
                 raise _CachedAggregateRejected from None
             raise
-        self.repository.cache.put(aggregate)  # only after a successful save
+        self.cache.put(aggregate)  # only after a successful save
         return CommandResult.of(result)
 
     @staticmethod
@@ -177,9 +206,89 @@ class CommandBus:
             raise ConcurrencyError(aggregate.id, expected, aggregate.version)
         spec.handle(aggregate, command)
 
+
+class CommandBus:
+    """Executes commands against the event store: the Python API of the write side."""
+
+    def __init__(self, repository: Repository, registry: CommandRegistry) -> None:
+        self.repository = repository
+        self.registry = registry
+        self._execution = _Execution(registry, repository.cache)
+
+    def execute(self, command: Command, metadata: Mapping[str, Any] | None = None,
+                correlation_id: str | None = None) -> CommandResult:
+        """Run ``command``; events carry ``metadata`` plus correlation and causation ids (the
+        causation id is the command id, the correlation id defaults to it)."""
+        steps = self._execution.steps(command, metadata, correlation_id)
+        answer: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                request = steps.throw(error) if error else steps.send(answer)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+            answer, error = None, None
+            try:
+                answer = self._perform(request)
+            except Exception as exc:
+                error = exc
+
+    def _perform(self, request: _Request) -> Any:
+        match request:
+            case _FindResult(command_id):
+                return self.repository.store.command_result(command_id)
+            case _Load(aggregate_class, stream_id):
+                return self.repository.load(aggregate_class, stream_id)
+            case _Save(aggregate, metadata, command_id):
+                return self.repository.save(aggregate, metadata, command_id)
+            case _Pause(seconds):
+                time.sleep(seconds)
+        return None
+
     def load(self, aggregate_class: type[A], stream_id: str) -> A:
         """The aggregate as stored now (never from the cache)."""
         return self.repository.load(aggregate_class, stream_id)
+
+
+class AsyncCommandBus:
+    """``CommandBus`` for asyncio services (the HTTP command API runs on it): concurrent
+    commands share transactions through the store's group commit, with no thread hop."""
+
+    def __init__(self, repository: AsyncRepository, registry: CommandRegistry) -> None:
+        self.repository = repository
+        self.registry = registry
+        self._execution = _Execution(registry, repository.cache)
+
+    async def execute(self, command: Command, metadata: Mapping[str, Any] | None = None,
+                      correlation_id: str | None = None) -> CommandResult:
+        steps = self._execution.steps(command, metadata, correlation_id)
+        answer: Any = None
+        error: Exception | None = None
+        while True:
+            try:
+                request = steps.throw(error) if error else steps.send(answer)
+            except StopIteration as finished:
+                return finished.value  # type: ignore[no-any-return]
+            answer, error = None, None
+            try:
+                answer = await self._perform(request)
+            except Exception as exc:
+                error = exc
+
+    async def _perform(self, request: _Request) -> Any:
+        match request:
+            case _FindResult(command_id):
+                return await self.repository.store.command_result(command_id)
+            case _Load(aggregate_class, stream_id):
+                return await self.repository.load(aggregate_class, stream_id)
+            case _Save(aggregate, metadata, command_id):
+                return await self.repository.save(aggregate, metadata, command_id)
+            case _Pause(seconds):
+                await asyncio.sleep(seconds)
+        return None
+
+    async def load(self, aggregate_class: type[A], stream_id: str) -> A:
+        return await self.repository.load(aggregate_class, stream_id)
 
 
 class _CachedAggregateRejected(Exception):

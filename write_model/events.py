@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Self
 
+from write_model.ids import uuid7
+
 EventData = dict[str, Any]
 Upcaster = Callable[[EventData], EventData]
 
@@ -110,7 +112,7 @@ class NewEvent:
     event_type: str
     data: EventData
     metadata: dict[str, Any] = field(default_factory=dict)
-    event_id: uuid.UUID = field(default_factory=uuid.uuid4)
+    event_id: uuid.UUID = field(default_factory=uuid7)
     schema_version: int = 1
 
     @classmethod

@@ -12,7 +12,8 @@ import json
 import logging
 import secrets
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
@@ -22,7 +23,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from write_model.aggregate import DomainError
-from write_model.commands import Command, CommandBus, CommandResult, HandlerSpec
+from write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
 from write_model.store import ConcurrencyError, StoreUnavailable, StreamNotFound
 
 log = logging.getLogger(__name__)
@@ -31,10 +32,18 @@ DEFAULT_MAX_BODY_BYTES = 1024 * 1024
 
 
 def create_command_app(
-    bus: CommandBus, title: str = "Eventfold command API", api_token: str | None = None,
+    bus: AsyncCommandBus, title: str = "Eventfold command API", api_token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
-    app = FastAPI(title=title)
+    """The app opens the bus's event store on startup and closes it on shutdown. Commands
+    run on the event loop; concurrent ones share transactions (group commit)."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with bus.repository.store:
+            yield
+
+    app = FastAPI(title=title, lifespan=lifespan)
     authorize = bearer_auth(api_token)
     for spec in bus.registry:
         _add_command_route(app, bus, spec, authorize)
@@ -53,9 +62,8 @@ def create_command_app(
         return {"status": "ok"}
 
     @app.get("/ready")
-    def ready() -> dict[str, str]:
-        with bus.repository.store.connection() as conn:
-            conn.execute("SELECT 1")
+    async def ready() -> dict[str, str]:
+        await bus.repository.store.ping()
         return {"status": "ready"}
 
     add_error_handlers(app)
@@ -80,11 +88,11 @@ def bearer_auth(api_token: str | None) -> Callable[..., Awaitable[None]]:
     return authorize
 
 
-def _add_command_route(app: FastAPI, bus: CommandBus, spec: HandlerSpec[Any, Any],
-                       authorize: Callable[..., None]) -> None:
+def _add_command_route(app: FastAPI, bus: AsyncCommandBus, spec: HandlerSpec[Any, Any],
+                       authorize: Callable[..., Awaitable[None]]) -> None:
     command_model: type[Command] = spec.command
 
-    def execute(
+    async def execute(
         command: command_model,  # type: ignore[valid-type]
         idempotency_key: Annotated[uuid.UUID | None, Header(
             description="Same as command_id in the body.")] = None,
@@ -94,8 +102,8 @@ def _add_command_route(app: FastAPI, bus: CommandBus, spec: HandlerSpec[Any, Any
     ) -> Response:
         if idempotency_key is not None and command.command_id is None:
             command = command.model_copy(update={"command_id": idempotency_key})
-        result = bus.execute(command, metadata=_parse_metadata(x_metadata),
-                             correlation_id=x_correlation_id)
+        result = await bus.execute(command, metadata=_parse_metadata(x_metadata),
+                                   correlation_id=x_correlation_id)
         # Serialized once here: FastAPI would otherwise validate the model a second time.
         return Response(result.model_dump_json(),
                         status_code=201 if result.event_ids and not result.replayed else 200,

@@ -11,12 +11,15 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from write_model.aggregate import Aggregate
 from write_model.events import EventRegistry, NewEvent, default_registry
-from write_model.store import AppendResult, EventStore
+from write_model.store import AppendResult, EventStore, Snapshot, StoredEvent
+
+if TYPE_CHECKING:
+    from write_model.async_store import AsyncEventStore
 
 A = TypeVar("A", bound=Aggregate)
 
@@ -53,30 +56,73 @@ class Repository:
 
     def load(self, aggregate_class: type[A], stream_id: str) -> A:
         """The aggregate as stored now (version 0 if the stream has no events)."""
-        snapshot_of = ((aggregate_class.stream_type, aggregate_class.state_version)
-                       if aggregate_class.snapshot_every else None)
-        snapshot, stored = self.store.load(stream_id, snapshot_of=snapshot_of)
-        if snapshot is not None:
-            aggregate = aggregate_class.from_snapshot(stream_id, snapshot.stream_version,
-                                                      snapshot.state)
-        else:
-            aggregate = aggregate_class(stream_id)
-        aggregate.apply_all(
-            self.registry.decode(e.event_type, e.data, e.schema_version) for e in stored)
-        return aggregate
+        snapshot, stored = self.store.load(stream_id, snapshot_of=snapshot_of(aggregate_class))
+        return rehydrate(self.registry, aggregate_class, stream_id, snapshot, stored)
 
     def save(self, aggregate: Aggregate, metadata: Mapping[str, Any] | None = None,
              command_id: uuid.UUID | None = None) -> AppendResult:
         """Append the pending events, expecting the version the aggregate was loaded at."""
-        result = self.store.append(
-            aggregate.stream_type, aggregate.id, aggregate.loaded_version,
-            [NewEvent.of(event, metadata) for event in aggregate.pending_events],
-            command_id=command_id,
-        )
-        snapshot_due = aggregate.snapshot_due()
-        aggregate.mark_saved()
-        if snapshot_due:
-            self.store.save_snapshot(aggregate.id, aggregate.stream_type,
-                                     aggregate.state_version, aggregate.version,
-                                     aggregate.snapshot_state())
+        result = self.store.append(*pending_append(aggregate, metadata), command_id=command_id)
+        if mark_saved(aggregate):
+            self.store.save_snapshot(*snapshot_row(aggregate))
         return result
+
+
+class AsyncRepository:
+    """``Repository`` over an ``AsyncEventStore``."""
+
+    def __init__(self, store: AsyncEventStore, registry: EventRegistry = default_registry,
+                 cache_size: int = 10_000) -> None:
+        self.store = store
+        self.registry = registry
+        self.cache = AggregateCache(cache_size)
+
+    async def load(self, aggregate_class: type[A], stream_id: str) -> A:
+        snapshot, stored = await self.store.load(stream_id,
+                                                 snapshot_of=snapshot_of(aggregate_class))
+        return rehydrate(self.registry, aggregate_class, stream_id, snapshot, stored)
+
+    async def save(self, aggregate: Aggregate, metadata: Mapping[str, Any] | None = None,
+                   command_id: uuid.UUID | None = None) -> AppendResult:
+        result = await self.store.append(*pending_append(aggregate, metadata),
+                                         command_id=command_id)
+        if mark_saved(aggregate):
+            await self.store.save_snapshot(*snapshot_row(aggregate))
+        return result
+
+
+def snapshot_of(aggregate_class: type[Aggregate]) -> tuple[str, int] | None:
+    """What a snapshot must match to be used: the aggregate type and its state version."""
+    if not aggregate_class.snapshot_every:
+        return None
+    return aggregate_class.stream_type, aggregate_class.state_version
+
+
+def rehydrate(registry: EventRegistry, aggregate_class: type[A], stream_id: str,
+              snapshot: Snapshot | None, stored: Sequence[StoredEvent]) -> A:
+    if snapshot is not None:
+        aggregate = aggregate_class.from_snapshot(stream_id, snapshot.stream_version,
+                                                  snapshot.state)
+    else:
+        aggregate = aggregate_class(stream_id)
+    aggregate.apply_all(registry.decode(e.event_type, e.data, e.schema_version) for e in stored)
+    return aggregate
+
+
+def pending_append(aggregate: Aggregate, metadata: Mapping[str, Any] | None,
+                   ) -> tuple[str, str, int, list[NewEvent]]:
+    """(stream type, stream id, expected version, events) of the aggregate's pending events."""
+    return (aggregate.stream_type, aggregate.id, aggregate.loaded_version,
+            [NewEvent.of(event, metadata) for event in aggregate.pending_events])
+
+
+def mark_saved(aggregate: Aggregate) -> bool:
+    """Clear the pending events; True when a snapshot is due."""
+    snapshot_due = aggregate.snapshot_due()
+    aggregate.mark_saved()
+    return snapshot_due
+
+
+def snapshot_row(aggregate: Aggregate) -> tuple[str, str, int, int, dict[str, Any]]:
+    return (aggregate.id, aggregate.stream_type, aggregate.state_version, aggregate.version,
+            aggregate.snapshot_state())

@@ -1,9 +1,13 @@
 """The Postgres event store: atomic appends with optimistic concurrency, and reads.
 
-An append is one call of the ``eventfold_append`` function (migration 0002) in autocommit
-mode: one round trip, one transaction. It checks the expected version, inserts the events and
-their outbox rows, deletes the outbox rows (Debezium reads the inserts from the WAL, so the
-table stays empty) and records the command's result for idempotent retries.
+Appends are group-committed: appends that arrive together from several threads go to the
+database as one call of ``eventfold_append_units`` (migration 0006) in autocommit mode, one
+round trip and one transaction for all of them. Each append is still checked on its own: its
+expected version, its command id (a retry gets the first result). The function inserts the
+events and their outbox rows, deletes the outbox rows (Debezium reads the inserts from the
+WAL, so the table stays empty) and records each command's result. If the call fails as a
+whole (another process won a race on a stream), each append is retried alone, so one
+append's error is never another's.
 """
 
 from __future__ import annotations
@@ -15,13 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import psycopg
 from psycopg import errors
 from sqlalchemy import Engine, create_engine
 
 from write_model.events import NewEvent, RecordedEvent
-
-CONFLICT_SQLSTATE = "EF409"
+from write_model.group_commit import GroupCommit
 
 
 class ConcurrencyError(Exception):
@@ -80,6 +84,36 @@ class StreamAppend:
 
 
 @dataclass(frozen=True)
+class UnitOfWork:
+    """What one command appends: one or more streams, all or nothing."""
+
+    parts: tuple[StreamAppend, ...]
+    command_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, appends: Sequence[StreamAppend], command_id: uuid.UUID | None) -> UnitOfWork:
+        if len({a.stream_id for a in appends}) != len(appends):
+            raise ValueError("a unit of work appends to each stream at most once")
+        return cls(tuple(appends), command_id)
+
+    def keys(self) -> list[object]:
+        """What two appends committed together must not share."""
+        streams: list[object] = [part.stream_id for part in self.parts]
+        return streams if self.command_id is None else [*streams, self.command_id]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"c": self.command_id, "p": [
+            {"t": part.stream_type, "s": part.stream_id, "e": part.expected_version,
+             "v": [{"i": e.event_id, "y": e.event_type, "sv": e.schema_version, "d": e.data,
+                    "m": e.metadata} for e in part.events]}
+            for part in self.parts]}
+
+
+UnitOutcome = list[AppendResult] | Exception
+RACE_RETRIES = 3
+
+
+@dataclass(frozen=True)
 class StoredEvent:
     """The minimum needed to rebuild an aggregate: version, type, schema version, data."""
 
@@ -102,8 +136,8 @@ class EventPage:
     """Pass back to ``read_all`` for the next page; opaque (transaction id and position)."""
 
 
-_APPEND = "SELECT eventfold_append(%s, %s, %s, %s::jsonb, %s)"
-_LOAD = ("SELECT stream_version, event_type, schema_version, data FROM events "
+APPEND_UNITS = "SELECT eventfold_append_units(%s::jsonb)"
+LOAD_EVENTS = ("SELECT stream_version, event_type, schema_version, data FROM events "
          "WHERE stream_id = %s AND stream_version > %s ORDER BY stream_version")
 _RECORDED_COLUMNS = ("event_id, stream_id, stream_type, stream_version, global_position, "
                      "event_type, schema_version, data, metadata, recorded_at")
@@ -116,10 +150,10 @@ _READ_ALL = (f"SELECT tx_id::text::bigint, {_RECORDED_COLUMNS} FROM events "
              "AND tx_id < pg_snapshot_xmin(pg_current_snapshot()) "
              "ORDER BY tx_id, global_position LIMIT %s")
 _CURRENT_VERSION = "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = %s"
-_COMMAND_RESULT = "SELECT result FROM command_log WHERE command_id = %s"
-_LOAD_SNAPSHOT = ("SELECT stream_version, state FROM snapshots "
+COMMAND_RESULT = "SELECT result FROM command_log WHERE command_id = %s"
+LOAD_SNAPSHOT = ("SELECT stream_version, state FROM snapshots "
                   "WHERE stream_id = %s AND aggregate_type = %s AND schema_version = %s")
-_SAVE_SNAPSHOT = """
+SAVE_SNAPSHOT = """
 INSERT INTO snapshots (stream_id, aggregate_type, schema_version, stream_version, state)
 VALUES (%s, %s, %s, %s, %s::jsonb)
 ON CONFLICT (stream_id) DO UPDATE SET
@@ -131,16 +165,25 @@ WHERE snapshots.stream_version < excluded.stream_version
 
 
 class EventStore:
-    """Append-only event storage on Postgres with optimistic concurrency."""
+    """Append-only event storage on Postgres with optimistic concurrency.
 
-    def __init__(self, engine: Engine) -> None:
+    Thread-safe. ``max_batch`` bounds the appends one transaction carries and
+    ``concurrent_commits`` how many such transactions run at once.
+    """
+
+    def __init__(self, engine: Engine, max_batch: int = 256, concurrent_commits: int = 2) -> None:
         self.engine = engine
+        self._group: GroupCommit[UnitOfWork, list[AppendResult]] = GroupCommit(
+            self._commit_units, UnitOfWork.keys, max_batch=max_batch,
+            max_concurrent=concurrent_commits)
 
     @classmethod
-    def from_url(cls, database_url: str, pool_size: int = 10) -> EventStore:
+    def from_url(cls, database_url: str, pool_size: int = 10, max_batch: int = 256,
+                 concurrent_commits: int = 2) -> EventStore:
         # Autocommit: an append is one function call, so one statement is one transaction.
-        return cls(create_engine(database_url, pool_size=pool_size, max_overflow=pool_size,
-                                 isolation_level="AUTOCOMMIT"))
+        engine = create_engine(database_url, pool_size=pool_size, max_overflow=pool_size,
+                               isolation_level="AUTOCOMMIT")
+        return cls(engine, max_batch, min(concurrent_commits, pool_size))
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Any]]:
@@ -149,13 +192,13 @@ class EventStore:
             pooled = self.engine.raw_connection()
         except Exception as exc:
             if _is_unavailable(exc):
-                raise StoreUnavailable(f"database unavailable: {_first_line(exc)}") from exc
+                raise StoreUnavailable(f"database unavailable: {first_line(exc)}") from exc
             raise
         try:
             yield pooled.driver_connection
         except psycopg.OperationalError as exc:
             pooled.invalidate()
-            raise StoreUnavailable(f"database unavailable: {_first_line(exc)}") from exc
+            raise StoreUnavailable(f"database unavailable: {first_line(exc)}") from exc
         finally:
             pooled.close()
 
@@ -168,65 +211,54 @@ class EventStore:
         DuplicateCommand (with the first result) if ``command_id`` was executed before."""
         if not events:
             return AppendResult(stream_id, expected_version, [], [])
-        with self.connection() as conn:
-            return self._append_on(conn, StreamAppend(stream_type, stream_id, expected_version,
-                                                      events), command_id)
+        part = StreamAppend(stream_type, stream_id, expected_version, events)
+        return self._group.submit(UnitOfWork((part,), command_id))[0]
 
     def append_many(self, appends: Sequence[StreamAppend],
                     command_id: uuid.UUID | None = None) -> list[AppendResult]:
         """Append to several streams in one transaction: all of them or none."""
-        with self.connection() as conn, conn.transaction():
-            return [self._append_on(conn, append, command_id if i == 0 else None)
-                    for i, append in enumerate(appends)]
+        return self._group.submit(UnitOfWork.of(appends, command_id))
 
-    def _append_on(self, conn: psycopg.Connection[Any], append: StreamAppend,
-                   command_id: uuid.UUID | None) -> AppendResult:
-        payload = json.dumps([
-            {"event_id": str(e.event_id), "stream_version": append.expected_version + i,
-             "event_type": e.event_type, "schema_version": e.schema_version, "data": e.data,
-             "metadata": e.metadata}
-            for i, e in enumerate(append.events, start=1)
-        ])
-        try:
-            row = conn.execute(_APPEND, (append.stream_type, append.stream_id,
-                                         append.expected_version, payload, command_id)).fetchone()
-        except errors.UniqueViolation as exc:
-            constraint = exc.diag.constraint_name
-            if constraint == "command_log_pkey" and command_id is not None:
-                raise DuplicateCommand(command_id, self._command_result(command_id)) from None
-            if constraint == "events_stream_id_stream_version_key":
-                raise ConcurrencyError(append.stream_id, append.expected_version,
-                                       self.current_version(append.stream_id)) from None
-            raise
-        except psycopg.Error as exc:
-            if exc.sqlstate == CONFLICT_SQLSTATE:
-                raise ConcurrencyError(append.stream_id, append.expected_version,
-                                       int(exc.diag.message_detail or 0)) from None
-            raise
-        assert row is not None
-        return AppendResult.from_json(row[0])
+    def _commit_units(self, units: Sequence[UnitOfWork]) -> list[UnitOutcome]:
+        with self.connection() as conn:
+            try:
+                return _append_units(conn, units)
+            except psycopg.OperationalError:
+                raise
+            except psycopg.Error:
+                pass  # one bad unit, or a race with another process, failed them all
+            return [self._commit_alone(conn, unit) for unit in units]
+
+    @staticmethod
+    def _commit_alone(conn: psycopg.Connection[Any], unit: UnitOfWork) -> UnitOutcome:
+        error: psycopg.Error | None = None
+        for _ in range(RACE_RETRIES):
+            try:
+                return _append_units(conn, [unit])[0]
+            except psycopg.OperationalError:
+                raise
+            except errors.UniqueViolation as exc:
+                error = exc  # another process won: checked again, it is a refusal
+            except psycopg.Error as exc:
+                return exc
+        assert error is not None
+        return error
 
     def save_snapshot(self, stream_id: str, aggregate_type: str, schema_version: int,
                       stream_version: int, state: dict[str, Any]) -> None:
         with self.connection() as conn:
-            conn.execute(_SAVE_SNAPSHOT, (stream_id, aggregate_type, schema_version,
+            conn.execute(SAVE_SNAPSHOT, (stream_id, aggregate_type, schema_version,
                                           stream_version, json.dumps(state)))
 
     # -- reading ----------------------------------------------------------------------------
     def current_version(self, stream_id: str) -> int:
         with self.connection() as conn:
-            row = conn.execute(_CURRENT_VERSION, (stream_id,)).fetchone()
-        return int(row[0]) if row else 0
+            return _current_version(conn, stream_id)
 
     def command_result(self, command_id: uuid.UUID) -> AppendResult | None:
         with self.connection() as conn:
-            row = conn.execute(_COMMAND_RESULT, (command_id,)).fetchone()
+            row = conn.execute(COMMAND_RESULT, (command_id,)).fetchone()
         return AppendResult.from_json(row[0]) if row else None
-
-    def _command_result(self, command_id: uuid.UUID) -> AppendResult:
-        result = self.command_result(command_id)
-        assert result is not None, "a unique violation on the command log means a row exists"
-        return result
 
     def load(self, stream_id: str, after_version: int = 0,
              snapshot_of: tuple[str, int] | None = None,
@@ -236,11 +268,11 @@ class EventStore:
         with self.connection() as conn:
             snapshot = None
             if snapshot_of is not None:
-                row = conn.execute(_LOAD_SNAPSHOT, (stream_id, *snapshot_of)).fetchone()
+                row = conn.execute(LOAD_SNAPSHOT, (stream_id, *snapshot_of)).fetchone()
                 if row and row[0] > after_version:
                     snapshot = Snapshot(int(row[0]), row[1])
                     after_version = snapshot.stream_version
-            rows = conn.execute(_LOAD, (stream_id, after_version)).fetchall()
+            rows = conn.execute(LOAD_EVENTS, (stream_id, after_version)).fetchall()
         return snapshot, [StoredEvent(*row) for row in rows]
 
     def event_identities(self, stream_type: str) -> list[tuple[str, str, int]]:
@@ -266,6 +298,54 @@ class EventStore:
         return EventPage([RecordedEvent(*row[1:]) for row in rows], f"{tx_id}:{position}")
 
 
+def _append_units(conn: psycopg.Connection[Any],
+                  units: Sequence[UnitOfWork]) -> list[UnitOutcome]:
+    row = conn.execute(APPEND_UNITS, (encode_units(units),)).fetchone()
+    assert row is not None
+    return decode_outcomes(units, row[0])
+
+
+def encode_units(units: Sequence[UnitOfWork]) -> str:
+    return orjson.dumps([unit.as_json() for unit in units]).decode()
+
+
+def decode_outcomes(units: Sequence[UnitOfWork], reply: dict[str, Any]) -> list[UnitOutcome]:
+    """Each unit's results, or the refusal its caller gets; positions come in unit order."""
+    rejected: dict[str, dict[str, Any]] = reply["rejected"]
+    positions: list[int] = reply["positions"]
+    outcomes: list[UnitOutcome] = []
+    taken = 0
+    for n, unit in enumerate(units):
+        refusal = rejected.get(str(n))
+        if refusal is not None:
+            outcomes.append(_refusal_error(unit, refusal))
+            continue
+        results = []
+        for part in unit.parts:
+            count = len(part.events)
+            results.append(AppendResult(
+                part.stream_id, part.expected_version + count,
+                [e.event_id for e in part.events], positions[taken:taken + count]))
+            taken += count
+        outcomes.append(results)
+    return outcomes
+
+
+def _current_version(conn: psycopg.Connection[Any], stream_id: str) -> int:
+    row = conn.execute(_CURRENT_VERSION, (stream_id,)).fetchone()
+    return int(row[0]) if row else 0
+
+
+def _refusal_error(unit: UnitOfWork, refusal: dict[str, Any]) -> Exception:
+    if "duplicate" in refusal:
+        assert unit.command_id is not None
+        return DuplicateCommand(unit.command_id, AppendResult.from_json(refusal["duplicate"]))
+    conflict = refusal["conflict"]
+    expected = next(p.expected_version for p in unit.parts
+                    if p.stream_id == conflict["stream_id"])
+    return ConcurrencyError(conflict["stream_id"], expected, int(conflict["current"]))
+
+
 def _is_unavailable(exc: BaseException) -> bool:
     cause: BaseException | None = exc
     while cause is not None:
@@ -275,5 +355,5 @@ def _is_unavailable(exc: BaseException) -> bool:
     return False
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -13,6 +13,58 @@ down_revision = "0001"
 branch_labels = None
 depends_on = None
 
+# Replaced by eventfold_append_units in 0006, which recreates this one on downgrade.
+APPEND_FUNCTION = """
+CREATE FUNCTION eventfold_append(
+    p_stream_type TEXT, p_stream_id TEXT, p_expected BIGINT, p_events JSONB,
+    p_command_id UUID
+) RETURNS JSONB LANGUAGE plpgsql AS $$
+DECLARE
+    v_current BIGINT;
+    v_result JSONB;
+    v_ids UUID[];
+BEGIN
+    SELECT coalesce(max(stream_version), 0) INTO v_current
+    FROM events WHERE stream_id = p_stream_id;
+    IF v_current <> p_expected THEN
+        RAISE EXCEPTION 'stream % is at version %, expected %',
+            p_stream_id, v_current, p_expected
+            USING ERRCODE = 'EF409', DETAIL = v_current::text;
+    END IF;
+    WITH new_events AS (
+        INSERT INTO events (event_id, stream_id, stream_type, stream_version, event_type,
+                            schema_version, data, metadata)
+        SELECT e.event_id, p_stream_id, p_stream_type, e.stream_version, e.event_type,
+               e.schema_version, e.data, e.metadata
+        FROM jsonb_to_recordset(p_events) AS e(
+            event_id UUID, stream_version BIGINT, event_type TEXT,
+            schema_version INTEGER, data JSONB, metadata JSONB)
+        RETURNING event_id, stream_version, event_type, schema_version, data, metadata,
+                  global_position, recorded_at
+    ), outboxed AS (
+        INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload,
+                            stream_version, global_position, recorded_at,
+                            schema_version, metadata)
+        SELECT event_id, p_stream_type, p_stream_id, event_type, data, stream_version,
+               global_position, recorded_at, schema_version, metadata
+        FROM new_events
+        RETURNING id, stream_version, global_position
+    )
+    SELECT array_agg(id), jsonb_build_object(
+        'stream_id', p_stream_id,
+        'version', max(stream_version),
+        'event_ids', jsonb_agg(id ORDER BY stream_version),
+        'global_positions', jsonb_agg(global_position ORDER BY stream_version))
+    INTO v_ids, v_result FROM outboxed;
+    DELETE FROM outbox WHERE id = ANY(v_ids);
+    IF p_command_id IS NOT NULL THEN
+        INSERT INTO command_log (command_id, stream_id, result)
+        VALUES (p_command_id, p_stream_id, v_result);
+    END IF;
+    RETURN v_result;
+END $$
+"""
+
 
 def upgrade() -> None:
     op.execute("ALTER TABLE events ADD COLUMN schema_version INTEGER NOT NULL DEFAULT 1")
@@ -43,56 +95,7 @@ def upgrade() -> None:
     # One call, one round trip, one transaction (the caller runs it in autocommit mode):
     # check the expected version, insert events and their outbox rows, delete the outbox rows
     # (Debezium reads the inserts from the WAL), and record the command's result.
-    op.execute("""
-        CREATE FUNCTION eventfold_append(
-            p_stream_type TEXT, p_stream_id TEXT, p_expected BIGINT, p_events JSONB,
-            p_command_id UUID
-        ) RETURNS JSONB LANGUAGE plpgsql AS $$
-        DECLARE
-            v_current BIGINT;
-            v_result JSONB;
-            v_ids UUID[];
-        BEGIN
-            SELECT coalesce(max(stream_version), 0) INTO v_current
-            FROM events WHERE stream_id = p_stream_id;
-            IF v_current <> p_expected THEN
-                RAISE EXCEPTION 'stream % is at version %, expected %',
-                    p_stream_id, v_current, p_expected
-                    USING ERRCODE = 'EF409', DETAIL = v_current::text;
-            END IF;
-            WITH new_events AS (
-                INSERT INTO events (event_id, stream_id, stream_type, stream_version, event_type,
-                                    schema_version, data, metadata)
-                SELECT e.event_id, p_stream_id, p_stream_type, e.stream_version, e.event_type,
-                       e.schema_version, e.data, e.metadata
-                FROM jsonb_to_recordset(p_events) AS e(
-                    event_id UUID, stream_version BIGINT, event_type TEXT,
-                    schema_version INTEGER, data JSONB, metadata JSONB)
-                RETURNING event_id, stream_version, event_type, schema_version, data, metadata,
-                          global_position, recorded_at
-            ), outboxed AS (
-                INSERT INTO outbox (id, aggregatetype, aggregateid, type, payload,
-                                    stream_version, global_position, recorded_at,
-                                    schema_version, metadata)
-                SELECT event_id, p_stream_type, p_stream_id, event_type, data, stream_version,
-                       global_position, recorded_at, schema_version, metadata
-                FROM new_events
-                RETURNING id, stream_version, global_position
-            )
-            SELECT array_agg(id), jsonb_build_object(
-                'stream_id', p_stream_id,
-                'version', max(stream_version),
-                'event_ids', jsonb_agg(id ORDER BY stream_version),
-                'global_positions', jsonb_agg(global_position ORDER BY stream_version))
-            INTO v_ids, v_result FROM outboxed;
-            DELETE FROM outbox WHERE id = ANY(v_ids);
-            IF p_command_id IS NOT NULL THEN
-                INSERT INTO command_log (command_id, stream_id, result)
-                VALUES (p_command_id, p_stream_id, v_result);
-            END IF;
-            RETURN v_result;
-        END $$
-    """)
+    op.execute(APPEND_FUNCTION)
 
 
 def downgrade() -> None:

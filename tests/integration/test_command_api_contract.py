@@ -23,7 +23,7 @@ from eventfold.serving import BackgroundServer
 from local_stack import postgres
 from local_stack.process import free_port, stop_pid, wait_until
 from tests.concurrency import run_together
-from write_model import CommandBus, EventStore, Repository
+from write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository, EventStore
 
 
 @pytest.fixture(scope="module")
@@ -215,7 +215,8 @@ def test_database_down_is_503_and_a_retry_later_succeeds(inventory_app, private_
                                                          unique) -> None:
     url, stop_database, start_database = private_postgres
     store = EventStore.from_url(url)
-    bus = CommandBus(Repository(store), inventory_app.commands)
+    bus = AsyncCommandBus(AsyncRepository(AsyncEventStore.from_url(url, connect_timeout_s=2)),
+                          inventory_app.commands)
     from write_model.http import create_command_app
 
     with TestClient(create_command_app(bus)) as api:

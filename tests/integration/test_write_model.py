@@ -67,11 +67,10 @@ def test_read_all_pages_in_commit_safe_order(store, stack_settings, unique) -> N
     start = end_cursor(store)
     with psycopg.connect(libpq_url(stack_settings.database_url)) as open_tx:
         # A transaction that started first but is still running...
-        events = json.dumps([{"event_id": str(uuid.uuid4()), "stream_version": 1,
-                              "event_type": "StockReceived", "schema_version": 1, "data": {},
-                              "metadata": {}}])
-        open_tx.execute("SELECT eventfold_append('Product', %s, 0, %s::jsonb, NULL)",
-                        (f"{unique}-slow", events))
+        units = json.dumps([{"c": None, "p": [{"t": "Product", "s": f"{unique}-slow", "e": 0,
+                             "v": [{"i": str(uuid.uuid4()), "y": "StockReceived", "sv": 1,
+                                    "d": {}, "m": {}}]}]}])
+        open_tx.execute("SELECT eventfold_append_units(%s::jsonb)", (units,))
         # ...and later ones that committed: readers must not run past the open one.
         for i in range(25):
             store.append("Product", f"{unique}-{i % 3}", i // 3, one(i))

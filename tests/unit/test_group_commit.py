@@ -1,0 +1,119 @@
+"""Group commit as pure threading: every submit gets its own outcome, batches never share a
+key, and a failing or raising commit never strands a caller."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+
+from tests.concurrency import run_together
+from write_model.group_commit import GroupCommit
+
+
+class Ledger:
+    """A fake commit: records batches, answers each unit with its own value (or error)."""
+
+    def __init__(self, delay_s: float = 0.002) -> None:
+        self.batches: list[list[tuple[str, int]]] = []
+        self.delay_s = delay_s
+        self.in_commit = 0
+        self.most_in_commit = 0
+        self._lock = threading.Lock()
+        self.in_flight_keys: set[str] = set()
+        self.overlaps = 0
+
+    def commit(self, units: Sequence[tuple[str, int]]) -> list[int | Exception]:
+        keys = {key for key, _ in units}
+        with self._lock:
+            self.in_commit += 1
+            self.most_in_commit = max(self.most_in_commit, self.in_commit)
+            self.overlaps += bool(keys & self.in_flight_keys)
+            self.in_flight_keys |= keys
+            self.batches.append(list(units))
+        time.sleep(self.delay_s * random.random())
+        with self._lock:
+            self.in_commit -= 1
+            self.in_flight_keys -= keys
+        return [ValueError(f"odd {n}") if n % 7 == 3 else n * 10 for _, n in units]
+
+
+def test_each_caller_gets_its_own_outcome_and_keys_never_share_a_batch() -> None:
+    ledger = Ledger()
+    group: GroupCommit[tuple[str, int], int] = GroupCommit(
+        ledger.commit, lambda unit: [unit[0]], max_batch=16, max_concurrent=2)
+    outcomes: dict[int, int | str] = {}
+    counter = iter(range(10_000))
+    lock = threading.Lock()
+
+    def client() -> None:
+        for _ in range(60):
+            with lock:
+                n = next(counter)
+            try:
+                outcomes[n] = group.submit((f"stream-{n % 5}", n))
+            except ValueError as exc:
+                outcomes[n] = str(exc)
+
+    run_together(client, threads=12)
+    assert len(outcomes) == 720
+    for n, outcome in outcomes.items():
+        assert outcome == (f"odd {n}" if n % 7 == 3 else n * 10)
+    assert all(len({key for key, _ in batch}) == len(batch) for batch in ledger.batches)
+    assert ledger.overlaps == 0, "two batches in flight shared a stream"
+    assert ledger.most_in_commit <= 2
+    assert max(len(batch) for batch in ledger.batches) > 1, "nothing was grouped"
+    assert sum(len(batch) for batch in ledger.batches) == 720
+
+
+def test_a_lone_caller_commits_on_its_own_thread() -> None:
+    threads: list[str] = []
+
+    def commit(units: Sequence[int]) -> list[int]:
+        threads.append(threading.current_thread().name)
+        return list(units)
+
+    group: GroupCommit[int, int] = GroupCommit(commit, lambda unit: [unit])
+    assert [group.submit(n) for n in range(3)] == [0, 1, 2]
+    assert threads == [threading.current_thread().name] * 3
+
+
+def test_a_commit_that_raises_fails_its_batch_only() -> None:
+    calls = 0
+
+    def commit(units: Sequence[int]) -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise ConnectionError("database went away")
+        return list(units)
+
+    group: GroupCommit[int, int] = GroupCommit(commit, lambda unit: [unit])
+    with pytest.raises(ConnectionError):
+        group.submit(1)
+    assert group.submit(2) == 2
+
+
+def test_a_wrong_number_of_outcomes_is_an_error_not_a_hang() -> None:
+    group: GroupCommit[int, int] = GroupCommit(lambda units: [], lambda unit: [unit])
+    with pytest.raises(RuntimeError, match="0 outcomes for 1 units"):
+        group.submit(1)
+
+
+def test_units_on_one_key_are_committed_in_turn_under_contention() -> None:
+    ledger = Ledger(delay_s=0.001)
+    group: GroupCommit[tuple[str, int], int] = GroupCommit(
+        ledger.commit, lambda unit: [unit[0]], max_batch=64, max_concurrent=3)
+    results: list[int | str] = []
+
+    def client() -> None:
+        for n in range(0, 700, 14):  # multiples of 7: never an "odd" error
+            results.append(group.submit(("hot", n)))
+
+    run_together(client, threads=8)
+    assert len(results) == 400
+    assert all(len(batch) == 1 for batch in ledger.batches)
+    assert ledger.overlaps == 0
