@@ -15,7 +15,6 @@ from contextlib import asynccontextmanager
 from typing import Any, Self
 
 import psycopg
-from psycopg import errors
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from sqlalchemy.engine import make_url
 
@@ -35,9 +34,11 @@ from write_model.store import (
     StreamAppend,
     UnitOfWork,
     UnitOutcome,
+    check_again,
     decode_outcomes,
     encode_units,
     first_line,
+    raise_if_unavailable,
 )
 
 
@@ -107,10 +108,8 @@ class AsyncEventStore:
         async with self.connection() as conn:
             try:
                 return await _append_units(conn, units)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error:
-                pass  # one bad unit, or a race with another process, failed them all
+            except psycopg.Error as exc:
+                raise_if_unavailable(exc)  # else one bad unit or a lost race failed them all
             return [await _commit_alone(conn, unit) for unit in units]
 
     async def save_snapshot(self, stream_id: str, aggregate_type: str, schema_version: int,
@@ -148,15 +147,10 @@ async def _append_units(conn: psycopg.AsyncConnection[Any],
 
 
 async def _commit_alone(conn: psycopg.AsyncConnection[Any], unit: UnitOfWork) -> UnitOutcome:
-    error: psycopg.Error | None = None
-    for _ in range(RACE_RETRIES):
+    for attempt in range(1, RACE_RETRIES + 1):
         try:
             return (await _append_units(conn, [unit]))[0]
-        except psycopg.OperationalError:
-            raise
-        except errors.UniqueViolation as exc:
-            error = exc  # another process won: checked again, it is a refusal
         except psycopg.Error as exc:
-            return exc
-    assert error is not None
-    return error
+            if not check_again(exc, attempt):
+                return exc
+    raise AssertionError("unreachable: the last attempt never checks again")

@@ -207,6 +207,31 @@ class _Execution:
         spec.handle(aggregate, command)
 
 
+class _Stepper:
+    """Drives an execution generator: hands in the answer to the last request (or its error)
+    and takes the next request; None once the command is done, with ``result`` set."""
+
+    def __init__(self, steps: _Steps) -> None:
+        self._steps = steps
+        self._answer: Any = None
+        self._error: Exception | None = None
+        self.result: CommandResult
+
+    def next_request(self) -> _Request | None:
+        answer, error, self._answer, self._error = self._answer, self._error, None, None
+        try:
+            return self._steps.throw(error) if error else self._steps.send(answer)
+        except StopIteration as finished:
+            self.result = finished.value
+            return None
+
+    def answer(self, value: Any) -> None:
+        self._answer = value
+
+    def fail(self, error: Exception) -> None:
+        self._error = error
+
+
 class CommandBus:
     """Executes commands against the event store: the Python API of the write side."""
 
@@ -219,19 +244,13 @@ class CommandBus:
                 correlation_id: str | None = None) -> CommandResult:
         """Run ``command``; events carry ``metadata`` plus correlation and causation ids (the
         causation id is the command id, the correlation id defaults to it)."""
-        steps = self._execution.steps(command, metadata, correlation_id)
-        answer: Any = None
-        error: Exception | None = None
-        while True:
+        stepper = _Stepper(self._execution.steps(command, metadata, correlation_id))
+        while (request := stepper.next_request()) is not None:
             try:
-                request = steps.throw(error) if error else steps.send(answer)
-            except StopIteration as finished:
-                return finished.value  # type: ignore[no-any-return]
-            answer, error = None, None
-            try:
-                answer = self._perform(request)
+                stepper.answer(self._perform(request))
             except Exception as exc:
-                error = exc
+                stepper.fail(exc)
+        return stepper.result
 
     def _perform(self, request: _Request) -> Any:
         match request:
@@ -261,19 +280,13 @@ class AsyncCommandBus:
 
     async def execute(self, command: Command, metadata: Mapping[str, Any] | None = None,
                       correlation_id: str | None = None) -> CommandResult:
-        steps = self._execution.steps(command, metadata, correlation_id)
-        answer: Any = None
-        error: Exception | None = None
-        while True:
+        stepper = _Stepper(self._execution.steps(command, metadata, correlation_id))
+        while (request := stepper.next_request()) is not None:
             try:
-                request = steps.throw(error) if error else steps.send(answer)
-            except StopIteration as finished:
-                return finished.value  # type: ignore[no-any-return]
-            answer, error = None, None
-            try:
-                answer = await self._perform(request)
+                stepper.answer(await self._perform(request))
             except Exception as exc:
-                error = exc
+                stepper.fail(exc)
+        return stepper.result
 
     async def _perform(self, request: _Request) -> Any:
         match request:

@@ -223,26 +223,19 @@ class EventStore:
         with self.connection() as conn:
             try:
                 return _append_units(conn, units)
-            except psycopg.OperationalError:
-                raise
-            except psycopg.Error:
-                pass  # one bad unit, or a race with another process, failed them all
+            except psycopg.Error as exc:
+                raise_if_unavailable(exc)  # else one bad unit or a lost race failed them all
             return [self._commit_alone(conn, unit) for unit in units]
 
     @staticmethod
     def _commit_alone(conn: psycopg.Connection[Any], unit: UnitOfWork) -> UnitOutcome:
-        error: psycopg.Error | None = None
-        for _ in range(RACE_RETRIES):
+        for attempt in range(1, RACE_RETRIES + 1):
             try:
                 return _append_units(conn, [unit])[0]
-            except psycopg.OperationalError:
-                raise
-            except errors.UniqueViolation as exc:
-                error = exc  # another process won: checked again, it is a refusal
             except psycopg.Error as exc:
-                return exc
-        assert error is not None
-        return error
+                if not check_again(exc, attempt):
+                    return exc
+        raise AssertionError("unreachable: the last attempt never checks again")
 
     def save_snapshot(self, stream_id: str, aggregate_type: str, schema_version: int,
                       stream_version: int, state: dict[str, Any]) -> None:
@@ -296,6 +289,19 @@ class EventStore:
         if rows:
             tx_id, position = rows[-1][0], rows[-1][5]
         return EventPage([RecordedEvent(*row[1:]) for row in rows], f"{tx_id}:{position}")
+
+
+def raise_if_unavailable(error: psycopg.Error) -> None:
+    """A lost connection fails the whole batch; any other error is one unit's."""
+    if isinstance(error, psycopg.OperationalError):
+        raise error
+
+
+def check_again(error: psycopg.Error, attempt: int) -> bool:
+    """Whether a unit committed alone is tried again after ``error``: yes when another
+    process won a race on its stream (checked again, it is a refusal), up to RACE_RETRIES."""
+    raise_if_unavailable(error)
+    return isinstance(error, errors.UniqueViolation) and attempt < RACE_RETRIES
 
 
 def _append_units(conn: psycopg.Connection[Any],
