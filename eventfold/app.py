@@ -34,7 +34,7 @@ from outbox.kafka import read_messages
 from outbox.topics import EVENT_TOPIC_CONFIG
 from outbox.verify import LoggedEvent
 from projections import ProjectionRegistry
-from projections.replay import ReplayResult, replay
+from projections.replay import ReplayResult, ReplaySource, replay
 from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import ensure_projection_topics
 from read_api import ReadApiOptions, create_read_app
@@ -133,10 +133,13 @@ class Eventfold:
         return ProjectionRunner(self._spark(settings, name), self.projections.get(name),
                                 self._runner_settings(settings))
 
-    def replay(self, settings: Settings, name: str) -> ReplayResult:
-        """Rebuild projection ``name`` from offset 0 beside the live version, then switch."""
+    def replay(self, settings: Settings, name: str,
+               source: ReplaySource = "auto") -> ReplayResult:
+        """Rebuild projection ``name`` from the beginning (the topics, or the event store when
+        they no longer hold it) beside the live version, then switch."""
         return replay(self._spark(settings, name), self.projections.get(name),
-                      self._runner_settings(settings, settings.replay_max_rows_per_batch))
+                      self._runner_settings(settings, settings.replay_max_rows_per_batch),
+                      source)
 
     @staticmethod
     def _spark(settings: Settings, name: str) -> SparkSession:

@@ -100,7 +100,7 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
                           "list`)")
     settings = settings.with_local_stack()
     if args.action == "replay":
-        result = app.replay(settings, args.name)
+        result = app.replay(settings, args.name, args.source)
         print(f"replayed {result.projection}: v{result.new_version} active, "
               f"{result.events:,} events in {result.seconds:.1f} s "
               f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
@@ -241,6 +241,10 @@ def build_parser() -> argparse.ArgumentParser:
     proj.add_argument("name", nargs="?")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")
+    proj.add_argument("--from", dest="source", choices=["auto", "kafka", "store"],
+                      default="auto",
+                      help="replay: start from the topics, or from the event store and then the "
+                           "topics; auto reads the store when a topic no longer starts at 0")
     proj.set_defaults(run=_projection)
 
     connector = commands.add_parser("connector", help="operate the Debezium outbox connector")

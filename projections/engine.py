@@ -1,33 +1,42 @@
-"""The Spark plan of one micro-batch: decode, guard, re-key, fold on the executors.
+"""The Spark plan of one micro-batch: read and decode per partition, guard, re-key, fold.
 
-Decoding the envelope, the offset and watermark guards, re-keying and the shuffle by key are
-native Spark. Then, per kind:
+The streaming query plans the micro-batches (offset ranges, checkpoint, trigger). Each batch's
+records are read by Spark tasks, one per source partition, that decode them in Arrow
+(``decode``), so raw JSON never crosses into the JVM. The watermark guard, re-keying and the
+shuffle by key are native Spark. Then, per kind:
 
 - fold: each executor task sorts its keys' events by position, loads their stored states
   (and looked-up rows) from Postgres, runs the plain-Python ``KeyFolder`` and returns only the
   changed states, dead letters, derived events and watermarks: O(keys), not O(events), reach
-  the driver;
+  the driver. A fold keyed by aggregate id over one topic skips the shuffle: the task that
+  reads a partition folds it (``run_fold_in_place``);
 - aggregation: Spark computes a partial aggregate per key; the store merges it in SQL.
 """
 
 from __future__ import annotations
 
-import io
+import gc
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import reduce
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import pyarrow as pa
-from pyarrow import json as pa_json
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from projections.decode import (
+    decode_events,
+    decode_to_events,
+    decoded_event,
+    decoded_schema,
+    field_column,
+    spark_ddl,
+)
 from projections.fold import (
     DeadLetter,
-    Decoded,
     Emission,
     FoldOutcome,
     KeyFolder,
@@ -36,12 +45,10 @@ from projections.fold import (
     SourceRecord,
     decode_records,
     fold_decoded,
-    missing_key_reason,
 )
+from projections.kafka_source import ARROW_SCHEMA
 from projections.projection import Event, Projection
 
-ENVELOPE_DDL = ("payload STRING, eventId STRING, eventType STRING, streamVersion BIGINT, "
-                "globalPosition BIGINT, recordedAt STRING")
 RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
 FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
               "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
@@ -51,8 +58,14 @@ OUTPUT_SCHEMA = pa.schema([
     ("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.string()),
     ("reason", pa.string()),
 ])
-OUTPUT_DDL = ("kind STRING, key STRING, state STRING, version BIGINT, position BIGINT, "
-              "topic STRING, partition INT, offset BIGINT, value STRING, reason STRING")
+OUTPUT_DDL = spark_ddl(OUTPUT_SCHEMA)
+
+
+class SourceSlice(Protocol):
+    """One source partition's records of a batch: a Kafka offset range, a slice of the event
+    store. Picklable; ``read`` runs on an executor and yields records as ``ARROW_SCHEMA``."""
+
+    def read(self) -> Iterator[pa.RecordBatch]: ...
 
 
 @dataclass(frozen=True)
@@ -66,51 +79,62 @@ class BatchContext:
     committed: Mapping[PartitionKey, int]
 
 
-def plan_batch(spark: SparkSession, batch: DataFrame, projection: Projection,
-               committed: Mapping[PartitionKey, int], watermarks: Mapping[str, int]) -> DataFrame:
-    """Decoded, guarded, keyed events; undecodable ones keep a ``reason`` (dead letters)."""
-    events = batch.where(_not_committed(committed)).select(
-        *RECORD_COLUMNS, F.from_json("value", ENVELOPE_DDL).alias("e"))
-    events = events.select(*RECORD_COLUMNS, "e.*").withColumn("fold_key", _fold_key(projection))
-    events = events.withColumn("reason", _dead_letter_reason(projection))
-    if projection.event_types is not None:
-        events = events.where(F.col("reason").isNotNull()
-                              | F.col("eventType").isin(sorted(projection.event_types)))
-    if watermarks:
-        marks = spark.createDataFrame(
-            pa.table({"stream_id": list(watermarks), "_mark": list(watermarks.values())}))
-        events = events.join(F.broadcast(marks), events["key"] == marks["stream_id"], "left")
-        events = events.where(F.col("reason").isNotNull()
-                              | (F.col("streamVersion") > F.coalesce("_mark", F.lit(0))))
-    return events
+def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
+                projection: Projection) -> DataFrame:
+    """The batch's decoded events as a DataFrame: one task per source slice."""
+    schema = decoded_schema(projection)
+    if not slices:
+        return spark.createDataFrame([], spark_ddl(schema))
+    return _per_slice(spark, slices).mapInArrow(
+        lambda batches: decode_task(batches, slices, projection), spark_ddl(schema))
 
 
-def _not_committed(committed: Mapping[PartitionKey, int]) -> Column:
-    """Records a Spark re-run of an already committed batch would bring again."""
-    done = [(F.col("topic") == t) & (F.col("partition") == p) & (F.col("offset") < o)
-            for (t, p), o in committed.items() if o > 0]
-    return ~reduce(lambda a, b: a | b, done) if done else F.lit(True)
+def _per_slice(spark: SparkSession, slices: Sequence[SourceSlice]) -> DataFrame:
+    """One row per slice (its index), one Spark partition each."""
+    return spark.range(0, len(slices), 1, numPartitions=len(slices))
 
 
-def _fold_key(projection: Projection) -> Column:
-    if projection.key_by is None:
-        return F.col("key")
-    return F.get_json_object("payload", f"$.{projection.key_by}")
+def _slices_of_task(batches: Iterator[pa.RecordBatch],
+                    slices: Sequence[SourceSlice]) -> Iterator[pa.Table]:
+    for batch in batches:
+        for index in batch.column("id").to_pylist():
+            records = pa.Table.from_batches(list(slices[index].read()), schema=ARROW_SCHEMA)
+            if records.num_rows:
+                yield records
 
 
-def _dead_letter_reason(projection: Projection) -> Column:
-    undecodable = reduce(lambda a, b: a | b, [
-        F.col(c).isNull() for c in ("eventId", "eventType", "streamVersion", "globalPosition",
-                                    "payload")])
-    not_object = (F.get_json_object("payload", "$").isNull()
-                  | ~F.ltrim("payload").startswith("{"))
-    reason = (F.when(F.col("value").isNull(), "null value (tombstone) on an event topic")
-              .when(F.col("key").isNull(), "message without a key (aggregate id)")
-              .when(undecodable, "undecodable event envelope")
-              .when(not_object, "event payload is not a JSON object"))
-    if projection.key_by is not None:
-        reason = reason.when(F.col("fold_key").isNull(), missing_key_reason(projection))
-    return reason
+def decode_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSlice],
+                projection: Projection) -> Iterator[pa.RecordBatch]:
+    with paused_gc():
+        for records in _slices_of_task(batches, slices):
+            yield from decode_events(records, projection).to_batches()
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """No cyclic garbage collection inside a task: it builds about a hundred thousand small,
+    acyclic objects per partition, which reference counting frees, and each generation-0
+    collection would walk all of them (measured: it cost the decode 2.5x)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def guard_applied(spark: SparkSession, events: DataFrame,
+                  watermarks: Mapping[str, int]) -> DataFrame:
+    """Drop events at or below their stream's watermark (applied by an earlier batch);
+    dead letters pass."""
+    if not watermarks:
+        return events
+    marks = spark.createDataFrame(
+        pa.table({"stream_id": list(watermarks), "_mark": list(watermarks.values())}))
+    events = events.join(F.broadcast(marks), events["key"] == marks["stream_id"], "left")
+    return events.where(F.col("reason").isNotNull()
+                        | (F.col("streamVersion") > F.coalesce("_mark", F.lit(0))))
 
 
 # -- fold projections --------------------------------------------------------------------------
@@ -129,9 +153,13 @@ def run_fold(events: DataFrame, context: BatchContext) -> FoldOutcome:
 def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext) -> Iterator[pa.RecordBatch]:
     """One executor task after the shuffle: fold the keys of this partition (rows arrive
     sorted by key)."""
-    rows = _columns(pa.Table.from_batches(list(batches)))
-    if not rows or not rows["key"]:
-        return
+    with paused_gc():
+        rows = _columns(pa.Table.from_batches(list(batches)))
+        if rows and rows["key"]:
+            yield _fold_sorted(rows, context)
+
+
+def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.RecordBatch:
     projection = context.projection
     keys = {k for k, r in zip(rows["fold_key"], rows["reason"], strict=True) if r is None}
     lookup_keys: set[str] = set()
@@ -144,7 +172,7 @@ def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext) -> Itera
     folder = KeyFolder(projection, outcome, context.emit_from)
     for key, items in _events_by_key(rows, outcome, joined, projection):
         folder.fold(key, stored.get(key), items)
-    yield _to_output(outcome)
+    return _to_output(outcome)
 
 
 def folds_in_place(projection: Projection) -> bool:
@@ -154,21 +182,28 @@ def folds_in_place(projection: Projection) -> bool:
         and len(projection.sources) == 1
 
 
-def run_fold_in_place(batch: DataFrame, context: BatchContext) -> FoldOutcome:
-    """Fold where the data is: the key is the aggregate id, so every event of a key sits in
-    one partition of the (single) source topic, and each Kafka partition is one Spark
-    partition. No shuffle, no sort (offset order is stream order); the task decodes itself."""
-    results = batch.select(*RECORD_COLUMNS).mapInArrow(
-        lambda batches: in_place_task(batches, context), OUTPUT_DDL)
+def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
+                      context: BatchContext) -> FoldOutcome:
+    """Fold where the data is, as a Kafka Streams task does: the key is the aggregate id, so
+    every event of a key sits in one source partition. The task that reads a partition folds
+    it: no shuffle, no sort (offset order is stream order)."""
+    if not slices:
+        return FoldOutcome()
+    results = _per_slice(spark, slices).mapInArrow(
+        lambda batches: read_and_fold_task(batches, slices, context), OUTPUT_DDL)
     return gather(results.toArrow())
 
 
-def in_place_task(batches: Iterator[pa.RecordBatch],
-                  context: BatchContext) -> Iterator[pa.RecordBatch]:
-    table = pa.Table.from_batches(list(batches))
-    if table.num_rows == 0:
-        return
-    decoded = decode_arrow(table)
+def read_and_fold_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSlice],
+                       context: BatchContext) -> Iterator[pa.RecordBatch]:
+    with paused_gc():
+        for records in _slices_of_task(batches, slices):
+            yield fold_partition(records, context)
+
+
+def fold_partition(table: pa.Table, context: BatchContext) -> pa.RecordBatch:
+    """Decode and fold one partition's records; the output rows ``gather`` merges."""
+    decoded = decode_to_events(table)
     if decoded is None:  # something Arrow's reader would not take: one record at a time
         decoded = list(decode_records(SourceRecord(*row) for row in zip(
             *(table.column(c).to_pylist() for c in RECORD_COLUMNS), strict=True)))
@@ -179,53 +214,8 @@ def in_place_task(batches: Iterator[pa.RecordBatch],
         on = projection.lookup.on
         lookup_keys = {str(event.data.get(on)) for _, event, _ in decoded if event is not None}
     stored, watermarks, joined = _load(context, keys, lookup_keys, with_watermarks=True)
-    yield _to_output(fold_decoded(projection, stored, decoded, context.committed, watermarks,
-                                  joined, context.emit_from))
-
-
-ENVELOPE_ARROW = pa.schema([
-    ("eventId", pa.string()), ("eventType", pa.string()), ("streamVersion", pa.int64()),
-    ("globalPosition", pa.int64()), ("recordedAt", pa.string()), ("payload", pa.string()),
-])
-_REQUIRED = ("eventId", "eventType", "streamVersion", "globalPosition", "payload")
-
-
-def decode_arrow(table: pa.Table) -> list[Decoded] | None:
-    """Parse a task's envelopes in one call of Arrow's JSON reader (C++) instead of one
-    ``json.loads`` each; only the event data is parsed per event. None when any record does
-    not fit that mould (null, pretty-printed, missing fields), for the per-record decoder."""
-    keys, values = table.column("key"), table.column("value")
-    if keys.null_count or values.null_count:
-        return None
-    texts = values.to_pylist()
-    options = pa_json.ParseOptions(explicit_schema=ENVELOPE_ARROW,
-                                   unexpected_field_behavior="ignore")
-    try:
-        parsed = pa_json.read_json(io.BytesIO("\n".join(texts).encode()),
-                                   parse_options=options)
-    except pa.ArrowInvalid:
-        return None
-    if parsed.num_rows != table.num_rows or any(parsed.column(c).null_count
-                                                 for c in _REQUIRED):
-        return None
-    columns = [table.column(c).to_pylist() for c in ("topic", "partition", "offset")]
-    columns += [keys.to_pylist(), texts]
-    columns += [parsed.column(c).to_pylist() for c in ENVELOPE_ARROW.names]
-    return [_decoded(*row) for row in zip(*columns, strict=True)]
-
-
-def _decoded(topic: str, partition: int, offset: int, key: str, value: str, event_id: str,
-             event_type: str, version: int, position: int, recorded_at: str | None,
-             payload: str) -> Decoded:
-    record = SourceRecord(topic, partition, offset, key, value)
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError as exc:
-        return record, None, f"undecodable event payload: {exc}"
-    if not isinstance(data, dict):
-        return record, None, "event payload is not a JSON object"
-    return record, Event(event_type, data, key, version, event_id, position,
-                         recorded_at or ""), None
+    return _to_output(fold_decoded(projection, stored, decoded, context.committed, watermarks,
+                                   joined, context.emit_from))
 
 
 def _load(context: BatchContext, keys: set[str], lookup_keys: set[str],
@@ -260,9 +250,9 @@ def _events_by_key(rows: dict[str, list[Any]], outcome: FoldOutcome, joined: Map
          stream_version, position, recorded_at, payload) in zip(
             *(rows[c] for c in FOLD_INPUT), strict=True):
         if reason is None:
-            record, event, reason = _decoded(topic, partition, offset, stream_id, value,
-                                             event_id, event_type, stream_version, position,
-                                             recorded_at, payload)
+            record, event, reason = decoded_event(topic, partition, offset, stream_id, value,
+                                                  event_id, event_type, stream_version,
+                                                  position, recorded_at, payload)
         else:
             record, event = SourceRecord(topic, partition, offset, stream_id, value), None
         if event is None:
@@ -380,7 +370,7 @@ def _aggregate_column(projection: Projection, name: str) -> Column:
     agg = projection.aggregates[name]
     if agg.function == "count":
         return F.count(F.lit(1)).alias(name)
-    value = F.get_json_object("payload", f"$.{agg.field}").cast(projection.spark_type(name))
+    value = F.col(field_column(agg.field or ""))
     functions = {"sum": F.sum, "min": F.min, "max": F.max}
     if agg.function == "latest":
         return F.max_by(value, F.col("globalPosition")).alias(name)

@@ -83,6 +83,18 @@ class OffsetRange(InputPartition):
     end: int
 
 
+@dataclass(frozen=True)
+class KafkaSlice:
+    """One partition's offset range of a micro-batch, read by the executor task that decodes
+    (or folds) it."""
+
+    bootstrap_servers: str
+    range: OffsetRange
+
+    def read(self) -> Iterator[pa.RecordBatch]:
+        return read_range(self.bootstrap_servers, self.range)
+
+
 _consumers: dict[str, Consumer] = {}
 
 

@@ -1,7 +1,10 @@
-"""Replay a projection from offset 0 into a new version, with no read downtime.
+"""Replay a projection from the beginning into a new version, with no read downtime.
 
 1. Build version N+1 from the beginning up to the live version's committed offsets, while the
-   live version keeps serving (and folding) as before. Progress: events/s and ETA.
+   live version keeps serving (and folding) as before. Progress: events/s and ETA. The
+   beginning is offset 0 of the topics, or, when their retention dropped the head (or
+   ``source="store"``), the event store in Postgres up to its newest event, then the topics
+   from their first retained offset (``store_source``).
 2. Take the registry row (the live version's next commit waits), catch the new version up to
    the live one's offsets exactly, then in the same transaction point the view at it, make it
    active and drop the old tables. The old KTable topic is deleted afterwards.
@@ -16,10 +19,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 from pyspark.sql import SparkSession
 
 from outbox import TopicAdmin
+from outbox.history import count_events, head_position
 from outbox.kafka import OffsetPlanner, PartitionKey
 from projections.fold import FoldOutcome
 from projections.projection import Projection
@@ -62,18 +67,25 @@ class ReplayProgress:
                  share * 100, f"{self.done:,}", f"{self.total:,}", f"{rate:,.0f}", eta)
 
 
-def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings) -> ReplayResult:
+ReplaySource = Literal["auto", "kafka", "store"]
+
+
+def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings,
+           source: ReplaySource = "auto") -> ReplayResult:
     started = time.monotonic()
     versions = ProjectionVersions(settings.database_url)
     old = versions.register(projection.name)
     new = versions.begin_build(projection.name)
     live = ReadModelStore(settings.database_url, projection, old)
     try:
-        bound = _bound(live.committed_offsets(), settings, projection)
-        log.info("replay %s: building v%d beside live v%d, up to %s", projection.name, new, old,
-                 _describe(bound))
-        progress = ReplayProgress(projection.name, sum(bound.values()))
+        plan = _plan(live, settings, projection, source)
+        log.info("replay %s: building v%d beside live v%d, from %s", projection.name, new, old,
+                 plan)
+        progress = ReplayProgress(projection.name, plan.events)
         builder = ProjectionRunner(spark, projection, settings, version=new, progress=progress)
+        if plan.store_head:
+            builder.catch_up_from_store(plan.store_head, spark.sparkContext.defaultParallelism)
+        bound = plan.bound
         builder.catch_up(ending_offsets=bound)
         with versions.locked(projection.name) as conn:
             final = _bound(live.committed_offsets(), settings, projection, at_least=bound)
@@ -93,6 +105,51 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
     return ReplayResult(projection.name, old, new, progress.done, seconds)
 
 
+@dataclass(frozen=True)
+class ReplayPlan:
+    bound: dict[PartitionKey, int]
+    """The live version's offsets: where the build catches up before the switch."""
+    store_head: int
+    """The event store's newest position when the build reads the store first (else 0)."""
+    events: int
+
+    def __str__(self) -> str:
+        topics = f"the topics up to {_describe(self.bound)}"
+        if self.store_head:
+            return f"the event store up to position {self.store_head:,}, then {topics}"
+        return topics
+
+
+def _plan(live: ReadModelStore, settings: RunnerSettings, projection: Projection,
+          source: ReplaySource) -> ReplayPlan:
+    bound = _bound(live.committed_offsets(), settings, projection)
+    retained_from = _beginning_offsets(settings, projection)
+    events = sum(max(o - retained_from.get(k, 0), 0) for k, o in bound.items())
+    store_head = 0
+    if reads_event_store(source, retained_from):
+        with live.conn.transaction():
+            store_head = head_position(live.conn)
+            events += count_events(live.conn, projection.sources, 0, store_head)
+    return ReplayPlan(bound, store_head, events)
+
+
+def reads_event_store(source: ReplaySource, retained_from: dict[PartitionKey, int]) -> bool:
+    """Whether a replay starts from the event store: asked to, or (``auto``) because some
+    source partition no longer starts at offset 0."""
+    if source not in ("auto", "kafka", "store"):
+        raise ValueError(f"replay source must be auto, kafka or store, not {source!r}")
+    return source == "store" or (source == "auto" and any(retained_from.values()))
+
+
+def _beginning_offsets(settings: RunnerSettings,
+                       projection: Projection) -> dict[PartitionKey, int]:
+    planner = OffsetPlanner(settings.bootstrap_servers)
+    try:
+        return planner.beginning_offsets(planner.partitions(projection.source_topics))
+    finally:
+        planner.close()
+
+
 def _bound(live_offsets: dict[PartitionKey, int], settings: RunnerSettings,
            projection: Projection,
            at_least: dict[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
@@ -105,7 +162,10 @@ def _bound(live_offsets: dict[PartitionKey, int], settings: RunnerSettings,
         finally:
             planner.close()
     merged = dict(at_least or {})
+    topics = set(projection.source_topics)  # not the event store's position, if any
     for key, offset in live_offsets.items():
+        if key[0] not in topics:
+            continue
         merged[key] = max(merged.get(key, 0), offset)
     return merged
 

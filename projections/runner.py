@@ -1,11 +1,11 @@
 """Running a projection as a Spark Structured Streaming query.
 
-Each micro-batch: read offset ranges from the source topics (our Kafka data source), fold on
-the executors (``engine``), produce dead letters and derived events, then commit the read model
-rows, watermarks, offsets and batch id in one Postgres transaction whose last step before
-COMMIT produces and flushes the KTable rows. A crash anywhere replays the batch; the offset and
-watermark guards make the replay a no-op for what was committed, and KTable re-writes are the
-same values again (last value wins).
+Each micro-batch: Spark plans offset ranges of the source topics (our Kafka data source), the
+executors read and fold them (``engine``), the runner produces dead letters and derived events,
+then commits the read model rows, watermarks, offsets and batch id in one Postgres transaction
+whose last step before COMMIT produces and flushes the KTable rows. A crash anywhere replays the
+batch; the offset and watermark guards make the replay a no-op for what was committed, and
+KTable re-writes are the same values again (last value wins).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -20,20 +21,24 @@ from typing import Protocol
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from outbox.history import count_events
 from outbox.kafka import PartitionKey, flatten_offsets, nest_offsets
 from projections.engine import (
     BatchContext,
     KeySplitAcrossPartitions,
+    SourceSlice,
     folds_in_place,
-    plan_batch,
+    guard_applied,
+    read_events,
     run_aggregation,
     run_fold,
     run_fold_in_place,
 )
 from projections.fold import FoldOutcome
-from projections.kafka_source import FORMAT_NAME
+from projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange
 from projections.projection import Projection
 from projections.sinks import ReadModelStore, TopicSink
+from projections.store_source import STORE_PARTITION, store_slices
 from projections.versions import ProjectionVersions
 
 log = logging.getLogger(__name__)
@@ -121,32 +126,43 @@ class ProjectionRunner:
                                f"{query.exception()}")
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        clock = _PhaseClock()
+        """One micro-batch. Spark planned its offset ranges (and logged them before calling);
+        ``batch`` is left unread: the tasks read their partitions' ranges themselves."""
         committed = self.store.committed_offsets()
         end = self._batch_end(batch_id)
         records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
         if records == 0:
             return  # a re-run of a batch the store already committed
-        projection = self.projection
-        emit_from = (self.versions.emitted_offsets(projection.name) if self.is_active
+        slices = [KafkaSlice(self.settings.bootstrap_servers, r)
+                  for r in _unread_ranges(committed, end)]
+        self._apply(batch_id, committed, end, slices, records)
+
+    def catch_up_from_store(self, upto: int, buckets: int) -> None:
+        """Fold the event store's log up to global position ``upto``, in windows of
+        ``max_rows_per_batch`` positions. Each window commits like a micro-batch (its end is
+        the checkpoint), so an interrupted replay resumes after its last window."""
+        self.prepare()
+        sources = tuple(self.projection.sources)
+        window = max(self.settings.max_rows_per_batch, 1)
+        batch_id = 0
+        while (after := self.store.committed_offsets().get(STORE_PARTITION, 0)) < upto:
+            end = min(after + window, upto)
+            with self.store.conn.transaction():
+                records = count_events(self.store.conn, sources, after, end)
+            slices = store_slices(self.settings.database_url, sources, after, end, buckets)
+            self._apply(batch_id, self.store.committed_offsets(), {STORE_PARTITION: end},
+                        slices, records)
+            batch_id += 1
+
+    def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
+               end: dict[PartitionKey, int], slices: list[SourceSlice], records: int) -> None:
+        """Fold the slices, produce dead letters and derived events, commit up to ``end``."""
+        clock = _PhaseClock()
+        emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
                      else None)
-        context = BatchContext(projection, self.version, self.settings.database_url,
+        context = BatchContext(self.projection, self.version, self.settings.database_url,
                                emit_from, committed)
-        outcome = None
-        if folds_in_place(projection):
-            try:
-                outcome = run_fold_in_place(batch, context)
-            except KeySplitAcrossPartitions as split:
-                # Some producer put a key into two partitions: fold this batch after a shuffle.
-                log.warning("projection %s batch %d: key %r is in more than one partition; "
-                            "folding the batch after a shuffle", projection.name, batch_id,
-                            str(split))
-        if outcome is None:
-            events = plan_batch(self.spark, batch, projection, committed,
-                                self.store.watermarks())
-            clock.lap("plan")
-            outcome = (run_aggregation(events, projection) if projection.kind == "aggregation"
-                       else run_fold(events, context))
+        outcome = self._fold(batch_id, slices, context)
         clock.lap("fold")
         outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
         self.topics.write_events(outcome)
@@ -156,6 +172,23 @@ class ProjectionRunner:
                   batch_id, records, len(outcome.changed), clock)
         self.batches += 1
         self.progress.add(batch_id, records, outcome)
+
+    def _fold(self, batch_id: int, slices: list[SourceSlice],
+              context: BatchContext) -> FoldOutcome:
+        projection = self.projection
+        if folds_in_place(projection):
+            try:
+                return run_fold_in_place(self.spark, slices, context)
+            except KeySplitAcrossPartitions as split:
+                # Some producer put a key into two partitions: fold this batch after a shuffle.
+                log.warning("projection %s batch %d: key %r is in more than one partition; "
+                            "folding the batch after a shuffle", projection.name, batch_id,
+                            str(split))
+        events = guard_applied(self.spark, read_events(self.spark, slices, projection),
+                               self.store.watermarks())
+        if projection.kind == "aggregation":
+            return run_aggregation(events, projection)
+        return run_fold(events, context)
 
     def _batch_end(self, batch_id: int) -> dict[PartitionKey, int]:
         """The batch's end offsets, from Spark's offset log (written before the batch runs):
@@ -168,6 +201,14 @@ class ProjectionRunner:
         self.topics.close()
         self.store.close()
         self.versions.close()
+
+
+def _unread_ranges(committed: Mapping[PartitionKey, int],
+                   end: Mapping[PartitionKey, int]) -> list[OffsetRange]:
+    """What the store has not applied yet, up to the batch's end: per partition."""
+    ranges = [OffsetRange(topic, partition, committed.get((topic, partition), 0), offset)
+              for (topic, partition), offset in sorted(end.items())]
+    return [r for r in ranges if r.end > r.start]
 
 
 def _read_text(spark: SparkSession, path: str) -> str:
