@@ -35,16 +35,24 @@ def _rss_bytes(pid: int) -> int:
     return 0
 
 
-def tree_rss_bytes(root: int, exclude: frozenset[int] = frozenset()) -> int:
-    """RSS of ``root`` and all its descendants, leaving out the subtrees of ``exclude``."""
-    tree, total, pending = _children(), 0, [root]
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return "?"
+
+
+def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> dict[int, tuple[str, int]]:
+    """Name and RSS of ``root`` and each of its descendants, leaving out the subtrees of
+    ``exclude``."""
+    tree, found, pending = _children(), {}, [root]
     while pending:
         pid = pending.pop()
         if pid in exclude:
             continue
-        total += _rss_bytes(pid)
+        found[pid] = (_name(pid), _rss_bytes(pid))
         pending.extend(tree.get(pid, []))
-    return total
+    return found
 
 
 class PeakMemory:
@@ -52,6 +60,7 @@ class PeakMemory:
 
     def __init__(self, exclude: frozenset[int] = frozenset(), interval_s: float = 0.25) -> None:
         self.exclude, self.interval_s, self.peak = exclude, interval_s, 0
+        self.at_peak: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -65,4 +74,12 @@ class PeakMemory:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.peak = max(self.peak, tree_rss_bytes(os.getpid(), self.exclude))
+            sample = tree_rss(os.getpid(), self.exclude)
+            total = sum(rss for _, rss in sample.values())
+            if total > self.peak:
+                self.peak, self.at_peak = total, sample
+
+    def describe_peak(self) -> str:
+        """Who held the memory at the peak: ``java 1,234 MB, python3 456 MB, ...``."""
+        parts = sorted(((rss, name) for name, rss in self.at_peak.values()), reverse=True)
+        return ", ".join(f"{name} {rss / 2**20:,.0f} MB" for rss, name in parts if rss)

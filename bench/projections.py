@@ -186,7 +186,8 @@ def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: P
         report_replay("Spark aggregation", agg_replay)
         spark.stop()
     peak_mb = memory.peak / 2**20
-    print(f"peak RSS of this process tree (driver, Spark JVM, Python workers): {peak_mb:,.0f} MB")
+    print(f"peak RSS of this process tree (driver, Spark JVM, Python workers): {peak_mb:,.0f} MB"
+          f" ({memory.describe_peak()})")
     figures = {
         "streaming_events_per_s": round(stream_rate),
         "streaming_aggregation_events_per_s": round(agg_stream),

@@ -54,8 +54,17 @@ def payload_fields(projection: Projection) -> dict[str, pa.DataType]:
 
 
 def decoded_schema(projection: Projection) -> pa.Schema:
-    return pa.schema(EVENT_FIELDS + [(field_column(name), arrow_type) for name, arrow_type
-                                     in payload_fields(projection).items()])
+    """What a batch's events carry into Spark: an aggregation needs no payload (its fields have
+    columns of their own), nor the event's id, type or time."""
+    if projection.kind == "aggregation":
+        return with_fields([*RECORD_FIELDS, ("streamVersion", pa.int64()),
+                             ("globalPosition", pa.int64())], projection)
+    return with_fields(EVENT_FIELDS, projection)
+
+
+def with_fields(columns: list[tuple[str, pa.DataType]], projection: Projection) -> pa.Schema:
+    return pa.schema([*columns, *((field_column(name), arrow_type) for name, arrow_type
+                                  in payload_fields(projection).items())])
 
 
 def spark_ddl(schema: pa.Schema) -> str:
@@ -65,15 +74,16 @@ def spark_ddl(schema: pa.Schema) -> str:
 def decode_events(records: pa.Table, projection: Projection) -> pa.Table:
     """The events ``projection`` handles, decoded; dead letters keep their raw value."""
     schema = decoded_schema(projection)
-    table = _decode_columnar(records, projection, schema)
+    full = with_fields(EVENT_FIELDS, projection)
+    table = _decode_columnar(records, projection, full)
     if table is None:
-        table = _decode_per_record(records, projection, schema)
-    handled = pc.is_valid(table.column("reason"))
+        table = _decode_per_record(records, projection, full)
     if projection.event_types is not None:
-        handled = pc.or_(handled, pc.is_in(table.column("eventType"),
-                                           pa.array(sorted(projection.event_types))))
+        handled = pc.or_(pc.is_valid(table.column("reason")),
+                         pc.is_in(table.column("eventType"),
+                                  pa.array(sorted(projection.event_types))))
         table = table.filter(handled)
-    return table
+    return table.select(schema.names)
 
 
 def _read_lines(lines: pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:

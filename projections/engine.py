@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -48,8 +49,10 @@ from projections.fold import (
 )
 from projections.kafka_source import ARROW_SCHEMA
 from projections.projection import Event, Projection
+from projections.sinks import ReadModelStore, lookup_rows
 
 RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
+TASK_CHUNK_ROWS = 50_000
 FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
               "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
 OUTPUT_SCHEMA = pa.schema([
@@ -80,13 +83,14 @@ class BatchContext:
 
 
 def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
-                projection: Projection) -> DataFrame:
-    """The batch's decoded events as a DataFrame: one task per source slice."""
-    schema = decoded_schema(projection)
+                context: BatchContext) -> DataFrame:
+    """The batch's decoded events not applied before, as a DataFrame: one task per source
+    slice."""
+    schema = decoded_schema(context.projection)
     if not slices:
         return spark.createDataFrame([], spark_ddl(schema))
     return _per_slice(spark, slices).mapInArrow(
-        lambda batches: decode_task(batches, slices, projection), spark_ddl(schema))
+        lambda batches: decode_task(batches, slices, context), spark_ddl(schema))
 
 
 def _per_slice(spark: SparkSession, slices: Sequence[SourceSlice]) -> DataFrame:
@@ -95,19 +99,37 @@ def _per_slice(spark: SparkSession, slices: Sequence[SourceSlice]) -> DataFrame:
 
 
 def _slices_of_task(batches: Iterator[pa.RecordBatch],
-                    slices: Sequence[SourceSlice]) -> Iterator[pa.Table]:
+                    slices: Sequence[SourceSlice]) -> Iterator[SourceSlice]:
     for batch in batches:
         for index in batch.column("id").to_pylist():
-            records = pa.Table.from_batches(list(slices[index].read()), schema=ARROW_SCHEMA)
-            if records.num_rows:
-                yield records
+            yield slices[index]
+
+
+def _chunks(source_slice: SourceSlice, rows: int = TASK_CHUNK_ROWS) -> Iterator[pa.Table]:
+    """A slice's records in tables of about ``rows``: what a task holds decoded at once."""
+    pending: list[pa.RecordBatch] = []
+    size = 0
+    for batch in source_slice.read():
+        pending.append(batch)
+        size += batch.num_rows
+        if size >= rows:
+            yield pa.Table.from_batches(pending, schema=ARROW_SCHEMA)
+            pending, size = [], 0
+    if size:
+        yield pa.Table.from_batches(pending, schema=ARROW_SCHEMA)
 
 
 def decode_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSlice],
-                projection: Projection) -> Iterator[pa.RecordBatch]:
-    with paused_gc():
-        for records in _slices_of_task(batches, slices):
-            yield from decode_events(records, projection).to_batches()
+                context: BatchContext) -> Iterator[pa.RecordBatch]:
+    store = ReadModelStore(context.database_url, context.projection, context.version)
+    try:
+        with paused_gc():
+            for source_slice in _slices_of_task(batches, slices):
+                for records in _chunks(source_slice):
+                    events = decode_events(records, context.projection)
+                    yield from drop_applied(events, store).to_batches()
+    finally:
+        store.close()
 
 
 @contextmanager
@@ -124,17 +146,18 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def guard_applied(spark: SparkSession, events: DataFrame,
-                  watermarks: Mapping[str, int]) -> DataFrame:
-    """Drop events at or below their stream's watermark (applied by an earlier batch);
-    dead letters pass."""
-    if not watermarks:
+def drop_applied(events: pa.Table, store: ReadModelStore) -> pa.Table:
+    """Drop events at or below their stream's watermark (applied by an earlier batch, and
+    delivered again); dead letters pass. The watermarks of this chunk's streams only."""
+    streams = pc.unique(events.column("key").drop_null())
+    marks = store.watermarks(streams.to_pylist()) if len(streams) else {}
+    if not marks:
         return events
-    marks = spark.createDataFrame(
-        pa.table({"stream_id": list(watermarks), "_mark": list(watermarks.values())}))
-    events = events.join(F.broadcast(marks), events["key"] == marks["stream_id"], "left")
-    return events.where(F.col("reason").isNotNull()
-                        | (F.col("streamVersion") > F.coalesce("_mark", F.lit(0))))
+    at = pc.index_in(events.column("key"), value_set=pa.array(list(marks), pa.string()))
+    mark = pc.fill_null(pc.take(pa.array(list(marks.values()), pa.int64()), at), 0)
+    keep = pc.or_(pc.is_valid(events.column("reason")),
+                  pc.greater(events.column("streamVersion"), mark))
+    return events.filter(pc.fill_null(keep, True))
 
 
 # -- fold projections --------------------------------------------------------------------------
@@ -167,7 +190,11 @@ def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.Record
         on = projection.lookup.on
         lookup_keys = {str(orjson.loads(p).get(on))
                        for p, r in zip(rows["payload"], rows["reason"], strict=True) if r is None}
-    stored, _, joined = _load(context, keys, lookup_keys, with_watermarks=False)
+    store = ReadModelStore(context.database_url, projection, context.version)
+    try:
+        stored, _, joined = _load(store, keys, lookup_keys, with_watermarks=False)
+    finally:
+        store.close()
     outcome = FoldOutcome()
     folder = KeyFolder(projection, outcome, context.emit_from)
     for key, items in _events_by_key(rows, outcome, joined, projection):
@@ -197,40 +224,53 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
 def read_and_fold_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSlice],
                        context: BatchContext) -> Iterator[pa.RecordBatch]:
     with paused_gc():
-        for records in _slices_of_task(batches, slices):
-            yield fold_partition(records, context)
+        for source_slice in _slices_of_task(batches, slices):
+            yield fold_slice(source_slice, context)
 
 
-def fold_partition(table: pa.Table, context: BatchContext) -> pa.RecordBatch:
-    """Decode and fold one partition's records; the output rows ``gather`` merges."""
-    decoded = decode_to_events(table)
-    if decoded is None:  # something Arrow's reader would not take: one record at a time
-        decoded = list(decode_records(SourceRecord(*row) for row in zip(
-            *(table.column(c).to_pylist() for c in RECORD_COLUMNS), strict=True)))
+def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBatch:
+    """Read, decode and fold one partition's records chunk by chunk (the states carry over);
+    the output rows ``gather`` merges."""
     projection = context.projection
-    keys = {record.key for record, _, _ in decoded if record.key is not None}
-    lookup_keys: set[str] = set()
-    if projection.lookup is not None:
-        on = projection.lookup.on
-        lookup_keys = {str(event.data.get(on)) for _, event, _ in decoded if event is not None}
-    stored, watermarks, joined = _load(context, keys, lookup_keys, with_watermarks=True)
-    return _to_output(fold_decoded(projection, stored, decoded, context.committed, watermarks,
-                                   joined, context.emit_from))
-
-
-def _load(context: BatchContext, keys: set[str], lookup_keys: set[str],
-          with_watermarks: bool) -> tuple[dict[str, KeyState], dict[str, int], dict[str, Any]]:
-    """Stored states, source watermarks and looked-up rows of one task's keys."""
-    from projections.sinks import ReadModelStore, lookup_rows  # executor side: import here
-
-    store = ReadModelStore(context.database_url, context.projection, context.version)
+    folder = KeyFolder(projection, FoldOutcome(), context.emit_from)
+    stored: dict[str, KeyState] = {}
+    watermarks: dict[str, int] = {}
+    joined: dict[str, Any] = {}
+    loaded: set[str] = set()
+    store = ReadModelStore(context.database_url, projection, context.version)
     try:
-        stored = store.load(keys)
-        watermarks = store.watermarks(keys) if with_watermarks else {}
-        joined = (lookup_rows(store.conn, context.projection.lookup.projection, lookup_keys)
-                  if context.projection.lookup is not None else {})
+        for records in _chunks(source_slice):
+            decoded = decode_to_events(records)
+            if decoded is None:  # something Arrow's reader would not take: one at a time
+                decoded = list(decode_records(SourceRecord(*row) for row in zip(
+                    *(records.column(c).to_pylist() for c in RECORD_COLUMNS), strict=True)))
+            keys = {record.key for record, _, _ in decoded if record.key is not None} - loaded
+            lookup_keys: set[str] = set()
+            if projection.lookup is not None:
+                on = projection.lookup.on
+                lookup_keys = {str(event.data.get(on)) for _, event, _ in decoded
+                               if event is not None} - joined.keys()
+            more_stored, more_marks, more_joined = _load(store, keys, lookup_keys,
+                                                         with_watermarks=True)
+            stored.update(more_stored)
+            watermarks.update(more_marks)
+            joined.update(more_joined)
+            loaded |= keys
+            fold_decoded(projection, stored, decoded, context.committed, watermarks, joined,
+                         context.emit_from, folder=folder)
     finally:
         store.close()
+    return _to_output(folder.outcome)
+
+
+def _load(store: ReadModelStore, keys: set[str], lookup_keys: set[str],
+          with_watermarks: bool) -> tuple[dict[str, KeyState], dict[str, int], dict[str, Any]]:
+    """Stored states, source watermarks and looked-up rows of a task's keys."""
+    lookup = store.projection.lookup
+    stored = store.load(keys)
+    watermarks = store.watermarks(keys) if with_watermarks and keys else {}
+    joined = lookup_rows(store.conn, lookup.projection, lookup_keys) if lookup and lookup_keys \
+        else {}
     return stored, watermarks, joined
 
 
@@ -332,11 +372,11 @@ def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
                    ).otherwise(F.col("fold_key"))
     columns = [_aggregate_column(projection, name) for name in projection.aggregates]
     version = F.max("streamVersion") if projection.key_by is None else F.count(F.lit(1))
-    # A (stream, version) twice in one batch counts once; every dead letter stays.
-    identity = F.when(letter, F.concat_ws("/", "topic", "partition", "offset")).otherwise(
-        F.concat_ws("#", "key", "streamVersion"))
-    partial = (events.withColumn("_identity", identity).dropDuplicates(["_identity"])
-               .withColumn("_group", group)
+    # A (stream, version) twice in one batch counts once; every dead letter is a group of its
+    # own. Both copies of an event have one key, so one shuffle by group serves the dedupe and
+    # the aggregation.
+    partial = (events.withColumn("_group", group).repartition("_group")
+               .dropDuplicates(["_group", "key", "streamVersion"])
                .groupBy("_group").agg(
                    *columns, version.alias("_version"),
                    F.max("globalPosition").alias("_position"),

@@ -16,8 +16,9 @@ import json
 import logging
 import uuid
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -101,6 +102,20 @@ def apply_event(projection: Projection, state: State | None, event: Event) -> St
     return None
 
 
+def _checked_fold(projection: Projection) -> Callable[[State | None, Event], State | None]:
+    """``projection.apply`` with its result checked, the column names looked up once."""
+    fold, columns = projection.apply, frozenset(projection.columns)
+    assert fold is not None
+
+    def step(state: State | None, event: Event) -> State | None:
+        after = fold(state, event)
+        if after is not None and (type(after) is not dict or not after.keys() <= columns):
+            check_state(projection, after)  # raises, with the reason
+        return after
+
+    return step
+
+
 def check_state(projection: Projection, state: State | None) -> None:
     if state is None:
         return
@@ -129,33 +144,42 @@ class KeyFolder:
         self.outcome = outcome
         self.emit_from = emit_from  # None: this run emits nothing (a replay behind the live one)
         self._seen: set[tuple[str, int]] = set()
+        self._step = (_checked_fold(projection) if projection.apply is not None
+                      else partial(apply_event, projection))
 
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]]) -> None:
+        # The per-event loop of every fold: lookups are hoisted into locals on purpose.
         projection, outcome, seen = self.projection, self.outcome, self._seen
+        marks, step, rekeyed = outcome.watermarks, self._step, projection.key_by is not None
+        derive = self._derive if projection.derive is not None and self.emit_from is not None \
+            else None
         state = stored.state if stored else None
         version = stored.version if stored else 0
         position = stored.position if stored else 0
-        applied = had_state = False
+        applied = 0
+        had_state = False
         for record, event in items:
             identity = (event.stream_id, event.stream_version)
             if identity in seen:
                 outcome.duplicates += 1
                 continue
             seen.add(identity)
-            outcome.see(event.stream_id, event.stream_version)
+            if identity[1] > marks.get(identity[0], 0):
+                marks[identity[0]] = identity[1]
             try:
-                after = apply_event(projection, state, event)
-                emissions = self._derive(record, event, state, after)
+                after = step(state, event)
+                emissions = derive(record, event, state, after) if derive else None
             except Exception as exc:  # a fold's bug must not stop the projection
                 outcome.dead_letters.append(DeadLetter(record, f"fold raised {exc!r}"))
                 continue
-            version = event.stream_version if projection.key_by is None else version + 1
+            version = version + 1 if rekeyed else event.stream_version
             position, state = event.global_position, after
-            applied, had_state = True, had_state or after is not None
+            applied += 1
+            had_state = had_state or after is not None
             if emissions:
                 outcome.emissions.extend(emissions)
-            outcome.applied += 1
+        outcome.applied += applied
         if not applied or not projection.has_state:
             return
         if stored is None and not had_state:
@@ -221,13 +245,18 @@ def fold_decoded(
     watermarks: Mapping[str, int] | None = None,
     lookup_rows: Mapping[str, State] | None = None,
     emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
+    folder: KeyFolder | None = None,
 ) -> FoldOutcome:
-    """``fold_records`` for records already decoded (by whichever decoder is fastest)."""
+    """``fold_records`` for records already decoded (by whichever decoder is fastest).
+
+    Records may come in chunks: pass the ``folder`` of the first chunk's call to the next ones
+    and their states, duplicates guard and outcome carry over."""
     committed = committed_offsets or {}
     if watermarks is None and projection.key_by is None:
         watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
     marks = watermarks or {}
-    outcome = FoldOutcome()
+    folder = folder or KeyFolder(projection, FoldOutcome(), emit_from)
+    outcome = folder.outcome
     by_key: dict[str, list[tuple[SourceRecord, Event]]] = defaultdict(list)
     for record, event, error in decoded:
         partition = (record.topic, record.partition)
@@ -241,7 +270,6 @@ def fold_decoded(
         routed = _route(projection, record, event, marks, lookup_rows or {}, outcome)
         if routed is not None:
             by_key[routed[0]].append((record, routed[1]))
-    folder = KeyFolder(projection, outcome, emit_from)
     for key, items in by_key.items():
         items.sort(key=lambda item: item[1].global_position)
         folder.fold(key, outcome.changed.get(key) or stored.get(key), items)

@@ -236,7 +236,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for key in end:
             begin.setdefault(key, 0)  # a partition that appeared since the last batch
         if isinstance(limit, ReadMaxRows):
-            end = _cap_rows(begin, end, limit.max_rows)
+            end = cap_rows(begin, end, limit.max_rows)
         return nest_offsets({k: max(end.get(k, v), v) for k, v in begin.items()})
 
     def reportLatestOffset(self) -> dict[str, Any] | None:
@@ -264,7 +264,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._planner = None
 
 
-def _cap_rows(
+def cap_rows(
     begin: Mapping[PartitionKey, int], end: Mapping[PartitionKey, int], max_rows: int
 ) -> dict[PartitionKey, int]:
     """Share ``max_rows`` fairly over partitions with data; leftovers go to the busier ones."""

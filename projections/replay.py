@@ -84,12 +84,12 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         progress = ReplayProgress(projection.name, plan.events)
         builder = ProjectionRunner(spark, projection, settings, version=new, progress=progress)
         if plan.store_head:
-            builder.catch_up_from_store(plan.store_head, spark.sparkContext.defaultParallelism)
+            builder.fold_store_up_to(plan.store_head, spark.sparkContext.defaultParallelism)
         bound = plan.bound
-        builder.catch_up(ending_offsets=bound)
+        builder.fold_topics_up_to(bound)
         with versions.locked(projection.name) as conn:
             final = _bound(live.committed_offsets(), settings, projection, at_least=bound)
-            builder.catch_up(ending_offsets=final)
+            builder.fold_topics_up_to(final)
             builder.store.publish_view(conn)
             versions.activate(conn, projection.name, new, builder.store.committed_offsets())
             live.drop(conn)

@@ -28,14 +28,13 @@ from projections.engine import (
     KeySplitAcrossPartitions,
     SourceSlice,
     folds_in_place,
-    guard_applied,
     read_events,
     run_aggregation,
     run_fold,
     run_fold_in_place,
 )
 from projections.fold import FoldOutcome
-from projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange
+from projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
 from projections.projection import Projection
 from projections.sinks import ReadModelStore, TopicSink
 from projections.store_source import STORE_PARTITION, store_slices
@@ -137,14 +136,34 @@ class ProjectionRunner:
                   for r in _unread_ranges(committed, end)]
         self._apply(batch_id, committed, end, slices, records)
 
-    def catch_up_from_store(self, upto: int, buckets: int) -> None:
+    # -- bounded catch-ups (a replay): plain Spark jobs, no streaming query --------------------
+    # The store's checkpoint is the only one they need, so they skip the query's start-up and
+    # its checkpoint files, and an interrupted replay resumes from what the store committed.
+
+    def fold_topics_up_to(self, ending: Mapping[PartitionKey, int]) -> None:
+        """Fold the source topics up to ``ending``, at most ``max_rows_per_batch`` records
+        per batch."""
+        self.prepare()
+        batch_id = self._next_batch_id()
+        while True:
+            committed = self.store.committed_offsets()
+            begin = {k: committed.get(k, 0) for k in ending}
+            end = cap_rows(begin, ending, max(self.settings.max_rows_per_batch, 1))
+            records = sum(end[k] - begin[k] for k in end)
+            if records <= 0:
+                return
+            slices = [KafkaSlice(self.settings.bootstrap_servers, r)
+                      for r in _unread_ranges(committed, end)]
+            self._apply(batch_id, committed, end, slices, records)
+            batch_id += 1
+
+    def fold_store_up_to(self, upto: int, buckets: int) -> None:
         """Fold the event store's log up to global position ``upto``, in windows of
-        ``max_rows_per_batch`` positions. Each window commits like a micro-batch (its end is
-        the checkpoint), so an interrupted replay resumes after its last window."""
+        ``max_rows_per_batch`` positions, each read by ``buckets`` tasks."""
         self.prepare()
         sources = tuple(self.projection.sources)
         window = max(self.settings.max_rows_per_batch, 1)
-        batch_id = 0
+        batch_id = self._next_batch_id()
         while (after := self.store.committed_offsets().get(STORE_PARTITION, 0)) < upto:
             end = min(after + window, upto)
             with self.store.conn.transaction():
@@ -153,6 +172,10 @@ class ProjectionRunner:
             self._apply(batch_id, self.store.committed_offsets(), {STORE_PARTITION: end},
                         slices, records)
             batch_id += 1
+
+    def _next_batch_id(self) -> int:
+        checkpoint = self.store.checkpoint()
+        return int(checkpoint["batch_id"]) + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
                end: dict[PartitionKey, int], slices: list[SourceSlice], records: int) -> None:
@@ -184,8 +207,7 @@ class ProjectionRunner:
                 log.warning("projection %s batch %d: key %r is in more than one partition; "
                             "folding the batch after a shuffle", projection.name, batch_id,
                             str(split))
-        events = guard_applied(self.spark, read_events(self.spark, slices, projection),
-                               self.store.watermarks())
+        events = read_events(self.spark, slices, context)
         if projection.kind == "aggregation":
             return run_aggregation(events, projection)
         return run_fold(events, context)

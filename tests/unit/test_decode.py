@@ -13,12 +13,14 @@ from sqlalchemy import BigInteger, Float, String
 from outbox import EventEnvelope
 from projections import Count, Latest, Sum, aggregation
 from projections.decode import (
+    EVENT_FIELDS,
     _decode_columnar,
     _decode_per_record,
     decode_events,
-    decoded_schema,
     field_column,
+    with_fields,
 )
+from projections.engine import drop_applied
 from projections.kafka_source import ARROW_SCHEMA
 
 TOPIC = "eventfold.events.Sale"
@@ -59,7 +61,7 @@ sale = st.fixed_dictionaries({
 @given(st.lists(sale, min_size=1, max_size=30))
 def test_arrow_and_per_record_paths_agree(sales: list[dict[str, Any]]) -> None:
     table = records([envelope(i, data) for i, data in enumerate(sales)])
-    schema = decoded_schema(per_store)
+    schema = with_fields(EVENT_FIELDS, per_store)
     columnar = _decode_columnar(table, per_store, schema)
     assert columnar is not None
     per_record = _decode_per_record(table, per_store, schema)
@@ -94,3 +96,23 @@ def test_a_field_of_another_type_is_null_not_a_failure() -> None:
     assert row["reason"] is None
     assert row[field_column("total")] is None and row[field_column("basket")] is None
     assert row[field_column("city")] == "3"
+
+
+class _Watermarks:
+    """The one thing ``drop_applied`` asks a store: the watermarks of some streams."""
+
+    def __init__(self, marks: dict[str, int]) -> None:
+        self.marks = marks
+
+    def watermarks(self, streams: list[str]) -> dict[str, int]:
+        return {s: self.marks[s] for s in streams if s in self.marks}
+
+
+def test_events_at_or_below_their_stream_watermark_are_dropped_dead_letters_kept() -> None:
+    table = records([envelope(i, {"store": "a", "total": i}) for i in range(6)] + [None],
+                    keys=["s0", "s1", "s2", "s0", "s1", "s2", "s0"])
+    events = decode_events(table, per_store)  # versions are offset + 1
+    kept = drop_applied(events, _Watermarks({"s0": 4, "s1": 1}))  # type: ignore[arg-type]
+    assert kept.column("offset").to_pylist() == [1, 2, 4, 5, 6]  # s0 v1 and v4 were applied
+    assert kept.column("reason").to_pylist()[-1] is not None
+    assert drop_applied(events, _Watermarks({})).num_rows == 7  # type: ignore[arg-type]

@@ -3,13 +3,13 @@ from hypothesis import strategies as st
 
 from outbox.kafka import flatten_offsets as _flatten
 from outbox.kafka import nest_offsets as _to_offsets
-from projections.kafka_source import _cap_rows
+from projections.kafka_source import cap_rows
 
 
 def test_cap_shares_rows_across_partitions() -> None:
     begin = {("t", 0): 0, ("t", 1): 100, ("t", 2): 5}
     end = {("t", 0): 1000, ("t", 1): 110, ("t", 2): 5}
-    capped = _cap_rows(begin, end, 100)
+    capped = cap_rows(begin, end, 100)
     assert capped == {("t", 0): 90, ("t", 1): 110, ("t", 2): 5}
 
 
@@ -18,7 +18,7 @@ def test_cap_shares_rows_across_partitions() -> None:
 def test_cap_never_exceeds_limit_or_backlog(parts, max_rows) -> None:
     begin = {("t", p): b for p, (b, _) in parts.items()}
     end = {("t", p): b + n for p, (b, n) in parts.items()}
-    capped = _cap_rows(begin, end, max_rows)
+    capped = cap_rows(begin, end, max_rows)
     taken = sum(capped[k] - begin[k] for k in begin)
     assert taken == min(max_rows, sum(end[k] - begin[k] for k in begin))
     assert all(begin[k] <= capped[k] <= end[k] for k in begin)
