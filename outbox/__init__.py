@@ -1,8 +1,9 @@
 """Outbox: change data capture from the Postgres outbox into Kafka, and the wire format.
 
 Owns: the declarative Debezium connector spec and its Kafka Connect configuration, the Connect
-REST client (``requests``), event topic naming and creation, and the envelope of the messages
-on those topics (what downstream consumers decode).
+REST client (``requests``), event topic naming and creation, the envelope of the messages
+on those topics (what downstream consumers decode), and the event store's log rendered in that
+envelope (``history``), for consumers that must start before the topics' retained head.
 
 May import: ``write_model.schema`` (table and publication names), confluent-kafka, requests.
 It never imports projections or read_api.

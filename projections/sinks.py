@@ -19,8 +19,9 @@ import psycopg
 from confluent_kafka import Producer
 from psycopg import sql
 from psycopg.types.json import Jsonb
-from sqlalchemy.dialects import postgresql
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
 
 from outbox import TopicAdmin
 from outbox.kafka import flatten_offsets, nest_offsets
@@ -28,6 +29,7 @@ from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG
 from projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
 from projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
 from projections.projection import Projection
+from projections.schema import migrate, sources_table, state_table
 
 log = logging.getLogger(__name__)
 
@@ -45,14 +47,6 @@ def libpq_url(database_url: str) -> str:
         hide_password=False)
 
 
-def state_table(projection: Projection, version: int) -> str:
-    return f"{projection.table}__v{version}"
-
-
-def sources_table(projection: Projection, version: int) -> str:
-    return f"{projection.table}__v{version}_sources"
-
-
 def _names(names: Iterable[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
@@ -63,6 +57,7 @@ class ReadModelStore:
     def __init__(self, database_url: str, projection: Projection, version: int) -> None:
         self.projection = projection
         self.version = version
+        self.database_url = database_url
         self.conn = psycopg.connect(libpq_url(database_url))
         self._columns = list(projection.columns)
         self._table = sql.Identifier(state_table(projection, version))
@@ -70,32 +65,18 @@ class ReadModelStore:
 
     # -- schema -----------------------------------------------------------------------------
     def ensure_schema(self) -> None:
+        """Create or migrate this version's tables through Alembic (``schema``)."""
+        engine = create_engine(self.database_url, poolclass=NullPool)
+        try:
+            with engine.begin() as conn:
+                for change in migrate(conn, self.projection, self.version):
+                    log.info("projection %s v%d: %s", self.projection.name, self.version, change)
+        finally:
+            engine.dispose()
         with self.conn.transaction():
-            self.conn.execute(sql.SQL(
-                "CREATE TABLE IF NOT EXISTS {} (stream_id TEXT PRIMARY KEY, version BIGINT "
-                "NOT NULL)").format(self._sources))
             # the read API waits on these watermarks for read-your-writes
             self.conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
                 self._sources, sql.Identifier(READER_ROLE)))
-            if not self.projection.has_state:
-                return
-            dialect = postgresql.dialect()
-            column_defs = [
-                sql.SQL("{} {}").format(sql.Identifier(name), sql.SQL(col.compile(dialect=dialect)))
-                for name, col in self.projection.columns.items()
-            ]
-            self.conn.execute(sql.SQL("""
-                CREATE TABLE IF NOT EXISTS {table} (
-                    key TEXT PRIMARY KEY, {columns},
-                    _version BIGINT NOT NULL, _position BIGINT NOT NULL,
-                    _deleted BOOLEAN NOT NULL DEFAULT false,
-                    _updated_at TIMESTAMPTZ NOT NULL DEFAULT now())
-            """).format(table=self._table, columns=sql.SQL(", ").join(column_defs)))
-            for column in self.projection.indexes:
-                # (column, key): the read API pages sorted on a column with the key as tie-break
-                self.conn.execute(sql.SQL("CREATE INDEX IF NOT EXISTS {} ON {} ({}, key)").format(
-                    sql.Identifier(f"{state_table(self.projection, self.version)}_{column}"),
-                    self._table, sql.Identifier(column)))
 
     def publish_view(self, conn: psycopg.Connection) -> None:
         """Point the user-facing view at this version (inside the caller's transaction).

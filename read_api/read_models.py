@@ -14,7 +14,8 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from projections import Projection
-from projections.sinks import libpq_url, sources_table
+from projections.schema import sources_table
+from projections.sinks import libpq_url
 from read_api.query import Filter, ListQuery, count_query, encode_cursor, get_query, page_query
 from read_api.schema import ReadModelSchema
 
