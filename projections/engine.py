@@ -38,6 +38,7 @@ from projections.decode import (
 )
 from projections.fold import (
     DeadLetter,
+    Decoded,
     Emission,
     FoldOutcome,
     KeyFolder,
@@ -121,15 +122,12 @@ def _chunks(source_slice: SourceSlice, rows: int = TASK_CHUNK_ROWS) -> Iterator[
 
 def decode_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSlice],
                 context: BatchContext) -> Iterator[pa.RecordBatch]:
-    store = ReadModelStore(context.database_url, context.projection, context.version)
-    try:
-        with paused_gc():
-            for source_slice in _slices_of_task(batches, slices):
-                for records in _chunks(source_slice):
-                    events = decode_events(records, context.projection)
-                    yield from drop_applied(events, store).to_batches()
-    finally:
-        store.close()
+    with paused_gc(), ReadModelStore(context.database_url, context.projection,
+                                     context.version) as store:
+        for source_slice in _slices_of_task(batches, slices):
+            for records in _chunks(source_slice):
+                events = decode_events(records, context.projection)
+                yield from drop_applied(events, store).to_batches()
 
 
 @contextmanager
@@ -164,10 +162,8 @@ def drop_applied(events: pa.Table, store: ReadModelStore) -> pa.Table:
 
 def run_fold(events: DataFrame, context: BatchContext) -> FoldOutcome:
     """Shuffle by key, fold on the executors, gather the O(keys) results on the driver."""
-    # The raw value only travels for dead letters: the fold needs the decoded fields.
     ordered = (events.repartition("fold_key")
                .sortWithinPartitions("fold_key", "globalPosition")
-               .withColumn("value", F.when(F.col("reason").isNotNull(), F.col("value")))
                .select(*FOLD_INPUT))
     results = ordered.mapInArrow(lambda batches: fold_task(batches, context), OUTPUT_DDL)
     return gather(results.toArrow())
@@ -190,15 +186,13 @@ def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.Record
         on = projection.lookup.on
         lookup_keys = {str(orjson.loads(p).get(on))
                        for p, r in zip(rows["payload"], rows["reason"], strict=True) if r is None}
-    store = ReadModelStore(context.database_url, projection, context.version)
-    try:
-        stored, _, joined = _load(store, keys, lookup_keys, with_watermarks=False)
-    finally:
-        store.close()
+    with ReadModelStore(context.database_url, projection, context.version) as store:
+        known = KnownKeys(store)
+        known.load(keys, lookup_keys, with_watermarks=False)  # the decode task guarded
     outcome = FoldOutcome()
     folder = KeyFolder(projection, outcome, context.emit_from)
-    for key, items in _events_by_key(rows, outcome, joined, projection):
-        folder.fold(key, stored.get(key), items)
+    for key, items in _events_by_key(rows, outcome, known.joined, projection):
+        folder.fold(key, known.stored.get(key), items)
     return _to_output(outcome)
 
 
@@ -231,47 +225,49 @@ def read_and_fold_task(batches: Iterator[pa.RecordBatch], slices: Sequence[Sourc
 def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBatch:
     """Read, decode and fold one partition's records chunk by chunk (the states carry over);
     the output rows ``gather`` merges."""
-    projection = context.projection
-    folder = KeyFolder(projection, FoldOutcome(), context.emit_from)
-    stored: dict[str, KeyState] = {}
-    watermarks: dict[str, int] = {}
-    joined: dict[str, Any] = {}
-    loaded: set[str] = set()
-    store = ReadModelStore(context.database_url, projection, context.version)
-    try:
+    folder = KeyFolder(context.projection, FoldOutcome(), context.emit_from)
+    with ReadModelStore(context.database_url, context.projection, context.version) as store:
+        known = KnownKeys(store)
         for records in _chunks(source_slice):
             decoded = decode_to_events(records)
             if decoded is None:  # something Arrow's reader would not take: one at a time
                 decoded = list(decode_records(SourceRecord(*row) for row in zip(
                     *(records.column(c).to_pylist() for c in RECORD_COLUMNS), strict=True)))
-            keys = {record.key for record, _, _ in decoded if record.key is not None} - loaded
-            lookup_keys: set[str] = set()
-            if projection.lookup is not None:
-                on = projection.lookup.on
-                lookup_keys = {str(event.data.get(on)) for _, event, _ in decoded
-                               if event is not None} - joined.keys()
-            more_stored, more_marks, more_joined = _load(store, keys, lookup_keys,
-                                                         with_watermarks=True)
-            stored.update(more_stored)
-            watermarks.update(more_marks)
-            joined.update(more_joined)
-            loaded |= keys
-            fold_decoded(projection, stored, decoded, context.committed, watermarks, joined,
-                         context.emit_from, folder=folder)
-    finally:
-        store.close()
+            known.load_for(decoded)
+            fold_decoded(context.projection, known.stored, decoded, context.committed,
+                         known.watermarks, known.joined, context.emit_from, folder=folder)
     return _to_output(folder.outcome)
 
 
-def _load(store: ReadModelStore, keys: set[str], lookup_keys: set[str],
-          with_watermarks: bool) -> tuple[dict[str, KeyState], dict[str, int], dict[str, Any]]:
-    """Stored states, source watermarks and looked-up rows of a task's keys."""
-    lookup = store.projection.lookup
-    stored = store.load(keys)
-    watermarks = store.watermarks(keys) if with_watermarks and keys else {}
-    joined = lookup_rows(store.conn, lookup.projection, lookup_keys) if lookup and lookup_keys \
-        else {}
-    return stored, watermarks, joined
+class KnownKeys:
+    """The stored states, watermarks and looked-up rows of the keys a task has met so far:
+    each chunk loads only the keys it brings new."""
+
+    def __init__(self, store: ReadModelStore) -> None:
+        self.store = store
+        self.stored: dict[str, KeyState] = {}
+        self.watermarks: dict[str, int] = {}
+        self.joined: dict[str, Any] = {}
+        self._loaded: set[str] = set()
+
+    def load_for(self, decoded: list[Decoded]) -> None:
+        keys = {record.key for record, _, _ in decoded if record.key is not None} - self._loaded
+        lookup = self.store.projection.lookup
+        lookup_keys: set[str] = set()
+        if lookup is not None:
+            lookup_keys = {str(event.data.get(lookup.on)) for _, event, _ in decoded
+                           if event is not None} - self.joined.keys()
+        self.load(keys, lookup_keys, with_watermarks=True)
+
+    def load(self, keys: set[str], lookup_keys: set[str], with_watermarks: bool) -> None:
+        lookup = self.store.projection.lookup
+        if keys:
+            self.stored.update(self.store.load(keys))
+            if with_watermarks:
+                self.watermarks.update(self.store.watermarks(keys))
+        if lookup is not None and lookup_keys:
+            self.joined.update(lookup_rows(self.store.conn, lookup.projection, lookup_keys))
+        self._loaded |= keys
 
 
 def _columns(table: pa.Table) -> dict[str, list[Any]]:

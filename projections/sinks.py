@@ -296,6 +296,12 @@ class ReadModelStore:
     def close(self) -> None:
         self.conn.close()
 
+    def __enter__(self) -> ReadModelStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 def lookup_rows(conn: psycopg.Connection, table: str, keys: Iterable[str]) -> dict[str, Any]:
     """Rows of another projection's view by key, as dicts: the table side of a lookup."""
