@@ -44,6 +44,10 @@ def consumer_config(bootstrap_servers: str, **overrides: object) -> dict[str, ob
         # A broker may answer a waiting fetch only when the wait expires (Tansu does), so a
         # short wait bounds latency; against Kafka it only means more idle fetches.
         "fetch.wait.max.ms": 20,
+        # A reader is re-assigned for every range it reads. With the default (1 s), a range
+        # read after one that filled the prefetch queue waited a second for its first fetch
+        # (measured: 10 messages took 1.1 s, and 0.08 s with this).
+        "fetch.queue.backoff.ms": 10,
         **overrides,
     }
 
