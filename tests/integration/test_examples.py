@@ -11,10 +11,11 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from examples import orders, point_of_sale, sales
+from outbox import EventEnvelope, event_topic
 from projections import Lookup, Projection
 from projections.replay import replay
 from projections.versions import ProjectionVersions
-from tests.kafka_helpers import read_table, read_topic
+from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
     catch_up,
     make_runner,
@@ -138,6 +139,36 @@ def test_spark_aggregation_matches_the_event_store(stack_settings, spark, engine
                                                                  f"{unique}-b": 3}
     ktable = read_table(stack_settings.kafka_bootstrap, stats.ktable_topic)
     assert ktable[f"{unique}-a"] == {"revenue": 25, "sales": 4, "largest_sale": 11}
+
+
+def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
+        stack_settings, spark, engine, unique) -> None:
+    """The Spark path (decode in the read task, one shuffle, groupBy): each bad record is a
+    dead letter of its own, with its raw value and reason, and the good ones aggregate."""
+    sales.app.setup(stack_settings)
+    stats = renamed(sales.sales_stats, unique)
+    bus = sales.app.command_bus(stack_settings)
+    topic = event_topic("ProductSales")
+    list_payload = EventEnvelope(event_id=f"{unique}-x", event_type="SaleRecorded",
+                                 stream_id=f"{unique}-list", stream_version=1,
+                                 global_position=1, recorded_at="", data={}).encode()[1]
+    list_payload = list_payload.replace('"payload": "{}"', '"payload": "[1, 2]"')
+    produce(stack_settings.kafka_bootstrap, topic, f"{unique}-garbled", "{not json")
+    produce(stack_settings.kafka_bootstrap, topic, f"{unique}-list", list_payload)
+    for value in (5, 7):
+        bus.execute(sales.RecordSale(product=f"{unique}-a", value=value))
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 4)
+    catch_up(spark, stack_settings, stats)
+
+    assert rows(engine, stats.table, unique, "revenue") == {f"{unique}-a": 12}
+    letters = {letter["key"]: letter for letter in (
+        json.loads(r["value"]) for r in read_topic(stack_settings.kafka_bootstrap,
+                                                    stats.dead_letter_topic))}
+    assert set(letters) == {f"{unique}-garbled", f"{unique}-list"}
+    assert letters[f"{unique}-garbled"]["value"] == "{not json"
+    assert "undecodable" in letters[f"{unique}-garbled"]["error"]
+    assert letters[f"{unique}-list"]["error"] == "event payload is not a JSON object"
+    assert all(letter["topic"] == topic for letter in letters.values())
 
 
 def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
