@@ -81,8 +81,9 @@ def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_sett
 
 def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         stack_settings, tmp_path, unique) -> None:
-    """SIGKILL of `projection run` at any point loses and doubles nothing; `projection replay`
-    rebuilds the same state and notifies no one again."""
+    """SIGKILL of `projection run` at any point loses and doubles nothing; `projection replay`,
+    from the topics or from the event store, rebuilds the same state and notifies no one
+    again."""
     from examples import sales
     from tests.kafka_helpers import read_table, read_topic
     from tests.pipeline_helpers import wait_until_in_topic
@@ -143,3 +144,12 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
     rows, ktable, notes_after = state()
     assert rows == expected and ktable == expected
     assert len(notes_after) == len(notes)  # a replay notifies no one again
+
+    from_store = eventfold("projection", "replay", totals.name, "--from", "store", env=env,
+                           timeout=300)
+    assert from_store.returncode == 0, from_store.stderr[-3000:]
+    assert "v3 active" in from_store.stdout
+    assert "from the event store up to position" in from_store.stderr
+    rows, ktable, notes_after = state()
+    assert rows == expected and ktable == expected
+    assert len(notes_after) == len(notes)
