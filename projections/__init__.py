@@ -1,9 +1,10 @@
 """Projections: fold event topics into KTables and SQL read models, on Spark.
 
 Owns: projection definitions (a per-key fold plus its read model columns), the fold engine
-(plain Python, also used by tests), the Spark Kafka data source, the streaming runner, and the
-sinks (Postgres read model with checkpoint, KTable, dead-letter and derived-event topics),
-versions and replay.
+(plain Python, also used by tests), decoding records in Arrow, the Spark plan, the sources (the
+Kafka data source, and the event store for replays), the streaming runner, the read model
+schemas (migrated through Alembic), the sinks (Postgres read model with checkpoint, KTable,
+dead-letter and derived-event topics), versions and replay.
 
 May import: ``outbox`` (topic names, the event envelope, Kafka readers), pyspark,
 confluent-kafka, psycopg, SQLAlchemy types. Never ``write_model`` or ``read_api``.

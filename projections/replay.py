@@ -112,6 +112,7 @@ class ReplayPlan:
     store_head: int
     """The event store's newest position when the build reads the store first (else 0)."""
     events: int
+    """How many records the build reads: the progress bar's total."""
 
     def __str__(self) -> str:
         topics = f"the topics up to {_describe(self.bound)}"

@@ -59,13 +59,10 @@ def projection_status(projection: Projection, database_url: str,
         version = 1  # never ran: everything is lag
     finally:
         versions.close()
-    store = ReadModelStore(database_url, projection, version)
-    try:
+    with ReadModelStore(database_url, projection, version) as store:
         checkpoint = store.checkpoint()
         committed = store.committed_offsets()
         rows = store.live_rows()
-    finally:
-        store.close()
     planner = OffsetPlanner(bootstrap_servers)
     try:
         partitions = planner.partitions(projection.source_topics)
