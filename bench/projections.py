@@ -3,8 +3,10 @@ partitions, side by side with a plain single-process Python fold of the same eve
 
 Measures: the streaming fold into Postgres + KTable (steady state, after the first batch),
 a replay of that Python-fold projection and of a Spark-aggregation projection (end to end,
-switch included), a plain confluent-kafka loop folding into a dict, and the peak memory of
-this process tree (Spark's JVM and Python workers; the stack's own processes left out).
+switch included), a replay of the Python fold from the event store (the same events written
+to it by COPY; the topics, read after it, bring them all again as duplicates), a plain
+confluent-kafka loop folding into a dict, and the peak memory of this process tree (Spark's
+JVM and Python workers; the stack's own processes left out).
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.projections [--events 1000000] [--keys 10000]
@@ -17,8 +19,10 @@ import json
 import logging
 import tempfile
 import time
+import uuid
 from pathlib import Path
 
+import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import BigInteger
 
@@ -32,6 +36,7 @@ from projections import Count, Event, Max, Projection, State, Sum, aggregation, 
 from projections.fold import FoldOutcome
 from projections.replay import ReplayResult, replay
 from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from projections.sinks import libpq_url
 from projections.spark import spark_session
 
 SOURCE = "BenchSale"
@@ -74,6 +79,23 @@ def produce_events(bootstrap: str, events: int, keys: int, partitions: int) -> f
             except BufferError:
                 producer.poll(0.05)
     producer.flush(120)
+    return events / (time.perf_counter() - started)
+
+
+def write_history(database_url: str, events: int, keys: int) -> float:
+    """The same events, in the event store only (as if the topics had dropped them), by COPY.
+    Returns events/s."""
+    versions = [0] * keys
+    started = time.perf_counter()
+    with psycopg.connect(libpq_url(database_url)) as conn, conn.cursor() as cursor, \
+            cursor.copy("COPY events (event_id, stream_id, stream_type, stream_version, "
+                        "event_type, data) FROM STDIN") as copy:
+        for position in range(1, events + 1):
+            k = position % keys
+            versions[k] += 1
+            copy.write_row((uuid.uuid4(), f"product-{k}", SOURCE, versions[k], "SaleRecorded",
+                            json.dumps({"product": f"product-{k}",
+                                        "value": position % 97 + 1})))
     return events / (time.perf_counter() - started)
 
 
@@ -184,6 +206,14 @@ def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: P
         print(f"streaming Spark aggregation, steady state: {agg_stream:,.0f} events/s", flush=True)
         agg_replay = replay(spark, bench_stats, replay_settings)
         report_replay("Spark aggregation", agg_replay)
+        history_rate = write_history(database_url, args.events, args.keys)
+        print(f"wrote the same {args.events:,} events to the event store at "
+              f"{history_rate:,.0f} events/s", flush=True)
+        store_replay = replay(spark, bench_totals, replay_settings, source="store")
+        print(f"replay of the Python fold from the event store, then the topics (all "
+              f"{args.events:,} seen again there, skipped as duplicates): "
+              f"{store_replay.seconds:.1f} s, {args.events / store_replay.seconds:,.0f} "
+              f"events/s of history", flush=True)
         spark.stop()
     peak_mb = memory.peak / 2**20
     print(f"peak RSS of this process tree (driver, Spark JVM, Python workers): {peak_mb:,.0f} MB"
@@ -194,6 +224,7 @@ def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: P
         "replay_aggregation_events_per_s": round(agg_replay.events_per_s),
         "replay_python_fold_events_per_s": round(fold_replay.events_per_s),
         "plain_python_fold_events_per_s": round(plain),
+        "replay_from_store_events_per_s": round(args.events / store_replay.seconds),
         "peak_rss_mb": round(peak_mb),
     }
     for name, target in TARGETS.items():
