@@ -46,8 +46,8 @@ def ensure(stack_settings, projection: Projection) -> None:
         store.close()
 
 
-def test_tables_are_created_then_grow_by_columns_and_indexes(stack_settings, engine,
-                                                            unique) -> None:
+def test_tables_are_created_grow_columns_and_indexes_and_drop_undeclared_indexes(
+        stack_settings, engine, unique) -> None:
     base = Projection(name=f"schema_{unique}", sources=("Thing",), apply=keep,
                       columns={"total": BigInteger()})
     ensure(stack_settings, base)
@@ -64,6 +64,9 @@ def test_tables_are_created_then_grow_by_columns_and_indexes(stack_settings, eng
         (f"{table}_label", ["label", "key"])]
     with engine.begin() as conn:  # every declared type reads back as itself: nothing to do
         assert migrate(conn, grown, 1) == []
+
+    ensure(stack_settings, dataclasses.replace(grown, indexes=()))  # an index no longer declared
+    assert inspect(engine).get_indexes(table) == []
 
 
 def test_a_removed_or_retyped_column_asks_for_a_replay(stack_settings, engine, unique) -> None:
