@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+from eventfold.config import Settings
+from local_stack import LocalStack
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -83,3 +89,19 @@ class PeakMemory:
         """Who held the memory at the peak: ``java 1,234 MB, python3 456 MB, ...``."""
         parts = sorted(((rss, name) for name, rss in self.at_peak.values()), reverse=True)
         return ", ".join(f"{name} {rss / 2**20:,.0f} MB" for rss, name in parts if rss)
+
+
+@contextmanager
+def own_stack(prefix: str) -> Iterator[tuple[Settings, Path]]:
+    """A local stack of the benchmark's own in a new temporary directory (settings pointing at
+    it, and the directory); stopped, by PID, on the way out."""
+    root = Path(tempfile.mkdtemp(prefix=prefix))
+    stack = LocalStack(root / "stack")
+    endpoints = stack.up()
+    try:
+        yield Settings(database_url=endpoints.database_url,
+                       kafka_bootstrap=endpoints.kafka_bootstrap,
+                       connect_url=endpoints.connect_url,
+                       checkpoint_dir=root / "checkpoints"), root
+    finally:
+        stack.down()

@@ -11,21 +11,18 @@ import dataclasses
 import json
 import logging
 import statistics
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import psycopg
 import requests
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from bench.common import percentile
+from bench.common import own_stack, percentile
 from eventfold.config import Settings
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, app, inventory_totals
-from local_stack import LocalStack
 from local_stack.process import free_port
 from outbox import ConnectClient, event_topic
 from outbox.kafka import OffsetPlanner, consumer_config
@@ -126,17 +123,8 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="eventfold-bench-"))
-    stack = LocalStack(root / "stack")
-    endpoints = stack.up()
-    try:
-        settings = Settings(
-            database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
-            connect_url=endpoints.connect_url, checkpoint_dir=root / "checkpoints",
-        )
+    with own_stack("eventfold-bench-") as (settings, _):
         run(settings, args)
-    finally:
-        stack.down()
 
 
 def run(settings: Settings, args: argparse.Namespace) -> None:

@@ -19,7 +19,6 @@ import random
 import re
 import subprocess
 import sys
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,9 +27,9 @@ from pathlib import Path
 import psycopg
 import requests
 
+from bench.common import own_stack
 from eventfold.config import Settings
 from examples.inventory import app, inventory_totals
-from local_stack import LocalStack
 from local_stack.process import free_port, stop_pid
 from projections.runner import ProjectionRunner, RunnerSettings
 from projections.sinks import libpq_url
@@ -221,17 +220,8 @@ def main() -> None:
                         "holds the whole KTable); 2 on our 2-core machines")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    root = Path(tempfile.mkdtemp(prefix="eventfold-read-bench-"))
-    stack = LocalStack(root / "stack")
-    endpoints = stack.up()
-    try:
-        settings = Settings(database_url=endpoints.database_url,
-                            kafka_bootstrap=endpoints.kafka_bootstrap,
-                            connect_url=endpoints.connect_url,
-                            checkpoint_dir=root / "checkpoints")
+    with own_stack("eventfold-read-bench-") as (settings, root):
         figures = run(settings, args, root)
-    finally:
-        stack.down()
     print(json.dumps(figures))
 
 

@@ -97,14 +97,23 @@ def _read_lines(lines: pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:
     return parsed if parsed.num_rows == len(texts) else None
 
 
-def _decode_columnar(records: pa.Table, projection: Projection,
-                     schema: pa.Schema) -> pa.Table | None:
-    keys, values = records.column("key"), records.column("value")
-    if keys.null_count or values.null_count:
+def _read_envelopes(records: pa.Table) -> pa.Table | None:
+    """The records' envelopes as columns; None when a record has no key or value, or an
+    envelope is not one line of JSON with every required field."""
+    if records.column("key").null_count or records.column("value").null_count:
         return None
-    envelopes = _read_lines(values, ENVELOPE_ARROW)
+    envelopes = _read_lines(records.column("value"), ENVELOPE_ARROW)
     if envelopes is None or any(envelopes.column(c).null_count for c in REQUIRED):
         return None
+    return envelopes
+
+
+def _decode_columnar(records: pa.Table, projection: Projection,
+                     schema: pa.Schema) -> pa.Table | None:
+    envelopes = _read_envelopes(records)
+    if envelopes is None:
+        return None
+    keys, values = records.column("key"), records.column("value")
     fields = payload_fields(projection)
     wanted = dict(fields)
     if projection.key_by is not None:
@@ -198,14 +207,11 @@ def decode_to_events(records: pa.Table) -> list[Decoded] | None:
     """The records as (record, event) pairs for a Python fold, envelopes parsed in one call of
     Arrow's reader and only the event data parsed per event; None when a record does not fit
     that mould (for ``decode_records``, one at a time)."""
-    keys, values = records.column("key"), records.column("value")
-    if keys.null_count or values.null_count:
+    envelopes = _read_envelopes(records)
+    if envelopes is None:
         return None
-    envelopes = _read_lines(values, ENVELOPE_ARROW)
-    if envelopes is None or any(envelopes.column(c).null_count for c in REQUIRED):
-        return None
-    columns = [records.column(c).to_pylist() for c in ("topic", "partition", "offset")]
-    columns += [keys.to_pylist(), values.to_pylist()]
+    columns = [records.column(c).to_pylist() for c in ("topic", "partition", "offset", "key",
+                                                        "value")]
     columns += [envelopes.column(c).to_pylist() for c in ENVELOPE_ARROW.names]
     return [decoded_event(*row) for row in zip(*columns, strict=True)]
 

@@ -164,13 +164,16 @@ class ProjectionRunner:
         sources = tuple(self.projection.sources)
         window = max(self.settings.max_rows_per_batch, 1)
         batch_id = self._next_batch_id()
-        while (after := self.store.committed_offsets().get(STORE_PARTITION, 0)) < upto:
+        while True:
+            committed = self.store.committed_offsets()
+            after = committed.get(STORE_PARTITION, 0)
+            if after >= upto:
+                return
             end = min(after + window, upto)
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
             slices = store_slices(self.settings.database_url, sources, after, end, buckets)
-            self._apply(batch_id, self.store.committed_offsets(), {STORE_PARTITION: end},
-                        slices, records)
+            self._apply(batch_id, committed, {STORE_PARTITION: end}, slices, records)
             batch_id += 1
 
     def _next_batch_id(self) -> int:

@@ -37,18 +37,33 @@ P = TypeVar("P", bound=_Pending)  # type: ignore[type-arg]
 
 
 class BatchQueue(Generic[P]):
-    """Waiting units in arrival order, and the keys of the batches in flight.
+    """Waiting units in arrival order, the keys of the batches in flight, and the commit
+    slots: at most ``max_concurrent`` leaders commit at once.
 
     Not thread-safe by itself: ``GroupCommit`` calls it under its lock, ``AsyncGroupCommit``
     from the event loop only.
     """
 
-    def __init__(self, max_batch: int) -> None:
+    def __init__(self, max_batch: int, max_concurrent: int = 1) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be at least 1")
+        if max_concurrent < 1:
+            raise ValueError("max_concurrent must be at least 1")
         self.max_batch = max_batch
+        self.max_concurrent = max_concurrent
         self.waiting: deque[P] = deque()
         self._in_flight: Counter[Hashable] = Counter()
+        self._leaders = 0
+
+    def claim_lead(self) -> bool:
+        """Take a free commit slot, if there is one."""
+        if self._leaders >= self.max_concurrent:
+            return False
+        self._leaders += 1
+        return True
+
+    def release_lead(self) -> None:
+        self._leaders -= 1
 
     def take(self) -> list[P]:
         """The next batch: waiting units in order, skipping any that shares a key with one
@@ -124,23 +139,17 @@ class GroupCommit(Generic[U, R]):
 
     def __init__(self, commit: Callable[[Sequence[U]], Outcomes[R]], keys: Keys[U],
                  max_batch: int = 256, max_concurrent: int = 2) -> None:
-        if max_concurrent < 1:
-            raise ValueError("max_concurrent must be at least 1")
         self._commit = commit
         self._keys = keys
-        self.max_concurrent = max_concurrent
         self._lock = threading.Lock()
-        self._queue: BatchQueue[_Waiter[U, R]] = BatchQueue(max_batch)
-        self._leaders = 0
+        self._queue: BatchQueue[_Waiter[U, R]] = BatchQueue(max_batch, max_concurrent)
 
     def submit(self, unit: U) -> R:
         """Commit ``unit`` (with whatever else is waiting) and return its result."""
         waiter: _Waiter[U, R] = _Waiter(unit, frozenset(self._keys(unit)))
         with self._lock:
             self._queue.waiting.append(waiter)
-            if self._leaders < self.max_concurrent:
-                self._leaders += 1
-                waiter.leading = True
+            waiter.leading = self._queue.claim_lead()
         while True:
             if waiter.leading:
                 self._lead(waiter)
@@ -162,7 +171,7 @@ class GroupCommit(Generic[U, R]):
                     if own.done:
                         self._pass_lead_on()
                     else:
-                        self._leaders -= 1
+                        self._queue.release_lead()
                     return
             try:
                 self._commit_batch(batch)
@@ -175,7 +184,7 @@ class GroupCommit(Generic[U, R]):
     def _pass_lead_on(self) -> None:
         successor = next((w for w in self._queue.waiting if not w.leading), None)
         if successor is None:
-            self._leaders -= 1
+            self._queue.release_lead()
         else:
             successor.leading = True  # the count of leaders stays
             successor.wake()
@@ -214,20 +223,15 @@ class AsyncGroupCommit(Generic[U, R]):
 
     def __init__(self, commit: Callable[[Sequence[U]], Awaitable[Outcomes[R]]], keys: Keys[U],
                  max_batch: int = 256, max_concurrent: int = 2) -> None:
-        if max_concurrent < 1:
-            raise ValueError("max_concurrent must be at least 1")
         self._commit = commit
         self._keys = keys
-        self.max_concurrent = max_concurrent
-        self._queue: BatchQueue[_Submitted[U, R]] = BatchQueue(max_batch)
-        self._leaders = 0
+        self._queue: BatchQueue[_Submitted[U, R]] = BatchQueue(max_batch, max_concurrent)
         self._background: set[asyncio.Task[None]] = set()
 
     async def submit(self, unit: U) -> R:
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.waiting.append(_Submitted(unit, frozenset(self._keys(unit)), future))
-        if self._leaders < self.max_concurrent:
-            self._leaders += 1
+        if self._queue.claim_lead():
             await self._lead(future)
         return await future
 
@@ -246,7 +250,7 @@ class AsyncGroupCommit(Generic[U, R]):
             else:
                 # Nothing waits, or all that waits shares a key with a batch in flight,
                 # whose leader takes it next.
-                self._leaders -= 1
+                self._queue.release_lead()
 
     async def _commit_batch(self, batch: list[_Submitted[U, R]]) -> None:
         units = [s.unit for s in batch]
