@@ -15,7 +15,13 @@ import pytest
 
 import migrations
 from local_stack import LocalStack
-from outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
+from outbox import (
+    ConnectClient,
+    ConnectorOperations,
+    ConnectorStatus,
+    OutboxConnectorSpec,
+    TopicAdmin,
+)
 from outbox import event_topic as topic_of
 from outbox.kafka import read_messages
 from outbox.topics import EVENT_TOPIC_CONFIG
@@ -109,7 +115,7 @@ def test_apply_is_idempotent_and_a_change_updates_in_place(cdc) -> None:
     result = changed.apply()
     assert (result.action, result.diff) == ("updated", {"poll.interval.ms": ("50", "60")})
     assert cdc.operations.apply().action == "updated"  # and back
-    assert cdc.operations.status().running
+    assert status_once_reassigned(cdc).running
 
 
 def test_validate_reports_each_error_against_its_key(cdc) -> None:
@@ -121,12 +127,19 @@ def test_validate_reports_each_error_against_its_key(cdc) -> None:
     assert any(key == "snapshot.mode" for key, _ in errors), errors
 
 
-def test_status_shows_tasks_and_retained_wal(cdc) -> None:
-    deadline = time.monotonic() + 30  # Connect reassigns the connector after an update
+def status_once_reassigned(cdc: CdcStack, timeout_s: float = 30) -> ConnectorStatus:
+    """The status, once Connect has reassigned the connector after an update (it restarts
+    it, so for a moment it is not running), or after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
     status = cdc.operations.status()
     while not status.running and time.monotonic() < deadline:
         time.sleep(0.5)
         status = cdc.operations.status()
+    return status
+
+
+def test_status_shows_tasks_and_retained_wal(cdc) -> None:
+    status = status_once_reassigned(cdc)
     assert status.running
     assert status.slot is not None and status.slot.name == "cdc_outbox"
     assert status.slot.retained_wal_bytes >= 0
