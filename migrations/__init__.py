@@ -9,7 +9,9 @@ tables belong to their projections, which create them.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
+from types import ModuleType
 
 from alembic import command
 from alembic.config import Config
@@ -26,3 +28,13 @@ def alembic_config(database_url: str) -> Config:
 
 def upgrade(database_url: str, revision: str = "head") -> None:
     command.upgrade(alembic_config(database_url), revision)
+
+
+def revision_module(filename: str) -> ModuleType:
+    """An earlier revision's module, for the SQL text a downgrade puts back."""
+    path = SCRIPT_LOCATION / "versions" / filename
+    spec = importlib.util.spec_from_file_location(f"eventfold_revision_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -14,11 +14,9 @@ Revises: 0005
 Create Date: 2026-11-22
 """
 
-import importlib.util
-from pathlib import Path
-from types import ModuleType
-
 from alembic import op
+
+from migrations import revision_module
 
 revision = "0006"
 down_revision = "0005"
@@ -120,14 +118,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(_revision_0002().APPEND_FUNCTION)
+    op.execute(revision_module("0002_write_model.py").APPEND_FUNCTION)
     op.execute("DROP FUNCTION eventfold_append_units(JSONB)")
 
-
-def _revision_0002() -> ModuleType:
-    path = Path(__file__).with_name("0002_write_model.py")
-    spec = importlib.util.spec_from_file_location("eventfold_revision_0002", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module

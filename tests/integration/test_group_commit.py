@@ -11,7 +11,7 @@ from typing import TypeVar
 
 import pytest
 
-from examples.inventory import Product, ReceiveStock
+from examples.inventory import Product, ReceiveStock, StockReceived
 from tests.concurrency import run_together
 from write_model import (
     AsyncCommandBus,
@@ -22,7 +22,7 @@ from write_model import (
     StreamAppend,
 )
 from write_model.events import NewEvent
-from write_model.store import DuplicateCommand
+from write_model.store import APPEND_UNITS, DuplicateCommand, UnitOfWork, encode_units
 
 T = TypeVar("T")
 
@@ -139,3 +139,29 @@ def test_a_failing_append_does_not_fail_its_batch(store, unique) -> None:
     assert store.read_stream(f"{unique}-nul") == []
     for n in range(8):
         assert [e.data for e in store.read_stream(f"{unique}-ok{n}")] == [{"q": n}]
+
+
+def test_the_duplicate_check_looks_commands_up_by_key(store, unique) -> None:
+    """A call probes the command log by key. 0006's function hashed the whole log instead
+    while it held up to some 20,000 commands (3 ms a call at 20,000, measured), so every
+    command paid for the log's length."""
+    with store.connection() as conn:
+        conn.execute("INSERT INTO command_log (command_id, stream_id, result) "
+                     "SELECT gen_random_uuid(), %s, '{}' FROM generate_series(1, 10000)",
+                     (f"{unique}-filler",))
+        conn.execute("ANALYZE command_log")
+        plans: list[str] = []
+        conn.add_notice_handler(lambda notice: plans.append(notice.message_primary or ""))
+        for setting in ("auto_explain.log_min_duration = 0",
+                        "auto_explain.log_nested_statements = on",
+                        "client_min_messages = log"):
+            conn.execute(f"SET {setting}")
+        conn.execute("LOAD 'auto_explain'")
+        for n in range(3):
+            unit = UnitOfWork((StreamAppend("Product", f"{unique}-{n}", 0, [
+                NewEvent.of(StockReceived(product=f"{unique}-{n}", quantity=1))]),),
+                uuid.uuid4())
+            conn.execute(APPEND_UNITS, (encode_units([unit]),))
+    probes = [plan for plan in plans if "command_log" in plan and "Insert on" not in plan]
+    assert probes, plans
+    assert not any("Seq Scan on command_log" in plan for plan in probes), probes
