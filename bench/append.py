@@ -201,7 +201,8 @@ def load_time_ms(database_url: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=int, default=10)
-    parser.add_argument("--http-workers", type=int, default=2)
+    parser.add_argument("--http-workers", type=int, default=1,
+                        help="command API processes (the product default: 1)")
     args = parser.parse_args()
     work_dir = Path(tempfile.mkdtemp(prefix="eventfold-append-"))
     port = free_port()

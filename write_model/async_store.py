@@ -43,10 +43,16 @@ from write_model.store import (
 
 
 class AsyncEventStore:
-    """Append-only event storage on Postgres for asyncio code; see ``EventStore``."""
+    """Append-only event storage on Postgres for asyncio code; see ``EventStore``.
+
+    One commit at a time by default: one event loop does all of a process's Python work, so
+    a second batch in flight mostly splits the batches it would have filled. Measured with 8
+    concurrent callers, one commit slot did 1.2-1.5x the commands/s of two, in-process and
+    over HTTP (2 cores, Postgres on the same machine).
+    """
 
     def __init__(self, conninfo: str, pool_size: int = 10, max_batch: int = 256,
-                 concurrent_commits: int = 2, connect_timeout_s: float = 5.0) -> None:
+                 concurrent_commits: int = 1, connect_timeout_s: float = 5.0) -> None:
         self._pool = AsyncConnectionPool(
             conninfo, min_size=min(2, pool_size), max_size=pool_size, open=False,
             timeout=connect_timeout_s, kwargs={"autocommit": True})

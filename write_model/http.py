@@ -14,12 +14,16 @@ import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+from pydantic.json_schema import models_json_schema
+from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from write_model.aggregate import DomainError
@@ -44,9 +48,11 @@ def create_command_app(
             yield
 
     app = FastAPI(title=title, lifespan=lifespan)
-    authorize = bearer_auth(api_token)
+    documented = _CommandDocs(app, [spec.command for spec in bus.registry],
+                              secured=api_token is not None)
     for spec in bus.registry:
-        _add_command_route(app, bus, spec, authorize)
+        _add_command_route(app, bus, spec, token_check(api_token), documented)
+    authorize = bearer_auth(api_token)
 
     @app.post("/commands/{name}", status_code=404, include_in_schema=False,
               dependencies=[Depends(authorize)])
@@ -71,39 +77,102 @@ def create_command_app(
     return app
 
 
-def bearer_auth(api_token: str | None) -> Callable[..., Awaitable[None]]:
-    """A dependency that requires ``Authorization: Bearer <api_token>`` when one is set."""
-    scheme = HTTPBearer(auto_error=False)
+def token_check(api_token: str | None) -> Callable[[str | None], None]:
+    """Checks an ``Authorization`` header: ``Bearer <api_token>`` when a token is set, else
+    anything. Raises a 401 HTTPException."""
 
-    async def authorize(  # async: a sync dependency costs a thread hop per request
-        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(scheme)],
-    ) -> None:
+    def check(authorization: str | None) -> None:
         if api_token is None:
             return
-        if credentials is None or not secrets.compare_digest(
-                credentials.credentials.encode(), api_token.encode()):
+        scheme, _, credentials = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(
+                credentials.strip().encode(), api_token.encode()):
             raise HTTPException(401, "missing or invalid bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
+
+    return check
+
+
+def bearer_auth(api_token: str | None) -> Callable[..., Awaitable[None]]:
+    """A dependency that requires ``Authorization: Bearer <api_token>`` when one is set."""
+    scheme = HTTPBearer(auto_error=False)  # documents the scheme in the OpenAPI document
+    check = token_check(api_token)
+
+    async def authorize(  # async: a sync dependency costs a thread hop per request
+        request: Request, _: Annotated[HTTPAuthorizationCredentials | None, Depends(scheme)],
+    ) -> None:
+        check(request.headers.get("authorization"))
 
     return authorize
 
 
+HEADER_PARAMETERS: list[dict[str, Any]] = [
+    {"name": "Idempotency-Key", "in": "header", "required": False,
+     "description": "Same as command_id in the body.",
+     "schema": {"type": "string", "format": "uuid"}},
+    {"name": "X-Correlation-ID", "in": "header", "required": False,
+     "description": "Stored with every event; defaults to the command id.",
+     "schema": {"type": "string", "maxLength": 200}},
+    {"name": "X-Metadata", "in": "header", "required": False,
+     "description": "A JSON object stored with every event (e.g. the acting user).",
+     "schema": {"type": "string"}},
+]
+MAX_CORRELATION_ID = 200
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"description": "replayed result of an earlier command_id"},
+    404: {"description": "unknown stream"}, 409: {"description": "conflict"},
+    413: {"description": "body too large"},
+    422: {"description": "invalid payload (field-level errors) or a rejected command"},
+    503: {"description": "retry later"},
+}
+
+
+class _CommandDocs:
+    """The OpenAPI side of the command routes. The routes parse their own bodies and headers
+    (FastAPI's per-request parameter solving cost as much as the rest of the HTTP layer), so
+    their request schemas are declared here and their models added to the components."""
+
+    def __init__(self, app: FastAPI, commands: list[type[Command]], secured: bool) -> None:
+        refs, top = models_json_schema([(c, "validation") for c in commands],
+                                       ref_template="#/components/schemas/{model}")
+        self.request_schemas = {c: refs[(c, "validation")] for c in commands}
+        self.secured = secured
+        build = app.openapi
+
+        def openapi() -> dict[str, Any]:
+            if app.openapi_schema is None:
+                schema = build()
+                components = schema.setdefault("components", {})
+                components.setdefault("schemas", {}).update(top.get("$defs", {}))
+                if secured:
+                    components.setdefault("securitySchemes", {})["HTTPBearer"] = {
+                        "type": "http", "scheme": "bearer"}
+            return app.openapi_schema  # type: ignore[return-value]
+
+        app.openapi = openapi  # type: ignore[method-assign]
+
+    def operation(self, command: type[Command]) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            "requestBody": {"required": True, "content": {
+                "application/json": {"schema": self.request_schemas[command]}}},
+            "parameters": HEADER_PARAMETERS}
+        if self.secured:
+            extra["security"] = [{"HTTPBearer": []}]
+        return extra
+
+
 def _add_command_route(app: FastAPI, bus: AsyncCommandBus, spec: HandlerSpec[Any, Any],
-                       authorize: Callable[..., Awaitable[None]]) -> None:
+                       check_token: Callable[[str | None], None], docs: _CommandDocs) -> None:
     command_model: type[Command] = spec.command
 
-    async def execute(
-        command: command_model,  # type: ignore[valid-type]
-        idempotency_key: Annotated[uuid.UUID | None, Header(
-            description="Same as command_id in the body.")] = None,
-        x_correlation_id: Annotated[str | None, Header(max_length=200)] = None,
-        x_metadata: Annotated[str | None, Header(
-            description="A JSON object stored with every event (e.g. the acting user).")] = None,
-    ) -> Response:
-        if idempotency_key is not None and command.command_id is None:
-            command = command.model_copy(update={"command_id": idempotency_key})
-        result = await bus.execute(command, metadata=_parse_metadata(x_metadata),
-                                   correlation_id=x_correlation_id)
+    async def execute(request: Request) -> Response:
+        check_token(request.headers.get("authorization"))
+        command = parse_command(command_model, await request.body())
+        headers = CommandHeaders.of(request.headers)
+        if headers.idempotency_key is not None and command.command_id is None:
+            command = command.model_copy(update={"command_id": headers.idempotency_key})
+        result = await bus.execute(command, metadata=headers.metadata,
+                                   correlation_id=headers.correlation_id)
         # Serialized once here: FastAPI would otherwise validate the model a second time.
         return Response(result.model_dump_json(),
                         status_code=201 if result.event_ids and not result.replayed else 200,
@@ -116,29 +185,68 @@ def _add_command_route(app: FastAPI, bus: AsyncCommandBus, spec: HandlerSpec[Any
         status_code=201,
         summary=f"{command_model.command_name} on a {spec.aggregate.stream_type}",
         description=(command_model.__doc__ or "").strip(),
-        dependencies=[Depends(authorize)],
-        responses={200: {"description": "replayed result of an earlier command_id"},
-                   404: {"description": "unknown stream"}, 409: {"description": "conflict"},
-                   413: {"description": "body too large"}, 503: {"description": "retry later"}},
+        responses=RESPONSES,
+        openapi_extra=docs.operation(command_model),
     )(execute)
 
 
-def _parse_metadata(raw: str | None) -> dict[str, Any]:
+def parse_command(model: type[Command], body: bytes) -> Command:
+    """The command in ``body`` (JSON); a 422 with one error per field otherwise."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestValidationError([
+            {**error, "loc": ("body", *error["loc"])}
+            for error in exc.errors(include_url=False, include_input=False)]) from None
+
+
+@dataclass(frozen=True)
+class CommandHeaders:
+    """What a command request may say besides its body."""
+
+    idempotency_key: uuid.UUID | None
+    correlation_id: str | None
+    metadata: dict[str, Any]
+
+    @classmethod
+    def of(cls, headers: Headers) -> "CommandHeaders":
+        errors: list[dict[str, Any]] = []
+
+        def invalid(name: str, message: str, kind: str) -> None:
+            errors.append({"loc": ("header", name), "msg": message, "type": kind})
+
+        idempotency_key = None
+        if (raw_key := headers.get("idempotency-key")) is not None:
+            try:
+                idempotency_key = uuid.UUID(raw_key)
+            except ValueError:
+                invalid("idempotency-key", "Input should be a valid UUID", "uuid_parsing")
+        correlation_id = headers.get("x-correlation-id")
+        if correlation_id is not None and len(correlation_id) > MAX_CORRELATION_ID:
+            invalid("x-correlation-id", f"String should have at most {MAX_CORRELATION_ID} "
+                    "characters", "string_too_long")
+        metadata = _parse_metadata(headers.get("x-metadata"))
+        if metadata is None:
+            invalid("x-metadata", "X-Metadata must be a JSON object", "json_object")
+        if errors:
+            raise RequestValidationError(errors)
+        return cls(idempotency_key, correlation_id, metadata or {})
+
+
+def _parse_metadata(raw: str | None) -> dict[str, Any] | None:
+    """The X-Metadata header's object ({} without one); None if it is not a JSON object."""
     if raw is None:
         return {}
     try:
         parsed = json.loads(raw)
     except ValueError:
-        parsed = None
-    if not isinstance(parsed, dict):
-        raise HTTPException(422, "X-Metadata must be a JSON object")
-    return parsed
+        return None
+    return parsed if isinstance(parsed, dict) else None
 
 
 def _field_error(err: Mapping[str, Any]) -> dict[str, str]:
-    if err["type"] == "json_invalid":  # loc is ("body", character position)
-        position = err["loc"][-1] if len(err["loc"]) > 1 else "?"
-        return {"field": "body", "message": f"invalid JSON at character {position}: "
+    if err["type"] == "json_invalid":
+        return {"field": "body", "message": "invalid JSON: "
                 f"{err.get('ctx', {}).get('error', err['msg'])}", "type": "json_invalid"}
     field = ".".join(str(part) for part in err["loc"][1:]) or str(err["loc"][0])
     return {"field": field, "message": err["msg"], "type": err["type"]}

@@ -43,7 +43,7 @@ def test_accepted_command_returns_version_and_event_ids(client, unique) -> None:
     ('{"product": "x", "quantity": 0}', 422, "quantity", "greater than 0"),
     ('{"product": "x", "quantity": "many"}', 422, "quantity", "valid integer"),
     ('{"product": "x", "quantity": 1, "extra": 1}', 422, "extra", "not permitted"),
-    ('[1, 2]', 422, "body", "valid dictionary"),
+    ('[1, 2]', 422, "body", "should be an object"),
 ])
 def test_bad_payloads_are_rejected_with_the_reason(client, events_count, body, status, field,
                                                    message) -> None:
@@ -73,8 +73,28 @@ def test_version_conflict_is_409_with_current_version(client, events_count, uniq
 
 def test_openapi_documents_each_command(client) -> None:
     schema = client.get("/openapi.json").json()
-    assert "/commands/ReceiveStock" in schema["paths"]
-    assert "ReceiveStock" in schema["components"]["schemas"]
+    operation = schema["paths"]["/commands/ReceiveStock"]["post"]
+    assert operation["requestBody"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/ReceiveStock"}
+    assert {"product", "quantity", "command_id", "expected_version"} <= set(
+        schema["components"]["schemas"]["ReceiveStock"]["properties"])
+    assert [p["name"] for p in operation["parameters"]] == [
+        "Idempotency-Key", "X-Correlation-ID", "X-Metadata"]
+    assert {"201", "409", "422", "503"} <= set(operation["responses"])
+
+
+@pytest.mark.parametrize(("headers", "field"), [
+    ({"Idempotency-Key": "not-a-uuid"}, "idempotency-key"),
+    ({"X-Correlation-ID": "c" * 201}, "x-correlation-id"),
+    ({"X-Metadata": "{not json"}, "x-metadata"),
+])
+def test_bad_headers_are_rejected_naming_the_header(client, events_count, unique, headers,
+                                                    field) -> None:
+    response = client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 1},
+                           headers=headers)
+    assert response.status_code == 422
+    assert [e["field"] for e in response.json()["errors"]] == [field]
+    assert events_count(unique) == 0
 
 
 def test_health_and_readiness(client) -> None:

@@ -147,6 +147,10 @@ def test_bearer_token_is_required_when_configured(inventory_app, stack_settings,
         assert api.post("/commands/ReceiveStock", json=body,
                         headers={"Authorization": "Bearer s3cret"}).status_code == 201
         assert api.get("/health").status_code == 200
+        schema = api.get("/openapi.json").json()
+        assert schema["paths"]["/commands/ReceiveStock"]["post"]["security"] == [
+            {"HTTPBearer": []}]
+        assert schema["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
 
 
 def test_metadata_header_must_be_a_json_object(client, store, unique) -> None:
