@@ -234,7 +234,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         print(f"{clients} client(s): pgbench {pg:,.0f} TPS | Python API {py:,.0f} commands/s "
               f"({py / pg:.2f}x; blocking API in threads {threads:,.0f}/s, "
               f"{threads / pg:.2f}x) | HTTP {web:,.0f} commands/s ({web / pg:.2f}x, "
-              f"{args.http_workers} workers)", flush=True)
+              f"{args.http_workers} worker(s))", flush=True)
     with_snapshot, replay = load_time_ms(database_url)
     print(f"load of a 1,000-event aggregate: {with_snapshot:.2f} ms with its snapshot, "
           f"{replay:.2f} ms by full replay")
