@@ -232,6 +232,10 @@ class AsyncGroupCommit(Generic[U, R]):
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         self._queue.waiting.append(_Submitted(unit, frozenset(self._keys(unit)), future))
         if self._queue.claim_lead():
+            # One turn of the loop first: callers that the last batch woke get to submit, and
+            # commit with this unit instead of after it (else the first of them would often
+            # commit alone, and the rest wait for it).
+            await asyncio.sleep(0)
             await self._lead(future)
         return await future
 

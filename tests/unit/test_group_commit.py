@@ -1,8 +1,10 @@
 """Group commit as pure threading: every submit gets its own outcome, batches never share a
-key, and a failing or raising commit never strands a caller."""
+key, and a failing or raising commit never strands a caller. And on asyncio: the callers one
+batch woke commit together next time."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -11,7 +13,7 @@ from collections.abc import Sequence
 import pytest
 
 from tests.concurrency import run_together
-from write_model.group_commit import GroupCommit
+from write_model.group_commit import AsyncGroupCommit, GroupCommit
 
 
 class Ledger:
@@ -117,3 +119,28 @@ def test_units_on_one_key_are_committed_in_turn_under_contention() -> None:
     assert len(results) == 400
     assert all(len(batch) == 1 for batch in ledger.batches)
     assert ledger.overlaps == 0
+
+
+def test_async_callers_woken_by_one_batch_commit_together_in_the_next() -> None:
+    """Eight tasks, each submitting again as soon as it has its outcome: every batch holds all
+    eight. Without the leader's turn of the loop, the first task woken would commit alone and
+    the other seven after it (batches of 1 and 7)."""
+    batches: list[int] = []
+
+    async def commit(units: Sequence[int]) -> list[int]:
+        batches.append(len(units))
+        await asyncio.sleep(0.001)
+        return [n * 10 for n in units]
+
+    async def run() -> list[list[int]]:
+        group: AsyncGroupCommit[int, int] = AsyncGroupCommit(commit, keys=lambda n: [n],
+                                                             max_concurrent=1)
+
+        async def caller(n: int) -> list[int]:
+            return [await group.submit(n) for _ in range(20)]
+
+        return await asyncio.gather(*(caller(n) for n in range(8)))
+
+    outcomes = asyncio.run(run())
+    assert outcomes == [[n * 10] * 20 for n in range(8)]
+    assert batches == [8] * 20
