@@ -6,9 +6,11 @@ a spread over 25% is flagged (the machine was not steady). Prints figures, then 
 
 Python API clients are concurrent callers in one service process: asyncio tasks on the
 ``AsyncCommandBus`` (the headline figure) and threads on the blocking ``CommandBus``. HTTP
-clients are separate processes posting to ``eventfold serve commands``. Each client sends
-commands to 200 products of its own; each first touches its products once before the clock
-starts, so the figures are steady state (aggregates cached, as in a running service).
+clients post to ``eventfold serve commands``: the headline figure comes from wrk's connections
+(a C load generator, like pgbench, so the clients leave the two cores to the server), and a
+second from as many Python client processes (http.client), which take CPU from the server.
+Each client sends commands to 200 products of its own, and touches them all once before the
+clock starts, so the figures are steady state (aggregates cached, as in a running service).
 
     .venv/bin/python -m bench.append [--seconds 10]
 """
@@ -31,6 +33,7 @@ import time
 from pathlib import Path
 
 import migrations
+from bench.common import WrkResult, run_wrk
 from local_stack import postgres
 from local_stack.process import free_port, stop_pid, wait_until
 
@@ -137,6 +140,34 @@ def http_client(port: int, client: int, seconds: float, counts: mp.Queue) -> Non
     counts.put(done)
 
 
+# Each wrk thread posts to its connections' products in turn: 200 per connection, as above.
+HTTP_LUA = """
+local threads = 0
+setup = function(thread)
+  threads = threads + 1
+  thread:set("id", threads)
+end
+sent = 0
+request = function()
+  sent = sent + 1
+  return wrk.format("POST", "/commands/ReceiveStock", {["Content-Type"] = "application/json"},
+                    string.format('{"product": "wrk-%d-%d", "quantity": 1}', id,
+                                  sent % PRODUCTS))
+end
+"""
+
+
+def http_wrk(port: int, clients: int, seconds: int, work_dir: Path) -> WrkResult:
+    """``clients`` wrk connections; a first run touches every product."""
+    threads = min(clients, 2)
+    lua = HTTP_LUA.replace("PRODUCTS", str(PRODUCTS_PER_CLIENT * clients // threads))
+    url = f"http://127.0.0.1:{port}"
+    run_wrk(url, lua, clients, 3, work_dir, threads)
+    result = run_wrk(url, lua, clients, seconds, work_dir, threads)
+    assert result.errors == 0, f"{result.errors} HTTP commands failed"
+    return result
+
+
 def run_clients(target, args: tuple, clients: int, seconds: float) -> float:  # noqa: ANN001
     context = mp.get_context("spawn")
     counts: mp.Queue = context.Queue()
@@ -234,19 +265,24 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         threads = in_process(python_threads, database_url, clients, args.seconds)
         server, port = start_command_api(database_url, args.http_workers)
         try:
-            web = run_clients(http_client, (port,), clients, args.seconds)
+            web = http_wrk(port, clients, args.seconds, work_dir)
+            web_python = run_clients(http_client, (port,), clients, args.seconds)
         finally:
             stop_pid(server.pid, what="command API")
         pg_after = pgbench_tps(dsn, clients, args.seconds, work_dir)
         pg = (pg_before + pg_after) / 2
         spread = abs(pg_before - pg_after) / max(pg_before, pg_after)
-        figures[clients] = {"pgbench": pg, "python": py, "threads": threads, "http": web,
+        figures[clients] = {"pgbench": pg, "python": py, "threads": threads,
+                            "http": web.requests_per_s, "http_p50_ms": web.p50_ms,
+                            "http_p99_ms": web.p99_ms, "http_python": web_python,
                             "pgbench_spread": spread}
         print(f"{clients} client(s): pgbench {pg:,.0f} TPS (before {pg_before:,.0f}, after "
               f"{pg_after:,.0f}) | Python API {py:,.0f} commands/s "
               f"({py / pg:.2f}x; blocking API in threads {threads:,.0f}/s, "
-              f"{threads / pg:.2f}x) | HTTP {web:,.0f} commands/s ({web / pg:.2f}x, "
-              f"{args.http_workers} worker(s))", flush=True)
+              f"{threads / pg:.2f}x) | HTTP {web.requests_per_s:,.0f} commands/s "
+              f"({web.requests_per_s / pg:.2f}x, p50 {web.p50_ms:.2f} ms, p99 "
+              f"{web.p99_ms:.2f} ms; {args.http_workers} worker(s), wrk), from Python client "
+              f"processes {web_python:,.0f}/s ({web_python / pg:.2f}x)", flush=True)
         if spread > UNSTEADY_SPREAD:
             print(f"  WARNING: pgbench moved {spread:.0%} between before and after: the machine "
                   "was not steady, so these ratios are not a fair comparison", flush=True)
@@ -259,6 +295,8 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
     print(json.dumps({
         "python_api_commands_per_s": round(eight["python"]),
         "http_commands_per_s": round(eight["http"]),
+        "http_p50_ms": eight["http_p50_ms"], "http_p99_ms": eight["http_p99_ms"],
+        "http_python_clients_commands_per_s": round(eight["http_python"]),
         "pgbench_tps": round(eight["pgbench"]),
         "python_api_vs_pgbench_ratio": round(eight["python"] / eight["pgbench"], 3),
         "http_vs_pgbench_ratio": round(eight["http"] / eight["pgbench"], 3),
@@ -268,6 +306,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         "python_threads_commands_per_s": round(eight["threads"]),
         "python_threads_1_client_commands_per_s": round(figures[1]["threads"]),
         "http_1_client_commands_per_s": round(figures[1]["http"]),
+        "http_python_client_1_client_commands_per_s": round(figures[1]["http_python"]),
         "pgbench_1_client_tps": round(figures[1]["pgbench"]),
         "pgbench_before_after_spread_ratio": round(eight["pgbench_spread"], 3),
     }))

@@ -1,16 +1,23 @@
-"""Shared by the benchmarks: percentiles and the memory of a process tree."""
+"""Shared by the benchmarks: percentiles, the memory of a process tree, wrk runs and a
+stack of our own."""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
+import subprocess
 import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from eventfold.config import Settings
 from local_stack import LocalStack
+
+log = logging.getLogger("bench")
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -105,3 +112,43 @@ def own_stack(prefix: str) -> Iterator[tuple[Settings, Path]]:
                        checkpoint_dir=root / "checkpoints"), root
     finally:
         stack.down()
+
+
+@dataclass(frozen=True)
+class WrkResult:
+    requests_per_s: float
+    p50_ms: float
+    p99_ms: float
+    errors: int
+
+
+def run_wrk(url: str, lua: str, connections: int, seconds: int, workdir: Path,
+            threads: int = 1) -> WrkResult:
+    """Drive ``url`` with wrk (a C load generator: like pgbench, it leaves the CPU to the
+    server under test) running the request script ``lua``."""
+    script = workdir / f"wrk-{abs(hash(lua))}.lua"
+    script.write_text(lua)
+    output = subprocess.run(
+        ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s", "--latency", "-s",
+         str(script), url], capture_output=True, text=True, check=True).stdout
+    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    socket_errors = re.search(r"Socket errors: (.*)", output)
+    if socket_errors:
+        log.warning("wrk %s: socket errors %s", url, socket_errors.group(1))
+    return WrkResult(
+        requests_per_s=float(_found(r"Requests/sec:\s+([\d.]+)", output)),
+        p50_ms=_ms(_found(r"\s50%\s+([\d.]+\w+)", output)),
+        p99_ms=_ms(_found(r"\s99%\s+([\d.]+\w+)", output)),
+        errors=int(errors.group(1)) if errors else 0)
+
+
+def _found(pattern: str, output: str) -> str:
+    match = re.search(pattern, output)
+    if match is None:
+        raise RuntimeError(f"unexpected wrk output:\n{output}")
+    return match.group(1)
+
+
+def _ms(value: str) -> float:
+    number, unit = re.fullmatch(r"([\d.]+)(\w+)", value).groups()  # type: ignore[union-attr]
+    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]

@@ -16,18 +16,16 @@ import json
 import logging
 import os
 import random
-import re
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import psycopg
 import requests
 
-from bench.common import own_stack
+from bench.common import WrkResult, own_stack, run_wrk
 from eventfold.config import Settings
 from examples.inventory import app, inventory_totals
 from local_stack.process import free_port, stop_pid
@@ -48,14 +46,6 @@ request = function()
   return wrk.format("GET", string.format("{path}", math.random(0, {last})))
 end
 """
-
-
-@dataclass(frozen=True)
-class WrkResult:
-    requests_per_s: float
-    p50_ms: float
-    p99_ms: float
-    errors: int
 
 
 def write_products(settings: Settings, keys: int, per_transaction: int = 500) -> None:
@@ -144,25 +134,8 @@ def restored_figures(url: str) -> dict[str, float]:
 
 def wrk(url: str, path: str, last_key: int, seconds: int, workdir: Path) -> WrkResult:
     """``path`` may hold a %06d that wrk fills with a random key index."""
-    script = workdir / f"wrk-{abs(hash(path))}.lua"
-    script.write_text(LUA.replace("{path}", path).replace("{last}", str(last_key)))
-    output = subprocess.run(
-        ["wrk", "-t1", f"-c{CONNECTIONS}", f"-d{seconds}s", "--latency", "-s", str(script),
-         url], capture_output=True, text=True, check=True).stdout
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
-    socket_errors = re.search(r"Socket errors: (.*)", output)
-    if socket_errors:
-        log.warning("wrk %s: socket errors %s", path, socket_errors.group(1))
-    return WrkResult(
-        requests_per_s=float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1)),
-        p50_ms=_ms(re.search(r"\s50%\s+([\d.]+\w+)", output).group(1)),
-        p99_ms=_ms(re.search(r"\s99%\s+([\d.]+\w+)", output).group(1)),
-        errors=int(errors.group(1)) if errors else 0)
-
-
-def _ms(value: str) -> float:
-    number, unit = re.fullmatch(r"([\d.]+)(\w+)", value).groups()
-    return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+    return run_wrk(url, LUA.replace("{path}", path).replace("{last}", str(last_key)),
+                   CONNECTIONS, seconds, workdir)
 
 
 def report(name: str, result: WrkResult) -> None:

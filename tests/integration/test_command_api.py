@@ -100,3 +100,51 @@ def test_bad_headers_are_rejected_naming_the_header(client, events_count, unique
 def test_health_and_readiness(client) -> None:
     assert client.get("/health").json() == {"status": "ok"}
     assert client.get("/ready").status_code == 200
+
+
+def test_middleware_added_to_the_app_wraps_command_requests_too(inventory_app, stack_settings,
+                                                                unique) -> None:
+    """Command requests skip the router (CommandDispatch), not the app's middleware."""
+    seen: list[tuple[str, int]] = []
+    app = inventory_app.command_api(stack_settings)
+
+    @app.middleware("http")
+    async def record(request, call_next):
+        response = await call_next(request)
+        seen.append((request.url.path, response.status_code))
+        response.headers["x-seen"] = "yes"
+        return response
+
+    with TestClient(app) as client:
+        accepted = client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 1})
+        conflict = client.post("/commands/ReceiveStock",
+                               json={"product": unique, "quantity": 1, "expected_version": 0})
+        client.post("/commands/SellStock", json={"product": unique, "quantity": 1})
+        client.get("/health")
+    assert (accepted.status_code, accepted.headers["x-seen"]) == (201, "yes")
+    assert (conflict.status_code, conflict.headers["x-seen"]) == (409, "yes")
+    assert seen == [("/commands/ReceiveStock", 201), ("/commands/ReceiveStock", 409),
+                    ("/commands/SellStock", 404), ("/health", 200)]
+
+
+def test_a_command_mounted_under_a_prefix_is_dispatched(inventory_app, stack_settings,
+                                                        unique) -> None:
+    from contextlib import asynccontextmanager
+
+    from fastapi import FastAPI
+
+    commands = inventory_app.command_api(stack_settings)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # Starlette runs no lifespan of a mounted app
+        async with commands.router.lifespan_context(commands):
+            yield
+
+    outer = FastAPI(lifespan=lifespan)
+    outer.mount("/api", commands)
+    with TestClient(outer) as client:
+        response = client.post("/api/commands/ReceiveStock",
+                               json={"product": unique, "quantity": 2})
+        assert response.status_code == 201, response.text
+        assert client.post("/api/commands/ReceiveStock", content="{",
+                           headers={"content-type": "application/json"}).status_code == 422
