@@ -1,6 +1,8 @@
 """Write-side benchmark: single-event commands per second through the Python API and over
 HTTP, with 1 and 8 clients, beside pgbench's single-row insert TPS on the same Postgres (our
-stack's own cluster, default durability). Then the load time of a 1,000-event aggregate with a
+stack's own cluster, default durability), and beside pgbench calling the append function
+itself with one single-event command per transaction (what the database does per command,
+with no Python and no group commit). Then the load time of a 1,000-event aggregate with a
 snapshot. pgbench runs before and after the clients at each count; the baseline is the mean, and
 a spread over 25% is flagged (the machine was not steady). Prints figures, then one JSON line.
 
@@ -41,17 +43,33 @@ EVENTSOURCING_REFERENCE_PER_S = 1_000  # eventsourcing 9.5 here: about 700-1,300
 UNSTEADY_SPREAD = 0.25
 
 
-def pgbench_tps(dsn: str, clients: int, seconds: int, work_dir: Path) -> float:
+SINGLE_ROW_INSERT = "INSERT INTO bench_insert (v) VALUES (1);\n"
+# One single-event command per transaction through the function our appends call: what the
+# database alone does per command, with no Python and no group commit.
+APPEND_FUNCTION_CALL = """SELECT eventfold_append_units(jsonb_build_array(jsonb_build_object(
+  'c', NULL, 'p', jsonb_build_array(jsonb_build_object(
+    's', 'pgbench-' || gen_random_uuid(), 't', 'Product', 'e', 0,
+    'v', jsonb_build_array(jsonb_build_object(
+      'i', gen_random_uuid(), 'y', 'StockReceived', 'sv', 1,
+      'd', '{"product": "pgbench", "quantity": 1}'::jsonb,
+      'm', jsonb_build_object('command', 'ReceiveStock', 'causation_id', gen_random_uuid(),
+                              'correlation_id', gen_random_uuid()))))))));
+"""
+
+
+def pgbench_tps(dsn: str, clients: int, seconds: int, work_dir: Path,
+                script_text: str = SINGLE_ROW_INSERT) -> float:
     # Flushed first, so that pgbench never pays for the dirty pages of the runs before it.
     subprocess.run([str(postgres.find_bin_dir() / "psql"), dsn, "-qc", "CHECKPOINT"], check=True)
-    script = work_dir / "insert.sql"
-    script.write_text("INSERT INTO bench_insert (v) VALUES (1);\n")
-    output = subprocess.run(
+    script = work_dir / "pgbench.sql"
+    script.write_text(script_text)
+    run = subprocess.run(
         [str(postgres.find_bin_dir() / "pgbench"), "-n", "-c", str(clients), "-j",
          str(min(clients, 2)), "-T", str(seconds), "-f", str(script), dsn],
-        capture_output=True, text=True, check=True).stdout
-    match = re.search(r"^tps = ([\d.]+)", output, re.M)
-    assert match, output
+        capture_output=True, text=True, check=False)
+    match = re.search(r"^tps = ([\d.]+)", run.stdout, re.M)
+    if run.returncode != 0 or match is None:
+        raise RuntimeError(f"pgbench failed:\n{run.stderr}{run.stdout}")
     return float(match.group(1))
 
 
@@ -270,9 +288,11 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         finally:
             stop_pid(server.pid, what="command API")
         pg_after = pgbench_tps(dsn, clients, args.seconds, work_dir)
+        function = pgbench_tps(dsn, clients, args.seconds, work_dir, APPEND_FUNCTION_CALL)
         pg = (pg_before + pg_after) / 2
         spread = abs(pg_before - pg_after) / max(pg_before, pg_after)
-        figures[clients] = {"pgbench": pg, "python": py, "threads": threads,
+        figures[clients] = {"pgbench": pg, "pgbench_function": function, "python": py,
+                            "threads": threads,
                             "http": web.requests_per_s, "http_p50_ms": web.p50_ms,
                             "http_p99_ms": web.p99_ms, "http_python": web_python,
                             "pgbench_spread": spread}
@@ -283,6 +303,9 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
               f"({web.requests_per_s / pg:.2f}x, p50 {web.p50_ms:.2f} ms, p99 "
               f"{web.p99_ms:.2f} ms; {args.http_workers} worker(s), wrk), from Python client "
               f"processes {web_python:,.0f}/s ({web_python / pg:.2f}x)", flush=True)
+        print(f"  the append function alone (pgbench, one single-event command per "
+              f"transaction, no Python, no group commit): {function:,.0f} TPS "
+              f"({function / pg:.2f}x)", flush=True)
         if spread > UNSTEADY_SPREAD:
             print(f"  WARNING: pgbench moved {spread:.0%} between before and after: the machine "
                   "was not steady, so these ratios are not a fair comparison", flush=True)
@@ -298,6 +321,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         "http_p50_ms": eight["http_p50_ms"], "http_p99_ms": eight["http_p99_ms"],
         "http_python_clients_commands_per_s": round(eight["http_python"]),
         "pgbench_tps": round(eight["pgbench"]),
+        "pgbench_append_function_tps": round(eight["pgbench_function"]),
         "python_api_vs_pgbench_ratio": round(eight["python"] / eight["pgbench"], 3),
         "http_vs_pgbench_ratio": round(eight["http"] / eight["pgbench"], 3),
         "load_1000_events_snapshot_ms": round(with_snapshot, 2),
@@ -308,6 +332,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         "http_1_client_commands_per_s": round(figures[1]["http"]),
         "http_python_client_1_client_commands_per_s": round(figures[1]["http_python"]),
         "pgbench_1_client_tps": round(figures[1]["pgbench"]),
+        "pgbench_append_function_1_client_tps": round(figures[1]["pgbench_function"]),
         "pgbench_before_after_spread_ratio": round(eight["pgbench_spread"], 3),
     }))
 
