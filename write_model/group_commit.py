@@ -3,8 +3,9 @@
 Each command hands its append (a *unit*) to ``submit`` and waits for its own outcome. A
 caller that finds a free commit slot leads: it takes the waiting units, commits them in one
 call and hands every caller its outcome. Units that arrive while a batch commits wait for
-the next one. A lone command commits at once on its own thread (or task); under load one
-round trip and one WAL flush serve many commands.
+the next one. A lone command commits at once on its own thread (a task first lets the event
+loop run once, so that callers the last batch woke join it); under load one round trip and
+one WAL flush serve many commands.
 
 Two units that share a key (a stream, a command id) never go into one batch, nor into two
 batches in flight at once: the second waits for the next batch. So each batch can be checked

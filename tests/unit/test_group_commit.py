@@ -123,8 +123,8 @@ def test_units_on_one_key_are_committed_in_turn_under_contention() -> None:
 
 def test_async_callers_woken_by_one_batch_commit_together_in_the_next() -> None:
     """Eight tasks, each submitting again as soon as it has its outcome: every batch holds all
-    eight. Without the leader's turn of the loop, the first task woken would commit alone and
-    the other seven after it (batches of 1 and 7)."""
+    eight. Without the leader's turn of the loop, the first task woken committed alone and the
+    others waited for it (batches of 1, 8, 1, 8, ...)."""
     batches: list[int] = []
 
     async def commit(units: Sequence[int]) -> list[int]:
