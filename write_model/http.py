@@ -8,7 +8,6 @@ for a payload that does not parse or validate, or a command a business rule reje
 the database is unreachable. Bad input never gives a 5xx.
 """
 
-import inspect
 import json
 import logging
 import secrets
@@ -24,7 +23,9 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import JsonSchemaMode, models_json_schema
-from starlette._utils import get_route_path
+from starlette._exception_handler import _lookup_exception_handler
+from starlette._utils import get_route_path, is_async_callable
+from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -138,8 +139,9 @@ RESPONSES: dict[str, dict[str, Any]] = {
 
 
 def document_commands(app: FastAPI, specs: list[HandlerSpec[Any, Any]], secured: bool) -> None:
-    """Adds the command routes to the app's OpenAPI document. FastAPI does not see them: they
-    are plain Starlette routes that parse their own bodies and headers.
+    """Adds the commands to the app's OpenAPI document. FastAPI does not see them: they are
+    endpoints that ``CommandDispatch`` calls ahead of the router, and they parse their own
+    bodies and headers.
 
     Why: FastAPI's per-request solving of a body model, three headers and a dependency was the
     largest cost of the HTTP layer. Measured with one worker, wrk and 8 connections: with a stub
@@ -246,14 +248,15 @@ class CommandDispatch:
         await response(scope, receive, send)
 
     async def _error_response(self, request: Request, exc: Exception) -> Response:
+        """The handler a route would use: by status for an HTTPException, else by class."""
         handler = (self.handlers.get(exc.status_code)
                    if isinstance(exc, StarletteHTTPException) else None)
-        handler = handler or next((self.handlers[cls] for cls in type(exc).__mro__
-                                   if cls in self.handlers), None)
+        handler = handler or _lookup_exception_handler(dict(self.handlers), exc)
         if handler is None:
             raise exc
-        response = handler(request, exc)
-        return await response if inspect.isawaitable(response) else response
+        if is_async_callable(handler):
+            return await handler(request, exc)  # type: ignore[no-any-return]
+        return await run_in_threadpool(handler, request, exc)  # type: ignore[no-any-return]
 
 
 def parse_command(model: type[Command], body: bytes) -> Command:
