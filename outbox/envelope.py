@@ -56,7 +56,7 @@ class EventEnvelope:
                 stream_id=key.decode() if isinstance(key, bytes) else key,
                 stream_version=int(outer["streamVersion"]),
                 global_position=int(outer["globalPosition"]),
-                recorded_at=str(outer.get("recordedAt", "")),
+                recorded_at=str(outer.get("recordedAt") or ""),
                 data=data,
                 schema_version=int(outer.get("schemaVersion", 1)),
                 metadata=_json_object(outer.get("metadata")) if with_metadata else {},

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from pyarrow import json as pa_json
 
 from outbox import EventEnvelope, MalformedEvent
-from projections.fold import Decoded, SourceRecord, missing_key_reason
+from projections.fold import SourceRecord, missing_key_reason
 from projections.projection import Event, Projection
 
 ENVELOPE_ARROW = pa.schema([
@@ -203,22 +203,12 @@ def _coerce(value: Any, arrow_type: pa.DataType) -> Any:
     return float(value) if arrow_type == pa.float64() else int(value)
 
 
-def decode_to_events(records: pa.Table) -> list[Decoded] | None:
-    """The records as (record, event) pairs for a Python fold, envelopes parsed in one call of
-    Arrow's reader and only the event data parsed per event; None when a record does not fit
-    that mould (for ``decode_records``, one at a time)."""
-    envelopes = _read_envelopes(records)
-    if envelopes is None:
-        return None
-    columns = [records.column(c).to_pylist() for c in ("topic", "partition", "offset", "key",
-                                                        "value")]
-    columns += [envelopes.column(c).to_pylist() for c in ENVELOPE_ARROW.names]
-    return [decoded_event(*row) for row in zip(*columns, strict=True)]
-
-
 def decoded_event(topic: str, partition: int, offset: int, key: str, value: str | None,
                   event_id: str, event_type: str, version: int, position: int,
-                  recorded_at: str | None, payload: str) -> Decoded:
+                  recorded_at: str | None, payload: str
+                  ) -> tuple[SourceRecord, Event | None, str | None]:
+    """A row Spark decoded as a record with its event, or with the reason it is a dead
+    letter."""
     record = SourceRecord(topic, partition, offset, key, value)
     try:
         data = orjson.loads(payload)

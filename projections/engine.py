@@ -30,23 +30,21 @@ from pyspark.sql import functions as F
 
 from projections.decode import (
     decode_events,
-    decode_to_events,
     decoded_event,
     decoded_schema,
     field_column,
     spark_ddl,
 )
 from projections.fold import (
+    BatchFold,
     DeadLetter,
-    Decoded,
     Emission,
     FoldOutcome,
     KeyFolder,
     KeyState,
     PartitionKey,
+    RawRecords,
     SourceRecord,
-    decode_records,
-    fold_decoded,
 )
 from projections.kafka_source import ARROW_SCHEMA
 from projections.projection import Event, Projection
@@ -67,9 +65,12 @@ OUTPUT_DDL = spark_ddl(OUTPUT_SCHEMA)
 
 class SourceSlice(Protocol):
     """One source partition's records of a batch: a Kafka offset range, a slice of the event
-    store. Picklable; ``read`` runs on an executor and yields records as ``ARROW_SCHEMA``."""
+    store. Picklable; runs on an executor, where ``read`` yields records as ``ARROW_SCHEMA``
+    (for Spark) and ``record_chunks`` as Python lists (for a fold in Python)."""
 
     def read(self) -> Iterator[pa.RecordBatch]: ...
+
+    def record_chunks(self, rows: int) -> Iterator[RawRecords]: ...
 
 
 @dataclass(frozen=True)
@@ -188,7 +189,8 @@ def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.Record
                        for p, r in zip(rows["payload"], rows["reason"], strict=True) if r is None}
     with ReadModelStore(context.database_url, projection, context.version) as store:
         known = KnownKeys(store)
-        known.load(keys, lookup_keys, with_watermarks=False)  # the decode task guarded
+        known.load(keys, with_watermarks=False)  # the decode task guarded
+        known.load_lookups(lookup_keys)
     outcome = FoldOutcome()
     folder = KeyFolder(projection, outcome, context.emit_from)
     for key, items in _events_by_key(rows, outcome, known.joined, projection):
@@ -225,18 +227,16 @@ def read_and_fold_task(batches: Iterator[pa.RecordBatch], slices: Sequence[Sourc
 def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBatch:
     """Read, decode and fold one partition's records chunk by chunk (the states carry over);
     the output rows ``gather`` merges."""
-    folder = KeyFolder(context.projection, FoldOutcome(), context.emit_from)
     with ReadModelStore(context.database_url, context.projection, context.version) as store:
         known = KnownKeys(store)
-        for records in _chunks(source_slice):
-            decoded = decode_to_events(records)
-            if decoded is None:  # something Arrow's reader would not take: one at a time
-                decoded = list(decode_records(SourceRecord(*row) for row in zip(
-                    *(records.column(c).to_pylist() for c in RECORD_COLUMNS), strict=True)))
-            known.load_for(decoded)
-            fold_decoded(context.projection, known.stored, decoded, context.committed,
-                         known.watermarks, known.joined, context.emit_from, folder=folder)
-    return _to_output(folder.outcome)
+        batch = BatchFold(context.projection, context.committed, known.watermarks,
+                          context.emit_from)
+        for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
+            known.load(set(records.keys) - {None}, with_watermarks=True)
+            batch.add(records)
+            known.load_lookups(batch.lookup_keys())
+            batch.fold(known.stored, known.joined)
+    return _to_output(batch.outcome)
 
 
 class KnownKeys:
@@ -250,24 +250,19 @@ class KnownKeys:
         self.joined: dict[str, Any] = {}
         self._loaded: set[str] = set()
 
-    def load_for(self, decoded: list[Decoded]) -> None:
-        keys = {record.key for record, _, _ in decoded if record.key is not None} - self._loaded
-        lookup = self.store.projection.lookup
-        lookup_keys: set[str] = set()
-        if lookup is not None:
-            lookup_keys = {str(event.data.get(lookup.on)) for _, event, _ in decoded
-                           if event is not None} - self.joined.keys()
-        self.load(keys, lookup_keys, with_watermarks=True)
-
-    def load(self, keys: set[str], lookup_keys: set[str], with_watermarks: bool) -> None:
-        lookup = self.store.projection.lookup
+    def load(self, keys: set[str], with_watermarks: bool) -> None:
+        keys = keys - self._loaded
         if keys:
             self.stored.update(self.store.load(keys))
             if with_watermarks:
                 self.watermarks.update(self.store.watermarks(keys))
-        if lookup is not None and lookup_keys:
-            self.joined.update(lookup_rows(self.store.conn, lookup.projection, lookup_keys))
         self._loaded |= keys
+
+    def load_lookups(self, keys: set[str]) -> None:
+        lookup = self.store.projection.lookup
+        keys = keys - self.joined.keys()
+        if lookup is not None and keys:
+            self.joined.update(lookup_rows(self.store.conn, lookup.projection, keys))
 
 
 def _columns(table: pa.Table) -> dict[str, list[Any]]:

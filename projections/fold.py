@@ -1,7 +1,7 @@
 """The fold core: apply events to per-key state, in plain Python, without Spark.
 
-A Spark executor task runs ``KeyFolder`` over the keys of its partition; ``fold_records`` runs
-the very same code over a list of topic records, for tests and for a reference fold.
+A Spark executor task runs a ``BatchFold`` over the records of its partition; ``fold_records``
+runs the very same code over a list of topic records, for tests and for a reference fold.
 
 Delivery upstream is at-least-once, so every event is guarded: a record below the committed
 offset of its partition was applied before; an event whose (stream, version) is at or below
@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from types import MappingProxyType
 from typing import Any, NamedTuple
+
+import orjson
 
 from outbox import EventEnvelope, MalformedEvent
 from projections.projection import Derived, Event, Projection, State
@@ -40,6 +41,19 @@ class SourceRecord(NamedTuple):
     offset: int
     key: str | None
     value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecords:
+    """Records of one source partition in offset order, as its reader got them: what a task
+    decodes and folds at once. Values stay bytes when the reader had bytes (the JSON parser
+    takes them as they are); a key is text, or bytes when it is not UTF-8."""
+
+    topic: str
+    partition: int
+    offsets: list[int]
+    keys: list[str | bytes | None]
+    values: list[bytes | str | None]
 
 
 @dataclass(slots=True)
@@ -149,6 +163,11 @@ class KeyFolder:
 
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]]) -> None:
+        """Fold ``items`` (in position order) onto the key's state.
+
+        A (stream, version) met twice counts once. When the key is the aggregate id, its
+        stream's versions rise with position, so that takes one comparison with the last
+        version; a re-keyed key gathers many streams and remembers each event it met."""
         # The per-event loop of every fold: lookups are hoisted into locals on purpose.
         projection, outcome, seen = self.projection, self.outcome, self._seen
         marks, step, rekeyed = outcome.watermarks, self._step, projection.key_by is not None
@@ -157,28 +176,39 @@ class KeyFolder:
         state = stored.state if stored else None
         version = stored.version if stored else 0
         position = stored.position if stored else 0
+        last = 0 if rekeyed else marks.get(key, 0)  # the stream's last version met
         applied = 0
         had_state = False
         for record, event in items:
-            identity = (event.stream_id, event.stream_version)
-            if identity in seen:
+            stream_version = event.stream_version
+            if rekeyed:
+                identity = (event.stream_id, stream_version)
+                if identity in seen:
+                    outcome.duplicates += 1
+                    continue
+                seen.add(identity)
+                if stream_version > marks.get(identity[0], 0):
+                    marks[identity[0]] = stream_version
+            elif stream_version <= last:
                 outcome.duplicates += 1
                 continue
-            seen.add(identity)
-            if identity[1] > marks.get(identity[0], 0):
-                marks[identity[0]] = identity[1]
+            else:
+                last = stream_version
             try:
                 after = step(state, event)
                 emissions = derive(record, event, state, after) if derive else None
             except Exception as exc:  # a fold's bug must not stop the projection
-                outcome.dead_letters.append(DeadLetter(record, f"fold raised {exc!r}"))
+                outcome.dead_letters.append(DeadLetter(with_value(record, event),
+                                                       f"fold raised {exc!r}"))
                 continue
-            version = version + 1 if rekeyed else event.stream_version
+            version = version + 1 if rekeyed else stream_version
             position, state = event.global_position, after
             applied += 1
             had_state = had_state or after is not None
             if emissions:
                 outcome.emissions.extend(emissions)
+        if not rekeyed and last > marks.get(key, 0):
+            marks[key] = last
         outcome.applied += applied
         if not applied or not projection.has_state:
             return
@@ -196,6 +226,17 @@ class KeyFolder:
                 for i, derived in enumerate(self.projection.derive(event, before, after))]
 
 
+def with_value(record: SourceRecord, event: Event) -> SourceRecord:
+    """``record`` with its value for a dead letter: readers keep no text of records that
+    decoded, so the event is written back as the envelope it came in."""
+    if record.value is not None:
+        return record
+    return record._replace(value=EventEnvelope(
+        event_id=event.event_id, event_type=event.type, stream_id=event.stream_id,
+        stream_version=event.stream_version, global_position=event.global_position,
+        recorded_at=event.recorded_at, data=dict(event.data)).encode()[1])
+
+
 def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) -> Event:
     return Event(type=envelope.event_type, data=envelope.data, stream_id=envelope.stream_id,
                  stream_version=envelope.stream_version, event_id=envelope.event_id,
@@ -203,18 +244,149 @@ def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) ->
                  joined=joined)
 
 
-Decoded = tuple[SourceRecord, Event | None, str | None]
-"""A record with its event, or with the reason it is a dead letter."""
+_loads = orjson.loads
+_new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
 
 
-def decode_records(records: Iterable[SourceRecord]) -> Iterator[Decoded]:
-    for record in records:
+def _parse_event(key: str | None, value: bytes | str | None) -> Event | None:
+    """The event of a well-formed envelope, parsed fast; None for anything else (which
+    ``EventEnvelope.decode`` then judges, with the reason)."""
+    try:
+        outer = _loads(value)  # type: ignore[arg-type]
+        event: Event = _new_tuple(Event, (
+            outer["eventType"], _loads(outer["payload"]), key, outer["streamVersion"],
+            outer["eventId"], outer["globalPosition"], outer.get("recordedAt", ""), None))
+    except Exception:  # the slow path names the problem
+        return None
+    if (type(event.data) is dict and type(event.stream_version) is int
+            and type(event.global_position) is int and type(event.type) is str
+            and type(event.event_id) is str and type(event.recorded_at) is str
+            and type(key) is str):
+        return event
+    return None
+
+
+def _text(value: bytes | str | None) -> str | None:
+    """Text for a dead letter, whatever the bytes."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _by_position(item: tuple[SourceRecord, Event]) -> int:
+    return item[1].global_position
+
+
+class BatchFold:
+    """One batch of a plain-Python fold: records are decoded, guarded and routed to their
+    keys as they come (``add``), then each key's events are folded onto its state (``fold``).
+
+    Every Python fold runs this, on Spark and off it, so the per-event work is kept to
+    parsing the envelope and its payload, two guards and the fold itself: records below the
+    committed offsets were applied before, and events at or below their stream's watermark
+    were delivered again. A record that does not decode, or has no key to fold by, is a dead
+    letter.
+    """
+
+    def __init__(self, projection: Projection,
+                 committed_offsets: Mapping[PartitionKey, int] | None = None,
+                 watermarks: Mapping[str, int] | None = None,
+                 emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL) -> None:
+        self.projection = projection
+        self.folder = KeyFolder(projection, FoldOutcome(), emit_from)
+        self.outcome = self.folder.outcome
+        self.committed = committed_offsets or {}
+        self.watermarks = watermarks if watermarks is not None else {}
+        self._pending: dict[str, list[tuple[SourceRecord, Event]]] = {}
+        self._unsorted: set[str] = set()
+
+    def add(self, records: RawRecords) -> None:
+        """Decode, guard and route one partition's records (in offset order)."""
+        projection, outcome, marks = self.projection, self.outcome, self.watermarks
+        pending, unsorted = self._pending, self._unsorted
+        topic, partition = records.topic, records.partition
+        start = self.committed.get((topic, partition), 0)
+        types, rekeyed = projection.event_types, projection.key_by is not None
+        last = -1
+        for offset, key, value in zip(records.offsets, records.keys, records.values,
+                                      strict=True):
+            if offset < start:
+                outcome.skipped += 1
+                continue
+            last = offset
+            event = _parse_event(key, value)
+            if event is None:
+                event = self._decode_slowly(SourceRecord(topic, partition, offset, _text(key),
+                                                         _text(value)), key)
+                if event is None:
+                    continue
+            if types is not None and event.type not in types:
+                continue
+            if event.stream_version <= marks.get(event.stream_id, 0):
+                outcome.duplicates += 1
+                continue
+            fold_by = fold_key(projection, event.stream_id, event.data) if rekeyed else key
+            if fold_by is None:
+                outcome.dead_letters.append(DeadLetter(
+                    SourceRecord(topic, partition, offset, _text(key), _text(value)),
+                    missing_key_reason(projection)))
+                continue
+            item = (_new_tuple(SourceRecord, (topic, partition, offset, key, None)), event)
+            items = pending.get(fold_by)
+            if items is None:
+                pending[fold_by] = [item]
+                continue
+            if event.global_position < items[-1][1].global_position:
+                unsorted.add(fold_by)
+            items.append(item)
+        if last >= 0:
+            outcome.next_offsets[(topic, partition)] = last + 1
+
+    def _decode_slowly(self, record: SourceRecord, key: bytes | str | None) -> Event | None:
         try:
+            if isinstance(key, bytes):
+                raise MalformedEvent("message key (aggregate id) is not UTF-8 text")
             envelope = EventEnvelope.decode(record.key, record.value, with_metadata=False)
         except MalformedEvent as exc:
-            yield record, None, str(exc)
-            continue
-        yield record, event_from_envelope(envelope), None
+            self.outcome.dead_letters.append(DeadLetter(record, str(exc)))
+            return None
+        return event_from_envelope(envelope)
+
+    def lookup_keys(self) -> set[str]:
+        """The keys of the looked-up table the routed events join with."""
+        lookup = self.projection.lookup
+        if lookup is None:
+            return set()
+        return {str(event.data.get(lookup.on)) for items in self._pending.values()
+                for _, event in items}
+
+    def fold(self, stored: Mapping[str, KeyState],
+             lookup_rows: Mapping[str, State] | None = None) -> FoldOutcome:
+        """Fold the routed events of each key onto its state: this batch's newest, else
+        ``stored``. Later ``add`` calls start afresh; the outcome carries over."""
+        lookup, outcome = self.projection.lookup, self.outcome
+        for key, items in self._pending.items():
+            if key in self._unsorted:
+                items.sort(key=_by_position)
+            if lookup is not None:
+                rows = lookup_rows or {}
+                items = [(record, event._replace(joined=rows.get(str(event.data.get(
+                    lookup.on))))) for record, event in items]
+            self.folder.fold(key, outcome.changed.get(key) or stored.get(key), items)
+        self._pending, self._unsorted = {}, set()
+        return outcome
+
+
+
+def by_partition(records: Iterable[SourceRecord]) -> list[RawRecords]:
+    """``records`` as runs of one partition each, in their order."""
+    runs: list[RawRecords] = []
+    for record in records:
+        if not runs or (runs[-1].topic, runs[-1].partition) != (record.topic, record.partition):
+            runs.append(RawRecords(record.topic, record.partition, [], [], []))
+        run = runs[-1]
+        run.offsets.append(record.offset)
+        run.keys.append(record.key)
+        run.values.append(record.value)
+    return runs
 
 
 def fold_records(
@@ -233,65 +405,12 @@ def fold_records(
     ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted
     (None: emit nothing).
     """
-    return fold_decoded(projection, stored, decode_records(records), committed_offsets,
-                        watermarks, lookup_rows, emit_from)
-
-
-def fold_decoded(
-    projection: Projection,
-    stored: Mapping[str, KeyState],
-    decoded: Iterable[Decoded],
-    committed_offsets: Mapping[PartitionKey, int] | None = None,
-    watermarks: Mapping[str, int] | None = None,
-    lookup_rows: Mapping[str, State] | None = None,
-    emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
-    folder: KeyFolder | None = None,
-) -> FoldOutcome:
-    """``fold_records`` for records already decoded (by whichever decoder is fastest).
-
-    Records may come in chunks: pass the ``folder`` of the first chunk's call to the next ones
-    and their states, duplicates guard and outcome carry over."""
-    committed = committed_offsets or {}
     if watermarks is None and projection.key_by is None:
         watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
-    marks = watermarks or {}
-    folder = folder or KeyFolder(projection, FoldOutcome(), emit_from)
-    outcome = folder.outcome
-    by_key: dict[str, list[tuple[SourceRecord, Event]]] = defaultdict(list)
-    for record, event, error in decoded:
-        partition = (record.topic, record.partition)
-        if record.offset < committed.get(partition, 0):
-            outcome.skipped += 1
-            continue
-        outcome.next_offsets[partition] = record.offset + 1
-        if event is None:
-            outcome.dead_letters.append(DeadLetter(record, error or "undecodable"))
-            continue
-        routed = _route(projection, record, event, marks, lookup_rows or {}, outcome)
-        if routed is not None:
-            by_key[routed[0]].append((record, routed[1]))
-    for key, items in by_key.items():
-        items.sort(key=lambda item: item[1].global_position)
-        folder.fold(key, outcome.changed.get(key) or stored.get(key), items)
-    return outcome
-
-
-def _route(projection: Projection, record: SourceRecord, event: Event,
-           watermarks: Mapping[str, int], lookup_rows: Mapping[str, State],
-           outcome: FoldOutcome) -> tuple[str, Event] | None:
-    """Filter, dedupe and key one event; None when it is not for the fold."""
-    if not projection.handles(event.type):
-        return None
-    if event.stream_version <= watermarks.get(event.stream_id, 0):
-        outcome.duplicates += 1
-        return None
-    key = fold_key(projection, event.stream_id, event.data)
-    if key is None:
-        outcome.dead_letters.append(DeadLetter(record, missing_key_reason(projection)))
-        return None
-    if projection.lookup is not None:
-        event = event._replace(joined=lookup_rows.get(str(event.data.get(projection.lookup.on))))
-    return key, event
+    batch = BatchFold(projection, committed_offsets, watermarks, emit_from)
+    for run in by_partition(records):
+        batch.add(run)
+    return batch.fold(stored, lookup_rows)
 
 
 def fold_key(projection: Projection, stream_id: str, data: Mapping[str, Any]) -> str | None:

@@ -52,6 +52,7 @@ from outbox.kafka import (
     iter_range,
     nest_offsets,
 )
+from projections.fold import RawRecords
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([
@@ -94,6 +95,38 @@ class KafkaSlice:
     def read(self) -> Iterator[pa.RecordBatch]:
         return read_range(self.bootstrap_servers, self.range)
 
+    def record_chunks(self, rows: int) -> Iterator[RawRecords]:
+        """The range's records, about ``rows`` at a time, for a fold in Python."""
+        topic, partition = self.range.topic, self.range.partition
+        pending: list[Message] = []
+        for messages in _messages(self.bootstrap_servers, self.range):
+            pending.extend(messages)
+            if len(pending) >= rows:
+                yield _raw(topic, partition, pending)
+                pending = []
+        if pending:
+            yield _raw(topic, partition, pending)
+
+
+def _raw(topic: str, partition: int, messages: list[Message]) -> RawRecords:
+    return RawRecords(topic, partition, [m.offset() for m in messages],
+                      _keys([m.key() for m in messages]), [m.value() for m in messages])
+
+
+def _keys(keys: list[bytes | None]) -> list[str | bytes | None]:
+    """The keys as text; one that is not UTF-8 stays bytes (its record is a dead letter)."""
+    try:
+        return [None if key is None else key.decode() for key in keys]
+    except UnicodeDecodeError:
+        return [None if key is None else _utf8_or_bytes(key) for key in keys]
+
+
+def _utf8_or_bytes(key: bytes) -> str | bytes:
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return key
+
 
 _consumers: dict[str, Consumer] = {}
 
@@ -110,13 +143,17 @@ def _consumer(bootstrap_servers: str) -> Consumer:
 
 def read_range(bootstrap_servers: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Every message of ``rng`` as Arrow batches."""
+    for messages in _messages(bootstrap_servers, rng):
+        yield _to_arrow(messages, rng)
+
+
+def _messages(bootstrap_servers: str, rng: OffsetRange) -> Iterator[list[Message]]:
     if rng.end <= rng.start:
         return
     consumer = _consumer(bootstrap_servers)
     try:
-        for messages in iter_range(consumer, (rng.topic, rng.partition), rng.start, rng.end,
-                                   READ_TIMEOUT_S, chunk=READ_CHUNK):
-            yield _to_arrow(messages, rng)
+        yield from iter_range(consumer, (rng.topic, rng.partition), rng.start, rng.end,
+                              READ_TIMEOUT_S, chunk=READ_CHUNK)
     except BaseException:
         _consumers.pop(bootstrap_servers, None)
         consumer.close()

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 import pyarrow as pa
 
 from outbox.history import STORE_TOPIC, read_history
-from projections.fold import PartitionKey
+from projections.fold import PartitionKey, RawRecords
 from projections.kafka_source import ARROW_SCHEMA
 from projections.sinks import libpq_url
 
@@ -35,19 +36,29 @@ class StoreSlice:
     buckets: int
 
     def read(self) -> Iterator[pa.RecordBatch]:
+        for positions, keys, values, times in self._columns():
+            count = len(positions)
+            yield pa.RecordBatch.from_arrays([
+                pa.array([STORE_TOPIC] * count, pa.string()),
+                pa.array([self.bucket] * count, pa.int32()),
+                pa.array(positions, pa.int64()),
+                pa.array(keys, pa.string()),
+                pa.array(values, pa.string()),
+                pa.array(times, pa.timestamp("us", tz="UTC")),
+            ], schema=ARROW_SCHEMA)
+
+    def record_chunks(self, rows: int) -> Iterator[RawRecords]:
+        """The slice's events as records, about ``rows`` at a time, for a fold in Python."""
+        for positions, keys, values, _ in self._columns(rows):
+            yield RawRecords(STORE_TOPIC, self.bucket, list(positions), list(keys),
+                             list(values))
+
+    def _columns(self, rows: int = 20_000) -> Iterator[tuple[tuple[Any, ...], ...]]:
+        """Positions, stream ids, envelopes and record times, ``rows`` at a time."""
         with psycopg.connect(libpq_url(self.database_url)) as conn:
-            for rows in read_history(conn, self.stream_types, self.after, self.upto,
-                                     self.bucket, self.buckets):
-                positions, keys, values, times = zip(*rows, strict=True)
-                count = len(rows)
-                yield pa.RecordBatch.from_arrays([
-                    pa.array([STORE_TOPIC] * count, pa.string()),
-                    pa.array([self.bucket] * count, pa.int32()),
-                    pa.array(positions, pa.int64()),
-                    pa.array(keys, pa.string()),
-                    pa.array(values, pa.string()),
-                    pa.array(times, pa.timestamp("us", tz="UTC")),
-                ], schema=ARROW_SCHEMA)
+            for chunk in read_history(conn, self.stream_types, self.after, self.upto,
+                                      self.bucket, self.buckets, chunk=rows):
+                yield tuple(zip(*chunk, strict=True))
 
 
 def store_slices(database_url: str, stream_types: tuple[str, ...], after: int, upto: int,

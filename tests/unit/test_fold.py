@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 from sqlalchemy import BigInteger
 
 from examples.inventory import inventory_totals
 from outbox import EventEnvelope
 from projections import KeyState, SourceRecord, fold_in_memory, fold_records, projection
+from projections.fold import BatchFold, RawRecords
 
 TOPIC = "eventfold.events.Product"
 
@@ -59,14 +62,56 @@ def test_undecodable_record_is_dead_lettered_and_fold_continues() -> None:
     assert outcome.changed["a"].state == {"quantity": 5}
 
 
-def test_fold_that_raises_is_dead_lettered() -> None:
+def test_fold_that_raises_is_dead_lettered_with_its_event() -> None:
     bad = stock("a", 1, 5, 0)
     bad = SourceRecord(bad.topic, bad.partition, bad.offset, bad.key,
                        bad.value.replace('\\"quantity\\": 5', '\\"quantity\\": \\"many\\"'))
     outcome = fold_records(inventory_totals, {}, [bad, stock("a", 2, 1, 1)])
     assert len(outcome.dead_letters) == 1
-    assert "fold raised" in outcome.dead_letters[0].reason
+    letter = outcome.dead_letters[0]
+    assert "fold raised" in letter.reason
+    assert EventEnvelope.decode(letter.record.key, letter.record.value) == EventEnvelope.decode(
+        bad.key, bad.value, with_metadata=False)
     assert outcome.changed["a"].state == {"quantity": 1}
+
+
+def test_envelopes_off_the_usual_shape_fold_like_the_usual_ones() -> None:
+    """Records the fast parser declines (bytes, a payload already an object, a version as
+    text, a null record time) take the full decoder and fold the same; a key that is not
+    UTF-8 is a dead letter, not a crash."""
+    usual = stock("a", 1, 5, 0)
+    envelope = json.loads(usual.value)
+    odd_values: list[str | bytes] = [
+        json.dumps({**envelope, "payload": {"product": "a", "quantity": 5}}),
+        json.dumps({**envelope, "streamVersion": "1"}),
+        json.dumps({**envelope, "recordedAt": None}),
+        usual.value.encode(),
+    ]
+    expected = fold_records(inventory_totals, {}, [usual]).changed
+    for value in odd_values:
+        outcome = fold_records(inventory_totals, {}, [SourceRecord(TOPIC, 0, 0, "a", value)])
+        assert outcome.changed == expected, value
+        assert not outcome.dead_letters
+    batch = BatchFold(inventory_totals)
+    batch.add(RawRecords(TOPIC, 0, [0, 1], [b"\xff", "a"], [usual.value, usual.value]))
+    outcome = batch.fold({})
+    assert [(d.record.offset, d.record.key) for d in outcome.dead_letters] == [(0, "\ufffd")]
+    assert "not UTF-8" in outcome.dead_letters[0].reason
+    assert outcome.changed == expected
+
+
+def test_events_of_a_key_out_of_position_order_fold_in_position_order() -> None:
+    records = [stock("a", 2, 7, 1), stock("a", 1, 5, 0), stock("a", 3, 1, 2)]
+    records = [records[0]._replace(offset=0), records[1]._replace(offset=1), records[2]]
+
+    @projection("history", sources=["Product"], columns={"seen": BigInteger()})
+    def history(state, event):
+        assert event.stream_version == (state or {"seen": 0})["seen"] + 1
+        return {"seen": event.stream_version}
+
+    outcome = fold_records(history, {}, records)
+    assert outcome.changed["a"] == KeyState({"seen": 3}, 3, 3)
+    assert not outcome.dead_letters
 
 
 def test_none_deletes_and_keeps_the_version_guard() -> None:
