@@ -47,6 +47,7 @@ from projections.fold import (
     SourceRecord,
 )
 from projections.kafka_source import ARROW_SCHEMA
+from projections.partial import merge_partials, partial_aggregate, partial_schema, stream_marks
 from projections.projection import Event, Projection
 from projections.sinks import ReadModelStore, lookup_rows
 
@@ -354,6 +355,56 @@ def gather(table: pa.Table) -> FoldOutcome:
 
 # -- aggregation projections -------------------------------------------------------------------
 
+def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
+                             context: BatchContext) -> FoldOutcome | None:
+    """Aggregate where the data is: each task reads, decodes, dedupes and aggregates its
+    partition in Arrow (``partial``), and the driver merges the O(keys) partials. None when
+    a stream was split across partitions: then only ``run_aggregation`` is exact."""
+    projection = context.projection
+    if not slices:
+        return FoldOutcome()
+    schema = partial_schema(projection, decoded_schema(projection))
+    partials = _per_slice(spark, slices).mapInArrow(
+        lambda batches: aggregate_task(batches, slices, context, schema),
+        spark_ddl(schema)).toArrow()
+    merged = merge_partials(partials, projection)
+    if merged is None:
+        return None
+    return _aggregation_outcome(
+        merged.to_pylist(), partials.filter(pc.equal(partials.column("kind"), "dlq")),
+        stream_marks(partials, projection), projection)
+
+
+def aggregate_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSlice],
+                   context: BatchContext, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    with paused_gc(), ReadModelStore(context.database_url, context.projection,
+                                     context.version) as store:
+        for source_slice in _slices_of_task(batches, slices):
+            events = pa.concat_tables(
+                drop_applied(decode_events(records, context.projection), store)
+                for records in _chunks(source_slice))
+            yield from partial_aggregate(events, context.projection, schema).to_batches()
+
+
+def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,
+                         marks: Mapping[str, int], projection: Projection) -> FoldOutcome:
+    """A batch's merged partial aggregates (``fold_key``, its columns, ``_version``,
+    ``_position``, ``_events``), dead letters and stream marks as an outcome."""
+    assert projection.aggregates is not None
+    outcome = FoldOutcome()
+    for row in letters.to_pylist():
+        outcome.dead_letters.append(DeadLetter(
+            SourceRecord(*(row[c] for c in RECORD_COLUMNS)), row["reason"]))
+    for row in groups:
+        outcome.changed[row["fold_key"]] = KeyState(
+            {name: row[name] for name in projection.aggregates}, row["_version"],
+            row["_position"])
+        outcome.applied += row["_events"]
+    for stream, version in marks.items():
+        outcome.see(stream, version)
+    return outcome
+
+
 def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
     """Partial aggregates per key for this batch, computed by Spark in one job; the store
     merges them into the stored rows. Dead letters ride along as groups of their own."""
@@ -375,25 +426,18 @@ def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
                    F.first("fold_key").alias("fold_key"), F.first("reason").alias("reason"),
                    *(F.first(c).alias(f"_{c}") for c in RECORD_COLUMNS))
                .toArrow())
-    outcome = FoldOutcome()
-    for row in partial.to_pylist():
-        if row["reason"] is not None:
-            record = SourceRecord(*(row[f"_{c}"] for c in RECORD_COLUMNS))
-            outcome.dead_letters.append(DeadLetter(record, row["reason"]))
-            continue
-        outcome.changed[row["fold_key"]] = KeyState(
-            {name: row[name] for name in projection.aggregates}, row["_version"],
-            row["_position"])
-        outcome.applied += row["_events"]
-        if projection.key_by is None:
-            outcome.see(row["fold_key"], row["_version"])  # the key is the stream
-    if projection.key_by is not None:
+    groups = partial.filter(pc.is_null(partial.column("reason")))
+    letters = partial.filter(pc.is_valid(partial.column("reason")))
+    letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]).rename_columns(
+        [*RECORD_COLUMNS, "reason"])
+    if projection.key_by is None:
+        marks = dict(zip(groups.column("fold_key").to_pylist(),
+                         groups.column("_version").to_pylist(), strict=True))
+    else:
         # Re-keyed: a key gathers many streams, so their watermarks take a job of their own.
-        marks = (events.where(~letter).groupBy("key")
-                 .agg(F.max("streamVersion").alias("v")).toArrow().to_pylist())
-        for mark in marks:
-            outcome.see(mark["key"], mark["v"])
-    return outcome
+        marks = {row["key"]: row["v"] for row in events.where(~letter).groupBy("key")
+                 .agg(F.max("streamVersion").alias("v")).toArrow().to_pylist()}
+    return _aggregation_outcome(groups.to_pylist(), letters, marks, projection)
 
 
 def _aggregate_column(projection: Projection, name: str) -> Column:

@@ -30,6 +30,7 @@ from projections.engine import (
     folds_in_place,
     read_events,
     run_aggregation,
+    run_aggregation_in_place,
     run_fold,
     run_fold_in_place,
 )
@@ -210,6 +211,12 @@ class ProjectionRunner:
                 log.warning("projection %s batch %d: key %r is in more than one partition; "
                             "folding the batch after a shuffle", projection.name, batch_id,
                             str(split))
+        elif projection.kind == "aggregation":
+            outcome = run_aggregation_in_place(self.spark, slices, context)
+            if outcome is not None:
+                return outcome
+            log.warning("projection %s batch %d: a stream is in more than one partition; "
+                        "aggregating the batch after a shuffle", projection.name, batch_id)
         events = read_events(self.spark, slices, context)
         if projection.kind == "aggregation":
             return run_aggregation(events, projection)
