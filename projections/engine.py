@@ -9,8 +9,10 @@ shuffle by key are native Spark. Then, per kind:
   (and looked-up rows) from Postgres, runs the plain-Python ``KeyFolder`` and returns only the
   changed states, dead letters, derived events and watermarks: O(keys), not O(events), reach
   the driver. A fold keyed by aggregate id over one topic skips the shuffle: the task that
-  reads a partition folds it (``run_fold_in_place``);
-- aggregation: Spark computes a partial aggregate per key; the store merges it in SQL.
+  reads a partition folds it from the raw records (``run_fold_in_place``);
+- aggregation: each task that reads a partition aggregates it per key in Arrow
+  (``partial``) and the driver merges the partials; a batch with a stream in two partitions
+  is aggregated by Spark after a shuffle instead. The store merges the result in SQL.
 """
 
 from __future__ import annotations
