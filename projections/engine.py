@@ -382,10 +382,13 @@ def aggregate_task(batches: Iterator[pa.RecordBatch], slices: Sequence[SourceSli
     with paused_gc(), ReadModelStore(context.database_url, context.projection,
                                      context.version) as store:
         for source_slice in _slices_of_task(batches, slices):
-            events = pa.concat_tables(
-                drop_applied(decode_events(records, context.projection), store)
-                for records in _chunks(source_slice))
-            yield from partial_aggregate(events, context.projection, schema).to_batches()
+            # The slice's decoded events are held at once (bounded by the batch's row cap):
+            # a copy delivered twice may sit in two chunks.
+            events = [drop_applied(decode_events(records, context.projection), store)
+                      for records in _chunks(source_slice)]
+            if events:
+                yield from partial_aggregate(pa.concat_tables(events), context.projection,
+                                             schema).to_batches()
 
 
 def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,

@@ -248,7 +248,7 @@ _loads = orjson.loads
 _new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
 
 
-def _parse_event(key: str | None, value: bytes | str | None) -> Event | None:
+def _parse_event(key: str | bytes | None, value: bytes | str | None) -> Event | None:
     """The event of a well-formed envelope, parsed fast; None for anything else (which
     ``EventEnvelope.decode`` then judges, with the reason)."""
     try:

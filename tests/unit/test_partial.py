@@ -96,3 +96,11 @@ def test_a_stream_in_two_partitions_is_not_merged() -> None:
     for projection in (per_stream, per_store):
         partials = pa.concat_tables(task_partials(projection, p) for p in copies)
         assert merge_partials(partials, projection) is None
+
+
+def test_a_task_with_only_dead_letters_hands_over_only_those() -> None:
+    for projection in (per_stream, per_store):
+        partials = task_partials(projection, [SourceRecord(TOPIC, 0, 0, "s1", "{bad")])
+        assert partials.column("kind").to_pylist() == ["dlq"]
+        merged = merge_partials(partials, projection)
+        assert merged is not None and merged.num_rows == 0
