@@ -235,7 +235,7 @@ def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBat
         batch = BatchFold(context.projection, context.committed, known.watermarks,
                           context.emit_from)
         for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
-            known.load(set(records.keys) - {None}, with_watermarks=True)
+            known.load(records.stream_ids(), with_watermarks=True)
             batch.add(records)
             known.load_lookups(batch.lookup_keys())
             batch.fold(known.stored, known.joined)

@@ -55,6 +55,10 @@ class RawRecords:
     keys: list[str | bytes | None]
     values: list[bytes | str | None]
 
+    def stream_ids(self) -> set[str]:
+        """The keys that are text: the streams whose states and watermarks apply."""
+        return {key for key in self.keys if isinstance(key, str)}
+
 
 @dataclass(slots=True)
 class KeyState:

@@ -98,6 +98,8 @@ def test_envelopes_off_the_usual_shape_fold_like_the_usual_ones() -> None:
     assert [(d.record.offset, d.record.key) for d in outcome.dead_letters] == [(0, "\ufffd")]
     assert "not UTF-8" in outcome.dead_letters[0].reason
     assert outcome.changed == expected
+    no_key = RawRecords(TOPIC, 0, [0, 1, 2], [b"\xff", None, "a"], [None, None, None])
+    assert no_key.stream_ids() == {"a"}  # what a task loads states for
 
 
 def test_events_of_a_key_out_of_position_order_fold_in_position_order() -> None:
