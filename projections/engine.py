@@ -49,11 +49,17 @@ from projections.fold import (
     SourceRecord,
 )
 from projections.kafka_source import ARROW_SCHEMA
-from projections.partial import merge_partials, partial_aggregate, partial_schema, stream_marks
+from projections.partial import (
+    DEAD_LETTER_COLUMNS,
+    merge_partials,
+    partial_aggregate,
+    partial_schema,
+    stream_marks,
+)
 from projections.projection import Event, Projection
 from projections.sinks import ReadModelStore, lookup_rows
 
-RECORD_COLUMNS = ("topic", "partition", "offset", "key", "value")
+RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000
 FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
               "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
@@ -434,7 +440,7 @@ def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
     groups = partial.filter(pc.is_null(partial.column("reason")))
     letters = partial.filter(pc.is_valid(partial.column("reason")))
     letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]).rename_columns(
-        [*RECORD_COLUMNS, "reason"])
+        DEAD_LETTER_COLUMNS)
     if projection.key_by is None:
         marks = dict(zip(groups.column("fold_key").to_pylist(),
                          groups.column("_version").to_pylist(), strict=True))

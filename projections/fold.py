@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import groupby
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -51,9 +52,9 @@ class RawRecords:
 
     topic: str
     partition: int
-    offsets: list[int]
-    keys: list[str | bytes | None]
-    values: list[bytes | str | None]
+    offsets: Sequence[int]
+    keys: Sequence[str | bytes | None]
+    values: Sequence[bytes | str | None]
 
     def stream_ids(self) -> set[str]:
         """The keys that are text: the streams whose states and watermarks apply."""
@@ -383,13 +384,10 @@ class BatchFold:
 def by_partition(records: Iterable[SourceRecord]) -> list[RawRecords]:
     """``records`` as runs of one partition each, in their order."""
     runs: list[RawRecords] = []
-    for record in records:
-        if not runs or (runs[-1].topic, runs[-1].partition) != (record.topic, record.partition):
-            runs.append(RawRecords(record.topic, record.partition, [], [], []))
-        run = runs[-1]
-        run.offsets.append(record.offset)
-        run.keys.append(record.key)
-        run.values.append(record.value)
+    for (topic, partition), grouped in groupby(records, key=lambda r: (r.topic, r.partition)):
+        run = list(grouped)
+        runs.append(RawRecords(topic, partition, [r.offset for r in run], [r.key for r in run],
+                               [r.value for r in run]))
     return runs
 
 

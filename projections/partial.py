@@ -17,10 +17,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from projections.decode import field_column
+from projections.fold import SourceRecord
 from projections.projection import Projection
 
 GROUP = "fold_key"
-DEAD_LETTER_COLUMNS = ("topic", "partition", "offset", "key", "value", "reason")
+DEAD_LETTER_COLUMNS = (*SourceRecord._fields, "reason")
 _FIRST_ROW = pa.array([True])
 
 

@@ -50,8 +50,7 @@ class StoreSlice:
     def record_chunks(self, rows: int) -> Iterator[RawRecords]:
         """The slice's events as records, about ``rows`` at a time, for a fold in Python."""
         for positions, keys, values, _ in self._columns(rows):
-            yield RawRecords(STORE_TOPIC, self.bucket, list(positions), list(keys),
-                             list(values))
+            yield RawRecords(STORE_TOPIC, self.bucket, positions, keys, values)
 
     def _columns(self, rows: int = 20_000) -> Iterator[tuple[tuple[Any, ...], ...]]:
         """Positions, stream ids, envelopes and record times, ``rows`` at a time."""
