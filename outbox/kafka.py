@@ -150,7 +150,22 @@ def _read_partition(consumer: Consumer, partition: PartitionKey, start: int, end
 
 
 def _text(raw: bytes | None) -> str | None:
-    return raw.decode() if raw is not None else None
+    """Text of a key or value; bytes that are not UTF-8 (a poison message) keep replacement
+    characters, so a reader of the whole topic sees them instead of failing."""
+    return raw.decode("utf-8", "replace") if raw is not None else None
+
+
+def _end_of_partition(messages: list[Message], partition: PartitionKey) -> int:
+    """The offset a partition-EOF event among ``messages`` reports; any other error raises."""
+    position = 0
+    for message in messages:
+        error = message.error()
+        if error is None:
+            continue
+        if error.code() != KafkaError._PARTITION_EOF:
+            raise RuntimeError(f"reading {partition}: {error}")
+        position = max(position, message.offset())
+    return position
 
 
 def iter_range(consumer: Consumer, partition: PartitionKey, start: int, end: int,
@@ -167,19 +182,17 @@ def iter_range(consumer: Consumer, partition: PartitionKey, start: int, end: int
         if time.monotonic() > deadline:
             raise TimeoutError(f"{partition}: no progress at offset {position} of {end} "
                                f"for {stuck_timeout_s:.0f} s")
-        found: list[Message] = []
-        for message in consume_available(consumer, max(1, min(chunk, end - position)), 1.0):
-            error = message.error()
-            if error is not None:
-                if error.code() != KafkaError._PARTITION_EOF:
-                    raise RuntimeError(f"reading {partition}: {error}")
-                position = max(position, message.offset())
-                continue
-            if message.offset() < start:
-                continue  # prefetched for an earlier assignment of a reused consumer
-            position = message.offset() + 1
-            if message.offset() < end:
-                found.append(message)
+        batch = consume_available(consumer, max(1, min(chunk, end - position)), 1.0)
+        found = [message for message in batch if message.error() is None]
+        if len(found) < len(batch):
+            position = max(position, _end_of_partition(batch, partition))
+        if found:
+            # One partition's messages come in offset order: its ends tell whether any is
+            # outside the range (prefetched for an earlier assignment, or past ``end``).
+            first, last = found[0].offset(), found[-1].offset()
+            if first < start or last >= end:
+                found = [m for m in found if start <= m.offset() < end]
+            position = max(position, last + 1)
         if found:
             deadline = time.monotonic() + stuck_timeout_s
             yield found

@@ -11,7 +11,7 @@ reason in ``reason`` and becomes a dead letter.
 
 from __future__ import annotations
 
-import io
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -20,9 +20,22 @@ import pyarrow.compute as pc
 from pyarrow import json as pa_json
 
 from outbox import EventEnvelope, MalformedEvent
-from projections.fold import SourceRecord, missing_key_reason
+from projections.fold import (
+    KEY_NOT_UTF8,
+    VALUE_NOT_UTF8,
+    RawRecords,
+    SourceRecord,
+    is_utf8,
+    missing_key_reason,
+)
 from projections.projection import Event, Projection
 
+RECORDS_ARROW = pa.schema([
+    ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+    ("key", pa.string()), ("value", pa.string()), ("reason", pa.string()),
+])
+"""A partition's raw records as ``decode_events`` reads them; ``reason`` marks a record that is
+a dead letter before decoding (its key or value is not UTF-8)."""
 ENVELOPE_ARROW = pa.schema([
     ("eventId", pa.string()), ("eventType", pa.string()), ("streamVersion", pa.int64()),
     ("globalPosition", pa.int64()), ("recordedAt", pa.string()), ("payload", pa.string()),
@@ -33,6 +46,8 @@ RECORD_FIELDS = [("topic", pa.string()), ("partition", pa.int32()), ("offset", p
                  ("fold_key", pa.string())]
 EVENT_FIELDS = RECORD_FIELDS + list(zip(ENVELOPE_ARROW.names, ENVELOPE_ARROW.types,
                                         strict=True))
+_JSON_READ = pa_json.ReadOptions(use_threads=False)  # a task has its core; threads only contend
+_NEWLINE, _NOTHING = pa.scalar("\n"), pa.scalar("")
 _ARROW_TYPES = {"bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
                 "string": pa.string()}
 _SPARK_DDL = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT",
@@ -71,6 +86,32 @@ def spark_ddl(schema: pa.Schema) -> str:
     return ", ".join(f"`{f.name}` {_SPARK_DDL[f.type]}" for f in schema)
 
 
+def records_table(raw: RawRecords) -> pa.Table:
+    """``raw`` as ``RECORDS_ARROW`` columns. Keys and values are checked as UTF-8 by Arrow, in
+    C; one that is not keeps its text with replacement characters, and the reason."""
+    count = len(raw.offsets)
+    keys, bad_keys = text_column(raw.keys)
+    values, bad_values = text_column(raw.values)
+    reasons: pa.Array = pa.nulls(count, pa.string())
+    if bad_keys or bad_values:
+        reasons = pa.array([KEY_NOT_UTF8 if i in bad_keys else VALUE_NOT_UTF8
+                            if i in bad_values else None for i in range(count)], pa.string())
+    return pa.table([pa.array([raw.topic] * count, pa.string()),
+                     pa.array([raw.partition] * count, pa.int32()),
+                     pa.array(raw.offsets, pa.int64()), keys, values, reasons],
+                    schema=RECORDS_ARROW)
+
+
+def text_column(items: Sequence[str | bytes | None]) -> tuple[pa.Array, set[int]]:
+    """``items`` as a string column, and the indexes of those that were not UTF-8."""
+    try:
+        return pa.array(items, pa.binary()).cast(pa.string()), set()
+    except pa.ArrowInvalid:
+        bad = {i for i, item in enumerate(items) if isinstance(item, bytes) and not is_utf8(item)}
+        return pa.array([item.decode("utf-8", "replace") if isinstance(item, bytes) else item
+                         for item in items], pa.string()), bad
+
+
 def decode_events(records: pa.Table, projection: Projection) -> pa.Table:
     """The events ``projection`` handles, decoded; dead letters keep their raw value."""
     schema = decoded_schema(projection)
@@ -87,20 +128,33 @@ def decode_events(records: pa.Table, projection: Projection) -> pa.Table:
 
 
 def _read_lines(lines: pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:
-    """One JSON object per line, read with an explicit schema; None when any line is not."""
-    texts = lines.to_pylist()
+    """Each line a JSON object, read with an explicit schema; None when any line is not (a
+    line with a newline of its own, too: the row count gives it away)."""
+    if len(lines) == 0:
+        return schema.empty_table()
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
-        parsed = pa_json.read_json(io.BytesIO("\n".join(texts).encode()), parse_options=options)
+        parsed = pa_json.read_json(pa.BufferReader(_newline_ended(lines)),
+                                   read_options=_JSON_READ, parse_options=options)
     except pa.ArrowInvalid:
         return None
-    return parsed if parsed.num_rows == len(texts) else None
+    return parsed if parsed.num_rows == len(lines) else None
+
+
+def _newline_ended(lines: pa.ChunkedArray) -> pa.Buffer:
+    """The lines' text, each followed by a newline, as one buffer: the data buffer of the
+    lines with a newline appended, so no line becomes a Python string."""
+    ended = pc.binary_join_element_wise(lines.combine_chunks(), _NEWLINE, _NOTHING)
+    offsets = memoryview(ended.buffers()[1]).cast("i")  # int32, as a string array's are
+    start, end = offsets[ended.offset], offsets[ended.offset + len(ended)]
+    return ended.buffers()[2].slice(start, end - start)
 
 
 def _read_envelopes(records: pa.Table) -> pa.Table | None:
     """The records' envelopes as columns; None when a record has no key or value, or an
     envelope is not one line of JSON with every required field."""
-    if records.column("key").null_count or records.column("value").null_count:
+    if records.column("key").null_count or records.column("value").null_count \
+            or records.column("reason").null_count < records.num_rows:
         return None
     envelopes = _read_lines(records.column("value"), ENVELOPE_ARROW)
     if envelopes is None or any(envelopes.column(c).null_count for c in REQUIRED):
@@ -145,12 +199,13 @@ def _decode_per_record(records: pa.Table, projection: Projection,
                        schema: pa.Schema) -> pa.Table:
     fields = payload_fields(projection)
     out: dict[str, list[Any]] = {f.name: [] for f in schema}
-    for topic, partition, offset, key, value in zip(
-            *(records.column(c).to_pylist() for c in ("topic", "partition", "offset", "key",
-                                                       "value")), strict=True):
+    for topic, partition, offset, key, value, reason in zip(
+            *(records.column(c).to_pylist() for c in RECORDS_ARROW.names), strict=True):
         row: dict[str, Any] = {"topic": topic, "partition": partition, "offset": offset,
                                "key": key}
         try:
+            if reason is not None:
+                raise MalformedEvent(reason)
             envelope = EventEnvelope.decode(key, value, with_metadata=False)
         except MalformedEvent as exc:
             row.update(value=value, reason=str(exc))

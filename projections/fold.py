@@ -32,6 +32,8 @@ log = logging.getLogger(__name__)
 PartitionKey = tuple[str, int]
 EMIT_ALL: Mapping[PartitionKey, int] = MappingProxyType({})
 DERIVED_NAMESPACE = uuid.UUID("6f1d8a52-7c1e-4d55-9a55-1f0f9a0c2b10")
+KEY_NOT_UTF8 = "message key (aggregate id) is not UTF-8 text"
+VALUE_NOT_UTF8 = "message value is not UTF-8 text"
 
 
 class SourceRecord(NamedTuple):
@@ -276,6 +278,14 @@ def _text(value: bytes | str | None) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
+def is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
 def _by_position(item: tuple[SourceRecord, Event]) -> int:
     return item[1].global_position
 
@@ -320,7 +330,7 @@ class BatchFold:
             event = _parse_event(key, value)
             if event is None:
                 event = self._decode_slowly(SourceRecord(topic, partition, offset, _text(key),
-                                                         _text(value)), key)
+                                                         _text(value)), key, value)
                 if event is None:
                     continue
             if types is not None and event.type not in types:
@@ -345,10 +355,15 @@ class BatchFold:
         if last >= 0:
             outcome.next_offsets[(topic, partition)] = last + 1
 
-    def _decode_slowly(self, record: SourceRecord, key: bytes | str | None) -> Event | None:
+    def _decode_slowly(self, record: SourceRecord, key: bytes | str | None,
+                       value: bytes | str | None) -> Event | None:
+        """The event, or None when the record is a dead letter (recorded with the reason).
+        ``record`` holds text fit for a dead letter; ``key`` and ``value`` are as read."""
         try:
             if isinstance(key, bytes):
-                raise MalformedEvent("message key (aggregate id) is not UTF-8 text")
+                raise MalformedEvent(KEY_NOT_UTF8)
+            if isinstance(value, bytes) and not is_utf8(value):
+                raise MalformedEvent(VALUE_NOT_UTF8)
             envelope = EventEnvelope.decode(record.key, record.value, with_metadata=False)
         except MalformedEvent as exc:
             self.outcome.dead_letters.append(DeadLetter(record, str(exc)))

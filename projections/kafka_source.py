@@ -52,6 +52,7 @@ from outbox.kafka import (
     iter_range,
     nest_offsets,
 )
+from projections.decode import text_column
 from projections.fold import RawRecords
 
 FORMAT_NAME = "eventfold-kafka"
@@ -92,8 +93,9 @@ class KafkaSlice:
     bootstrap_servers: str
     range: OffsetRange
 
-    def read(self) -> Iterator[pa.RecordBatch]:
-        return read_range(self.bootstrap_servers, self.range)
+    @property
+    def rows(self) -> int:
+        return self.range.end - self.range.start
 
     def record_chunks(self, rows: int) -> Iterator[RawRecords]:
         """The range's records, about ``rows`` at a time, for a fold in Python."""
@@ -162,14 +164,15 @@ def _messages(bootstrap_servers: str, rng: OffsetRange) -> Iterator[list[Message
 
 
 def _to_arrow(messages: list[Message], rng: OffsetRange) -> pa.RecordBatch:
-    # Bytes go to Arrow as they are and are validated as UTF-8 there, in C, not per message.
+    # Bytes go to Arrow as they are and are validated as UTF-8 there, in C, not per message;
+    # bytes that are not UTF-8 are read with replacement characters rather than fail the job.
     count = len(messages)
     return pa.RecordBatch.from_arrays([
         pa.array([rng.topic] * count, pa.string()),
         pa.array([rng.partition] * count, pa.int32()),
         pa.array([m.offset() for m in messages], pa.int64()),
-        pa.array([m.key() for m in messages], pa.binary()).cast(pa.string()),
-        pa.array([m.value() for m in messages], pa.binary()).cast(pa.string()),
+        text_column([m.key() for m in messages])[0],
+        text_column([m.value() for m in messages])[0],
         pa.array([m.timestamp()[1] * 1000 for m in messages], pa.int64()).cast(
             pa.timestamp("us", tz="UTC")),
     ], schema=ARROW_SCHEMA)

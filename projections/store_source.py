@@ -13,11 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-import pyarrow as pa
 
 from outbox.history import STORE_TOPIC, read_history
 from projections.fold import PartitionKey, RawRecords
-from projections.kafka_source import ARROW_SCHEMA
 from projections.sinks import libpq_url
 
 STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
@@ -35,24 +33,16 @@ class StoreSlice:
     bucket: int
     buckets: int
 
-    def read(self) -> Iterator[pa.RecordBatch]:
-        for positions, keys, values, times in self._columns():
-            count = len(positions)
-            yield pa.RecordBatch.from_arrays([
-                pa.array([STORE_TOPIC] * count, pa.string()),
-                pa.array([self.bucket] * count, pa.int32()),
-                pa.array(positions, pa.int64()),
-                pa.array(keys, pa.string()),
-                pa.array(values, pa.string()),
-                pa.array(times, pa.timestamp("us", tz="UTC")),
-            ], schema=ARROW_SCHEMA)
+    @property
+    def rows(self) -> int:
+        return self.upto - self.after  # the buckets share the positions: a bound, not a count
 
     def record_chunks(self, rows: int) -> Iterator[RawRecords]:
         """The slice's events as records, about ``rows`` at a time, for a fold in Python."""
         for positions, keys, values, _ in self._columns(rows):
             yield RawRecords(STORE_TOPIC, self.bucket, positions, keys, values)
 
-    def _columns(self, rows: int = 20_000) -> Iterator[tuple[tuple[Any, ...], ...]]:
+    def _columns(self, rows: int) -> Iterator[tuple[tuple[Any, ...], ...]]:
         """Positions, stream ids, envelopes and record times, ``rows`` at a time."""
         with psycopg.connect(libpq_url(self.database_url)) as conn:
             for chunk in read_history(conn, self.stream_types, self.after, self.upto,

@@ -26,7 +26,7 @@ def read_table(bootstrap: str, topic: str) -> dict[str, Any]:
     return table
 
 
-def produce(bootstrap: str, topic: str, key: str | None, value: str | None) -> None:
+def produce(bootstrap: str, topic: str, key: str | None, value: str | bytes | None) -> None:
     producer = Producer({"bootstrap.servers": bootstrap})
     producer.produce(topic, key=key, value=value)
     assert producer.flush(10) == 0

@@ -143,8 +143,9 @@ def test_spark_aggregation_matches_the_event_store(stack_settings, spark, engine
 
 def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
         stack_settings, spark, engine, unique) -> None:
-    """The Spark path (decode in the read task, one shuffle, groupBy): each bad record is a
-    dead letter of its own, with its raw value and reason, and the good ones aggregate."""
+    """The Spark path (each read task decodes and aggregates its partition): each bad record,
+    a value that is not UTF-8 among them, is a dead letter of its own, with its raw value and
+    reason, and the good ones aggregate."""
     sales.app.setup(stack_settings)
     stats = renamed(sales.sales_stats, unique)
     bus = sales.app.command_bus(stack_settings)
@@ -155,19 +156,25 @@ def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
     list_payload = list_payload.replace('"payload": "{}"', '"payload": "[1, 2]"')
     produce(stack_settings.kafka_bootstrap, topic, f"{unique}-garbled", "{not json")
     produce(stack_settings.kafka_bootstrap, topic, f"{unique}-list", list_payload)
+    latin1 = EventEnvelope(event_id=f"{unique}-y", event_type="SaleRecorded",
+                           stream_id=f"{unique}-latin1", stream_version=1, global_position=2,
+                           recorded_at="", data={"product": f"{unique}-a", "value": 100}
+                           ).encode()[1].replace('"eventType"', '"note": "\u00e6", "eventType"')
+    produce(stack_settings.kafka_bootstrap, topic, f"{unique}-latin1", latin1.encode("latin-1"))
     for value in (5, 7):
         bus.execute(sales.RecordSale(product=f"{unique}-a", value=value))
-    wait_until_in_topic(stack_settings, "ProductSales", unique, 4)
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 5)
     catch_up(spark, stack_settings, stats)
 
     assert rows(engine, stats.table, unique, "revenue") == {f"{unique}-a": 12}
     letters = {letter["key"]: letter for letter in (
         json.loads(r["value"]) for r in read_topic(stack_settings.kafka_bootstrap,
                                                     stats.dead_letter_topic))}
-    assert set(letters) == {f"{unique}-garbled", f"{unique}-list"}
+    assert set(letters) == {f"{unique}-garbled", f"{unique}-list", f"{unique}-latin1"}
     assert letters[f"{unique}-garbled"]["value"] == "{not json"
     assert "undecodable" in letters[f"{unique}-garbled"]["error"]
     assert letters[f"{unique}-list"]["error"] == "event payload is not a JSON object"
+    assert letters[f"{unique}-latin1"]["error"] == "message value is not UTF-8 text"
     assert all(letter["topic"] == topic for letter in letters.values())
 
 

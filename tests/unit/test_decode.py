@@ -18,10 +18,11 @@ from projections.decode import (
     _decode_per_record,
     decode_events,
     field_column,
+    records_table,
     with_fields,
 )
 from projections.engine import drop_applied
-from projections.kafka_source import ARROW_SCHEMA
+from projections.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, BatchFold, RawRecords
 
 TOPIC = "eventfold.events.Sale"
 
@@ -40,13 +41,12 @@ def envelope(offset: int, data: dict[str, Any], event_type: str = "SaleRecorded"
                          recorded_at="2026-11-22T10:00:00Z", data=data).encode()[1]
 
 
-def records(values: list[str | None], keys: list[str | None] | None = None) -> pa.Table:
+def records(values: list[str | bytes | None],
+            keys: list[str | bytes | None] | None = None) -> pa.Table:
     count = len(values)
-    return pa.table({
-        "topic": [TOPIC] * count, "partition": [0] * count, "offset": list(range(count)),
-        "key": keys if keys is not None else [f"s{i % 3}" for i in range(count)],
-        "value": values, "timestamp": [None] * count,
-    }, schema=ARROW_SCHEMA)
+    return records_table(RawRecords(
+        TOPIC, 0, list(range(count)),
+        keys if keys is not None else [f"s{i % 3}" for i in range(count)], values))
 
 
 sale = st.fixed_dictionaries({
@@ -96,6 +96,26 @@ def test_a_field_of_another_type_is_null_not_a_failure() -> None:
     assert row["reason"] is None
     assert row[field_column("total")] is None and row[field_column("basket")] is None
     assert row[field_column("city")] == "3"
+
+
+def test_keys_and_values_that_are_not_utf8_are_dead_letters_with_the_reason() -> None:
+    """As the Python fold's reader judges them: Arrow's UTF-8 check must not fail the task,
+    and a value whose bad byte sits inside a JSON string must not decode with a replacement
+    character."""
+    good = envelope(0, {"store": "north", "total": 12})
+    bad_value = envelope(1, {"store": "north", "total": 1}).encode().replace(
+        b"north", b"n\xe6rth")  # Latin-1, not UTF-8
+    keys: list[str | bytes | None] = ["s0", "s1", b"\xffs2"]
+    values: list[str | bytes | None] = [good.encode(), bad_value, good.encode()]
+    decoded = {row["offset"]: row for row in decode_events(records(values, keys), per_store)
+               .to_pylist()}
+    assert decoded[0]["reason"] is None and decoded[0][field_column("total")] == 12
+    assert decoded[1]["reason"] == VALUE_NOT_UTF8 and "\ufffd" in decoded[1]["value"]
+    assert decoded[2]["reason"] == KEY_NOT_UTF8 and decoded[2]["key"] == "\ufffds2"
+    batch = BatchFold(per_store)
+    batch.add(RawRecords(TOPIC, 0, [0, 1, 2], keys, values))
+    assert [(d.record.offset, d.reason) for d in batch.fold({}).dead_letters] == [
+        (1, VALUE_NOT_UTF8), (2, KEY_NOT_UTF8)]
 
 
 class _Watermarks:

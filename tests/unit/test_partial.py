@@ -12,8 +12,8 @@ from sqlalchemy import BigInteger, String
 
 from outbox import EventEnvelope
 from projections import Count, Latest, Max, Min, SourceRecord, Sum, aggregation, fold_records
-from projections.decode import decode_events, decoded_schema
-from projections.kafka_source import ARROW_SCHEMA
+from projections.decode import decode_events, decoded_schema, records_table
+from projections.fold import by_partition
 from projections.partial import merge_partials, partial_aggregate, partial_schema, stream_marks
 from projections.projection import Projection
 
@@ -54,11 +54,7 @@ def partitioned_records(draw: st.DrawFn) -> list[list[SourceRecord]]:
 
 
 def task_partials(projection: Projection, records: list[SourceRecord]) -> pa.Table:
-    table = pa.table({"topic": [r.topic for r in records],
-                      "partition": [r.partition for r in records],
-                      "offset": [r.offset for r in records], "key": [r.key for r in records],
-                      "value": [r.value for r in records],
-                      "timestamp": [None] * len(records)}, schema=ARROW_SCHEMA)
+    table = pa.concat_tables(records_table(run) for run in by_partition(records))
     events = decode_events(table, projection)
     return partial_aggregate(events, projection,
                              partial_schema(projection, decoded_schema(projection)))

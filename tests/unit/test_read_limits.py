@@ -3,7 +3,8 @@ from hypothesis import strategies as st
 
 from outbox.kafka import flatten_offsets as _flatten
 from outbox.kafka import nest_offsets as _to_offsets
-from projections.kafka_source import cap_rows
+from projections.engine import share_out
+from projections.kafka_source import KafkaSlice, OffsetRange, cap_rows
 
 
 def test_cap_shares_rows_across_partitions() -> None:
@@ -27,3 +28,26 @@ def test_cap_never_exceeds_limit_or_backlog(parts, max_rows) -> None:
 def test_offsets_round_trip() -> None:
     flat = {("a", 0): 5, ("a", 1): 7, ("b", 0): 0}
     assert _flatten(_to_offsets(flat)) == flat
+
+
+def slice_of(partition: int, rows: int) -> KafkaSlice:
+    return KafkaSlice("broker:9092", OffsetRange("t", partition, 1_000, 1_000 + rows))
+
+
+def test_slices_are_shared_out_over_at_most_one_task_per_core_largest_first() -> None:
+    slices = [slice_of(0, 100), slice_of(1, 10), slice_of(2, 60), slice_of(3, 50)]
+    tasks = share_out(slices, 2)
+    assert [[s.range.partition for s in task] for task in tasks] == [[0, 1], [2, 3]]
+    assert [[s.range.partition for s in task] for task in share_out(slices, 8)] == [
+        [0], [2], [3], [1]]
+    assert share_out([], 2) == []
+    assert [len(task) for task in share_out([slice_of(0, 0), slice_of(1, 0)], 2)] == [1, 1]
+
+
+@given(st.lists(st.integers(0, 10_000), max_size=12), st.integers(1, 6))
+def test_every_slice_goes_to_exactly_one_task(sizes: list[int], cores: int) -> None:
+    slices = [slice_of(p, rows) for p, rows in enumerate(sizes)]
+    tasks = share_out(slices, cores)
+    assert len(tasks) == min(len(slices), cores)
+    assert sorted(s.range.partition for task in tasks for s in task) == list(range(len(sizes)))
+    assert all(task for task in tasks)
