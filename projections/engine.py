@@ -1,7 +1,7 @@
 """The Spark plan of one micro-batch: read and decode per partition, guard, re-key, fold.
 
 The streaming query plans the micro-batches (offset ranges, checkpoint, trigger). Each batch's
-records are read by Spark tasks, one per source partition, that decode them in Arrow
+records are read by Spark tasks, at most one per core, that decode them in Arrow
 (``decode``), so raw JSON never crosses into the JVM. The watermark guard, re-keying and the
 shuffle by key are native Spark. Then, per kind:
 
@@ -97,8 +97,8 @@ class BatchContext:
 
 def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
                 context: BatchContext) -> DataFrame:
-    """The batch's decoded events not applied before, as a DataFrame: one task per source
-    slice."""
+    """The batch's decoded events not applied before, as a DataFrame, read by at most one task
+    per core."""
     schema = decoded_schema(context.projection)
     if not slices:
         return spark.createDataFrame([], spark_ddl(schema))
