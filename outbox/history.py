@@ -14,7 +14,6 @@ offset is the event's global position.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -33,8 +32,8 @@ _ENVELOPE = sql.SQL("""json_build_object(
     'schemaVersion', schema_version, 'metadata', metadata::text)::text""")
 _IN_SLICE = sql.SQL("stream_type = ANY(%(types)s) AND global_position > %(after)s "
                     "AND global_position <= %(upto)s")
-HistoryRow = tuple[int, str, str, Any]
-"""(global position, stream id, envelope JSON, recorded at)."""
+HistoryRow = tuple[int, str, str]
+"""(global position, stream id, envelope JSON); the record time is in the envelope."""
 
 
 def head_position(conn: psycopg.Connection) -> int:
@@ -57,7 +56,7 @@ def read_history(conn: psycopg.Connection, stream_types: Sequence[str], after: i
     """Events of ``stream_types`` at positions (after, upto] whose stream falls in ``bucket``
     of ``buckets``, in position order, in chunks."""
     query = sql.SQL("""
-        SELECT global_position, stream_id, {envelope}, recorded_at FROM {events}
+        SELECT global_position, stream_id, {envelope} FROM {events}
         WHERE {in_slice} AND (hashtext(stream_id) & 2147483647) %% %(buckets)s = %(bucket)s
         ORDER BY global_position
     """).format(envelope=_ENVELOPE, events=_EVENTS, in_slice=_IN_SLICE)

@@ -41,8 +41,7 @@ ENVELOPE_ARROW = pa.schema([
     ("globalPosition", pa.int64()), ("recordedAt", pa.string()), ("payload", pa.string()),
 ])
 REQUIRED = ("eventId", "eventType", "streamVersion", "globalPosition", "payload")
-RECORD_FIELDS = [("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-                 ("key", pa.string()), ("value", pa.string()), ("reason", pa.string()),
+RECORD_FIELDS = [*zip(RECORDS_ARROW.names, RECORDS_ARROW.types, strict=True),
                  ("fold_key", pa.string())]
 EVENT_FIELDS = RECORD_FIELDS + list(zip(ENVELOPE_ARROW.names, ENVELOPE_ARROW.types,
                                         strict=True))
