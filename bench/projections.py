@@ -34,6 +34,7 @@ from outbox.kafka import consumer_config
 from outbox.topics import EVENT_TOPIC_CONFIG
 from projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
 from projections.fold import FoldOutcome
+from projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from projections.replay import ReplayResult, replay
 from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 from projections.sinks import libpq_url
@@ -160,8 +161,8 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--max-rows-per-batch", type=int, default=200_000)
-    parser.add_argument("--replay-max-rows-per-batch", type=int, default=500_000)
+    parser.add_argument("--max-rows-per-batch", type=int, default=STREAMING_MAX_ROWS)
+    parser.add_argument("--replay-max-rows-per-batch", type=int, default=REPLAY_MAX_ROWS)
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

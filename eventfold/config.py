@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+
 
 class ConfigError(RuntimeError):
     pass
@@ -32,8 +34,8 @@ class Settings:
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
     trigger_interval: str = "500 milliseconds"
-    max_rows_per_batch: int = 200_000
-    replay_max_rows_per_batch: int = 500_000
+    max_rows_per_batch: int = STREAMING_MAX_ROWS
+    replay_max_rows_per_batch: int = REPLAY_MAX_ROWS
     http_host: str = "127.0.0.1"
     command_api_port: int = 8000
     read_api_port: int = 8001

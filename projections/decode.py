@@ -11,7 +11,7 @@ reason in ``reason`` and becomes a dead letter.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -272,3 +272,15 @@ def decoded_event(topic: str, partition: int, offset: int, key: str, value: str 
         return record, None, "event payload is not a JSON object"
     return record, Event(event_type, data, key, version, event_id, position,
                          recorded_at or ""), None
+
+
+def drop_below(events: pa.Table, marks: Mapping[str, int]) -> pa.Table:
+    """Drop events at or below the version ``marks`` holds for their stream (they were
+    applied, or met, before); dead letters pass."""
+    if not marks:
+        return events
+    at = pc.index_in(events.column("key"), value_set=pa.array(list(marks), pa.string()))
+    mark = pc.fill_null(pc.take(pa.array(list(marks.values()), pa.int64()), at), 0)
+    keep = pc.or_(pc.is_valid(events.column("reason")),
+                  pc.greater(events.column("streamVersion"), mark))
+    return events.filter(pc.fill_null(keep, True))

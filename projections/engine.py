@@ -34,6 +34,7 @@ from projections.decode import (
     decode_events,
     decoded_event,
     decoded_schema,
+    drop_below,
     field_column,
     records_table,
     spark_ddl,
@@ -51,8 +52,8 @@ from projections.fold import (
 )
 from projections.partial import (
     DEAD_LETTER_COLUMNS,
+    PartitionAggregate,
     merge_partials,
-    partial_aggregate,
     partial_schema,
     stream_marks,
 )
@@ -170,14 +171,7 @@ def drop_applied(events: pa.Table, store: ReadModelStore) -> pa.Table:
     """Drop events at or below their stream's watermark (applied by an earlier batch, and
     delivered again); dead letters pass. The watermarks of this chunk's streams only."""
     streams = pc.unique(events.column("key").drop_null())
-    marks = store.watermarks(streams.to_pylist()) if len(streams) else {}
-    if not marks:
-        return events
-    at = pc.index_in(events.column("key"), value_set=pa.array(list(marks), pa.string()))
-    mark = pc.fill_null(pc.take(pa.array(list(marks.values()), pa.int64()), at), 0)
-    keep = pc.or_(pc.is_valid(events.column("reason")),
-                  pc.greater(events.column("streamVersion"), mark))
-    return events.filter(pc.fill_null(keep, True))
+    return drop_below(events, store.watermarks(streams.to_pylist()) if len(streams) else {})
 
 
 # -- fold projections --------------------------------------------------------------------------
@@ -401,13 +395,10 @@ def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: Bat
     with paused_gc(), ReadModelStore(context.database_url, context.projection,
                                      context.version) as store:
         for source_slice in _slices_of_task(batches, tasks):
-            # The slice's decoded events are held at once (bounded by the batch's row cap):
-            # a copy delivered twice may sit in two chunks.
-            events = [drop_applied(decode_events(records, context.projection), store)
-                      for records in _chunks(source_slice)]
-            if events:
-                yield from partial_aggregate(pa.concat_tables(events), context.projection,
-                                             schema).to_batches()
+            partition = PartitionAggregate(context.projection, schema)
+            for records in _chunks(source_slice):
+                partition.add(drop_applied(decode_events(records, context.projection), store))
+            yield from partition.result().to_batches()
 
 
 def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,

@@ -9,6 +9,9 @@ That is exact as long as every copy of an event is in the partition its stream's
 to, which is how every producer here partitions. A stream met by two tasks of one batch
 means some producer did not (a repartitioned topic, say): the partials cannot tell copies
 apart then, and the engine aggregates that batch from the events themselves.
+
+A task aggregates its partition chunk by chunk (``PartitionAggregate``), so it holds one chunk
+of events and O(keys) partials, however large the batch.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from projections.decode import field_column
+from projections.decode import drop_below, field_column
 from projections.fold import SourceRecord
 from projections.projection import Projection
 
@@ -82,6 +85,44 @@ def partial_aggregate(events: pa.Table, projection: Projection,
     return pa.concat_tables(parts)
 
 
+class PartitionAggregate:
+    """The partials of one source partition, added a chunk of decoded events at a time.
+
+    Every copy of an event sits in its stream's partition, and a stream's versions rise with
+    offsets there, so an event at or below the version its stream reached in an earlier chunk
+    is a copy delivered again; within a chunk, ``partial_aggregate`` dedupes."""
+
+    def __init__(self, projection: Projection, schema: pa.Schema) -> None:
+        self.projection = projection
+        self.schema = schema
+        self._reached: dict[str, int] = {}
+        self._partials: pa.Table | None = None
+
+    def add(self, events: pa.Table) -> None:
+        events = drop_below(events, self._reached)
+        partials = partial_aggregate(events, self.projection, self.schema)
+        self._reached.update(stream_marks(partials, self.projection))
+        self._partials = (partials if self._partials is None
+                          else self._combine(self._partials, partials))
+
+    def result(self) -> pa.Table:
+        return self._partials if self._partials is not None else self.schema.empty_table()
+
+    def _combine(self, earlier: pa.Table, partials: pa.Table) -> pa.Table:
+        both = pa.concat_tables([earlier, partials])
+        kinds = both.column("kind")
+        merged = _merge_rows(both.filter(pc.equal(kinds, "partial")), self.projection)
+        parts = [_rows(self.schema, "partial", merged, len(merged[GROUP])),
+                 both.filter(pc.equal(kinds, "dlq"))]
+        if self.projection.key_by is not None:
+            marks = both.filter(pc.equal(kinds, "mark")).group_by(GROUP, use_threads=False) \
+                .aggregate([("_version", "max")])
+            parts.append(_rows(self.schema, "mark", {GROUP: marks.column(GROUP),
+                                                     "_version": marks.column("_version_max")},
+                               marks.num_rows))
+        return pa.concat_tables(parts)
+
+
 def merge_partials(partials: pa.Table, projection: Projection) -> pa.Table | None:
     """The tasks' partials merged per key (``partial_schema``'s partial columns); None when
     a stream was met by more than one task (see the module docstring)."""
@@ -91,12 +132,24 @@ def merge_partials(partials: pa.Table, projection: Projection) -> pa.Table | Non
                else partials.filter(pc.equal(partials.column("kind"), "mark")))
     if len(pc.unique(streams.column(GROUP))) != streams.num_rows:
         return None
+    merged = _merge_rows(rows, projection)
+    if projection.key_by is not None:
+        merged["_version"] = merged["_events"]  # re-keyed: the version counts events folded
+    return pa.table(merged)
+
+
+def _merge_rows(rows: pa.Table, projection: Projection) -> dict[str, pa.ChunkedArray]:
+    """Partial rows merged per key, as columns."""
+    assert projection.aggregates is not None
     specs: list[tuple[str, str]] = [("_version", "max"), ("_events", "sum"),
                                     ("_position", "max")]
     names = ["_version", "_events", "_position"]
     for name, aggregate in projection.aggregates.items():
         if aggregate.function == "latest":
-            continue  # below: the value of the newest partial that has one
+            # its value is the newest partial's that has one (below)
+            specs.append((_latest_position(name), "max"))
+            names.append(_latest_position(name))
+            continue
         merge = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}[aggregate.function]
         specs.append((name, merge))
         names.append(name)
@@ -106,9 +159,7 @@ def merge_partials(partials: pa.Table, projection: Projection) -> pa.Table | Non
     for name, aggregate in projection.aggregates.items():
         if aggregate.function == "latest":
             merged[name] = _newest(rows, grouped.column(GROUP), name)
-    if projection.key_by is not None:
-        merged["_version"] = merged["_events"]  # re-keyed: the version counts events folded
-    return pa.table(merged)
+    return merged
 
 
 def stream_marks(partials: pa.Table, projection: Projection) -> dict[str, int]:

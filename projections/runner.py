@@ -36,6 +36,7 @@ from projections.engine import (
 )
 from projections.fold import FoldOutcome
 from projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
+from projections.limits import STREAMING_MAX_ROWS
 from projections.projection import Projection
 from projections.sinks import ReadModelStore, TopicSink
 from projections.store_source import STORE_PARTITION, store_slices
@@ -50,7 +51,7 @@ class RunnerSettings:
     database_url: str
     checkpoint_root: Path
     trigger_interval: str = "500 milliseconds"
-    max_rows_per_batch: int = 200_000
+    max_rows_per_batch: int = STREAMING_MAX_ROWS
 
 
 class Progress(Protocol):
@@ -77,6 +78,7 @@ class ProjectionRunner:
         self.store = ReadModelStore(settings.database_url, projection, self.version)
         self.topics = TopicSink(settings.bootstrap_servers, projection, self.version)
         self.batches = 0
+        self._prepared = False
         self.progress: Progress = progress or ProgressLog(projection.name)
 
     @property
@@ -84,11 +86,16 @@ class ProjectionRunner:
         return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}"
 
     def prepare(self) -> None:
+        """Tables, topics and (the active version) the view: once per runner, as a replay's
+        last catch-up runs while it holds the lock every live commit waits for."""
+        if self._prepared:
+            return
         self.store.ensure_schema()
         self.topics.ensure_topics()
         if self.is_active:
             with self.store.conn.transaction():
                 self.store.publish_view(self.store.conn)
+        self._prepared = True
 
     def start(self, once: bool = False,
               ending_offsets: dict[PartitionKey, int] | None = None) -> StreamingQuery:

@@ -243,18 +243,22 @@ class ReadModelStore:
             updates = sql.SQL(", ").join(
                 sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c))
                 for c in [*self._columns, *SYSTEM_COLUMNS])
-            guard = sql.SQL("WHERE {table}._version < excluded._version").format(
+            tail = sql.SQL("WHERE {table}._version < excluded._version").format(
                 table=self._table)
         else:
-            updates, guard = self._merge_updates(), sql.SQL("")
-        self.conn.execute(sql.SQL("""
+            # Every merged row comes back: the KTable gets the stored totals, not the partials.
+            updates = self._merge_updates()
+            tail = sql.SQL("RETURNING key, _version, _position, {}").format(
+                _names(self._columns))
+        rows = self.conn.execute(sql.SQL("""
             INSERT INTO {table} ({columns}) SELECT {columns} FROM {stage}
-            ON CONFLICT (key) DO UPDATE SET {updates}, _updated_at = now() {guard}
+            ON CONFLICT (key) DO UPDATE SET {updates}, _updated_at = now() {tail}
         """).format(table=self._table, stage=stage, columns=_names(all_columns),
-                    updates=updates, guard=guard))
+                    updates=updates, tail=tail))
         if self.projection.aggregates is None:
             return dict(changed)
-        return self._load_in_tx(list(changed))
+        return {key: KeyState(dict(zip(self._columns, values, strict=True)), version, position)
+                for key, version, position, *values in rows}
 
     def _merge_updates(self) -> sql.Composable:
         """How a batch's partial aggregate merges into the stored one, per column."""
@@ -276,13 +280,6 @@ class ReadModelStore:
         parts.append(sql.SQL("_position = greatest({t}._position, excluded._position)").format(
             t=self._table))
         return sql.SQL(", ").join(parts)
-
-    def _load_in_tx(self, keys: list[str]) -> dict[str, KeyState]:
-        query = sql.SQL("SELECT key, _version, _position, {columns} FROM {table} "
-                        "WHERE key = ANY(%s)").format(columns=_names(self._columns),
-                                                      table=self._table)
-        return {key: KeyState(dict(zip(self._columns, values, strict=True)), version, position)
-                for key, version, position, *values in self.conn.execute(query, (keys,))}
 
     def _row(self, key: str, key_state: KeyState) -> list[Any]:
         state = key_state.state or {}
