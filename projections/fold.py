@@ -260,16 +260,18 @@ def _parse_event(key: str | bytes | None, value: bytes | str | None) -> Event | 
     ``EventEnvelope.decode`` then judges, with the reason)."""
     try:
         outer = _loads(value)  # type: ignore[arg-type]
-        event: Event = _new_tuple(Event, (
-            outer["eventType"], _loads(outer["payload"]), key, outer["streamVersion"],
-            outer["eventId"], outer["globalPosition"], outer.get("recordedAt", ""), None))
+        data = _loads(outer["payload"])
+        event_type, event_id = outer["eventType"], outer["eventId"]
+        version, position = outer["streamVersion"], outer["globalPosition"]
+        recorded_at = outer.get("recordedAt", "")
     except Exception:  # the slow path names the problem
         return None
-    if (type(event.data) is dict and type(event.stream_version) is int
-            and type(event.global_position) is int and type(event.type) is str
-            and type(event.event_id) is str and type(event.recorded_at) is str
-            and type(key) is str):
-        return event
+    # Checked as locals, before the tuple exists: a field of a named tuple costs a lookup.
+    if (type(data) is dict and type(version) is int and type(position) is int
+            and type(event_type) is str and type(event_id) is str
+            and type(recorded_at) is str and type(key) is str):
+        return _new_tuple(Event, (event_type, data, key, version, event_id, position,
+                                  recorded_at, None))
     return None
 
 
