@@ -1,10 +1,18 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
+from eventfold.config import Settings
 from outbox.kafka import flatten_offsets as _flatten
 from outbox.kafka import nest_offsets as _to_offsets
 from projections.engine import share_out
 from projections.kafka_source import KafkaSlice, OffsetRange, cap_rows
+from projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+
+
+def test_the_configuration_defaults_are_the_engine_defaults() -> None:
+    settings = Settings()
+    assert settings.max_rows_per_batch == STREAMING_MAX_ROWS
+    assert settings.replay_max_rows_per_batch == REPLAY_MAX_ROWS
 
 
 def test_cap_shares_rows_across_partitions() -> None:
