@@ -1,0 +1,177 @@
+"""The application entry point: one object that knows an app's commands and projections.
+
+    app = Eventfold("inventory")
+    app.projections.add(inventory_totals)
+
+    @app.commands.handler(ReceiveStock, Product)
+    def receive_stock(product: Product, command: ReceiveStock) -> None: ...
+
+The CLI loads it from ``EVENTFOLD_APP`` (``module:attribute``) and builds every service from it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import Depends, FastAPI
+
+import migrations
+from eventfold.config import ConfigError, Settings
+from eventfold.request_log import RequestLog
+from outbox import (
+    ConnectClient,
+    ConnectorOperations,
+    LogReport,
+    OutboxConnectorSpec,
+    TopicAdmin,
+    event_topic,
+    verify_topic,
+)
+from outbox.kafka import read_messages
+from outbox.topics import EVENT_TOPIC_CONFIG
+from outbox.verify import LoggedEvent
+from projections import ProjectionRegistry
+from projections.replay import ReplayResult, ReplaySource, replay
+from projections.runner import ProjectionRunner, RunnerSettings
+from projections.sinks import ensure_projection_topics
+from read_api import ReadApiOptions, create_read_app
+from write_model import (
+    AsyncCommandBus,
+    AsyncEventStore,
+    AsyncRepository,
+    CommandBus,
+    CommandRegistry,
+    EventStore,
+    Repository,
+)
+from write_model.http import bearer_auth, create_command_app
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+
+class Eventfold:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.commands = CommandRegistry()
+        self.projections = ProjectionRegistry()
+
+    @property
+    def aggregate_types(self) -> list[str]:
+        return sorted(set(self.commands.aggregate_types)
+                      | set(self.projections.source_aggregate_types))
+
+    # -- infrastructure -------------------------------------------------------------------
+    @staticmethod
+    def connector_spec(settings: Settings) -> OutboxConnectorSpec:
+        """One outbox table, one connector: every app on a database applies the same one."""
+        return OutboxConnectorSpec(database_url=settings.database_url_for_connect,
+                                   name=settings.connector_name,
+                                   slot_name=settings.connector_name.replace("-", "_"))
+
+    def setup(self, settings: Settings) -> None:
+        """Migrate the database, create event topics, apply the CDC connector (idempotent)."""
+        migrations.upgrade(settings.database_url)
+        log.info("database migrated")
+        admin = TopicAdmin(settings.kafka_bootstrap)
+        admin.ensure([event_topic(t) for t in self.aggregate_types], EVENT_TOPIC_CONFIG,
+                     partitions=settings.event_topic_partitions)
+        for projection in self.projections:
+            ensure_projection_topics(admin, projection)
+        self.connector(settings).apply()
+
+    def connector(self, settings: Settings) -> ConnectorOperations:
+        return ConnectorOperations(ConnectClient(settings.connect_url),
+                                   self.connector_spec(settings), settings.kafka_bootstrap)
+
+    def verify_log(self, settings: Settings, aggregate_type: str,
+                   stream_prefix: str = "") -> LogReport:
+        """Compare the event store with the aggregate type's topic (missing, duplicated,
+        out-of-order events per aggregate)."""
+        stored = [LoggedEvent(*identity) for identity in
+                  self.event_store(settings).event_identities(aggregate_type)]
+        messages = [(key, value) for _, _, key, value in
+                    read_messages(settings.kafka_bootstrap, event_topic(aggregate_type))]
+        return verify_topic(stored, messages, include=lambda s: s.startswith(stream_prefix))
+
+    # -- services ---------------------------------------------------------------------------
+    def event_store(self, settings: Settings) -> EventStore:
+        return EventStore.from_url(settings.database_url)
+
+    def command_bus(self, settings: Settings) -> CommandBus:
+        return CommandBus(Repository(self.event_store(settings)), self.commands)
+
+    def async_command_bus(self, settings: Settings) -> AsyncCommandBus:
+        """The bus for asyncio code; its store opens with ``async with bus.repository.store``."""
+        store = AsyncEventStore.from_url(settings.database_url)
+        return AsyncCommandBus(AsyncRepository(store), self.commands)
+
+    def command_api(self, settings: Settings) -> FastAPI:
+        app = create_command_app(self.async_command_bus(settings), title=f"{self.name} commands",
+                                 api_token=settings.api_token or None,
+                                 max_body_bytes=settings.max_body_bytes)
+        return app
+
+    def read_api(self, settings: Settings) -> FastAPI:
+        """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
+        options = ReadApiOptions(
+            database_url=settings.read_database_url or settings.database_url,
+            bootstrap_servers=settings.kafka_bootstrap, reader_role=settings.reader_role,
+            instance_id=settings.instance_id, pool_size=settings.read_pool_size,
+            title=f"{self.name} reads")
+        app = create_read_app(self.projections, options,
+                              dependencies=[Depends(bearer_auth(settings.api_token or None))])
+        return _with_request_log(app, settings)
+
+    def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
+        """The active version of projection ``name``, ready to start."""
+        return ProjectionRunner(self._spark(settings, name), self.projections.get(name),
+                                self._runner_settings(settings))
+
+    def replay(self, settings: Settings, name: str,
+               source: ReplaySource = "auto") -> ReplayResult:
+        """Rebuild projection ``name`` from the beginning (the topics, or the event store when
+        they no longer hold it) beside the live version, then switch."""
+        return replay(self._spark(settings, name), self.projections.get(name),
+                      self._runner_settings(settings, settings.replay_max_rows_per_batch),
+                      source)
+
+    @staticmethod
+    def _spark(settings: Settings, name: str) -> SparkSession:
+        from projections.spark import spark_session
+
+        return spark_session(settings.spark_master, app_name=f"eventfold-{name}")
+
+    @staticmethod
+    def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
+        return RunnerSettings(
+            bootstrap_servers=settings.kafka_bootstrap,
+            database_url=settings.database_url,
+            checkpoint_root=Path(settings.checkpoint_dir),
+            trigger_interval=settings.trigger_interval,
+            max_rows_per_batch=max_rows or settings.max_rows_per_batch,
+        )
+
+
+def _with_request_log(app: FastAPI, settings: Settings) -> FastAPI:
+    if settings.request_log:
+        app.add_middleware(RequestLog)
+    return app
+
+
+def load_app(spec: str) -> Eventfold:
+    """Import ``module:attribute`` and check that it is an Eventfold application."""
+    module_name, _, attribute = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        app = getattr(module, attribute or "app")
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load EVENTFOLD_APP={spec!r}: {exc}") from exc
+    if not isinstance(app, Eventfold):
+        raise ConfigError(f"EVENTFOLD_APP={spec!r} is a {type(app).__name__}, not an Eventfold")
+    return app

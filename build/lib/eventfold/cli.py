@@ -1,0 +1,292 @@
+"""The ``eventfold`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from eventfold.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from eventfold.app import Eventfold
+    from outbox import ConnectorStatus
+
+log = logging.getLogger("eventfold")
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=level.upper(), datefmt="%H:%M:%S",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "py4j", "httpx", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _stack(settings: Settings, args: argparse.Namespace) -> int:
+    from local_stack import LocalStack
+
+    stack = LocalStack(settings.stack_dir)
+    if args.action == "up":
+        endpoints = stack.up()
+        print(f"stack running in {stack.data_dir}")
+        for name, value in endpoints.as_env().items():
+            print(f"export {name}={value}")
+    elif args.action == "down":
+        stack.down()
+        print("stack stopped")
+    else:
+        print(json.dumps(stack.status(), indent=2))
+    return 0
+
+
+def _setup(settings: Settings, _: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+
+    load_app(settings.app).setup(settings.with_local_stack())
+    print("database migrated, event topics created, connector RUNNING")
+    return 0
+
+
+def _migrate(settings: Settings, _: argparse.Namespace) -> int:
+    import migrations
+
+    migrations.upgrade(settings.with_local_stack().database_url)
+    print("database at head")
+    return 0
+
+
+def _serve(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+    from eventfold.serving import serve_forever
+
+    settings = settings.with_local_stack()
+    load_app(settings.app)  # fail here, with a clear message, not in a worker
+    if args.api == "commands":
+        factory, port = "eventfold.asgi:command_api", settings.command_api_port
+    else:
+        factory, port = "eventfold.asgi:read_api", settings.read_api_port
+    serve_forever(factory, settings.http_host, port, workers=settings.http_workers)
+    return 0
+
+
+def _projection(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+
+    app = load_app(settings.app)
+    if args.action == "list":
+        for projection in app.projections:
+            keyed = f"\tkey_by={projection.key_by}" if projection.key_by else ""
+            stored = (f"\ttable={projection.table}\tktable={projection.ktable_topic}"
+                      if projection.has_state else "")
+            print(f"{projection.name}\t{projection.kind}\t"
+                  f"sources={','.join(projection.source_topics)}{keyed}{stored}")
+        return 0
+    if args.action == "status":
+        from projections.status import projection_status
+
+        settings = settings.with_local_stack()
+        chosen = [app.projections.get(args.name)] if args.name else list(app.projections)
+        for projection in chosen:
+            print(projection_status(projection, settings.database_url,
+                                    settings.kafka_bootstrap).describe())
+        return 0
+    if not args.name:
+        raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
+                          "list`)")
+    settings = settings.with_local_stack()
+    if args.action == "replay":
+        result = app.replay(settings, args.name, args.source)
+        print(f"replayed {result.projection}: v{result.new_version} active, "
+              f"{result.events:,} events in {result.seconds:.1f} s "
+              f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
+        return 0
+    return _run_projection(app, settings, args.name, args.once)
+
+
+def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -> int:
+    from projections.runner import stop_gracefully
+
+    stop_requested = _stop_requested_on_signal()
+    while True:
+        runner = app.projection_runner(settings, name)
+        query = runner.start(once=once)
+        # The signal handler only sets a flag: the main thread may be inside a py4j call,
+        # which must not be re-entered from a handler. Wait in slices and stop from here.
+        while not query.awaitTermination(1):
+            if stop_requested.is_set():
+                stop_gracefully(query)
+                break
+        runner.close()
+        if query.exception() is None or stop_requested.is_set():
+            break
+        if runner.versions.active(name) == runner.version:
+            raise RuntimeError(f"projection {name} failed: {query.exception()}")
+        log.info("projection %s: a replay made v%d active; continuing on it", name,
+                 runner.versions.active(name))
+    log.info("projection %s stopped after %d batches", name, runner.batches)
+    return 0
+
+
+def _stop_requested_on_signal() -> threading.Event:
+    requested = threading.Event()
+
+    def handle(signum: int, _: FrameType | None) -> None:
+        log.info("signal %d: stopping after the current batch", signum)
+        requested.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+    return requested
+
+
+def _connector(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+
+    settings = settings.with_local_stack()
+    operations = load_app(settings.app).connector(settings)
+    name = operations.spec.name
+    if args.action in ("apply", "diff"):
+        difference = operations.diff()
+        for key, (old, new) in difference.items():
+            print(f"  {key}: {old!r} -> {new!r}")
+        if args.action == "diff":
+            print(f"{name}: {len(difference)} difference(s)" if difference
+                  else f"{name}: up to date")
+            return 1 if difference else 0
+        result = operations.apply()
+        print(f"{name}: {result.action}")
+    elif args.action == "validate":
+        errors = operations.validate()
+        for key, error in errors:
+            print(f"  {key}: {error}")
+        print(f"{name}: {len(errors)} error(s)" if errors else f"{name}: valid")
+        return 1 if errors else 0
+    elif args.action == "status":
+        return _print_status(operations.status(wal_warning_bytes=args.wal_warning_bytes))
+    elif args.action == "pause":
+        operations.pause()
+        print(f"{name}: PAUSED")
+    elif args.action == "resume":
+        operations.resume()
+        print(f"{name}: RUNNING")
+    elif args.action == "restart":
+        print(json.dumps(operations.restart(only_failed=not args.all), indent=2))
+    else:
+        deleted = operations.delete(keep_slot=args.keep_slot)
+        print(f"{name}: {'deleted' if deleted else 'not found'}"
+              f"{'' if args.keep_slot else ', replication slot dropped'}")
+    return 0
+
+
+def _print_status(status: ConnectorStatus) -> int:
+    print(f"connector {status.name}: {status.connector_state}")
+    for task in status.tasks:
+        print(f"  task {task['id']}: {task['state']} on {task.get('worker_id', '?')}")
+        if task.get("trace"):
+            print("    " + task["trace"][:3000].replace("\n", "\n    "))
+    if status.slot:
+        print(f"  slot {status.slot.name}: {'active' if status.slot.active else 'inactive'}, "
+              f"retains {status.slot.retained_wal_bytes:,} bytes of WAL "
+              f"({status.slot.unconfirmed_wal_bytes:,} not yet confirmed)")
+    else:
+        print("  no replication slot")
+    for warning in status.warnings:
+        print(f"  WARNING: {warning}")
+    return 0 if status.running and not status.warnings else 1
+
+
+def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+
+    report = load_app(settings.app).verify_log(settings.with_local_stack(), args.aggregate_type,
+                                               args.prefix)
+    print(report.summary())
+    for stream_id, versions in list(report.missing.items())[:20]:
+        print(f"  missing {stream_id}: versions {versions[:10]}")
+    for stream_id, versions in list(report.out_of_order.items())[:20]:
+        print(f"  out of order {stream_id}: {versions[:10]}")
+    return 0 if report.ok else 1
+
+
+def _demo(settings: Settings, _: argparse.Namespace) -> int:
+    from eventfold.demo import run_demo
+
+    return run_demo(settings)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="eventfold", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    stack = commands.add_parser("stack", help="start/stop the local Postgres, broker and Connect")
+    stack.add_argument("action", choices=["up", "down", "status"])
+    stack.set_defaults(run=_stack)
+
+    commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)
+    commands.add_parser(
+        "setup", help="migrate, create event topics, apply the CDC connector"
+    ).set_defaults(run=_setup)
+
+    serve = commands.add_parser("serve", help="serve the command or read API over HTTP")
+    serve.add_argument("api", choices=["commands", "reads"])
+    serve.set_defaults(run=_serve)
+
+    proj = commands.add_parser("projection", help="list, run, replay projections; status")
+    proj.add_argument("action", choices=["list", "run", "replay", "status"])
+    proj.add_argument("name", nargs="?")
+    proj.add_argument("--once", action="store_true",
+                      help="catch up with everything available now, then stop")
+    proj.add_argument("--from", dest="source", choices=["auto", "kafka", "store"],
+                      default="auto",
+                      help="replay: start from the topics, or from the event store and then the "
+                           "topics; auto reads the store when a topic no longer starts at 0")
+    proj.set_defaults(run=_projection)
+
+    connector = commands.add_parser("connector", help="operate the Debezium outbox connector")
+    connector.add_argument("action", choices=["apply", "diff", "validate", "status", "pause",
+                                              "resume", "restart", "delete"])
+    connector.add_argument("--all", action="store_true",
+                           help="restart: every task, not only FAILED ones")
+    connector.add_argument("--keep-slot", action="store_true",
+                           help="delete: keep the replication slot (to re-apply later)")
+    connector.add_argument("--wal-warning-bytes", type=int, default=1024**3,
+                           help="status: warn when the slot retains more WAL than this")
+    connector.set_defaults(run=_connector)
+
+    verify = commands.add_parser(
+        "verify-log", help="compare the event store with an aggregate type's topic")
+    verify.add_argument("aggregate_type")
+    verify.add_argument("--prefix", default="", help="only streams whose id starts so")
+    verify.set_defaults(run=_verify_log)
+
+    commands.add_parser(
+        "demo", help="start the stack, run the inventory example end to end, stop the stack"
+    ).set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        configure_logging(settings.log_level)
+        return int(args.run(settings, args))
+    except ConfigError as exc:
+        print(f"eventfold: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from local_stack import StackError
+
+        if isinstance(exc, StackError):
+            print(f"eventfold: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Worked examples: small but complete Eventfold applications, each also an acceptance test."""

@@ -1,0 +1,145 @@
+"""Point of sale: invoices keyed by store, three streams derived from them.
+
+    POST /commands/IssueInvoice {"invoice_no": "INV-1", "store_id": "STR-1", ...}
+
+- ``shipments``: HOME-DELIVERY invoices -> ``eventfold.pos.shipments`` (a filtered stream);
+- ``loyalty_points``: re-keyed by customer, so a customer who buys in two stores accumulates
+  in one place; each PRIME invoice -> ``eventfold.pos.loyalty`` with the points it earned
+  (total x ``LOYALTY_FACTOR``) and the customer's accumulated points;
+- ``invoice_analytics``: every invoice with the customer's PII masked, flattened into one
+  record per line item -> ``eventfold.pos.analytics`` (a flat-mapped stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, Field
+from sqlalchemy import BigInteger, Float
+
+from eventfold.app import Eventfold
+from projections import Derived, Event, State, projection, stream
+from write_model import Aggregate, Command, DomainEvent
+
+SHIPMENTS_TOPIC = "eventfold.pos.shipments"
+LOYALTY_TOPIC = "eventfold.pos.loyalty"
+ANALYTICS_TOPIC = "eventfold.pos.analytics"
+LOYALTY_FACTOR = 0.02
+
+
+@dataclass(frozen=True)
+class InvoiceIssued(DomainEvent):
+    invoice_no: str
+    store_id: str
+    customer_id: str
+    customer_type: str
+    delivery_type: str
+    total: float
+    items: list[dict[str, Any]]
+    customer_name: str
+    customer_phone: str
+    delivery_address: str
+
+
+class Store(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.invoices = 0
+
+    def issue(self, invoice: IssueInvoice) -> None:
+        self.record(InvoiceIssued(**invoice.model_dump(exclude={"command_id",
+                                                                "expected_version"})))
+
+    def apply(self, event: DomainEvent) -> None:
+        self.invoices += 1
+
+
+class LineItem(BaseModel):
+    item_code: str = Field(min_length=1, max_length=50)
+    item_name: str = Field(min_length=1, max_length=200)
+    price: float = Field(ge=0)
+    quantity: int = Field(gt=0)
+
+
+class IssueInvoice(Command):
+    """Issue an invoice at a store."""
+
+    invoice_no: str = Field(min_length=1, max_length=50)
+    store_id: str = Field(min_length=1, max_length=50)
+    customer_id: str = Field(min_length=1, max_length=50)
+    customer_type: str = Field(pattern="^(PRIME|NON-PRIME)$")
+    delivery_type: str = Field(pattern="^(HOME-DELIVERY|TAKEAWAY)$")
+    total: float = Field(ge=0)
+    items: list[LineItem] = Field(min_length=1, max_length=500)
+    customer_name: str = Field(min_length=1, max_length=200)
+    customer_phone: str = Field(min_length=1, max_length=50)
+    delivery_address: str = Field(default="", max_length=500)
+
+    def stream_id(self) -> str:
+        return self.store_id
+
+
+@stream("shipments", sources=["Store"], event_types=["InvoiceIssued"])
+def shipments(event: Event) -> Iterator[Derived]:
+    """HOME-DELIVERY invoices, for the shipping service."""
+    data = event.data
+    if data["delivery_type"] == "HOME-DELIVERY":
+        yield Derived(SHIPMENTS_TOPIC, data["invoice_no"], "ShipmentRequested", {
+            "invoice_no": data["invoice_no"], "store_id": data["store_id"],
+            "customer_name": data["customer_name"], "customer_phone": data["customer_phone"],
+            "delivery_address": data["delivery_address"], "items": data["items"]})
+
+
+def points_notification(event: Event, _before: State | None,
+                        after: State | None) -> Iterator[Derived]:
+    if event.data["customer_type"] == "PRIME" and after is not None:
+        yield Derived(LOYALTY_TOPIC, event.data["customer_id"], "LoyaltyPointsEarned", {
+            "customer_id": event.data["customer_id"], "invoice_no": event.data["invoice_no"],
+            "store_id": event.data["store_id"], "points_earned": earned(event),
+            "total_points": after["points"]})
+
+
+def earned(event: Event) -> float:
+    return round(float(event.data["total"]) * LOYALTY_FACTOR, 2)
+
+
+@projection("loyalty_points", sources=["Store"], event_types=["InvoiceIssued"],
+            key_by="customer_id", derive=points_notification,
+            columns={"points": Float(), "prime_invoices": BigInteger()})
+def loyalty_points(state: State | None, event: Event) -> State | None:
+    """Loyalty points per PRIME customer, whichever store they buy in."""
+    if event.data["customer_type"] != "PRIME":
+        return state
+    current = state or {"points": 0.0, "prime_invoices": 0}
+    return {"points": round(current["points"] + earned(event), 2),
+            "prime_invoices": current["prime_invoices"] + 1}
+
+
+def mask(value: str, keep: int = 2) -> str:
+    return value[:keep] + "*" * max(len(value) - keep, 0)
+
+
+@stream("invoice_analytics", sources=["Store"], event_types=["InvoiceIssued"])
+def invoice_analytics(event: Event) -> Iterator[Derived]:
+    """One record per line item, the customer's name, phone and address masked."""
+    data = event.data
+    for line, item in enumerate(data["items"]):
+        yield Derived(ANALYTICS_TOPIC, data["invoice_no"], "InvoiceLineSold", {
+            "invoice_no": data["invoice_no"], "line": line, "store_id": data["store_id"],
+            "customer_id": data["customer_id"], "customer_type": data["customer_type"],
+            "delivery_type": data["delivery_type"], **item,
+            "customer_name": mask(data["customer_name"]),
+            "customer_phone": mask(data["customer_phone"][::-1])[::-1],
+            "delivery_address": "***" if data["delivery_address"] else ""})
+
+
+app = Eventfold("point_of_sale")
+for definition in (shipments, loyalty_points, invoice_analytics):
+    app.projections.add(definition)
+
+
+@app.commands.handler(IssueInvoice, Store)
+def issue_invoice(store: Store, command: IssueInvoice) -> None:
+    store.issue(command)

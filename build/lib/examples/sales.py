@@ -1,0 +1,110 @@
+"""Sales targets: a running total per product, and a notification when it reaches the target.
+
+    POST /commands/RecordSale     {"product": "product1", "value": 1500}
+    POST /commands/DelistProduct  {"product": "product1"}
+
+``sales_totals`` folds sales into a total per product (a KTable and a read model); the first
+time a product's total reaches ``SALES_TARGET`` (default 2000), a ``SalesTargetReached``
+event goes to ``eventfold.notifications.sales``, once per crossing, also across replays. A
+delisted product's key is deleted (a tombstone) and it may reach the target again.
+``sales_stats`` is the same data as a Spark-native aggregation.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pydantic import Field
+from sqlalchemy import BigInteger
+
+from eventfold.app import Eventfold
+from projections import Count, Derived, Event, Max, State, Sum, aggregation, on_crossing, projection
+from write_model import Aggregate, Command, DomainError, DomainEvent
+
+SALES_TARGET = int(os.environ.get("SALES_TARGET", "2000"))
+NOTIFICATIONS_TOPIC = "eventfold.notifications.sales"
+
+
+@dataclass(frozen=True)
+class SaleRecorded(DomainEvent):
+    product: str
+    value: int
+
+
+@dataclass(frozen=True)
+class ProductDelisted(DomainEvent):
+    product: str
+
+
+class ProductSales(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.listed = True
+
+    def record_sale(self, value: int) -> None:
+        self.listed = True
+        self.record(SaleRecorded(product=self.id, value=value))
+
+    def delist(self) -> None:
+        if not self.listed:
+            raise DomainError(f"{self.id} is not listed")
+        self.record(ProductDelisted(product=self.id))
+
+    def apply(self, event: DomainEvent) -> None:
+        self.listed = not isinstance(event, ProductDelisted)
+
+
+class RecordSale(Command):
+    """Record a sale of ``product`` worth ``value``."""
+
+    product: str = Field(min_length=1, max_length=200)
+    value: int = Field(gt=0, le=10_000_000)
+
+    def stream_id(self) -> str:
+        return self.product
+
+
+class DelistProduct(Command):
+    """Take ``product`` off the list: its total starts again from zero."""
+
+    product: str = Field(min_length=1, max_length=200)
+
+    def stream_id(self) -> str:
+        return self.product
+
+
+def target_reached(event: Event, state: State) -> Derived:
+    return Derived(NOTIFICATIONS_TOPIC, event.stream_id, "SalesTargetReached",
+                   {"product": event.stream_id, "total": state["total"], "target": SALES_TARGET})
+
+
+@projection("sales_totals", sources=["ProductSales"], columns={"total": BigInteger()},
+            derive=on_crossing(lambda state: state["total"] >= SALES_TARGET, target_reached))
+def sales_totals(state: State | None, event: Event) -> State | None:
+    """Running sales total per product; delisting deletes the product's row."""
+    if event.type == "ProductDelisted":
+        return None
+    return {"total": (state or {"total": 0})["total"] + int(event.data["value"])}
+
+
+sales_stats = aggregation(
+    "sales_stats", sources=["ProductSales"], event_types=["SaleRecorded"],
+    aggregates={"revenue": Sum("value"), "sales": Count(), "largest_sale": Max("value")},
+    columns={"revenue": BigInteger(), "sales": BigInteger(), "largest_sale": BigInteger()},
+    description="Revenue, number of sales and largest sale per product, computed by Spark.",
+)
+
+app = Eventfold("sales")
+app.projections.add(sales_totals)
+app.projections.add(sales_stats)
+
+
+@app.commands.handler(RecordSale, ProductSales)
+def record_sale(product: ProductSales, command: RecordSale) -> None:
+    product.record_sale(command.value)
+
+
+@app.commands.handler(DelistProduct, ProductSales, requires_existing=True)
+def delist_product(product: ProductSales, command: DelistProduct) -> None:
+    product.delist()

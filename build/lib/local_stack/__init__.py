@@ -1,0 +1,14 @@
+"""Local stack: starts and stops the real components Eventfold runs against on one machine.
+
+Owns: a PostgreSQL cluster of its own (``wal_level=logical``), the Tansu Kafka-protocol broker,
+and a Kafka Connect worker (distributed mode) with the Debezium jars, each on free loopback
+ports under one data directory, with readiness checks and clean shutdown by PID.
+
+May import: the standard library, psycopg and requests only. Nothing of the pipeline imports it
+except the composition root (``eventfold``) and tests; production points the same code at real
+Kafka, a Connect cluster and a Postgres server through configuration instead.
+"""
+
+from local_stack.stack import LocalStack, StackEndpoints, StackError
+
+__all__ = ["LocalStack", "StackEndpoints", "StackError"]

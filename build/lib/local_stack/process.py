@@ -1,0 +1,166 @@
+"""Start a detached child process with its output in a log file, wait for it, stop it by PID."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+class StackError(RuntimeError):
+    """A local component failed to start or stop; the message says what to do about it."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
+    with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
+        sock.settimeout(0.2)
+        if sock.connect_ex((host, port)) != 0:
+            return False
+        # Connecting to a free port in the ephemeral range can connect the socket to itself
+        # (TCP simultaneous open); that is not a listener.
+        return sock.getsockname() != sock.getpeername()
+
+
+def wait_port_closed(port: int, what: str, timeout_s: float = 30) -> None:
+    try:
+        wait_until(lambda: not port_is_open(port), what=f"{what}'s port {port} to close",
+                   timeout_s=timeout_s)
+    except StackError as exc:
+        raise StackError(f"{exc} Listening there:\n{_listeners(port)}") from None
+
+
+def _listeners(port: int) -> str:
+    try:
+        return subprocess.run(["ss", "-ltnp", f"sport = :{port}"], capture_output=True,
+                              text=True, timeout=5, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(ss unavailable: {exc})"
+
+
+def log_tail(path: Path, lines: int = 25) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return f"(no log at {path})"
+    return "\n".join(text[-lines:])
+
+
+def drop_privileges(user: str | None) -> dict[str, Any]:
+    """Popen arguments that run the child as ``user`` with that user's group only (a child
+    left in root's group is judged by group permission bits, which private dirs lack)."""
+    if user is None:
+        return {}
+    return {"user": user, "group": user, "extra_groups": []}
+
+
+def spawn(
+    argv: Sequence[str],
+    log_path: Path,
+    *,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    user: str | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session so that it outlives the CLI that started it."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log_file:
+        try:
+            return subprocess.Popen(
+                list(argv),
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                cwd=cwd,
+                **drop_privileges(user),
+                start_new_session=True,
+            )
+        except FileNotFoundError as exc:
+            raise StackError(f"cannot start {argv[0]}: {exc.strerror}") from exc
+
+
+def wait_until(
+    ready: Callable[[], bool],
+    *,
+    what: str,
+    timeout_s: float,
+    pid: int | None = None,
+    log_path: Path | None = None,
+    interval_s: float = 0.1,
+) -> None:
+    """Poll ``ready`` until it is true; fail fast if ``pid`` dies, with the log's tail."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        if pid is not None and not pid_alive(pid):
+            raise StackError(f"{what} exited during start-up.{_tail_hint(log_path)}")
+        time.sleep(interval_s)
+    raise StackError(f"{what} not ready after {timeout_s:.0f} s.{_tail_hint(log_path)}")
+
+
+def _tail_hint(log_path: Path | None) -> str:
+    return f" Last lines of {log_path}:\n{log_tail(log_path)}" if log_path else ""
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        waited_pid, _ = os.waitpid(pid, os.WNOHANG)
+        if waited_pid == pid:
+            return False
+    except ChildProcessError:
+        pass  # not our child: fall through to the signal probe
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return not _is_zombie(pid)
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def stop_pid(pid: int, *, what: str, sig: int = signal.SIGTERM, timeout_s: float = 30) -> None:
+    """Send ``sig`` to ``pid``, wait for it to exit, SIGKILL it if it will not."""
+    if not pid_alive(pid):
+        return
+    log.info("stopping %s (pid %d)", what, pid)
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.05)
+    log.warning("%s (pid %d) ignored signal %d for %.0f s; killing it", what, pid, sig, timeout_s)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    while pid_alive(pid):
+        time.sleep(0.05)

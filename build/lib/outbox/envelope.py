@@ -1,0 +1,90 @@
+"""The message format on event topics, as the outbox EventRouter writes it.
+
+Key: the aggregate id (stream id), a string. Value: a JSON object
+
+    {"payload": "<event data as a JSON string>", "eventId": "...", "eventType": "...",
+     "streamVersion": 3, "globalPosition": 1042, "recordedAt": "2026-11-21T22:14:00.1Z",
+     "schemaVersion": 1, "metadata": "<JSON string: correlation_id, causation_id, ...>"}
+
+The payload stays a string on the wire (``table.expand.json.payload=false``): Debezium never has
+to infer a Connect schema from user data, so no event shape can fail the connector.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+# A tuple, not ``str | bytes``: the union is rebuilt on every call of a hot path.
+_TEXT = (str, bytes)
+
+
+class MalformedEvent(ValueError):
+    """A message on an event topic that is not a valid Eventfold envelope."""
+
+
+@dataclass(frozen=True, slots=True)
+class EventEnvelope:
+    event_id: str
+    event_type: str
+    stream_id: str
+    stream_version: int
+    global_position: int
+    recorded_at: str
+    data: dict[str, Any]
+    schema_version: int = 1
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def decode(cls, key: str | bytes | None, value: str | bytes | None,
+               with_metadata: bool = True) -> EventEnvelope:
+        """Parse one message; projections skip the metadata they never read (hot path)."""
+        if value is None:
+            raise MalformedEvent("null value (tombstone) on an event topic")
+        if key is None:
+            raise MalformedEvent("message without a key (aggregate id)")
+        try:
+            outer = orjson.loads(value)
+            payload = outer["payload"]
+            data = orjson.loads(payload) if isinstance(payload, _TEXT) else payload
+            envelope = cls(
+                event_id=str(outer["eventId"]),
+                event_type=str(outer["eventType"]),
+                stream_id=key.decode() if isinstance(key, bytes) else key,
+                stream_version=int(outer["streamVersion"]),
+                global_position=int(outer["globalPosition"]),
+                recorded_at=str(outer.get("recordedAt") or ""),
+                data=data,
+                schema_version=int(outer.get("schemaVersion", 1)),
+                metadata=_json_object(outer.get("metadata")) if with_metadata else {},
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MalformedEvent(f"undecodable event envelope: {exc!r}") from exc
+        if not isinstance(envelope.data, dict):
+            raise MalformedEvent("event payload is not a JSON object")
+        return envelope
+
+    @property
+    def correlation_id(self) -> str | None:
+        return self.metadata.get("correlation_id")
+
+    def encode(self) -> tuple[str, str]:
+        """The (key, value) pair the connector would produce: used by tests and tools."""
+        return self.stream_id, json.dumps({
+            "payload": json.dumps(self.data), "eventId": self.event_id,
+            "eventType": self.event_type, "streamVersion": self.stream_version,
+            "globalPosition": self.global_position, "recordedAt": self.recorded_at,
+            "schemaVersion": self.schema_version, "metadata": json.dumps(self.metadata),
+        })
+
+
+def _json_object(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    parsed = orjson.loads(value) if isinstance(value, _TEXT) else value
+    if not isinstance(parsed, dict):
+        raise ValueError("metadata is not a JSON object")
+    return parsed

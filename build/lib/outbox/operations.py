@@ -1,0 +1,150 @@
+"""Operating the outbox connector: apply with a diff, validate, status with the replication
+slot's retained WAL, pause/resume/restart, delete (and drop its slot)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
+from outbox.topics import TopicAdmin
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WAL_WARNING_BYTES = 1024**3
+HEARTBEAT_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": str(3600 * 1000),
+                          "retention.bytes": "-1"}
+ConfigDiff = dict[str, tuple[str | None, str | None]]
+
+
+@dataclass(frozen=True)
+class SlotInfo:
+    name: str
+    active: bool
+    retained_wal_bytes: int
+    unconfirmed_wal_bytes: int
+
+
+@dataclass
+class ConnectorStatus:
+    name: str
+    connector_state: str
+    tasks: list[dict[str, Any]]
+    slot: SlotInfo | None
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def running(self) -> bool:
+        return self.connector_state == "RUNNING" and bool(self.tasks) and all(
+            t["state"] == "RUNNING" for t in self.tasks)
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    action: str  # "created", "updated" or "unchanged"
+    diff: ConfigDiff
+
+
+def config_diff(current: dict[str, str] | None, wanted: dict[str, str]) -> ConfigDiff:
+    """Keys whose value differs: key -> (current, wanted); ``name`` is Connect's own."""
+    current = {k: v for k, v in (current or {}).items() if k != "name"}
+    return {key: (current.get(key), wanted.get(key))
+            for key in sorted(set(current) | set(wanted))
+            if current.get(key) != wanted.get(key)}
+
+
+class ConnectorOperations:
+    """One outbox connector, through the Connect REST API and the database's slot views."""
+
+    def __init__(self, client: ConnectClient, spec: OutboxConnectorSpec,
+                 kafka_bootstrap: str | None = None) -> None:
+        self.client = client
+        self.spec = spec
+        self.kafka_bootstrap = kafka_bootstrap
+
+    def diff(self) -> ConfigDiff:
+        return config_diff(self.client.get_config(self.spec.name), self.spec.config())
+
+    def apply(self, timeout_s: float = 60) -> ApplyResult:
+        current = self.client.get_config(self.spec.name)
+        difference = config_diff(current, self.spec.config())
+        if current is not None and not difference:
+            log.info("connector %s unchanged", self.spec.name)
+            return ApplyResult("unchanged", {})
+        if self.kafka_bootstrap:
+            TopicAdmin(self.kafka_bootstrap).ensure(self.spec.heartbeat_topics,
+                                                    HEARTBEAT_TOPIC_CONFIG)
+        self.client.apply(self.spec, timeout_s)
+        return ApplyResult("created" if current is None else "updated", difference)
+
+    def validate(self) -> list[tuple[str, str]]:
+        return self.client.validate({"name": self.spec.name, **self.spec.config()})
+
+    def status(self, wal_warning_bytes: int = DEFAULT_WAL_WARNING_BYTES) -> ConnectorStatus:
+        raw = self.client.status(self.spec.name)
+        slot = self.slot()
+        if raw is None:
+            status = ConnectorStatus(self.spec.name, "ABSENT", [], slot)
+        else:
+            status = ConnectorStatus(self.spec.name, raw["connector"]["state"],
+                                     raw["tasks"], slot)
+            if raw["connector"].get("trace"):
+                status.warnings.append(f"connector trace: {raw['connector']['trace'][:2000]}")
+        if slot is not None and slot.retained_wal_bytes > wal_warning_bytes:
+            status.warnings.append(
+                f"slot {slot.name} retains {slot.retained_wal_bytes:,} bytes of WAL "
+                f"(over {wal_warning_bytes:,}): is the connector consuming?")
+        if slot is not None and not slot.active and raw is not None:
+            status.warnings.append(f"slot {slot.name} is not active")
+        return status
+
+    def slot(self) -> SlotInfo | None:
+        with self._database() as conn:
+            row = conn.execute("""
+                SELECT slot_name, active,
+                       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn), 0)::bigint,
+                       coalesce(pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn),
+                                0)::bigint
+                FROM pg_replication_slots WHERE slot_name = %s
+            """, (self.spec.slot_name,)).fetchone()
+        return SlotInfo(*row) if row else None
+
+    def pause(self) -> None:
+        self.client.pause(self.spec.name)
+        self.client.wait_state(self.spec.name, "PAUSED")
+
+    def resume(self) -> None:
+        self.client.resume(self.spec.name)
+        self.client.wait_running(self.spec.name)
+
+    def restart(self, only_failed: bool = True) -> dict[str, Any]:
+        return self.client.restart(self.spec.name, only_failed=only_failed)
+
+    def delete(self, keep_slot: bool = False, timeout_s: float = 60) -> bool:
+        """Delete the connector and, unless ``keep_slot``, drop its replication slot (an
+        unused slot would retain WAL forever). The publication belongs to the migrations."""
+        deleted = self.client.delete(self.spec.name)
+        if keep_slot:
+            return deleted
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            slot = self.slot()
+            if slot is None:
+                return deleted
+            if not slot.active:
+                with self._database() as conn:
+                    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot.name,))
+                log.info("dropped replication slot %s", slot.name)
+                return deleted
+            time.sleep(0.2)  # the task is still shutting down and holds the slot
+        raise ConnectError(f"slot {self.spec.slot_name} still active {timeout_s:.0f} s after "
+                           "deleting the connector")
+
+    def _database(self) -> psycopg.Connection[Any]:
+        url = make_url(self.spec.database_url).set(drivername="postgresql")
+        return psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)

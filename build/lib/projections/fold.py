@@ -1,0 +1,450 @@
+"""The fold core: apply events to per-key state, in plain Python, without Spark.
+
+A Spark executor task runs a ``BatchFold`` over the records of its partition; ``fold_records``
+runs the very same code over a list of topic records, for tests and for a reference fold.
+
+Delivery upstream is at-least-once, so every event is guarded: a record below the committed
+offset of its partition was applied before; an event whose (stream, version) is at or below
+the stream's watermark, or was seen earlier in the batch, is a duplicate (Debezium re-sends
+after a crash, at new offsets). Watermarks are per source stream, so the guard holds for
+re-keyed projections too, where one key gathers the events of many streams.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from itertools import groupby
+from types import MappingProxyType
+from typing import Any, NamedTuple
+
+import orjson
+
+from outbox import EventEnvelope, MalformedEvent
+from projections.projection import Derived, Event, Projection, State
+
+log = logging.getLogger(__name__)
+
+PartitionKey = tuple[str, int]
+EMIT_ALL: Mapping[PartitionKey, int] = MappingProxyType({})
+DERIVED_NAMESPACE = uuid.UUID("6f1d8a52-7c1e-4d55-9a55-1f0f9a0c2b10")
+KEY_NOT_UTF8 = "message key (aggregate id) is not UTF-8 text"
+VALUE_NOT_UTF8 = "message value is not UTF-8 text"
+
+
+class SourceRecord(NamedTuple):
+    """One message of a source topic (a named tuple: one is built per event)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    value: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class RawRecords:
+    """Records of one source partition in offset order, as its reader got them: what a task
+    decodes and folds at once. Values stay bytes when the reader had bytes (the JSON parser
+    takes them as they are); a key is text, or bytes when it is not UTF-8."""
+
+    topic: str
+    partition: int
+    offsets: Sequence[int]
+    keys: Sequence[str | bytes | None]
+    values: Sequence[bytes | str | None]
+
+    def stream_ids(self) -> set[str]:
+        """The keys that are text: the streams whose states and watermarks apply."""
+        return {key for key in self.keys if isinstance(key, str)}
+
+
+@dataclass(slots=True)
+class KeyState:
+    """A key's state (None once deleted), its version and the last applied global position.
+
+    The version is the last applied stream version when the key is the aggregate id (so a
+    client can wait for the version a command returned); for a re-keyed projection it counts
+    the events folded into the key.
+    """
+
+    state: State | None
+    version: int
+    position: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    record: SourceRecord
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Emission:
+    """A derived event ready to produce: its id is a function of its source event, so a
+    re-sent emission is recognisable downstream."""
+
+    topic: str
+    key: str
+    value: str
+
+
+@dataclass
+class FoldOutcome:
+    changed: dict[str, KeyState] = field(default_factory=dict)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    emissions: list[Emission] = field(default_factory=list)
+    watermarks: dict[str, int] = field(default_factory=dict)
+    next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+    applied: int = 0
+    duplicates: int = 0
+    skipped: int = 0
+
+    def see(self, stream_id: str, version: int) -> None:
+        if version > self.watermarks.get(stream_id, 0):
+            self.watermarks[stream_id] = version
+
+
+def apply_event(projection: Projection, state: State | None, event: Event) -> State | None:
+    """One step of the projection's fold; aggregations step their columns in Python here."""
+    if projection.apply is not None:
+        new_state = projection.apply(state, event)
+        check_state(projection, new_state)
+        return new_state
+    if projection.aggregates is not None:
+        current = state or {}
+        return {column: agg.python_step(current.get(column),
+                                        event.data.get(agg.field) if agg.field else None)
+                for column, agg in projection.aggregates.items()}
+    return None
+
+
+def _checked_fold(projection: Projection) -> Callable[[State | None, Event], State | None]:
+    """``projection.apply`` with its result checked, the column names looked up once."""
+    fold, columns = projection.apply, frozenset(projection.columns)
+    assert fold is not None
+
+    def step(state: State | None, event: Event) -> State | None:
+        after = fold(state, event)
+        if after is not None and (type(after) is not dict or not after.keys() <= columns):
+            check_state(projection, after)  # raises, with the reason
+        return after
+
+    return step
+
+
+def check_state(projection: Projection, state: State | None) -> None:
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise TypeError(f"fold returned {type(state).__name__}, expected dict or None")
+    if not state.keys() <= projection.columns.keys():
+        unknown = sorted(set(state) - set(projection.columns))
+        raise ValueError(f"state fields {unknown} are not read model columns")
+
+
+def encode_derived(projection: Projection, event: Event, index: int, derived: Derived) -> Emission:
+    event_id = uuid.uuid5(DERIVED_NAMESPACE, f"{projection.name}:{event.event_id}:{index}")
+    return Emission(derived.topic, derived.key, json.dumps({
+        "eventId": str(event_id), "eventType": derived.type, "data": dict(derived.data),
+        "projection": projection.name, "sourceEventId": event.event_id,
+        "sourcePosition": event.global_position,
+    }, default=str))
+
+
+class KeyFolder:
+    """Folds the events of one key after another onto their stored states."""
+
+    def __init__(self, projection: Projection, outcome: FoldOutcome,
+                 emit_from: Mapping[PartitionKey, int] | None) -> None:
+        self.projection = projection
+        self.outcome = outcome
+        self.emit_from = emit_from  # None: this run emits nothing (a replay behind the live one)
+        self._seen: set[tuple[str, int]] = set()
+        self._step = (_checked_fold(projection) if projection.apply is not None
+                      else partial(apply_event, projection))
+
+    def fold(self, key: str, stored: KeyState | None,
+             items: Iterable[tuple[SourceRecord, Event]]) -> None:
+        """Fold ``items`` (in position order) onto the key's state.
+
+        A (stream, version) met twice counts once. When the key is the aggregate id, its
+        stream's versions rise with position, so that takes one comparison with the last
+        version; a re-keyed key gathers many streams and remembers each event it met."""
+        # The per-event loop of every fold: lookups are hoisted into locals on purpose.
+        projection, outcome, seen = self.projection, self.outcome, self._seen
+        marks, step, rekeyed = outcome.watermarks, self._step, projection.key_by is not None
+        derive = self._derive if projection.derive is not None and self.emit_from is not None \
+            else None
+        state = stored.state if stored else None
+        version = stored.version if stored else 0
+        position = stored.position if stored else 0
+        last = 0 if rekeyed else marks.get(key, 0)  # the stream's last version met
+        applied = 0
+        had_state = False
+        for record, event in items:
+            stream_version = event.stream_version
+            if rekeyed:
+                identity = (event.stream_id, stream_version)
+                if identity in seen:
+                    outcome.duplicates += 1
+                    continue
+                seen.add(identity)
+                if stream_version > marks.get(identity[0], 0):
+                    marks[identity[0]] = stream_version
+            elif stream_version <= last:
+                outcome.duplicates += 1
+                continue
+            else:
+                last = stream_version
+            try:
+                after = step(state, event)
+                emissions = derive(record, event, state, after) if derive else None
+            except Exception as exc:  # a fold's bug must not stop the projection
+                outcome.dead_letters.append(DeadLetter(with_value(record, event),
+                                                       f"fold raised {exc!r}"))
+                continue
+            version = version + 1 if rekeyed else stream_version
+            position, state = event.global_position, after
+            applied += 1
+            had_state = had_state or after is not None
+            if emissions:
+                outcome.emissions.extend(emissions)
+        if not rekeyed and last > marks.get(key, 0):
+            marks[key] = last
+        outcome.applied += applied
+        if not applied or not projection.has_state:
+            return
+        if stored is None and not had_state:
+            return  # never had a state: nothing to store, no tombstone to send
+        outcome.changed[key] = KeyState(state, version, position)
+
+    def _derive(self, record: SourceRecord, event: Event, before: State | None,
+                after: State | None) -> list[Emission]:
+        if self.projection.derive is None or self.emit_from is None:
+            return []
+        if record.offset < self.emit_from.get((record.topic, record.partition), 0):
+            return []  # emitted by the run that applied it first
+        return [encode_derived(self.projection, event, i, derived)
+                for i, derived in enumerate(self.projection.derive(event, before, after))]
+
+
+def with_value(record: SourceRecord, event: Event) -> SourceRecord:
+    """``record`` with its value for a dead letter: readers keep no text of records that
+    decoded, so the event is written back as the envelope it came in."""
+    if record.value is not None:
+        return record
+    return record._replace(value=EventEnvelope(
+        event_id=event.event_id, event_type=event.type, stream_id=event.stream_id,
+        stream_version=event.stream_version, global_position=event.global_position,
+        recorded_at=event.recorded_at, data=dict(event.data)).encode()[1])
+
+
+def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) -> Event:
+    return Event(type=envelope.event_type, data=envelope.data, stream_id=envelope.stream_id,
+                 stream_version=envelope.stream_version, event_id=envelope.event_id,
+                 global_position=envelope.global_position, recorded_at=envelope.recorded_at,
+                 joined=joined)
+
+
+_loads = orjson.loads
+_new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
+
+
+def _parse_event(key: str | bytes | None, value: bytes | str | None) -> Event | None:
+    """The event of a well-formed envelope, parsed fast; None for anything else (which
+    ``EventEnvelope.decode`` then judges, with the reason)."""
+    try:
+        outer = _loads(value)  # type: ignore[arg-type]
+        data = _loads(outer["payload"])
+        event_type, event_id = outer["eventType"], outer["eventId"]
+        version, position = outer["streamVersion"], outer["globalPosition"]
+        recorded_at = outer.get("recordedAt", "")
+    except Exception:  # the slow path names the problem
+        return None
+    # Checked as locals, before the tuple exists: a field of a named tuple costs a lookup.
+    if (type(data) is dict and type(version) is int and type(position) is int
+            and type(event_type) is str and type(event_id) is str
+            and type(recorded_at) is str and type(key) is str):
+        return _new_tuple(Event, (event_type, data, key, version, event_id, position,
+                                  recorded_at, None))
+    return None
+
+
+def _text(value: bytes | str | None) -> str | None:
+    """Text for a dead letter, whatever the bytes."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode()
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _by_position(item: tuple[SourceRecord, Event]) -> int:
+    return item[1].global_position
+
+
+class BatchFold:
+    """One batch of a plain-Python fold: records are decoded, guarded and routed to their
+    keys as they come (``add``), then each key's events are folded onto its state (``fold``).
+
+    Every Python fold runs this, on Spark and off it, so the per-event work is kept to
+    parsing the envelope and its payload, two guards and the fold itself: records below the
+    committed offsets were applied before, and events at or below their stream's watermark
+    were delivered again. A record that does not decode, or has no key to fold by, is a dead
+    letter.
+    """
+
+    def __init__(self, projection: Projection,
+                 committed_offsets: Mapping[PartitionKey, int] | None = None,
+                 watermarks: Mapping[str, int] | None = None,
+                 emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL) -> None:
+        self.projection = projection
+        self.folder = KeyFolder(projection, FoldOutcome(), emit_from)
+        self.outcome = self.folder.outcome
+        self.committed = committed_offsets or {}
+        self.watermarks = watermarks if watermarks is not None else {}
+        self._pending: dict[str, list[tuple[SourceRecord, Event]]] = {}
+        self._unsorted: set[str] = set()
+
+    def add(self, records: RawRecords) -> None:
+        """Decode, guard and route one partition's records (in offset order)."""
+        projection, outcome, marks = self.projection, self.outcome, self.watermarks
+        pending, unsorted = self._pending, self._unsorted
+        topic, partition = records.topic, records.partition
+        start = self.committed.get((topic, partition), 0)
+        types, rekeyed = projection.event_types, projection.key_by is not None
+        last = -1
+        for offset, key, value in zip(records.offsets, records.keys, records.values,
+                                      strict=True):
+            if offset < start:
+                outcome.skipped += 1
+                continue
+            last = offset
+            event = _parse_event(key, value)
+            if event is None:
+                event = self._decode_slowly(SourceRecord(topic, partition, offset, _text(key),
+                                                         _text(value)), key, value)
+                if event is None:
+                    continue
+            if types is not None and event.type not in types:
+                continue
+            if event.stream_version <= marks.get(event.stream_id, 0):
+                outcome.duplicates += 1
+                continue
+            fold_by = fold_key(projection, event.stream_id, event.data) if rekeyed else key
+            if fold_by is None:
+                outcome.dead_letters.append(DeadLetter(
+                    SourceRecord(topic, partition, offset, _text(key), _text(value)),
+                    missing_key_reason(projection)))
+                continue
+            item = (_new_tuple(SourceRecord, (topic, partition, offset, key, None)), event)
+            items = pending.get(fold_by)
+            if items is None:
+                pending[fold_by] = [item]
+                continue
+            if event.global_position < items[-1][1].global_position:
+                unsorted.add(fold_by)
+            items.append(item)
+        if last >= 0:
+            outcome.next_offsets[(topic, partition)] = last + 1
+
+    def _decode_slowly(self, record: SourceRecord, key: bytes | str | None,
+                       value: bytes | str | None) -> Event | None:
+        """The event, or None when the record is a dead letter (recorded with the reason).
+        ``record`` holds text fit for a dead letter; ``key`` and ``value`` are as read."""
+        try:
+            if isinstance(key, bytes):
+                raise MalformedEvent(KEY_NOT_UTF8)
+            if isinstance(value, bytes) and not is_utf8(value):
+                raise MalformedEvent(VALUE_NOT_UTF8)
+            envelope = EventEnvelope.decode(record.key, record.value, with_metadata=False)
+        except MalformedEvent as exc:
+            self.outcome.dead_letters.append(DeadLetter(record, str(exc)))
+            return None
+        return event_from_envelope(envelope)
+
+    def lookup_keys(self) -> set[str]:
+        """The keys of the looked-up table the routed events join with."""
+        lookup = self.projection.lookup
+        if lookup is None:
+            return set()
+        return {str(event.data.get(lookup.on)) for items in self._pending.values()
+                for _, event in items}
+
+    def fold(self, stored: Mapping[str, KeyState],
+             lookup_rows: Mapping[str, State] | None = None) -> FoldOutcome:
+        """Fold the routed events of each key onto its state: this batch's newest, else
+        ``stored``. Later ``add`` calls start afresh; the outcome carries over."""
+        lookup, outcome = self.projection.lookup, self.outcome
+        for key, items in self._pending.items():
+            if key in self._unsorted:
+                items.sort(key=_by_position)
+            if lookup is not None:
+                rows = lookup_rows or {}
+                items = [(record, event._replace(joined=rows.get(str(event.data.get(
+                    lookup.on))))) for record, event in items]
+            self.folder.fold(key, outcome.changed.get(key) or stored.get(key), items)
+        self._pending, self._unsorted = {}, set()
+        return outcome
+
+
+
+def by_partition(records: Iterable[SourceRecord]) -> list[RawRecords]:
+    """``records`` as runs of one partition each, in their order."""
+    runs: list[RawRecords] = []
+    for (topic, partition), grouped in groupby(records, key=lambda r: (r.topic, r.partition)):
+        run = list(grouped)
+        runs.append(RawRecords(topic, partition, [r.offset for r in run], [r.key for r in run],
+                               [r.value for r in run]))
+    return runs
+
+
+def fold_records(
+    projection: Projection,
+    stored: Mapping[str, KeyState],
+    records: Iterable[SourceRecord],
+    committed_offsets: Mapping[PartitionKey, int] | None = None,
+    watermarks: Mapping[str, int] | None = None,
+    lookup_rows: Mapping[str, State] | None = None,
+    emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
+) -> FoldOutcome:
+    """Fold topic ``records`` onto ``stored`` states, exactly as one Spark batch would.
+
+    ``watermarks`` are the source streams' last applied versions (by default the stored
+    versions, which they equal unless the projection re-keys), ``lookup_rows`` the table a
+    ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted
+    (None: emit nothing).
+    """
+    if watermarks is None and projection.key_by is None:
+        watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
+    batch = BatchFold(projection, committed_offsets, watermarks, emit_from)
+    for run in by_partition(records):
+        batch.add(run)
+    return batch.fold(stored, lookup_rows)
+
+
+def fold_key(projection: Projection, stream_id: str, data: Mapping[str, Any]) -> str | None:
+    if projection.key_by is None:
+        return stream_id
+    value = data.get(projection.key_by)
+    return None if value is None else str(value)
+
+
+def missing_key_reason(projection: Projection) -> str:
+    return f"re-key field {projection.key_by!r} is missing from the event"
+
+
+def fold_in_memory(projection: Projection, records: Iterable[SourceRecord],
+                   lookup_rows: Mapping[str, State] | None = None) -> dict[str, State]:
+    """A reference fold of ``records`` from empty state: the live keys and their states."""
+    outcome = fold_records(projection, {}, records, lookup_rows=lookup_rows)
+    return {key: ks.state for key, ks in outcome.changed.items() if ks.state is not None}

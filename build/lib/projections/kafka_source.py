@@ -1,0 +1,325 @@
+"""A Spark Python Data Source over Kafka topics, reading through confluent-kafka.
+
+Format name ``eventfold-kafka``. Options:
+
+- ``bootstrap.servers`` (required), ``topics`` (comma-separated, required)
+- ``max_rows_per_batch``: cap on rows in one micro-batch (default: no cap)
+- ``starting_offsets``: ``earliest`` (default), ``latest``, or offsets as JSON
+- ``ending_offsets``: offsets as JSON at which an ``availableNow`` run stops (a replay catching
+  up to the live version's position); partitions not named are read to their end
+
+Each micro-batch covers one offset range per partition, and each range is one Spark input
+partition. Offsets are ``{"topic": {"partition": next_offset}}``; Spark keeps them in its
+checkpoint, so a restarted query resumes where the last committed batch ended. Batch reads
+(``spark.read``) cover everything from the beginning to the current end.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, Message
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from outbox.kafka import (
+    OffsetPlanner,
+    PartitionKey,
+    consumer_config,
+    flatten_offsets,
+    iter_range,
+    nest_offsets,
+)
+from projections.decode import text_column
+from projections.fold import RawRecords
+
+FORMAT_NAME = "eventfold-kafka"
+SCHEMA = StructType([
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("offset", LongType(), False),
+    StructField("key", StringType(), True),
+    StructField("value", StringType(), True),
+    StructField("timestamp", TimestampType(), True),
+])
+ARROW_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("key", pa.string()),
+    pa.field("value", pa.string()),
+    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+])
+READ_CHUNK = 5_000
+READ_TIMEOUT_S = 120.0
+
+
+
+@dataclass(frozen=True)
+class OffsetRange(InputPartition):
+    topic: str
+    partition: int
+    start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class KafkaSlice:
+    """One partition's offset range of a micro-batch, read by the executor task that decodes
+    (or folds) it."""
+
+    bootstrap_servers: str
+    range: OffsetRange
+
+    @property
+    def rows(self) -> int:
+        return self.range.end - self.range.start
+
+    def record_chunks(self, rows: int) -> Iterator[RawRecords]:
+        """The range's records, about ``rows`` at a time, for a fold in Python."""
+        topic, partition = self.range.topic, self.range.partition
+        pending: list[Message] = []
+        for messages in _messages(self.bootstrap_servers, self.range):
+            pending.extend(messages)
+            if len(pending) >= rows:
+                yield _raw(topic, partition, pending)
+                pending = []
+        if pending:
+            yield _raw(topic, partition, pending)
+
+
+def _raw(topic: str, partition: int, messages: list[Message]) -> RawRecords:
+    return RawRecords(topic, partition, [m.offset() for m in messages],
+                      _keys([m.key() for m in messages]), [m.value() for m in messages])
+
+
+def _keys(keys: list[bytes | None]) -> list[str | bytes | None]:
+    """The keys as text; one that is not UTF-8 stays bytes (its record is a dead letter)."""
+    try:
+        return [None if key is None else key.decode() for key in keys]
+    except UnicodeDecodeError:
+        return [None if key is None else _utf8_or_bytes(key) for key in keys]
+
+
+def _utf8_or_bytes(key: bytes) -> str | bytes:
+    try:
+        return key.decode()
+    except UnicodeDecodeError:
+        return key
+
+
+_consumers: dict[str, Consumer] = {}
+
+
+def _consumer(bootstrap_servers: str) -> Consumer:
+    """One consumer per Python worker, kept across tasks (Spark reuses its workers): a new
+    connection per partition and micro-batch costs more than reading 50,000 events."""
+    consumer = _consumers.get(bootstrap_servers)
+    if consumer is None:
+        consumer = Consumer(consumer_config(bootstrap_servers, **{"fetch.min.bytes": 1}))
+        _consumers[bootstrap_servers] = consumer
+    return consumer
+
+
+def read_range(bootstrap_servers: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """Every message of ``rng`` as Arrow batches."""
+    for messages in _messages(bootstrap_servers, rng):
+        yield _to_arrow(messages, rng)
+
+
+def _messages(bootstrap_servers: str, rng: OffsetRange) -> Iterator[list[Message]]:
+    if rng.end <= rng.start:
+        return
+    consumer = _consumer(bootstrap_servers)
+    try:
+        yield from iter_range(consumer, (rng.topic, rng.partition), rng.start, rng.end,
+                              READ_TIMEOUT_S, chunk=READ_CHUNK)
+    except BaseException:
+        _consumers.pop(bootstrap_servers, None)
+        consumer.close()
+        raise
+    consumer.unassign()
+
+
+def _to_arrow(messages: list[Message], rng: OffsetRange) -> pa.RecordBatch:
+    # Bytes go to Arrow as they are and are validated as UTF-8 there, in C, not per message;
+    # bytes that are not UTF-8 are read with replacement characters rather than fail the job.
+    count = len(messages)
+    return pa.RecordBatch.from_arrays([
+        pa.array([rng.topic] * count, pa.string()),
+        pa.array([rng.partition] * count, pa.int32()),
+        pa.array([m.offset() for m in messages], pa.int64()),
+        text_column([m.key() for m in messages])[0],
+        text_column([m.value() for m in messages])[0],
+        pa.array([m.timestamp()[1] * 1000 for m in messages], pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")),
+    ], schema=ARROW_SCHEMA)
+
+
+class KafkaDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT_NAME
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def _required(self, key: str) -> str:
+        value = self.options.get(key)
+        if not value:
+            raise ValueError(f"the {FORMAT_NAME} source needs the option {key!r}")
+        return str(value)
+
+    def _topics(self) -> list[str]:
+        return [t.strip() for t in self._required("topics").split(",") if t.strip()]
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KafkaStreamReader(
+            bootstrap_servers=self._required("bootstrap.servers"),
+            topics=self._topics(),
+            max_rows_per_batch=int(self.options.get("max_rows_per_batch", 0)),
+            starting_offsets=str(self.options.get("starting_offsets", "earliest")),
+            ending_offsets=flatten_offsets(json.loads(self.options.get("ending_offsets", "{}"))),
+        )
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KafkaBatchReader(self._required("bootstrap.servers"), self._topics())
+
+
+class KafkaBatchReader(DataSourceReader):
+    def __init__(self, bootstrap_servers: str, topics: list[str]) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = topics
+
+    def partitions(self) -> list[InputPartition]:
+        planner = OffsetPlanner(self.bootstrap_servers)
+        try:
+            found = planner.partitions(self.topics)
+            begin, end = planner.beginning_offsets(found), planner.end_offsets(found)
+        finally:
+            planner.close()
+        ranges = [OffsetRange(t, p, begin[(t, p)], end[(t, p)]) for t, p in found]
+        return [r for r in ranges if r.end > r.start] or [OffsetRange("", 0, 0, 0)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.bootstrap_servers, partition)
+
+
+class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(
+        self, bootstrap_servers: str, topics: list[str], max_rows_per_batch: int,
+        starting_offsets: str, ending_offsets: Mapping[PartitionKey, int] | None = None,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.topics = topics
+        self.max_rows_per_batch = max_rows_per_batch
+        self.starting_offsets = starting_offsets
+        self.ending_offsets = dict(ending_offsets or {})
+        self._planner: OffsetPlanner | None = None
+        self._available_now_end: dict[PartitionKey, int] | None = None
+
+    @property
+    def planner(self) -> OffsetPlanner:
+        if self._planner is None:
+            self._planner = OffsetPlanner(self.bootstrap_servers)
+        return self._planner
+
+    def initialOffset(self) -> dict[str, Any]:
+        found = self.planner.partitions(self.topics)
+        if self.starting_offsets.startswith("{"):
+            # Resume from offsets a sink committed (its checkpoint outlived Spark's).
+            committed = flatten_offsets(json.loads(self.starting_offsets))
+            beginning = self.planner.beginning_offsets(found)
+            return nest_offsets({k: max(committed.get(k, 0), beginning[k]) for k in found})
+        if self.starting_offsets == "latest":
+            return nest_offsets(self.planner.end_offsets(found))
+        return nest_offsets(self.planner.beginning_offsets(found))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.max_rows_per_batch > 0:
+            return ReadMaxRows(self.max_rows_per_batch)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        end = self._current_end()
+        self._available_now_end = {k: min(v, self.ending_offsets.get(k, v)) for k, v in end.items()}
+
+    def _current_end(self) -> dict[PartitionKey, int]:
+        return self.planner.end_offsets(self.planner.partitions(self.topics))
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begin = flatten_offsets(start)
+        end = dict(self._available_now_end) if self._available_now_end else self._current_end()
+        for key in end:
+            begin.setdefault(key, 0)  # a partition that appeared since the last batch
+        if isinstance(limit, ReadMaxRows):
+            end = cap_rows(begin, end, limit.max_rows)
+        return nest_offsets({k: max(end.get(k, v), v) for k, v in begin.items()})
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return nest_offsets(self._current_end())
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        begin, finish = flatten_offsets(start), flatten_offsets(end)
+        ranges = [OffsetRange(t, p, begin.get((t, p), 0), off) for (t, p), off in finish.items()]
+        return [r for r in ranges if r.end > r.start]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, OffsetRange)
+        return read_range(self.bootstrap_servers, partition)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Executors get a pickled copy for read(); the planner's consumer stays on the driver.
+        return {**self.__dict__, "_planner": None}
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint and the sinks' own commits."""
+
+    def stop(self) -> None:
+        if self._planner is not None:
+            self._planner.close()
+            self._planner = None
+
+
+def cap_rows(
+    begin: Mapping[PartitionKey, int], end: Mapping[PartitionKey, int], max_rows: int
+) -> dict[PartitionKey, int]:
+    """Share ``max_rows`` fairly over partitions with data; leftovers go to the busier ones."""
+    backlog = {k: max(end.get(k, b) - b, 0) for k, b in begin.items()}
+    allowed = dict.fromkeys(backlog, 0)
+    remaining = max_rows
+    while remaining > 0:
+        hungry = [k for k in backlog if backlog[k] > allowed[k]]
+        if not hungry:
+            break
+        share = max(remaining // len(hungry), 1)
+        for key in hungry:
+            take = min(share, backlog[key] - allowed[key], remaining)
+            allowed[key] += take
+            remaining -= take
+            if remaining == 0:
+                break
+    return {k: begin[k] + allowed[k] for k in begin}

@@ -1,0 +1,212 @@
+"""Map-side partial aggregation, in Arrow: what each task of an aggregation hands the driver.
+
+The task that reads and decodes a source partition also dedupes and aggregates it per key,
+as a combiner would, so O(keys), not O(events), leave it and no event is shuffled. The driver
+then merges the tasks' partials (``merge_partials``); the store merges the result into the
+stored rows.
+
+That is exact as long as every copy of an event is in the partition its stream's key maps
+to, which is how every producer here partitions. A stream met by two tasks of one batch
+means some producer did not (a repartitioned topic, say): the partials cannot tell copies
+apart then, and the engine aggregates that batch from the events themselves.
+
+A task aggregates its partition chunk by chunk (``PartitionAggregate``), so it holds one chunk
+of events and O(keys) partials, however large the batch.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from projections.decode import drop_below, field_column
+from projections.fold import SourceRecord
+from projections.projection import Projection
+
+GROUP = "fold_key"
+DEAD_LETTER_COLUMNS = (*SourceRecord._fields, "reason")
+_FIRST_ROW = pa.array([True])
+
+
+def partial_schema(projection: Projection, decoded: pa.Schema) -> pa.Schema:
+    """Partials (kind ``partial``), the streams' last versions (``mark``: a stream id in
+    ``fold_key``) and dead letters (``dlq``), in one schema."""
+    assert projection.aggregates is not None
+    fields = [pa.field("kind", pa.string()), pa.field(GROUP, pa.string()),
+              pa.field("_version", pa.int64()), pa.field("_events", pa.int64()),
+              pa.field("_position", pa.int64()),
+              *(decoded.field(name) for name in DEAD_LETTER_COLUMNS)]
+    for name, aggregate in projection.aggregates.items():
+        value_type = (pa.int64() if aggregate.function == "count"
+                      else decoded.field(field_column(aggregate.field or "")).type)
+        fields.append(pa.field(name, value_type))
+        if aggregate.function == "latest":
+            fields.append(pa.field(_latest_position(name), pa.int64()))
+    return pa.schema(fields)
+
+
+def partial_aggregate(events: pa.Table, projection: Projection,
+                      schema: pa.Schema) -> pa.Table:
+    """One task's decoded events (the watermark guard applied) as partials per key, the last
+    version of each stream it met, and its dead letters."""
+    assert projection.aggregates is not None
+    letters = events.filter(pc.is_valid(events.column("reason")))
+    good = _dedupe(events.filter(pc.is_null(events.column("reason"))))
+    good = good.take(pc.sort_indices(good.column("globalPosition")))  # "latest" needs order
+    specs: list[tuple[str | list[str], str]] = [
+        ("streamVersion", "max"), ([], "count_all"), ("globalPosition", "max")]
+    names = ["_version", "_events", "_position"]
+    for name, aggregate in projection.aggregates.items():
+        if aggregate.function == "count":
+            continue
+        column = field_column(aggregate.field or "")
+        function = "last" if aggregate.function == "latest" else aggregate.function
+        specs.append((column, function))
+        names.append(name)
+        if aggregate.function == "latest":
+            good = good.append_column(_latest_position(name), pc.if_else(
+                pc.is_valid(good.column(column)), good.column("globalPosition"),
+                pa.scalar(None, pa.int64())))
+            specs.append((_latest_position(name), "max"))
+            names.append(_latest_position(name))
+    grouped = good.group_by(GROUP, use_threads=False).aggregate(specs)
+    columns = {GROUP: grouped.column(GROUP), **{
+        name: grouped.column(_aggregated(spec)) for name, spec in zip(names, specs, strict=True)}}
+    for name, aggregate in projection.aggregates.items():
+        if aggregate.function == "count":
+            columns[name] = columns["_events"]
+    parts = [_rows(schema, "partial", columns, grouped.num_rows), _rows(
+        schema, "dlq", {c: letters.column(c) for c in DEAD_LETTER_COLUMNS}, letters.num_rows)]
+    if projection.key_by is not None:  # a key gathers many streams: their marks go apart
+        marks = good.group_by("key", use_threads=False).aggregate([("streamVersion", "max")])
+        parts.append(_rows(schema, "mark", {GROUP: marks.column("key"),
+                                            "_version": marks.column("streamVersion_max")},
+                           marks.num_rows))
+    return pa.concat_tables(parts)
+
+
+class PartitionAggregate:
+    """The partials of one source partition, added a chunk of decoded events at a time.
+
+    Every copy of an event sits in its stream's partition, and a stream's versions rise with
+    offsets there, so an event at or below the version its stream reached in an earlier chunk
+    is a copy delivered again; within a chunk, ``partial_aggregate`` dedupes."""
+
+    def __init__(self, projection: Projection, schema: pa.Schema) -> None:
+        self.projection = projection
+        self.schema = schema
+        self._reached: dict[str, int] = {}
+        self._partials: pa.Table | None = None
+
+    def add(self, events: pa.Table) -> None:
+        events = drop_below(events, self._reached)
+        partials = partial_aggregate(events, self.projection, self.schema)
+        self._reached.update(stream_marks(partials, self.projection))
+        self._partials = (partials if self._partials is None
+                          else self._combine(self._partials, partials))
+
+    def result(self) -> pa.Table:
+        return self._partials if self._partials is not None else self.schema.empty_table()
+
+    def _combine(self, earlier: pa.Table, partials: pa.Table) -> pa.Table:
+        both = pa.concat_tables([earlier, partials])
+        kinds = both.column("kind")
+        merged = _merge_rows(both.filter(pc.equal(kinds, "partial")), self.projection)
+        parts = [_rows(self.schema, "partial", merged, len(merged[GROUP])),
+                 both.filter(pc.equal(kinds, "dlq"))]
+        if self.projection.key_by is not None:
+            marks = both.filter(pc.equal(kinds, "mark")).group_by(GROUP, use_threads=False) \
+                .aggregate([("_version", "max")])
+            parts.append(_rows(self.schema, "mark", {GROUP: marks.column(GROUP),
+                                                     "_version": marks.column("_version_max")},
+                               marks.num_rows))
+        return pa.concat_tables(parts)
+
+
+def merge_partials(partials: pa.Table, projection: Projection) -> pa.Table | None:
+    """The tasks' partials merged per key (``partial_schema``'s partial columns); None when
+    a stream was met by more than one task (see the module docstring)."""
+    assert projection.aggregates is not None
+    rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
+    streams = (rows if projection.key_by is None
+               else partials.filter(pc.equal(partials.column("kind"), "mark")))
+    if len(pc.unique(streams.column(GROUP))) != streams.num_rows:
+        return None
+    merged = _merge_rows(rows, projection)
+    if projection.key_by is not None:
+        merged["_version"] = merged["_events"]  # re-keyed: the version counts events folded
+    return pa.table(merged)
+
+
+def _merge_rows(rows: pa.Table, projection: Projection) -> dict[str, pa.ChunkedArray]:
+    """Partial rows merged per key, as columns."""
+    assert projection.aggregates is not None
+    specs: list[tuple[str, str]] = [("_version", "max"), ("_events", "sum"),
+                                    ("_position", "max")]
+    names = ["_version", "_events", "_position"]
+    for name, aggregate in projection.aggregates.items():
+        if aggregate.function == "latest":
+            # its value is the newest partial's that has one (below)
+            specs.append((_latest_position(name), "max"))
+            names.append(_latest_position(name))
+            continue
+        merge = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}[aggregate.function]
+        specs.append((name, merge))
+        names.append(name)
+    grouped = rows.group_by(GROUP, use_threads=False).aggregate(specs)
+    merged = {GROUP: grouped.column(GROUP), **{
+        name: grouped.column(_aggregated(spec)) for name, spec in zip(names, specs, strict=True)}}
+    for name, aggregate in projection.aggregates.items():
+        if aggregate.function == "latest":
+            merged[name] = _newest(rows, grouped.column(GROUP), name)
+    return merged
+
+
+def stream_marks(partials: pa.Table, projection: Projection) -> dict[str, int]:
+    """The last version of each source stream the batch met."""
+    kind = "partial" if projection.key_by is None else "mark"
+    marks = partials.filter(pc.equal(partials.column("kind"), kind))
+    return dict(zip(marks.column(GROUP).to_pylist(), marks.column("_version").to_pylist(),
+                    strict=True))
+
+
+def _newest(rows: pa.Table, keys: pa.ChunkedArray, name: str) -> pa.Array:
+    """Per key, the ``name`` of the partial whose value is newest (null if none has one)."""
+    position = _latest_position(name)
+    ordered = rows.filter(pc.is_valid(rows.column(position)))
+    ordered = ordered.take(pc.sort_indices(ordered.column(position)))
+    newest = ordered.group_by(GROUP, use_threads=False).aggregate([(name, "last")])
+    at = pc.index_in(keys, value_set=newest.column(GROUP))
+    return pc.take(newest.column(f"{name}_last"), at)
+
+
+def _dedupe(events: pa.Table) -> pa.Table:
+    """One row per (stream, version): a copy delivered twice counts once."""
+    if events.num_rows < 2:
+        return events
+    ordered = events.take(pc.sort_indices(events, [("key", "ascending"),
+                                                   ("streamVersion", "ascending")]))
+    keys, versions = ordered.column("key"), ordered.column("streamVersion")
+    count = ordered.num_rows
+    repeat = pc.and_(pc.equal(keys.slice(1), keys.slice(0, count - 1)),
+                     pc.equal(versions.slice(1), versions.slice(0, count - 1)))
+    keep = pa.chunked_array([_FIRST_ROW, *pc.invert(repeat).chunks], pa.bool_())
+    return ordered.filter(keep)
+
+
+def _rows(schema: pa.Schema, kind: str, columns: dict[str, pa.ChunkedArray | pa.Array],
+          count: int) -> pa.Table:
+    """``count`` rows of ``kind`` with ``columns``, the schema's other columns null."""
+    arrays = [pa.array([kind] * count, pa.string()) if f.name == "kind"
+              else columns[f.name].cast(f.type) if f.name in columns
+              else pa.nulls(count, f.type) for f in schema]
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _aggregated(spec: tuple[str | list[str], str]) -> str:
+    column, function = spec
+    return "count_all" if function == "count_all" else f"{column}_{function}"
+
+
+def _latest_position(name: str) -> str:
+    return f"_{name}_position"

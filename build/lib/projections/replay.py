@@ -1,0 +1,175 @@
+"""Replay a projection from the beginning into a new version, with no read downtime.
+
+1. Build version N+1 from the beginning up to the live version's committed offsets, while the
+   live version keeps serving (and folding) as before. Progress: events/s and ETA. The
+   beginning is offset 0 of the topics, or, when their retention dropped the head (or
+   ``source="store"``), the event store in Postgres up to its newest event, then the topics
+   from their first retained offset (``store_source``).
+2. Take the registry row (the live version's next commit waits), catch the new version up to
+   the live one's offsets exactly, then in the same transaction point the view at it, make it
+   active and drop the old tables. The old KTable topic is deleted afterwards.
+
+A live runner whose next commit finds another version active stops with ``VersionSwitched``;
+``eventfold projection run`` restarts on the new version. Derived events are not emitted again:
+a building version stays behind the live one, which emitted them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from pyspark.sql import SparkSession
+
+from outbox import TopicAdmin
+from outbox.history import count_events, head_position
+from outbox.kafka import OffsetPlanner, PartitionKey
+from projections.fold import FoldOutcome
+from projections.projection import Projection
+from projections.runner import ProjectionRunner, RunnerSettings
+from projections.sinks import ReadModelStore
+from projections.versions import ProjectionVersions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReplayResult:
+    projection: str
+    old_version: int
+    new_version: int
+    events: int
+    seconds: float
+
+    @property
+    def events_per_s(self) -> float:
+        return self.events / max(self.seconds, 1e-9)
+
+
+class ReplayProgress:
+    """A progress bar per batch: done/total, events/s, ETA."""
+
+    def __init__(self, name: str, total: int, width: int = 30) -> None:
+        self.name, self.total, self.width = name, max(total, 1), width
+        self.done = 0
+        self.started = time.monotonic()
+
+    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
+        self.done += records
+        elapsed = time.monotonic() - self.started
+        rate = self.done / max(elapsed, 1e-9)
+        share = min(self.done / self.total, 1.0)
+        bar = "#" * int(share * self.width) + "." * (self.width - int(share * self.width))
+        eta = max(self.total - self.done, 0) / rate if rate else 0
+        log.info("replay %s [%s] %3.0f%% %s/%s events, %s events/s, ETA %.0f s", self.name, bar,
+                 share * 100, f"{self.done:,}", f"{self.total:,}", f"{rate:,.0f}", eta)
+
+
+ReplaySource = Literal["auto", "kafka", "store"]
+
+
+def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings,
+           source: ReplaySource = "auto") -> ReplayResult:
+    started = time.monotonic()
+    versions = ProjectionVersions(settings.database_url)
+    old = versions.register(projection.name)
+    new = versions.begin_build(projection.name)
+    live = ReadModelStore(settings.database_url, projection, old)
+    try:
+        plan = _plan(live, settings, projection, source)
+        log.info("replay %s: building v%d beside live v%d, from %s", projection.name, new, old,
+                 plan)
+        progress = ReplayProgress(projection.name, plan.events)
+        builder = ProjectionRunner(spark, projection, settings, version=new, progress=progress)
+        if plan.store_head:
+            builder.fold_store_up_to(plan.store_head, spark.sparkContext.defaultParallelism)
+        bound = plan.bound
+        builder.fold_topics_up_to(bound)
+        with versions.locked(projection.name) as conn:
+            final = _bound(live.committed_offsets(), settings, projection, at_least=bound)
+            builder.fold_topics_up_to(final)
+            builder.store.publish_view(conn)
+            versions.activate(conn, projection.name, new, builder.store.committed_offsets())
+            live.drop(conn)
+        builder.close()
+    finally:
+        live.close()
+        versions.close()
+    if old != new:
+        TopicAdmin(settings.bootstrap_servers).delete([projection.ktable_topic_for(old)])
+    seconds = time.monotonic() - started
+    log.info("replay %s: v%d active in %.1f s (%s events/s); v%d dropped", projection.name, new,
+             seconds, f"{progress.done / seconds:,.0f}", old)
+    return ReplayResult(projection.name, old, new, progress.done, seconds)
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    bound: dict[PartitionKey, int]
+    """The live version's offsets: where the build catches up before the switch."""
+    store_head: int
+    """The event store's newest position when the build reads the store first (else 0)."""
+    events: int
+    """How many records the build reads: the progress bar's total."""
+
+    def __str__(self) -> str:
+        topics = f"the topics up to {_describe(self.bound)}"
+        if self.store_head:
+            return f"the event store up to position {self.store_head:,}, then {topics}"
+        return topics
+
+
+def _plan(live: ReadModelStore, settings: RunnerSettings, projection: Projection,
+          source: ReplaySource) -> ReplayPlan:
+    bound = _bound(live.committed_offsets(), settings, projection)
+    retained_from = _beginning_offsets(settings, projection)
+    events = sum(max(o - retained_from.get(k, 0), 0) for k, o in bound.items())
+    store_head = 0
+    if reads_event_store(source, retained_from):
+        with live.conn.transaction():
+            store_head = head_position(live.conn)
+            events += count_events(live.conn, projection.sources, 0, store_head)
+    return ReplayPlan(bound, store_head, events)
+
+
+def reads_event_store(source: ReplaySource, retained_from: dict[PartitionKey, int]) -> bool:
+    """Whether a replay starts from the event store: asked to, or (``auto``) because some
+    source partition no longer starts at offset 0."""
+    if source not in ("auto", "kafka", "store"):
+        raise ValueError(f"replay source must be auto, kafka or store, not {source!r}")
+    return source == "store" or (source == "auto" and any(retained_from.values()))
+
+
+def _beginning_offsets(settings: RunnerSettings,
+                       projection: Projection) -> dict[PartitionKey, int]:
+    planner = OffsetPlanner(settings.bootstrap_servers)
+    try:
+        return planner.beginning_offsets(planner.partitions(projection.source_topics))
+    finally:
+        planner.close()
+
+
+def _bound(live_offsets: dict[PartitionKey, int], settings: RunnerSettings,
+           projection: Projection,
+           at_least: dict[PartitionKey, int] | None = None) -> dict[PartitionKey, int]:
+    """Where the new version must reach: the live version's offsets, or the topics' ends when
+    the live version never committed (nothing serves yet, so the whole log is fair game)."""
+    if not live_offsets and not at_least:
+        planner = OffsetPlanner(settings.bootstrap_servers)
+        try:
+            live_offsets = planner.end_offsets(planner.partitions(projection.source_topics))
+        finally:
+            planner.close()
+    merged = dict(at_least or {})
+    topics = set(projection.source_topics)  # not the event store's position, if any
+    for key, offset in live_offsets.items():
+        if key[0] not in topics:
+            continue
+        merged[key] = max(merged.get(key, 0), offset)
+    return merged
+
+
+def _describe(offsets: dict[PartitionKey, int]) -> str:
+    return ", ".join(f"{t}[{p}]@{o:,}" for (t, p), o in sorted(offsets.items())) or "nothing"

@@ -1,0 +1,313 @@
+"""Running a projection as a Spark Structured Streaming query.
+
+Each micro-batch: Spark plans offset ranges of the source topics (our Kafka data source), the
+executors read and fold them (``engine``), the runner produces dead letters and derived events,
+then commits the read model rows, watermarks, offsets and batch id in one Postgres transaction
+whose last step before COMMIT produces and flushes the KTable rows. A crash anywhere replays the
+batch; the offset and watermark guards make the replay a no-op for what was committed, and
+KTable re-writes are the same values again (last value wins).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
+
+from outbox.history import count_events
+from outbox.kafka import PartitionKey, flatten_offsets, nest_offsets
+from projections.engine import (
+    BatchContext,
+    KeySplitAcrossPartitions,
+    SourceSlice,
+    folds_in_place,
+    read_events,
+    run_aggregation,
+    run_aggregation_in_place,
+    run_fold,
+    run_fold_in_place,
+)
+from projections.fold import FoldOutcome
+from projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
+from projections.limits import STREAMING_MAX_ROWS
+from projections.projection import Projection
+from projections.sinks import ReadModelStore, TopicSink
+from projections.store_source import STORE_PARTITION, store_slices
+from projections.versions import ProjectionVersions
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    bootstrap_servers: str
+    database_url: str
+    checkpoint_root: Path
+    trigger_interval: str = "500 milliseconds"
+    max_rows_per_batch: int = STREAMING_MAX_ROWS
+
+
+class Progress(Protocol):
+    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None: ...
+
+
+class ProjectionRunner:
+    """One version of one projection, one streaming query.
+
+    Without ``version`` it runs the active version (registering version 1 on a first run) and
+    emits derived events; with a version a replay is building, it emits nothing.
+    """
+
+    def __init__(self, spark: SparkSession, projection: Projection,
+                 settings: RunnerSettings, version: int | None = None,
+                 progress: Progress | None = None) -> None:
+        self.spark = spark
+        self.projection = projection
+        self.settings = settings
+        self.versions = ProjectionVersions(settings.database_url)
+        active = self.versions.register(projection.name)
+        self.version = version or active
+        self.is_active = self.version == active
+        self.store = ReadModelStore(settings.database_url, projection, self.version)
+        self.topics = TopicSink(settings.bootstrap_servers, projection, self.version)
+        self.batches = 0
+        self._prepared = False
+        self.progress: Progress = progress or ProgressLog(projection.name)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}"
+
+    def prepare(self) -> None:
+        """Tables, topics and (the active version) the view: once per runner, as a replay's
+        last catch-up runs while it holds the lock every live commit waits for."""
+        if self._prepared:
+            return
+        self.store.ensure_schema()
+        self.topics.ensure_topics()
+        if self.is_active:
+            with self.store.conn.transaction():
+                self.store.publish_view(self.store.conn)
+        self._prepared = True
+
+    def start(self, once: bool = False,
+              ending_offsets: dict[PartitionKey, int] | None = None) -> StreamingQuery:
+        """Start the query: ``once`` catches up with what is there now (or up to
+        ``ending_offsets``) and stops."""
+        self.prepare()
+        committed = self.store.committed_offsets()
+        starting = json.dumps(nest_offsets(committed)) if committed else "earliest"
+        source = (
+            self.spark.readStream.format(FORMAT_NAME)
+            .option("bootstrap.servers", self.settings.bootstrap_servers)
+            .option("topics", ",".join(self.projection.source_topics))
+            .option("max_rows_per_batch", str(self.settings.max_rows_per_batch))
+            .option("starting_offsets", starting)
+            .option("ending_offsets", json.dumps(nest_offsets(ending_offsets or {})))
+            .load()
+        )
+        writer = (
+            source.writeStream.queryName(f"{self.projection.name}_v{self.version}")
+            .option("checkpointLocation", str(self.checkpoint_dir))
+            .foreachBatch(self.process_batch)
+        )
+        writer = writer.trigger(availableNow=True) if once else writer.trigger(
+            processingTime=self.settings.trigger_interval)
+        log.info("projection %s v%d: %s from %s", self.projection.name, self.version,
+                 "catching up" if once else "streaming", ", ".join(self.projection.source_topics))
+        return writer.start()
+
+    def catch_up(self, ending_offsets: dict[PartitionKey, int] | None = None,
+                 timeout_s: float = 3600) -> None:
+        query = self.start(once=True, ending_offsets=ending_offsets)
+        query.awaitTermination(timeout_s)
+        if query.exception() is not None:
+            raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
+                               f"{query.exception()}")
+
+    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
+        """One micro-batch. Spark planned its offset ranges (and logged them before calling);
+        ``batch`` is left unread: the tasks read their partitions' ranges themselves."""
+        committed = self.store.committed_offsets()
+        end = self._batch_end(batch_id)
+        records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
+        if records == 0:
+            return  # a re-run of a batch the store already committed
+        slices = [KafkaSlice(self.settings.bootstrap_servers, r)
+                  for r in _unread_ranges(committed, end)]
+        self._apply(batch_id, committed, end, slices, records)
+
+    # -- bounded catch-ups (a replay): plain Spark jobs, no streaming query --------------------
+    # The store's checkpoint is the only one they need, so they skip the query's start-up and
+    # its checkpoint files, and an interrupted replay resumes from what the store committed.
+
+    def fold_topics_up_to(self, ending: Mapping[PartitionKey, int]) -> None:
+        """Fold the source topics up to ``ending``, at most ``max_rows_per_batch`` records
+        per batch."""
+        self.prepare()
+        batch_id = self._next_batch_id()
+        while True:
+            committed = self.store.committed_offsets()
+            begin = {k: committed.get(k, 0) for k in ending}
+            end = cap_rows(begin, ending, max(self.settings.max_rows_per_batch, 1))
+            records = sum(end[k] - begin[k] for k in end)
+            if records <= 0:
+                return
+            slices = [KafkaSlice(self.settings.bootstrap_servers, r)
+                      for r in _unread_ranges(committed, end)]
+            self._apply(batch_id, committed, end, slices, records)
+            batch_id += 1
+
+    def fold_store_up_to(self, upto: int, buckets: int) -> None:
+        """Fold the event store's log up to global position ``upto``, in windows of
+        ``max_rows_per_batch`` positions, each read by ``buckets`` tasks."""
+        self.prepare()
+        sources = tuple(self.projection.sources)
+        window = max(self.settings.max_rows_per_batch, 1)
+        batch_id = self._next_batch_id()
+        while True:
+            committed = self.store.committed_offsets()
+            after = committed.get(STORE_PARTITION, 0)
+            if after >= upto:
+                return
+            end = min(after + window, upto)
+            with self.store.conn.transaction():
+                records = count_events(self.store.conn, sources, after, end)
+            slices = store_slices(self.settings.database_url, sources, after, end, buckets)
+            self._apply(batch_id, committed, {STORE_PARTITION: end}, slices, records)
+            batch_id += 1
+
+    def _next_batch_id(self) -> int:
+        checkpoint = self.store.checkpoint()
+        return int(checkpoint["batch_id"]) + 1 if checkpoint else 0
+
+    def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
+               end: dict[PartitionKey, int], slices: list[SourceSlice], records: int) -> None:
+        """Fold the slices, produce dead letters and derived events, commit up to ``end``."""
+        clock = _PhaseClock()
+        emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
+                     else None)
+        context = BatchContext(self.projection, self.version, self.settings.database_url,
+                               emit_from, committed)
+        outcome = self._fold(batch_id, slices, context)
+        clock.lap("fold")
+        outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
+        self.topics.write_events(outcome)
+        self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
+        clock.lap("commit")
+        log.debug("projection %s batch %d: %d records, %d keys changed; %s", self.projection.name,
+                  batch_id, records, len(outcome.changed), clock)
+        self.batches += 1
+        self.progress.add(batch_id, records, outcome)
+
+    def _fold(self, batch_id: int, slices: list[SourceSlice],
+              context: BatchContext) -> FoldOutcome:
+        projection = self.projection
+        if folds_in_place(projection):
+            try:
+                return run_fold_in_place(self.spark, slices, context)
+            except KeySplitAcrossPartitions as split:
+                # Some producer put a key into two partitions: fold this batch after a shuffle.
+                log.warning("projection %s batch %d: key %r is in more than one partition; "
+                            "folding the batch after a shuffle", projection.name, batch_id,
+                            str(split))
+        elif projection.kind == "aggregation":
+            outcome = run_aggregation_in_place(self.spark, slices, context)
+            if outcome is not None:
+                return outcome
+            log.warning("projection %s batch %d: a stream is in more than one partition; "
+                        "aggregating the batch after a shuffle", projection.name, batch_id)
+        events = read_events(self.spark, slices, context)
+        if projection.kind == "aggregation":
+            return run_aggregation(events, projection)
+        return run_fold(events, context)
+
+    def _batch_end(self, batch_id: int) -> dict[PartitionKey, int]:
+        """The batch's end offsets, from Spark's offset log (written before the batch runs):
+        exact, and free, where computing them from the rows would read the source again."""
+        text = _read_text(self.spark, f"{self.checkpoint_dir}/offsets/{batch_id}")
+        source_offsets = text.strip().splitlines()[2]
+        return flatten_offsets(json.loads(source_offsets))
+
+    def close(self) -> None:
+        self.topics.close()
+        self.store.close()
+        self.versions.close()
+
+
+def _unread_ranges(committed: Mapping[PartitionKey, int],
+                   end: Mapping[PartitionKey, int]) -> list[OffsetRange]:
+    """What the store has not applied yet, up to the batch's end: per partition."""
+    ranges = [OffsetRange(topic, partition, committed.get((topic, partition), 0), offset)
+              for (topic, partition), offset in sorted(end.items())]
+    return [r for r in ranges if r.end > r.start]
+
+
+def _read_text(spark: SparkSession, path: str) -> str:
+    """A small file of the checkpoint location: local, or any Hadoop file system (cluster)."""
+    local = Path(path.removeprefix("file:"))
+    if "://" not in path or path.startswith("file:"):
+        return local.read_text()
+    jvm = spark._jvm
+    assert jvm is not None
+    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
+    fs = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
+    stream = fs.open(hadoop_path)
+    try:
+        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+    finally:
+        stream.close()
+
+
+class _PhaseClock:
+    def __init__(self) -> None:
+        self._last = time.perf_counter()
+        self._laps: list[tuple[str, float]] = []
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self._laps.append((name, now - self._last))
+        self._last = now
+
+    def __str__(self) -> str:
+        return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self._laps)
+
+
+class ProgressLog:
+    """One INFO line per interval, not per micro-batch: rates, duplicates, dead letters."""
+
+    def __init__(self, name: str, interval_s: float = 10.0) -> None:
+        self.name = name
+        self.interval_s = interval_s
+        self._since = time.monotonic()
+        self._first = True
+        self._counts = [0, 0, 0, 0, 0]  # batches, records, applied, duplicates, dead letters
+
+    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
+        for i, value in enumerate((1, records, outcome.applied, outcome.duplicates,
+                                   len(outcome.dead_letters))):
+            self._counts[i] += value
+        elapsed = time.monotonic() - self._since
+        if not self._first and elapsed < self.interval_s:
+            return
+        batches, records, applied, duplicates, dead = self._counts
+        log.info("projection %s: %d batches up to #%d, %d records (%.0f/s), %d applied, "
+                 "%d duplicates skipped, %d dead letters", self.name, batches, batch_id,
+                 records, records / max(elapsed, 1e-6), applied, duplicates, dead)
+        self._since, self._first, self._counts = time.monotonic(), False, [0, 0, 0, 0, 0]
+
+
+def stop_gracefully(query: StreamingQuery, timeout_s: float = 60) -> None:
+    """Stop between micro-batches: cancelling one mid-flight only wastes its work (the guards
+    make its replay safe, but there is no reason to pay for it)."""
+    deadline = time.monotonic() + timeout_s
+    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
+        time.sleep(0.02)
+    query.stop()

@@ -1,0 +1,128 @@
+"""A projection version's tables as SQLAlchemy metadata, created and migrated through Alembic.
+
+The read model's columns are declared with the projection; its state table adds the key and
+the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``) and its
+watermark table holds the last applied version per source stream. When a projection starts,
+Alembic's autogenerate compares these tables with the database and the additive changes are
+applied: a new table, a new column, a new index. Anything else (a column removed, a type
+changed) would rewrite or lose the rows that serve reads, so it is refused with the command to
+run instead: a replay builds a new version with the new schema beside the live one.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+
+from alembic.autogenerate import produce_migrations
+from alembic.migration import MigrationContext
+from alembic.operations import Operations
+from alembic.operations import ops as alembic_ops
+from sqlalchemy import (
+    TIMESTAMP,
+    BigInteger,
+    Boolean,
+    Column,
+    Connection,
+    Index,
+    MetaData,
+    Table,
+    Text,
+    exc,
+    func,
+    text,
+)
+
+from projections.projection import Projection
+
+# What a live version may take without a replay: nothing here rewrites or drops a row.
+SAFE_CHANGES = (alembic_ops.CreateTableOp, alembic_ops.AddColumnOp, alembic_ops.CreateIndexOp,
+                alembic_ops.DropIndexOp)
+
+
+class SchemaNeedsReplay(RuntimeError):
+    """The declared read model differs from the live table in a way only a replay can apply."""
+
+
+def state_table(projection: Projection, version: int) -> str:
+    return f"{projection.table}__v{version}"
+
+
+def sources_table(projection: Projection, version: int) -> str:
+    return f"{projection.table}__v{version}_sources"
+
+
+def version_metadata(projection: Projection, version: int) -> MetaData:
+    """The tables of one version of ``projection``, as declared."""
+    metadata = MetaData()
+    Table(sources_table(projection, version), metadata,
+          Column("stream_id", Text, primary_key=True),
+          Column("version", BigInteger, nullable=False))
+    if projection.has_state:
+        name = state_table(projection, version)
+        Table(name, metadata,
+              Column("key", Text, primary_key=True),
+              *(Column(column, column_type) for column, column_type
+                in projection.columns.items()),
+              Column("_version", BigInteger, nullable=False),
+              Column("_position", BigInteger, nullable=False),
+              Column("_deleted", Boolean, nullable=False, server_default=text("false")),
+              Column("_updated_at", TIMESTAMP(timezone=True), nullable=False,
+                     server_default=func.now()),
+              # (column, key): the read API pages sorted on a column, the key breaks ties
+              *(Index(f"{name}_{column}", column, "key") for column in projection.indexes))
+    return metadata
+
+
+def migrate(conn: Connection, projection: Projection, version: int) -> list[str]:
+    """Bring one version's tables to the declared schema (inside the caller's transaction);
+    returns what changed. Raises ``SchemaNeedsReplay`` for a change that is not additive."""
+    metadata = version_metadata(projection, version)
+    ours = set(metadata.tables)
+
+    def include_name(name: str | None, type_: str, _parents: object) -> bool:
+        return type_ != "table" or name in ours
+
+    context = MigrationContext.configure(conn, opts={"include_name": include_name,
+                                                     "compare_type": True})
+    with warnings.catch_warnings():
+        # Reflection reads the event store's tables too; types it does not know (xid8) are
+        # nothing a read model uses.
+        warnings.filterwarnings("ignore", "Did not recognize type", exc.SAWarning)
+        changes = list(_flatten(produce_migrations(context, metadata).upgrade_ops))
+    refused = [change for change in changes if not isinstance(change, SAFE_CHANGES)]
+    if refused:
+        raise SchemaNeedsReplay(
+            f"projection {projection.name!r} v{version}: the declared read model differs from "
+            f"its table ({'; '.join(_describe(c) for c in refused)}). Changes other than new "
+            f"tables, columns and indexes need a new version: run `eventfold projection replay "
+            f"{projection.name}`")
+    operations = Operations(context)
+    for change in changes:
+        operations.invoke(change)
+    return [_describe(change) for change in changes]
+
+
+def _flatten(container: alembic_ops.OpContainer) -> Iterator[alembic_ops.MigrateOperation]:
+    for op in container.ops:
+        if isinstance(op, alembic_ops.OpContainer):
+            yield from _flatten(op)
+        else:
+            yield op
+
+
+def _describe(op: alembic_ops.MigrateOperation) -> str:
+    if isinstance(op, alembic_ops.CreateTableOp):
+        return f"create table {op.table_name}"
+    if isinstance(op, alembic_ops.AddColumnOp):
+        return f"add column {op.table_name}.{op.column.name} {op.column.type}"
+    if isinstance(op, alembic_ops.CreateIndexOp):
+        return f"create index {op.index_name} on {op.table_name}"
+    if isinstance(op, alembic_ops.DropIndexOp):
+        return f"drop index {op.index_name} (no longer declared)"
+    if isinstance(op, alembic_ops.DropColumnOp):
+        return f"column {op.table_name}.{op.column_name} is no longer declared"
+    if isinstance(op, alembic_ops.AlterColumnOp):
+        return (f"column {op.table_name}.{op.column_name} changes type "
+                f"{op.existing_type} -> {op.modify_type}")
+    return type(op).__name__

@@ -1,0 +1,389 @@
+"""Sinks of a projection: its Postgres state store (the read model) and its Kafka topics.
+
+Each version of a projection has a state table ``<table>__v<N>`` holding every key it has seen
+with its version, deleted keys included (``_deleted``), so the version guard survives a delete,
+and a watermark table ``<table>__v<N>_sources`` (last applied version per source stream, the
+duplicate guard). Users query the view named after the projection: live rows of the active
+version. A batch commits its rows, watermarks, offsets and batch id in one transaction, after
+its KTable rows, dead letters and derived events were produced and flushed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import psycopg
+from confluent_kafka import Producer
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from sqlalchemy import create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from outbox import TopicAdmin
+from outbox.kafka import flatten_offsets, nest_offsets
+from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG
+from projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
+from projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
+from projections.projection import Projection
+from projections.schema import migrate, sources_table, state_table
+
+log = logging.getLogger(__name__)
+
+SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
+Publish = Callable[[Mapping[str, KeyState]], None]
+
+
+class VersionSwitched(RuntimeError):
+    """A replay made another version of this projection the active one."""
+
+
+def libpq_url(database_url: str) -> str:
+    """A SQLAlchemy URL (postgresql+psycopg://...) as a libpq connection string."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(
+        hide_password=False)
+
+
+def _names(names: Iterable[str]) -> sql.Composable:
+    return sql.SQL(", ").join(sql.Identifier(n) for n in names)
+
+
+class ReadModelStore:
+    """One version of a projection's state in Postgres: load, guarded upsert, checkpoint."""
+
+    def __init__(self, database_url: str, projection: Projection, version: int) -> None:
+        self.projection = projection
+        self.version = version
+        self.database_url = database_url
+        self.conn = psycopg.connect(libpq_url(database_url))
+        self._columns = list(projection.columns)
+        self._table = sql.Identifier(state_table(projection, version))
+        self._sources = sql.Identifier(sources_table(projection, version))
+
+    # -- schema -----------------------------------------------------------------------------
+    def ensure_schema(self) -> None:
+        """Create or migrate this version's tables through Alembic (``schema``)."""
+        engine = create_engine(self.database_url, poolclass=NullPool)
+        try:
+            with engine.begin() as conn:
+                for change in migrate(conn, self.projection, self.version):
+                    log.info("projection %s v%d: %s", self.projection.name, self.version, change)
+        finally:
+            engine.dispose()
+        with self.conn.transaction():
+            # the read API waits on these watermarks for read-your-writes
+            self.conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
+                self._sources, sql.Identifier(READER_ROLE)))
+
+    def publish_view(self, conn: psycopg.Connection) -> None:
+        """Point the user-facing view at this version (inside the caller's transaction).
+
+        Drop and create rather than replace: a replay is how a projection changes columns."""
+        if not self.projection.has_state:
+            return
+        view = sql.Identifier(self.projection.table)
+        conn.execute(sql.SQL("DROP VIEW IF EXISTS {}").format(view))
+        conn.execute(sql.SQL("""
+            CREATE VIEW {view} AS SELECT key, {columns}, _version, _position, _updated_at
+            FROM {table} WHERE NOT _deleted
+        """).format(view=view, table=self._table, columns=_names(self._columns)))
+        conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(view, sql.Identifier(READER_ROLE)))
+
+    def drop(self, conn: psycopg.Connection) -> None:
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._table, self._sources))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE projection = %s AND version = %s").format(
+            sql.Identifier(CHECKPOINTS_TABLE)), (self.projection.name, self.version))
+
+    # -- reads ------------------------------------------------------------------------------
+    def load(self, keys: Iterable[str]) -> dict[str, KeyState]:
+        keys = list(keys)
+        if not keys or not self.projection.has_state:
+            return {}
+        query = sql.SQL(
+            "SELECT key, _version, _position, _deleted, {columns} FROM {table} "
+            "WHERE key = ANY(%s)"
+        ).format(columns=_names(self._columns), table=self._table)
+        states: dict[str, KeyState] = {}
+        with self.conn.transaction():
+            for key, version, position, deleted, *values in self.conn.execute(query, (keys,)):
+                state = None if deleted else dict(zip(self._columns, values, strict=True))
+                states[key] = KeyState(state, version, position)
+        return states
+
+    def watermarks(self, streams: Iterable[str] | None = None) -> dict[str, int]:
+        """Last applied version per source stream: all of them, or those of ``streams``."""
+        query = sql.SQL("SELECT stream_id, version FROM {}").format(self._sources)
+        with self.conn.transaction():
+            if streams is None:
+                return dict(self.conn.execute(query).fetchall())
+            return dict(self.conn.execute(query + sql.SQL(" WHERE stream_id = ANY(%s)"),
+                                          (list(streams),)).fetchall())
+
+    def live_rows(self) -> int | None:
+        """Rows in the read model's view; None before the projection first ran."""
+        if not self.projection.has_state:
+            return None
+        with self.conn.transaction():
+            exists = self.conn.execute("SELECT to_regclass(%s)", (
+                sql.Identifier(self.projection.table).as_string(self.conn),)).fetchone()
+            if exists is None or exists[0] is None:
+                return None
+            row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(self.projection.table))).fetchone()
+        return int(row[0]) if row else 0
+
+    def committed_offsets(self) -> dict[PartitionKey, int]:
+        checkpoint = self.checkpoint()
+        return flatten_offsets(checkpoint["offsets"]) if checkpoint else {}
+
+    def checkpoint(self) -> dict[str, Any] | None:
+        with self.conn.transaction():
+            row = self.conn.execute(
+                sql.SQL("SELECT batch_id, offsets, events_applied, dead_letters, updated_at "
+                        "FROM {} WHERE projection = %s AND version = %s").format(
+                    sql.Identifier(CHECKPOINTS_TABLE)),
+                (self.projection.name, self.version),
+            ).fetchone()
+        if row is None:
+            return None
+        return dict(zip(("batch_id", "offsets", "events_applied", "dead_letters", "updated_at"),
+                        row, strict=True))
+
+    # -- the batch commit -------------------------------------------------------------------
+    def commit(self, batch_id: int, outcome: FoldOutcome,
+               previous_offsets: Mapping[PartitionKey, int], publish: Publish) -> None:
+        """Rows, watermarks and checkpoint in one transaction; ``publish`` produces the final
+        states (KTable) before it commits, so a crash re-runs the batch instead of losing them.
+        """
+        offsets = {**previous_offsets, **outcome.next_offsets}
+        with self.conn.transaction():
+            self._claim(offsets)
+            final: Mapping[str, KeyState] = {}
+            if outcome.changed:
+                final = self._upsert(outcome.changed)
+            if outcome.watermarks:
+                self._save_watermarks(outcome.watermarks)
+            publish(final)
+            self._save_checkpoint(batch_id, offsets, outcome)
+
+    def _claim(self, offsets: Mapping[PartitionKey, int]) -> None:
+        """The active version locks its registry row (a switch waits for the batch) and moves
+        the emission mark; a replay's version only checks that it is still the one building."""
+        versions = sql.Identifier(VERSIONS_TABLE)
+        query = sql.SQL("SELECT active_version, building_version, emitted_offsets FROM {} "
+                        "WHERE projection = %s").format(versions)
+        row = self.conn.execute(query, (self.projection.name,)).fetchone()
+        if row is not None and row[0] == self.version:
+            row = self.conn.execute(query + sql.SQL(" FOR UPDATE"),
+                                    (self.projection.name,)).fetchone()
+        if row is None:
+            raise VersionSwitched(f"projection {self.projection.name!r} is not registered")
+        active, building, emitted = row
+        if active == self.version:
+            merged = flatten_offsets(emitted)
+            for key, offset in offsets.items():
+                merged[key] = max(merged.get(key, 0), offset)
+            self.conn.execute(sql.SQL("UPDATE {} SET emitted_offsets = %s WHERE projection = %s")
+                              .format(versions), (Jsonb(nest_offsets(merged)),
+                                                  self.projection.name))
+        elif building != self.version:
+            raise VersionSwitched(f"projection {self.projection.name!r} v{self.version} is no "
+                                  f"longer active or building (active: v{active})")
+
+    def _save_checkpoint(self, batch_id: int, offsets: Mapping[PartitionKey, int],
+                         outcome: FoldOutcome) -> None:
+        self.conn.execute(
+            sql.SQL("""
+                INSERT INTO {table} (projection, version, batch_id, offsets, events_applied,
+                                     dead_letters, updated_at)
+                VALUES (%s, %s, %s, %s, %s, %s, now())
+                ON CONFLICT (projection, version) DO UPDATE SET
+                    batch_id = excluded.batch_id, offsets = excluded.offsets,
+                    events_applied = {table}.events_applied + excluded.events_applied,
+                    dead_letters = {table}.dead_letters + excluded.dead_letters,
+                    updated_at = now()
+            """).format(table=sql.Identifier(CHECKPOINTS_TABLE)),
+            (self.projection.name, self.version, batch_id, Jsonb(nest_offsets(offsets)),
+             outcome.applied, len(outcome.dead_letters)),
+        )
+
+    def _save_watermarks(self, watermarks: Mapping[str, int]) -> None:
+        stage = sql.Identifier(f"stage_sources_{self.projection.name}")
+        self.conn.execute(sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {} (stream_id TEXT, version BIGINT) "
+            "ON COMMIT DELETE ROWS").format(stage))
+        with self.conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(stage)) as copy:
+            for stream_id, version in watermarks.items():
+                copy.write_row((stream_id, version))
+        self.conn.execute(sql.SQL("""
+            INSERT INTO {sources} SELECT stream_id, version FROM {stage}
+            ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version
+            WHERE {sources}.version < excluded.version
+        """).format(sources=self._sources, stage=stage))
+
+    def _upsert(self, changed: Mapping[str, KeyState]) -> dict[str, KeyState]:
+        """Write the batch's states (a fold) or merge its partial aggregates (an aggregation);
+        returns the rows as stored."""
+        stage = sql.Identifier(f"stage_{self.projection.name}")
+        all_columns = ["key", *self._columns, *SYSTEM_COLUMNS]
+        self.conn.execute(sql.SQL(
+            "CREATE TEMP TABLE IF NOT EXISTS {stage} "
+            "(LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
+        ).format(stage=stage, table=self._table))
+        copy_sql = sql.SQL("COPY {stage} ({columns}) FROM STDIN").format(
+            stage=stage, columns=_names(all_columns))
+        with self.conn.cursor().copy(copy_sql) as copy:
+            for key, key_state in changed.items():
+                copy.write_row(self._row(key, key_state))
+        if self.projection.aggregates is None:
+            # The guard: a stale or replayed state never overwrites a newer one.
+            updates = sql.SQL(", ").join(
+                sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c))
+                for c in [*self._columns, *SYSTEM_COLUMNS])
+            tail = sql.SQL("WHERE {table}._version < excluded._version").format(
+                table=self._table)
+        else:
+            # Every merged row comes back: the KTable gets the stored totals, not the partials.
+            updates = self._merge_updates()
+            tail = sql.SQL("RETURNING key, _version, _position, {}").format(
+                _names(self._columns))
+        rows = self.conn.execute(sql.SQL("""
+            INSERT INTO {table} ({columns}) SELECT {columns} FROM {stage}
+            ON CONFLICT (key) DO UPDATE SET {updates}, _updated_at = now() {tail}
+        """).format(table=self._table, stage=stage, columns=_names(all_columns),
+                    updates=updates, tail=tail))
+        if self.projection.aggregates is None:
+            return dict(changed)
+        return {key: KeyState(dict(zip(self._columns, values, strict=True)), version, position)
+                for key, version, position, *values in rows}
+
+    def _merge_updates(self) -> sql.Composable:
+        """How a batch's partial aggregate merges into the stored one, per column."""
+        merges = {
+            "sum": "coalesce({t}.{c}, 0) + coalesce(excluded.{c}, 0)",
+            "count": "{t}.{c} + excluded.{c}",
+            "min": "least({t}.{c}, excluded.{c})",
+            "max": "greatest({t}.{c}, excluded.{c})",
+            "latest": "CASE WHEN excluded._position > {t}._position AND excluded.{c} IS NOT NULL "
+                      "THEN excluded.{c} ELSE {t}.{c} END",
+        }
+        assert self.projection.aggregates is not None
+        parts = [sql.SQL("{c} = " + merges[agg.function]).format(
+            c=sql.Identifier(column), t=self._table)
+            for column, agg in self.projection.aggregates.items()]
+        version = ("greatest({t}._version, excluded._version)" if self.projection.key_by is None
+                   else "{t}._version + excluded._version")
+        parts.append(sql.SQL("_version = " + version).format(t=self._table))
+        parts.append(sql.SQL("_position = greatest({t}._position, excluded._position)").format(
+            t=self._table))
+        return sql.SQL(", ").join(parts)
+
+    def _row(self, key: str, key_state: KeyState) -> list[Any]:
+        state = key_state.state or {}
+        values = [
+            Jsonb(state.get(c)) if c in self.projection.json_columns and state.get(c) is not None
+            else state.get(c)
+            for c in self._columns
+        ]
+        return [key, *values, key_state.version, key_state.position, key_state.state is None]
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> ReadModelStore:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+def lookup_rows(conn: psycopg.Connection, table: str, keys: Iterable[str]) -> dict[str, Any]:
+    """Rows of another projection's view by key, as dicts: the table side of a lookup."""
+    query = sql.SQL("SELECT key, to_jsonb(t) - 'key' - '_version' - '_position' - "
+                    "'_updated_at' FROM {} t WHERE key = ANY(%s)").format(sql.Identifier(table))
+    with conn.transaction():
+        try:
+            return dict(conn.execute(query, (list(keys),)).fetchall())
+        except psycopg.errors.UndefinedTable:
+            return {}  # the other projection has not run yet: every lookup misses
+
+
+def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version: int = 1) -> None:
+    if projection.has_state:
+        admin.ensure([projection.ktable_topic_for(version)], COMPACTED_TOPIC_CONFIG)
+    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG)
+
+
+class TopicSink:
+    """Writes a projection's KTable (latest state per key, tombstones), dead letters and
+    derived events."""
+
+    def __init__(self, bootstrap_servers: str, projection: Projection, version: int) -> None:
+        self.projection = projection
+        self.ktable_topic = projection.ktable_topic_for(version)
+        self.version = version
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            "log.connection.close": False,
+        })
+        self._admin = TopicAdmin(bootstrap_servers)
+        self._output_topics: set[str] = set()
+
+    def ensure_topics(self) -> None:
+        ensure_projection_topics(self._admin, self.projection, self.version)
+
+    def write_events(self, outcome: FoldOutcome) -> None:
+        """Dead letters and derived events (output topics are created on first use)."""
+        for letter in outcome.dead_letters:
+            self._dead_letter(letter)
+        new_topics = {e.topic for e in outcome.emissions} - self._output_topics
+        if new_topics:
+            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG)
+            self._output_topics |= new_topics
+        for emission in outcome.emissions:
+            self._produce(emission.topic, emission.key, emission.value)
+
+    def write_states(self, states: Mapping[str, KeyState]) -> None:
+        """The KTable rows, then a flush of everything: the caller commits only after this."""
+        for key, key_state in states.items():
+            value = None if key_state.state is None else json.dumps(key_state.state, default=str)
+            self._produce(self.ktable_topic, key, value,
+                          {"eventfold.version": str(key_state.version),
+                           "eventfold.position": str(key_state.position)})
+        remaining = self.producer.flush(60)
+        if remaining:
+            raise RuntimeError(f"{remaining} KTable/DLQ/derived messages not delivered in 60 s")
+
+    def _produce(self, topic: str, key: str | None, value: str | None,
+                 headers: dict[str, str] | None = None) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain, then retry
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def close(self) -> None:
+        self.producer.flush(10)
+        # Spark's callback server keeps the runner alive; let the clients go now.
+        del self.producer, self._admin
+
+    def _dead_letter(self, letter: DeadLetter) -> None:
+        record = letter.record
+        log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
+                    record.offset, letter.reason)
+        self._produce(
+            self.projection.dead_letter_topic, record.key,
+            json.dumps({
+                "projection": self.projection.name, "error": letter.reason,
+                "topic": record.topic, "partition": record.partition, "offset": record.offset,
+                "key": record.key, "value": record.value,
+            }),
+        )

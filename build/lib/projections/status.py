@@ -1,0 +1,82 @@
+"""What an operator asks of a projection: how far behind, when it last ran, how much it holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from outbox.kafka import OffsetPlanner
+from projections.projection import Projection
+from projections.sinks import ReadModelStore
+from projections.versions import ProjectionVersions
+
+
+@dataclass(frozen=True)
+class PartitionLag:
+    topic: str
+    partition: int
+    committed: int
+    end: int
+
+    @property
+    def lag(self) -> int:
+        return max(self.end - self.committed, 0)
+
+
+@dataclass(frozen=True)
+class ProjectionStatus:
+    name: str
+    version: int
+    batch_id: int | None
+    events_applied: int
+    dead_letters: int
+    last_batch_at: datetime | None
+    rows: int | None
+    partitions: list[PartitionLag]
+
+    @property
+    def lag(self) -> int:
+        return sum(p.lag for p in self.partitions)
+
+    def describe(self) -> str:
+        last = self.last_batch_at.isoformat(timespec="seconds") if self.last_batch_at else "never"
+        rows = "no read model yet" if self.rows is None else f"{self.rows:,} rows"
+        lines = [f"{self.name} v{self.version}: lag {self.lag:,} events, "
+                 f"{self.events_applied:,} applied, "
+                 f"{self.dead_letters:,} dead letters, {rows}, last batch {last}"
+                 + (f" (#{self.batch_id})" if self.batch_id is not None else "")]
+        lines += [f"  {p.topic}[{p.partition}]: at {p.committed:,} of {p.end:,} (lag {p.lag:,})"
+                  for p in self.partitions]
+        return "\n".join(lines)
+
+
+def projection_status(projection: Projection, database_url: str,
+                      bootstrap_servers: str) -> ProjectionStatus:
+    versions = ProjectionVersions(database_url)
+    try:
+        version = versions.active(projection.name)
+    except LookupError:
+        version = 1  # never ran: everything is lag
+    finally:
+        versions.close()
+    with ReadModelStore(database_url, projection, version) as store:
+        checkpoint = store.checkpoint()
+        committed = store.committed_offsets()
+        rows = store.live_rows()
+    planner = OffsetPlanner(bootstrap_servers)
+    try:
+        partitions = planner.partitions(projection.source_topics)
+        ends = planner.end_offsets(partitions)
+    finally:
+        planner.close()
+    return ProjectionStatus(
+        name=projection.name,
+        version=version,
+        batch_id=checkpoint["batch_id"] if checkpoint else None,
+        events_applied=checkpoint["events_applied"] if checkpoint else 0,
+        dead_letters=checkpoint["dead_letters"] if checkpoint else 0,
+        last_batch_at=checkpoint["updated_at"] if checkpoint else None,
+        rows=rows,
+        partitions=[PartitionLag(t, p, committed.get((t, p), 0), ends[(t, p)])
+                    for t, p in partitions],
+    )

@@ -1,0 +1,56 @@
+"""Reading a projection's sources from the event store in Postgres instead of the topics.
+
+A replay starts here when the topics no longer hold every event from the beginning (their
+retention dropped the head): it folds the event store's log up to its newest event, in windows
+of global positions, then goes on from the topics (``outbox.history`` explains why that join
+needs nothing but the usual duplicate guard).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from outbox.history import STORE_TOPIC, read_history
+from projections.fold import PartitionKey, RawRecords
+from projections.sinks import libpq_url
+
+STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
+"""Where a version's checkpoint keeps the last global position it applied from the store."""
+
+
+@dataclass(frozen=True)
+class StoreSlice:
+    """One bucket of stream ids over the positions (after, upto]: what one task reads."""
+
+    database_url: str
+    stream_types: tuple[str, ...]
+    after: int
+    upto: int
+    bucket: int
+    buckets: int
+
+    @property
+    def rows(self) -> int:
+        return self.upto - self.after  # the buckets share the positions: a bound, not a count
+
+    def record_chunks(self, rows: int) -> Iterator[RawRecords]:
+        """The slice's events as records, about ``rows`` at a time, for a fold in Python."""
+        for positions, keys, values in self._columns(rows):
+            yield RawRecords(STORE_TOPIC, self.bucket, positions, keys, values)
+
+    def _columns(self, rows: int) -> Iterator[tuple[tuple[Any, ...], ...]]:
+        """Positions, stream ids and envelopes, ``rows`` at a time."""
+        with psycopg.connect(libpq_url(self.database_url)) as conn:
+            for chunk in read_history(conn, self.stream_types, self.after, self.upto,
+                                      self.bucket, self.buckets, chunk=rows):
+                yield tuple(zip(*chunk, strict=True))
+
+
+def store_slices(database_url: str, stream_types: tuple[str, ...], after: int, upto: int,
+                 buckets: int) -> list[StoreSlice]:
+    return [StoreSlice(database_url, stream_types, after, upto, bucket, buckets)
+            for bucket in range(buckets)]

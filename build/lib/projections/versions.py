@@ -1,0 +1,91 @@
+"""Which version of each projection serves reads, and the one a replay is building.
+
+Version 1 is registered when a projection first runs. A replay builds version N+1 beside the
+active one; the switch (view, registry row, old tables) is one Postgres transaction taken while
+holding the registry row, which is also what every batch of the active version locks to
+commit, so no batch of the old version can land after the switch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from outbox.kafka import flatten_offsets, nest_offsets
+from projections.catalog import VERSIONS_TABLE
+from projections.fold import PartitionKey
+from projections.sinks import libpq_url
+
+_TABLE = sql.Identifier(VERSIONS_TABLE)
+
+
+class ProjectionVersions:
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._connection: psycopg.Connection | None = None
+
+    def _conn(self) -> psycopg.Connection:
+        """One autocommit connection, opened on first use: a runner asks every batch."""
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(libpq_url(self.database_url), autocommit=True)
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+    def register(self, name: str) -> int:
+        """The active version, registering version 1 on a projection's first run."""
+        self._conn().execute(sql.SQL("INSERT INTO {} (projection, active_version) VALUES "
+                                     "(%s, 1) ON CONFLICT (projection) DO NOTHING")
+                             .format(_TABLE), (name,))
+        return self.active(name)
+
+    def active(self, name: str) -> int:
+        row = self._conn().execute(sql.SQL("SELECT active_version FROM {} WHERE projection = %s")
+                           .format(_TABLE), (name,)).fetchone()
+        if row is None:
+            raise LookupError(f"projection {name!r} has never run")
+        return int(row[0])
+
+    def emitted_offsets(self, name: str) -> dict[PartitionKey, int]:
+        row = self._conn().execute(sql.SQL("SELECT emitted_offsets FROM {} WHERE projection = %s")
+                                   .format(_TABLE), (name,)).fetchone()
+        return flatten_offsets(row[0]) if row else {}
+
+    def begin_build(self, name: str) -> int:
+        """The version a replay builds: a new one, or the unfinished one of an earlier replay
+        (its checkpoints are consistent, so it resumes)."""
+        row = self._conn().execute(sql.SQL(
+            "UPDATE {} SET building_version = coalesce(building_version, active_version + 1)"
+            " WHERE projection = %s RETURNING building_version").format(_TABLE),
+            (name,)).fetchone()
+        if row is None:
+            raise LookupError(f"projection {name!r} has never run")
+        return int(row[0])
+
+    @contextmanager
+    def locked(self, name: str) -> Iterator[psycopg.Connection]:
+        """A transaction holding the registry row: the active version cannot commit meanwhile."""
+        with psycopg.connect(libpq_url(self.database_url)) as conn, conn.transaction():
+            conn.execute(sql.SQL("SELECT 1 FROM {} WHERE projection = %s FOR UPDATE")
+                         .format(_TABLE), (name,))
+            yield conn
+
+    @staticmethod
+    def activate(conn: psycopg.Connection, name: str, version: int,
+                 reached: dict[PartitionKey, int]) -> None:
+        """Make ``version`` active. It did not emit derived events while it was building, and
+        nothing it already applied will emit later: the emission mark moves up to ``reached``."""
+        row = conn.execute(sql.SQL("SELECT emitted_offsets FROM {} WHERE projection = %s")
+                           .format(_TABLE), (name,)).fetchone()
+        emitted = flatten_offsets(row[0]) if row else {}
+        for key, offset in reached.items():
+            emitted[key] = max(emitted.get(key, 0), offset)
+        conn.execute(sql.SQL("UPDATE {} SET active_version = %s, building_version = NULL, "
+                             "emitted_offsets = %s, switched_at = now() WHERE projection = %s")
+                     .format(_TABLE), (version, Jsonb(nest_offsets(emitted)), name))

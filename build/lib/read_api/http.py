@@ -1,0 +1,371 @@
+"""The HTTP read API: SQL read models and interactive queries over KTables.
+
+    GET /read-models                          every read model: fields, types, what sorts
+    GET /read-models/{name}/rows/{key}        one row   (?min_version=N[&stream=ID]&wait_ms=)
+    GET /read-models/{name}/rows              a page    (filters, fields, sort, limit, cursor)
+    GET /read-models/{name}/count             how many rows match the filters
+    GET /ktables                              which KTables this instance serves, lag, restore
+    GET /ktables/{name}/entries/{key}         one value (?min_version=N&wait_ms=)
+    GET /ktables/{name}/entries               key range / all (?from=&to=&after=&limit=), or
+                                              every entry as NDJSON (?format=ndjson)
+    GET /ktables/{name}/count                 approximate count (as of this instance)
+
+Every data response carries ``freshness``. Read-your-writes: ``min_version`` waits (at most
+``wait_ms``) until the projection has applied that version of the stream, else 504 with the
+current version. The query grammar is in ``read_api.query``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, FastAPI, HTTPException, Request
+from fastapi.responses import Response, StreamingResponse
+
+from projections import Projection
+from read_api.freshness import FreshnessMonitor
+from read_api.ktables import KTableEntry, KTableHost
+from read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
+from read_api.read_models import ReadModel, reader_pool
+from read_api.schema import QueryError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WAIT_MS = 5_000
+MAX_WAIT_MS = 30_000
+_POLL_S = 0.02
+
+
+@dataclass(frozen=True)
+class ReadApiOptions:
+    database_url: str
+    bootstrap_servers: str
+    reader_role: str = "eventfold_reader"
+    instance_id: str = ""
+    pool_size: int = 10
+    title: str = "Eventfold read API"
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body, default=_json_default), status_code=status,
+                    media_type="application/json")
+
+
+def _query_params(request: Request) -> list[tuple[str, str]]:
+    return list(request.query_params.multi_items())
+
+
+def _int_param(request: Request, name: str, default: int | None, low: int, high: int
+               ) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise QueryError(f"{name}: {raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise QueryError(f"{name}: must be between {low} and {high}, got {value}")
+    return value
+
+
+def _only(request: Request, allowed: Iterable[str]) -> None:
+    known = set(allowed)
+    for name in request.query_params:
+        if name not in known:
+            raise QueryError(f"{name}: unknown parameter; this endpoint takes "
+                             f"{', '.join(sorted(known)) or 'none'}")
+
+
+def _wait_deadline(request: Request) -> float:
+    wait_ms = _int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS) or 0
+    return time.monotonic() + wait_ms / 1000
+
+
+async def wait_until(probe: Callable[[], Awaitable[int | None]], min_version: int,
+                     deadline: float, what: str) -> None:
+    """Poll ``probe`` (the version applied so far) until it reaches ``min_version``; past the
+    deadline answer 504 with the version reached."""
+    while True:
+        current = await probe()
+        if current is not None and current >= min_version:
+            return
+        if time.monotonic() >= deadline:
+            raise VersionNotReached(what, min_version, current)
+        await asyncio.sleep(_POLL_S)
+
+
+class VersionNotReached(Exception):
+    def __init__(self, what: str, wanted: int, current: int | None) -> None:
+        super().__init__(f"{what} has not reached version {wanted} yet (at "
+                         f"{current if current is not None else 'none'}); retry later")
+        self.wanted = wanted
+        self.current = current
+
+
+def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
+                    dependencies: Sequence[Any] = ()) -> FastAPI:
+    """``dependencies`` apply to every data route (the composition root passes auth here)."""
+    stateful = [p for p in projections if p.has_state]
+    instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
+    pool = reader_pool(options.database_url, options.reader_role, options.pool_size)
+    monitor = FreshnessMonitor(stateful, options.database_url, options.bootstrap_servers,
+                               options.reader_role)
+    read_models = {p.name: ReadModel(pool, p) for p in stateful}
+    hosts: dict[str, KTableHost] = {}
+
+    def follow_version(name: str, version: int) -> None:
+        host = hosts.get(name)
+        if host is not None:
+            host.follow(version, read_models[name].projection.ktable_topic_for(version))
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pool.open()
+        monitor.on_version(follow_version)
+        monitor.start()
+        await asyncio.to_thread(monitor.wait_first_poll, 10)
+        # Everything built so far lives as long as the process: keep the cyclic collector
+        # from walking it again and again while a restore allocates (and during requests).
+        gc.freeze()
+        for p in stateful:
+            version = monitor.active_version(p.name) or 1
+            hosts[p.name] = KTableHost(options.bootstrap_servers, p.ktable_topic_for(version),
+                                       version).start()
+        log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
+        try:
+            yield
+        finally:
+            monitor.stop()
+            for host in hosts.values():
+                host.stop()
+            await pool.close()
+
+    app = FastAPI(title=options.title, lifespan=lifespan,
+                  description=__doc__.split("\n\n", 1)[1] if __doc__ else "")
+
+    @app.exception_handler(QueryError)
+    async def bad_query(_: Request, exc: QueryError) -> Response:
+        return json_response({"detail": str(exc)}, 400)
+
+    @app.exception_handler(VersionNotReached)
+    async def not_reached(_: Request, exc: VersionNotReached) -> Response:
+        return json_response({"detail": str(exc), "min_version": exc.wanted,
+                              "current_version": exc.current}, 504)
+
+    data = APIRouter(dependencies=list(dependencies))
+    _discovery_routes(data, read_models, monitor)
+    for read_model in read_models.values():
+        _read_model_routes(data, read_model, monitor)
+    _ktable_routes(data, read_models, hosts, instance_id)
+    _unknown_read_model_route(data, read_models)
+    app.include_router(data)
+    _health_routes(app, pool, hosts)
+    return app
+
+
+def _discovery_routes(router: APIRouter, read_models: dict[str, ReadModel],
+                      monitor: FreshnessMonitor) -> None:
+    @router.get("/read-models", tags=["read models"])
+    async def list_read_models() -> Response:
+        return json_response([{**rm.schema.describe(),
+                               "freshness": monitor.get(name).as_json()}
+                              for name, rm in read_models.items()])
+
+    @router.get("/read-models/{name}", tags=["read models"])
+    async def describe_read_model(name: str) -> Response:
+        read_model = read_models.get(name)
+        if read_model is None:
+            raise HTTPException(404, f"unknown read model {name!r}; known: "
+                                     f"{sorted(read_models)}")
+        return json_response({**read_model.schema.describe(),
+                              "row_schema": read_model.schema.row_json_schema(),
+                              "freshness": monitor.get(name).as_json()})
+
+
+def _read_model_routes(router: APIRouter, read_model: ReadModel,
+                       monitor: FreshnessMonitor) -> None:
+    schema = read_model.schema
+    name = schema.name
+    row_schema = schema.row_json_schema()
+    filterable = ", ".join(f for f, d in schema.fields.items() if d.kind.comparable)
+    filters_doc = ("Filters: `field=value` or `field.OP=value` (OP: eq, ne, lt, lte, gt, gte, "
+                   f"in, prefix, null) on {filterable}.")
+
+    def freshness() -> dict[str, Any]:
+        return monitor.get(name).as_json()
+
+    @router.get(f"/read-models/{name}/rows/{{key}}", tags=[name],
+                summary=f"One {name} row by key",
+                responses={200: {"content": {"application/json": {"schema": {
+                    "type": "object", "properties": {"row": row_schema,
+                                                     "freshness": {"type": "object"}}}}}}})
+    async def get_row(key: str, request: Request) -> Response:
+        _only(request, ("min_version", "stream", "wait_ms"))
+        min_version = _int_param(request, "min_version", None, 1, 2**62)
+        if min_version is not None:
+            stream = request.query_params.get("stream")
+            if stream is None and not schema.keyed_by_stream:
+                raise QueryError(f"min_version: {name} is keyed by "
+                                 f"{read_model.projection.key_by!r}, not by stream; also pass "
+                                 "stream=<the aggregate id the command wrote to>")
+
+            async def applied() -> int | None:
+                version = monitor.active_version(name)
+                return None if version is None else await read_model.stream_version(
+                    version, stream or key)
+
+            await wait_until(applied, min_version, _wait_deadline(request),
+                             f"{name} for stream {stream or key!r}")
+        row = await read_model.get(key)
+        if row is None:
+            return json_response({"detail": f"no row with key {key!r} in {name}",
+                                  "freshness": freshness()}, 404)
+        return json_response({"row": row, "freshness": freshness()})
+
+    @router.get(f"/read-models/{name}/rows", tags=[name], summary=f"A page of {name} rows",
+                description=filters_doc + f" Sortable: {', '.join(schema.sortable)}. "
+                f"`limit` 1..{MAX_PAGE_SIZE}; pass `next_cursor` back as `cursor`.",
+                responses={200: {"content": {"application/json": {"schema": {
+                    "type": "object", "properties": {
+                        "rows": {"type": "array", "items": row_schema},
+                        "next_cursor": {"type": ["string", "null"]},
+                        "freshness": {"type": "object"}}}}}}})
+    async def list_rows(request: Request) -> Response:
+        query = parse_list_query(schema, _query_params(request))
+        rows, next_cursor = await read_model.page(query)
+        return json_response({"rows": rows, "next_cursor": next_cursor,
+                              "freshness": freshness()})
+
+    @router.get(f"/read-models/{name}/count", tags=[name], summary=f"Count {name} rows",
+                description=filters_doc)
+    async def count_rows(request: Request) -> Response:
+        count = await read_model.count(parse_filters(schema, _query_params(request)))
+        return json_response({"count": count, "freshness": freshness()})
+
+
+def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadModel]) -> None:
+    @router.get("/read-models/{name}/{rest:path}", include_in_schema=False)
+    async def unknown(name: str, rest: str) -> Response:
+        if name in read_models:
+            raise HTTPException(404, f"no endpoint {rest!r} on read model {name}; use rows, "
+                                     "rows/{key} or count")
+        raise HTTPException(404, f"unknown read model {name!r}; known: {sorted(read_models)}")
+
+
+def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
+                   hosts: dict[str, KTableHost], instance_id: str) -> None:
+    def host_of(name: str) -> KTableHost:
+        host = hosts.get(name)
+        if host is None:
+            raise HTTPException(404, f"unknown KTable {name!r}; known: {sorted(read_models)}")
+        if not host.view.restored:
+            progress = host.view.progress
+            raise HTTPException(503, f"KTable {name} is restoring ({progress.records} of "
+                                     f"{progress.total} records); retry shortly",
+                                headers={"Retry-After": "1"})
+        return host
+
+    def freshness(host: KTableHost) -> dict[str, Any]:
+        return {"topic": host.view.topic, "projection_version": host.version,
+                "restored": host.view.restored, "lag_records": host.view.lag,
+                "instance": instance_id}
+
+    def entry_json(key: str, entry: KTableEntry) -> dict[str, Any]:
+        return {"key": key, "value": entry.value, "version": entry.version}
+
+    @router.get("/ktables", tags=["ktables"], summary="KTables this instance serves")
+    async def list_ktables() -> Response:
+        return json_response({"instance": instance_id, "ktables": [
+            {"name": name, "keys": len(host.view), "restore": host.view.progress.as_json(),
+             **freshness(host)} for name, host in hosts.items()]})
+
+    @router.get("/ktables/{name}/entries/{key}", tags=["ktables"], summary="One KTable value")
+    async def get_entry(name: str, key: str, request: Request) -> Response:
+        _only(request, ("min_version", "wait_ms"))
+        host = host_of(name)
+        min_version = _int_param(request, "min_version", None, 1, 2**62)
+        if min_version is not None:
+            if not read_models[name].schema.keyed_by_stream:
+                raise QueryError(f"min_version: KTable {name} is keyed by "
+                                 f"{read_models[name].projection.key_by!r}, not by stream; "
+                                 "use the read model with stream=")
+
+            async def applied() -> int | None:
+                entry = host.view.get(key)
+                return entry.version if entry else None
+
+            await wait_until(applied, min_version, _wait_deadline(request),
+                             f"KTable {name} key {key!r}")
+        entry = host.view.get(key)
+        if entry is None:
+            return json_response({"detail": f"no value for key {key!r} in KTable {name}",
+                                  "freshness": freshness(host)}, 404)
+        return json_response({**entry_json(key, entry), "freshness": freshness(host)})
+
+    @router.get("/ktables/{name}/entries", tags=["ktables"],
+                summary="A key range of a KTable, paged or as NDJSON",
+                description="`from` and `to` are inclusive key bounds (key order); `after` "
+                f"and `limit` (1..{MAX_PAGE_SIZE}) page; `format=ndjson` streams every entry "
+                "in the range, one JSON object per line.")
+    async def range_entries(name: str, request: Request) -> Response:
+        _only(request, ("from", "to", "after", "limit", "format"))
+        host = host_of(name)
+        params = request.query_params
+        start, end = params.get("from"), params.get("to")
+        output = params.get("format", "json")
+        if output not in ("json", "ndjson"):
+            raise QueryError(f"format: {output!r}; use json or ndjson")
+        if output == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
+            lines = (orjson.dumps(entry_json(k, e), default=_json_default) + b"\n"
+                     for k, e in host.view.store.scan(start, end))
+            return StreamingResponse(lines, media_type="application/x-ndjson")
+        limit = parse_limit(params.get("limit"))
+        found = host.view.store.range(start, end, params.get("after"), limit + 1)
+        page = found[:limit]
+        return json_response({
+            "entries": [entry_json(k, e) for k, e in page],
+            "next_after": page[-1][0] if len(found) > limit else None,
+            "freshness": freshness(host)})
+
+    @router.get("/ktables/{name}/count", tags=["ktables"], summary="Approximate key count")
+    async def count_entries(name: str) -> Response:
+        host = host_of(name)
+        return json_response({"count": len(host.view), "approximate": True,
+                              "freshness": freshness(host)})
+
+
+def _health_routes(app: FastAPI, pool: Any, hosts: dict[str, KTableHost]) -> None:
+    @app.get("/health", tags=["operations"])
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/ready", tags=["operations"])
+    async def ready() -> Response:
+        try:
+            async with pool.connection(timeout=5) as conn:
+                await conn.execute("SELECT 1")
+        except Exception as exc:
+            return json_response({"status": "database unavailable", "detail": str(exc)}, 503)
+        restoring = {name: host.view.progress.as_json() for name, host in hosts.items()
+                     if not host.view.restored}
+        if restoring:
+            return json_response({"status": "restoring", "ktables": restoring}, 503)
+        return json_response({"status": "ready"})

@@ -1,0 +1,279 @@
+"""Read model queries from URL parameters to parameterized SQL, with nothing in between that a
+client controls as text.
+
+Grammar (every name is checked against the read model's schema, every value is parsed to the
+field's type and bound as a parameter):
+
+    field=value                equality (``field.eq=value`` for fields named like a keyword)
+    field.OP=value             OP in eq, ne, lt, lte, gt, gte, in (comma list), prefix, null
+    fields=a,b                 field selection (the key always comes back)
+    sort=-total,name           indexed fields only; the key is the last tie-break
+    limit=N                    1..MAX_PAGE_SIZE
+    cursor=TOKEN               the ``next_cursor`` of the previous page (keyset paging)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import and_, column, false, func, or_, select, table
+from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
+from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.expression import Select, TableClause
+
+from read_api.schema import Field, Kind, QueryError, ReadModelSchema
+
+MAX_PAGE_SIZE = 500
+DEFAULT_PAGE_SIZE = 50
+MAX_IN_VALUES = 100
+LIST_PARAMETERS = frozenset({"fields", "sort", "limit", "cursor"})
+OPERATORS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "prefix", "null")
+_DIALECT = pg_psycopg.dialect()
+
+
+@dataclass(frozen=True)
+class Filter:
+    field: Field
+    op: str
+    value: Any
+
+
+@dataclass(frozen=True)
+class SortKey:
+    field: Field
+    descending: bool = False
+
+    def __str__(self) -> str:
+        return f"-{self.field.name}" if self.descending else self.field.name
+
+
+@dataclass(frozen=True)
+class ListQuery:
+    filters: tuple[Filter, ...]
+    fields: tuple[str, ...]
+    sort: tuple[SortKey, ...]
+    limit: int
+    after: tuple[Any, ...] | None = None
+
+
+@dataclass(frozen=True)
+class CompiledQuery:
+    sql: str
+    params: dict[str, Any]
+
+
+# -- parsing ------------------------------------------------------------------------------------
+def parse_filters(schema: ReadModelSchema, params: Iterable[tuple[str, str]],
+                  reserved: Iterable[str] = ()) -> tuple[Filter, ...]:
+    """Every parameter not in ``reserved`` is a filter; anything unknown is a QueryError."""
+    skip = frozenset(reserved)
+    return tuple(_filter(schema, name, raw) for name, raw in params if name not in skip)
+
+
+def _filter(schema: ReadModelSchema, parameter: str, raw: str) -> Filter:
+    name, dot, op = parameter.partition(".")
+    if not dot:
+        op = "eq"
+    if op not in OPERATORS:
+        raise QueryError(f"{parameter}: unknown operator {op!r}; use one of "
+                         f"{', '.join(OPERATORS)}")
+    field = schema.field(name, parameter)
+    if op == "null":
+        return Filter(field, op, _parse_flag(raw, parameter))
+    if op == "prefix" and field.kind is not Kind.TEXT:
+        raise QueryError(f"{parameter}: prefix needs a text field; {name!r} is "
+                         f"{field.kind.value}")
+    if op == "in":
+        values = raw.split(",")
+        if len(values) > MAX_IN_VALUES:
+            raise QueryError(f"{parameter}: at most {MAX_IN_VALUES} values")
+        return Filter(field, op, tuple(field.parse(v, parameter) for v in values))
+    return Filter(field, op, field.parse(raw, parameter))
+
+
+def _parse_flag(raw: str, parameter: str) -> bool:
+    lowered = raw.lower()
+    if lowered not in ("true", "false"):
+        raise QueryError(f"{parameter}: expected true or false, got {raw!r}")
+    return lowered == "true"
+
+
+def parse_list_query(schema: ReadModelSchema, params: Sequence[tuple[str, str]]) -> ListQuery:
+    single = _single_values(params)
+    sort = parse_sort(schema, single.get("sort", ""))
+    query = ListQuery(
+        filters=parse_filters(schema, params, LIST_PARAMETERS),
+        fields=parse_fields(schema, single.get("fields")),
+        sort=sort,
+        limit=parse_limit(single.get("limit")),
+    )
+    token = single.get("cursor")
+    if token:
+        return ListQuery(query.filters, query.fields, sort, query.limit,
+                         decode_cursor(sort, token))
+    return query
+
+
+def _single_values(params: Sequence[tuple[str, str]]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for name, raw in params:
+        if name in LIST_PARAMETERS:
+            if name in values:
+                raise QueryError(f"{name}: give it once")
+            values[name] = raw
+    return values
+
+
+def parse_fields(schema: ReadModelSchema, raw: str | None) -> tuple[str, ...]:
+    if not raw:
+        return tuple(schema.fields)
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    for name in names:
+        schema.field(name, "fields")
+    return ("key", *(n for n in dict.fromkeys(names) if n != "key"))
+
+
+def parse_sort(schema: ReadModelSchema, raw: str) -> tuple[SortKey, ...]:
+    keys: list[SortKey] = []
+    for part in (p.strip() for p in raw.split(",") if p.strip()):
+        descending = part.startswith("-")
+        field = schema.field(part.lstrip("-+"), "sort")
+        if not field.sortable:
+            raise QueryError(f"sort: {field.name!r} is not indexed; sortable fields are "
+                             f"{', '.join(schema.sortable)}")
+        if any(k.field.name == field.name for k in keys):
+            raise QueryError(f"sort: {field.name!r} appears twice")
+        keys.append(SortKey(field, descending))
+    if not any(k.field.name == "key" for k in keys):
+        keys.append(SortKey(schema.fields["key"]))  # unique: a stable order for paging
+    return tuple(keys)
+
+
+def parse_limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_PAGE_SIZE
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise QueryError(f"limit: {raw!r} is not an integer") from None
+    if not 1 <= limit <= MAX_PAGE_SIZE:
+        raise QueryError(f"limit: must be between 1 and {MAX_PAGE_SIZE}, got {limit}")
+    return limit
+
+
+# -- cursors -------------------------------------------------------------------------------------
+def encode_cursor(sort: Sequence[SortKey], row: dict[str, Any]) -> str:
+    """An opaque token for the page after ``row``: the sort it was made for and the row's
+    values of the sort fields. Decoding re-parses the values with the fields' types."""
+    payload = {"sort": [str(k) for k in sort],
+               "after": [None if row[k.field.name] is None else str(row[k.field.name])
+                         for k in sort]}
+    return base64.urlsafe_b64encode(orjson.dumps(payload)).decode().rstrip("=")
+
+
+def decode_cursor(sort: Sequence[SortKey], token: str) -> tuple[Any, ...]:
+    try:
+        payload = orjson.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+    except (binascii.Error, ValueError):
+        raise QueryError("cursor: not a cursor this API issued") from None
+    if (not isinstance(payload, dict) or not isinstance(payload.get("after"), list)
+            or not isinstance(payload.get("sort"), list)):
+        raise QueryError("cursor: not a cursor this API issued")
+    expected = [str(k) for k in sort]
+    if payload["sort"] != expected:
+        raise QueryError(f"cursor: made for sort={','.join(map(str, payload['sort']))}, "
+                         f"this request sorts by {','.join(expected)}")
+    after = payload["after"]
+    if len(after) != len(sort) or not all(v is None or isinstance(v, str) for v in after):
+        raise QueryError("cursor: not a cursor this API issued")
+    return tuple(None if raw is None else key.field.parse(raw, "cursor")
+                 for key, raw in zip(sort, after, strict=True))
+
+
+# -- SQL ----------------------------------------------------------------------------------------
+def view_table(schema: ReadModelSchema) -> TableClause:
+    return table(schema.view, *(column(f.name, f.column_type) for f in schema.fields.values()))
+
+
+def compile_query(statement: Select[Any]) -> CompiledQuery:
+    compiled = statement.compile(dialect=_DIALECT, compile_kwargs={"render_postcompile": True})
+    return CompiledQuery(str(compiled), dict(compiled.params))
+
+
+def page_query(schema: ReadModelSchema, query: ListQuery) -> CompiledQuery:
+    view = view_table(schema)
+    conditions = [_condition(view, f) for f in query.filters]
+    if query.after is not None:
+        conditions.append(_after(view, query.sort, query.after))
+    order = [view.c[k.field.name].desc().nulls_first() if k.descending
+             else view.c[k.field.name].asc().nulls_last() for k in query.sort]
+    # the sort fields too: the next page's cursor is made of them
+    selected = dict.fromkeys([*query.fields, *(k.field.name for k in query.sort)])
+    statement = (select(*(view.c[name] for name in selected)).where(*conditions)
+                 .order_by(*order).limit(query.limit + 1))  # one more: is there a next page?
+    return compile_query(statement)
+
+
+def count_query(schema: ReadModelSchema, filters: Sequence[Filter]) -> CompiledQuery:
+    view = view_table(schema)
+    return compile_query(select(func.count()).select_from(view)
+                         .where(*(_condition(view, f) for f in filters)))
+
+
+def get_query(schema: ReadModelSchema) -> str:
+    """Get by key, as plain SQL with one positional parameter (the hot path; prepared once)."""
+    view = view_table(schema)
+    statement = select(*view.c).where(view.c.key == "k")
+    text = str(statement.compile(dialect=_DIALECT))
+    return text.replace("%(key_1)s", "%s")
+
+
+def _condition(view: TableClause, f: Filter) -> ColumnElement[bool]:
+    col = view.c[f.field.name]
+    match f.op:
+        case "eq":
+            return col == f.value
+        case "ne":
+            return col.is_distinct_from(f.value)
+        case "lt":
+            return col < f.value
+        case "lte":
+            return col <= f.value
+        case "gt":
+            return col > f.value
+        case "gte":
+            return col >= f.value
+        case "in":
+            return col.in_(f.value)
+        case "prefix":
+            return col.startswith(f.value, autoescape=True)
+        case "null":
+            return col.is_(None) if f.value else col.is_not(None)
+    raise QueryError(f"unknown operator {f.op!r}")  # parse_filters lets none through
+
+
+def _after(view: TableClause, sort: Sequence[SortKey], values: Sequence[Any]
+           ) -> ColumnElement[bool]:
+    """Rows strictly after ``values`` in the sort order (ASC NULLS LAST, DESC NULLS FIRST, as
+    Postgres orders by default and its indexes scan): an OR over each sort field of 'equal on
+    the fields before it and after on this one'."""
+    alternatives = []
+    equal_so_far: list[ColumnElement[bool]] = []
+    for key, value in zip(sort, values, strict=True):
+        col = view.c[key.field.name]
+        alternatives.append(and_(*equal_so_far, _strictly_after(col, key.descending, value)))
+        equal_so_far.append(col.is_(None) if value is None else col == value)
+    return or_(*alternatives)
+
+
+def _strictly_after(col: Any, descending: bool, value: Any) -> ColumnElement[bool]:
+    if value is None:
+        return col.is_not(None) if descending else false()
+    if descending:
+        return col < value
+    return or_(col > value, col.is_(None))

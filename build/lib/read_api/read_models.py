@@ -1,0 +1,91 @@
+"""Queries over the projections' SQL read models (their views), as the read-only role.
+
+Every statement is built by ``read_api.query`` from checked names and bound values; the
+connection pool runs them in read-only transactions as the reader role.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from psycopg import AsyncConnection, errors, sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from projections import Projection
+from projections.schema import sources_table
+from projections.sinks import libpq_url
+from read_api.query import Filter, ListQuery, count_query, encode_cursor, get_query, page_query
+from read_api.schema import ReadModelSchema
+
+
+def reader_session(role: str) -> list[sql.Composable]:
+    """What makes a session a reader's: read-only transactions, as ``role`` when one is given
+    (the login may already be that role)."""
+    statements: list[sql.Composable] = [sql.SQL("SET default_transaction_read_only = on")]
+    if role:
+        statements.insert(0, sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+    return statements
+
+
+def reader_pool(database_url: str, role: str, size: int) -> AsyncConnectionPool:
+    """An unopened pool (open it inside the event loop) of read-only reader sessions."""
+
+    async def configure(conn: AsyncConnection) -> None:
+        await conn.set_autocommit(True)
+        for statement in reader_session(role):
+            await conn.execute(statement)
+
+    return AsyncConnectionPool(libpq_url(database_url), min_size=min(2, size), max_size=size,
+                               configure=configure, open=False,
+                               kwargs={"row_factory": dict_row})
+
+
+class ReadModel:
+    """One projection's read model: get, list, count, and its source streams' watermarks."""
+
+    def __init__(self, pool: AsyncConnectionPool, projection: Projection) -> None:
+        self.pool = pool
+        self.projection = projection
+        self.schema = ReadModelSchema.of(projection)
+        self._get = get_query(self.schema)
+
+    async def get(self, key: str) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(self._get, (key,), prepare=True)
+            return await cursor.fetchone()
+
+    async def page(self, query: ListQuery) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of rows and the cursor of the next page (None on the last)."""
+        compiled = page_query(self.schema, query)
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(compiled.sql, compiled.params)
+            rows: list[dict[str, Any]] = await cursor.fetchall()
+        next_cursor = None
+        if len(rows) > query.limit:
+            rows = rows[:query.limit]
+            next_cursor = encode_cursor(query.sort, rows[-1])
+        if len(rows) and len(rows[0]) > len(query.fields):
+            rows = [{name: row[name] for name in query.fields} for row in rows]
+        return rows, next_cursor
+
+    async def count(self, filters: Sequence[Filter]) -> int:
+        compiled = count_query(self.schema, filters)
+        async with self.pool.connection() as conn:
+            cursor = await conn.execute(compiled.sql, compiled.params)
+            row = await cursor.fetchone()
+        return int(row["count_1"]) if row else 0
+
+    async def stream_version(self, version: int, stream_id: str) -> int | None:
+        """The last version of source stream ``stream_id`` that version ``version`` of the
+        projection has applied (None: none yet, or that version's table is gone)."""
+        query = sql.SQL("SELECT version FROM {} WHERE stream_id = %s").format(
+            sql.Identifier(sources_table(self.projection, version)))
+        async with self.pool.connection() as conn:
+            try:
+                cursor = await conn.execute(query, (stream_id,))
+            except errors.UndefinedTable:
+                return None  # a replay switched versions and dropped it; the caller re-asks
+            row = await cursor.fetchone()
+        return int(row["version"]) if row else None

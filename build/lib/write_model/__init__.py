@@ -1,0 +1,53 @@
+"""Write model: the domain side users build on, and the event store it persists to.
+
+Owns: domain events and their registry, the aggregate base, repositories, the Postgres event
+store (events and their outbox rows appended in ONE transaction), commands and the HTTP
+command API.
+
+May import: the standard library, SQLAlchemy, psycopg, pydantic and FastAPI. It imports no other
+Eventfold package: everything downstream (outbox, projections, read_api) depends on it, never
+the reverse.
+"""
+
+from write_model.aggregate import Aggregate, DomainError
+from write_model.async_store import AsyncEventStore
+from write_model.commands import (
+    AsyncCommandBus,
+    Command,
+    CommandBus,
+    CommandRegistry,
+    CommandResult,
+)
+from write_model.events import DomainEvent, EventRegistry, RecordedEvent, default_registry
+from write_model.repository import AsyncRepository, Repository
+from write_model.store import (
+    AppendResult,
+    ConcurrencyError,
+    EventStore,
+    StoreUnavailable,
+    StreamAppend,
+    StreamNotFound,
+)
+
+__all__ = [
+    "Aggregate",
+    "AppendResult",
+    "AsyncCommandBus",
+    "AsyncEventStore",
+    "AsyncRepository",
+    "Command",
+    "CommandBus",
+    "CommandRegistry",
+    "CommandResult",
+    "ConcurrencyError",
+    "DomainError",
+    "DomainEvent",
+    "EventRegistry",
+    "EventStore",
+    "RecordedEvent",
+    "Repository",
+    "StoreUnavailable",
+    "StreamAppend",
+    "StreamNotFound",
+    "default_registry",
+]

@@ -1,0 +1,163 @@
+"""The event store for asyncio services: the same appends and loads as ``EventStore``, on a
+pool of async psycopg connections, group-committed across tasks with no thread in between.
+
+Open it before use (``await store.open()``, or ``async with``); the command API does so in
+its lifespan. While the database is unreachable every call raises ``StoreUnavailable``
+within ``connect_timeout_s``, and the pool reconnects in the background.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Self
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from sqlalchemy.engine import make_url
+
+from write_model.events import NewEvent
+from write_model.group_commit import AsyncGroupCommit
+from write_model.store import (
+    APPEND_UNITS,
+    COMMAND_RESULT,
+    LOAD_EVENTS,
+    LOAD_SNAPSHOT,
+    RACE_RETRIES,
+    SAVE_SNAPSHOT,
+    AppendResult,
+    Snapshot,
+    StoredEvent,
+    StoreUnavailable,
+    StreamAppend,
+    UnitOfWork,
+    UnitOutcome,
+    check_again,
+    decode_outcomes,
+    encode_units,
+    first_line,
+    raise_if_unavailable,
+)
+
+
+class AsyncEventStore:
+    """Append-only event storage on Postgres for asyncio code; see ``EventStore``.
+
+    One commit at a time by default: one event loop does all of a process's Python work, so
+    a second batch in flight mostly splits the batches it would have filled, or runs beside
+    the first for the same callers. Measured with 8 concurrent callers, one commit slot did
+    1.1-1.5x the commands/s of two in every paired run, in-process and over HTTP (2 cores,
+    Postgres on the same machine).
+    """
+
+    def __init__(self, conninfo: str, pool_size: int = 10, max_batch: int = 256,
+                 concurrent_commits: int = 1, connect_timeout_s: float = 5.0) -> None:
+        self._pool = AsyncConnectionPool(
+            conninfo, min_size=min(2, pool_size), max_size=pool_size, open=False,
+            timeout=connect_timeout_s, kwargs={"autocommit": True})
+        self._group: AsyncGroupCommit[UnitOfWork, list[AppendResult]] = AsyncGroupCommit(
+            self._commit_units, UnitOfWork.keys, max_batch=max_batch,
+            max_concurrent=min(concurrent_commits, pool_size))
+
+    @classmethod
+    def from_url(cls, database_url: str, **options: Any) -> AsyncEventStore:
+        """``database_url`` in SQLAlchemy form (postgresql+psycopg://...) or libpq form."""
+        libpq = make_url(database_url).set(drivername="postgresql")
+        return cls(libpq.render_as_string(hide_password=False), **options)
+
+    async def open(self) -> None:
+        """Start the pool; it connects in the background, so a database that is down now
+        makes calls fail with StoreUnavailable, not this."""
+        await self._pool.open()
+
+    async def close(self) -> None:
+        await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    @asynccontextmanager
+    async def connection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """A pooled connection; the pool discards one that lost the server."""
+        try:
+            async with self._pool.connection() as conn:
+                yield conn
+        except PoolTimeout as exc:
+            raise StoreUnavailable(f"database unavailable: {first_line(exc)}") from exc
+        except psycopg.OperationalError as exc:
+            raise StoreUnavailable(f"database unavailable: {first_line(exc)}") from exc
+
+    async def ping(self) -> None:
+        async with self.connection() as conn:
+            await conn.execute("SELECT 1")
+
+    # -- writing ----------------------------------------------------------------------------
+    async def append(
+        self, stream_type: str, stream_id: str, expected_version: int,
+        events: Sequence[NewEvent], command_id: uuid.UUID | None = None,
+    ) -> AppendResult:
+        if not events:
+            return AppendResult(stream_id, expected_version, [], [])
+        part = StreamAppend(stream_type, stream_id, expected_version, events)
+        return (await self._group.submit(UnitOfWork((part,), command_id)))[0]
+
+    async def append_many(self, appends: Sequence[StreamAppend],
+                          command_id: uuid.UUID | None = None) -> list[AppendResult]:
+        return await self._group.submit(UnitOfWork.of(appends, command_id))
+
+    async def _commit_units(self, units: Sequence[UnitOfWork]) -> list[UnitOutcome]:
+        async with self.connection() as conn:
+            try:
+                return await _append_units(conn, units)
+            except psycopg.Error as exc:
+                raise_if_unavailable(exc)  # else one bad unit or a lost race failed them all
+            return [await _commit_alone(conn, unit) for unit in units]
+
+    async def save_snapshot(self, stream_id: str, aggregate_type: str, schema_version: int,
+                            stream_version: int, state: dict[str, Any]) -> None:
+        async with self.connection() as conn:
+            await conn.execute(SAVE_SNAPSHOT, (stream_id, aggregate_type, schema_version,
+                                               stream_version, json.dumps(state)))
+
+    # -- reading ----------------------------------------------------------------------------
+    async def command_result(self, command_id: uuid.UUID) -> AppendResult | None:
+        async with self.connection() as conn:
+            row = await (await conn.execute(COMMAND_RESULT, (command_id,))).fetchone()
+        return AppendResult.from_json(row[0]) if row else None
+
+    async def load(self, stream_id: str, after_version: int = 0,
+                   snapshot_of: tuple[str, int] | None = None,
+                   ) -> tuple[Snapshot | None, list[StoredEvent]]:
+        async with self.connection() as conn:
+            snapshot = None
+            if snapshot_of is not None:
+                row = await (await conn.execute(LOAD_SNAPSHOT,
+                                                (stream_id, *snapshot_of))).fetchone()
+                if row and row[0] > after_version:
+                    snapshot = Snapshot(int(row[0]), row[1])
+                    after_version = snapshot.stream_version
+            rows = await (await conn.execute(LOAD_EVENTS, (stream_id, after_version))).fetchall()
+        return snapshot, [StoredEvent(*row) for row in rows]
+
+
+async def _append_units(conn: psycopg.AsyncConnection[Any],
+                        units: Sequence[UnitOfWork]) -> list[UnitOutcome]:
+    row = await (await conn.execute(APPEND_UNITS, (encode_units(units),))).fetchone()
+    assert row is not None
+    return decode_outcomes(units, row[0])
+
+
+async def _commit_alone(conn: psycopg.AsyncConnection[Any], unit: UnitOfWork) -> UnitOutcome:
+    for attempt in range(1, RACE_RETRIES + 1):
+        try:
+            return (await _append_units(conn, [unit]))[0]
+        except psycopg.Error as exc:
+            if not check_again(exc, attempt):
+                return exc
+    raise AssertionError("unreachable: the last attempt never checks again")

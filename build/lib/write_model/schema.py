@@ -1,0 +1,13 @@
+"""Table and publication names of the event store and its outbox.
+
+The outbox columns follow what Debezium's outbox EventRouter expects (id, aggregatetype,
+aggregateid, type, payload) plus the event's stream version, global position and record time,
+which the connector places in the message envelope.
+"""
+
+from __future__ import annotations
+
+EVENTS_TABLE = "events"
+OUTBOX_TABLE = "outbox"
+OUTBOX_PUBLICATION = "eventfold_outbox"
+HEARTBEAT_TABLE = "eventfold_heartbeat"
