@@ -1,1 +1,0 @@
-"""Worked examples: small but complete Eventfold applications, each also an acceptance test."""
