@@ -397,7 +397,6 @@ class BatchFold:
         return outcome
 
 
-
 def by_partition(records: Iterable[SourceRecord]) -> list[RawRecords]:
     """``records`` as runs of one partition each, in their order."""
     runs: list[RawRecords] = []

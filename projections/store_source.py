@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 
@@ -39,15 +38,11 @@ class StoreSlice:
 
     def record_chunks(self, rows: int) -> Iterator[RawRecords]:
         """The slice's events as records, about ``rows`` at a time, for a fold in Python."""
-        for positions, keys, values in self._columns(rows):
-            yield RawRecords(STORE_TOPIC, self.bucket, positions, keys, values)
-
-    def _columns(self, rows: int) -> Iterator[tuple[tuple[Any, ...], ...]]:
-        """Positions, stream ids and envelopes, ``rows`` at a time."""
         with psycopg.connect(libpq_url(self.database_url)) as conn:
             for chunk in read_history(conn, self.stream_types, self.after, self.upto,
                                       self.bucket, self.buckets, chunk=rows):
-                yield tuple(zip(*chunk, strict=True))
+                positions, keys, values = zip(*chunk, strict=True)
+                yield RawRecords(STORE_TOPIC, self.bucket, positions, keys, values)
 
 
 def store_slices(database_url: str, stream_types: tuple[str, ...], after: int, upto: int,
