@@ -5,7 +5,8 @@ Measures: the streaming fold into Postgres + KTable (steady state, after the fir
 a replay of that Python-fold projection and of a Spark-aggregation projection (end to end,
 switch included), a replay of the Python fold from the event store (the same events written
 to it by COPY; the topics, read after it, bring them all again as duplicates), a plain
-confluent-kafka loop folding into a dict, and the peak memory of this process tree (Spark's
+confluent-kafka loop folding into a dict (in one process, and in two at once: the engine's
+two tasks share the machine the same way), and the peak memory of this process tree (Spark's
 JVM and Python workers; the stack's own processes left out).
 Prints figures, then one JSON line.
 
@@ -17,9 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import multiprocessing as mp
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Sequence
+from multiprocessing.queues import Queue
+from multiprocessing.synchronize import Event as StartSignal
 from pathlib import Path
 
 import psycopg
@@ -100,11 +105,17 @@ def write_history(database_url: str, events: int, keys: int) -> float:
     return events / (time.perf_counter() - started)
 
 
-def plain_python_fold(bootstrap: str, events: int, partitions: int) -> float:
-    """The baseline: one process, a confluent-kafka loop folding into a dict."""
+def plain_python_fold(bootstrap: str, partitions: Sequence[int],
+                      ready: Callable[[], None] = lambda: None) -> tuple[int, float]:
+    """The baseline: a confluent-kafka loop folding ``partitions`` into a dict, in this
+    process. Calls ``ready`` once connected; returns (events folded, seconds)."""
     consumer = Consumer(consumer_config(bootstrap, **{"enable.partition.eof": False,
                                                       "fetch.wait.max.ms": 100}))
-    consumer.assign([TopicPartition(event_topic(SOURCE), p, 0) for p in range(partitions)])
+    topic = event_topic(SOURCE)
+    events = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+                 for p in partitions)
+    consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+    ready()
     states: dict[str, State | None] = {}
     seen = 0
     started = time.perf_counter()
@@ -116,9 +127,42 @@ def plain_python_fold(bootstrap: str, events: int, partitions: int) -> float:
                           event_id=envelope.event_id, global_position=envelope.global_position)
             states[event.stream_id] = bench_totals.apply(states.get(event.stream_id), event)
             seen += 1
-    rate = seen / (time.perf_counter() - started)
+    seconds = time.perf_counter() - started
     consumer.close()
-    return rate
+    return seen, seconds
+
+
+def _plain_fold_process(bootstrap: str, partitions: list[int], ready: Queue, go: StartSignal,
+                        results: Queue) -> None:
+    def wait_for_go() -> None:
+        ready.put(True)
+        go.wait()
+
+    results.put(plain_python_fold(bootstrap, partitions, wait_for_go))
+
+
+def plain_python_fold_parallel(bootstrap: str, partitions: int, processes: int) -> float:
+    """The same loop in ``processes`` processes at once, the partitions shared out: what the
+    machine's cores give this work together, to read the engine's figures against."""
+    context = mp.get_context("spawn")
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    workers = [context.Process(target=_plain_fold_process, args=(
+        bootstrap, list(range(n, partitions, processes)), ready, go, results))
+        for n in range(processes)]
+    for worker in workers:
+        worker.start()
+    outcomes: list[tuple[int, float]] = []
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        go.set()
+        outcomes = [results.get(timeout=600) for _ in workers]
+    finally:
+        for worker in workers:
+            if not outcomes:
+                worker.terminate()  # the run failed: stop the others rather than wait
+            worker.join()
+    return sum(seen for seen, _ in outcomes) / max(seconds for _, seconds in outcomes)
 
 
 class BatchClock:
@@ -186,9 +230,14 @@ def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: P
     produce_rate = produce_events(bootstrap, args.events, args.keys, args.partitions)
     print(f"produced {args.events:,} events ({args.keys:,} keys, {args.partitions} partitions) "
           f"at {produce_rate:,.0f} events/s", flush=True)
-    plain = plain_python_fold(bootstrap, args.events, args.partitions)
+    seen, seconds = plain_python_fold(bootstrap, range(args.partitions))
+    plain = seen / seconds
     print(f"plain Python fold (one process, confluent-kafka loop into a dict): "
           f"{plain:,.0f} events/s", flush=True)
+    plain_two = plain_python_fold_parallel(bootstrap, args.partitions, processes=2)
+    print(f"the same loop in two processes at once, the partitions shared out: "
+          f"{plain_two:,.0f} events/s ({plain_two / plain:.2f}x one process: what two busy "
+          f"cores give here)", flush=True)
 
     settings = RunnerSettings(bootstrap_servers=bootstrap, database_url=database_url,
                               checkpoint_root=work_dir / "checkpoints",
@@ -225,6 +274,7 @@ def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: P
         "replay_aggregation_events_per_s": round(agg_replay.events_per_s),
         "replay_python_fold_events_per_s": round(fold_replay.events_per_s),
         "plain_python_fold_events_per_s": round(plain),
+        "plain_python_fold_2_processes_events_per_s": round(plain_two),
         "replay_from_store_events_per_s": round(args.events / store_replay.seconds),
         "peak_rss_mb": round(peak_mb),
     }
@@ -233,6 +283,8 @@ def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: P
         ratio = figures[key] / target
         print(f"  {key}: {figures[key]:,} vs target {target:,} = {ratio:.2f}x")
     print(json.dumps({**figures, "streaming_vs_plain_python_ratio": round(stream_rate / plain, 2),
+                      "streaming_vs_plain_python_2_processes_ratio": round(
+                          stream_rate / plain_two, 2),
                       "events": args.events, "keys": args.keys}))
 
 
