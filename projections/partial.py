@@ -78,10 +78,7 @@ def partial_aggregate(events: pa.Table, projection: Projection,
     parts = [_rows(schema, "partial", columns, grouped.num_rows), _rows(
         schema, "dlq", {c: letters.column(c) for c in DEAD_LETTER_COLUMNS}, letters.num_rows)]
     if projection.key_by is not None:  # a key gathers many streams: their marks go apart
-        marks = good.group_by("key", use_threads=False).aggregate([("streamVersion", "max")])
-        parts.append(_rows(schema, "mark", {GROUP: marks.column("key"),
-                                            "_version": marks.column("streamVersion_max")},
-                           marks.num_rows))
+        parts.append(_mark_rows(schema, good, "key", "streamVersion"))
     return pa.concat_tables(parts)
 
 
@@ -115,11 +112,8 @@ class PartitionAggregate:
         parts = [_rows(self.schema, "partial", merged, len(merged[GROUP])),
                  both.filter(pc.equal(kinds, "dlq"))]
         if self.projection.key_by is not None:
-            marks = both.filter(pc.equal(kinds, "mark")).group_by(GROUP, use_threads=False) \
-                .aggregate([("_version", "max")])
-            parts.append(_rows(self.schema, "mark", {GROUP: marks.column(GROUP),
-                                                     "_version": marks.column("_version_max")},
-                               marks.num_rows))
+            parts.append(_mark_rows(self.schema, both.filter(pc.equal(kinds, "mark")), GROUP,
+                                    "_version"))
         return pa.concat_tables(parts)
 
 
@@ -201,6 +195,13 @@ def _rows(schema: pa.Schema, kind: str, columns: dict[str, pa.ChunkedArray | pa.
               else columns[f.name].cast(f.type) if f.name in columns
               else pa.nulls(count, f.type) for f in schema]
     return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def _mark_rows(schema: pa.Schema, rows: pa.Table, stream: str, version: str) -> pa.Table:
+    """One ``mark`` row per stream of ``rows``: the highest ``version`` it reached."""
+    marks = rows.group_by(stream, use_threads=False).aggregate([(version, "max")])
+    return _rows(schema, "mark", {GROUP: marks.column(stream),
+                                  "_version": marks.column(f"{version}_max")}, marks.num_rows)
 
 
 def _aggregated(spec: tuple[str | list[str], str]) -> str:
