@@ -2,9 +2,11 @@
 HTTP, with 1 and 8 clients, beside pgbench's single-row insert TPS on the same Postgres (our
 stack's own cluster, default durability), and beside pgbench calling the append function
 itself with one single-event command per transaction (what the database does per command,
-with no Python and no group commit). Then the load time of a 1,000-event aggregate with a
-snapshot. pgbench runs before and after the clients at each count; the baseline is the mean, and
-a spread over 25% is flagged (the machine was not steady). Prints figures, then one JSON line.
+with no Python and no group commit), and beside ``eventsourcing`` 9.5 running the same commands
+on the same Postgres (bench/eventsourcing_reference.py). Then the load time of a 1,000-event
+aggregate with a snapshot. pgbench runs before and after the clients at each count; the
+baseline is the mean, and a spread over 25% is flagged (the machine was not steady). Prints
+figures, then one JSON line.
 
 Python API clients are concurrent callers in one service process: asyncio tasks on the
 ``AsyncCommandBus`` (the headline figure) and threads on the blocking ``CommandBus``. HTTP
@@ -36,10 +38,10 @@ from pathlib import Path
 
 import migrations
 from bench.common import WrkResult, run_wrk
+from bench.eventsourcing_reference import eventsourcing_threads
 from local_stack import postgres
 from local_stack.process import free_port, stop_pid, wait_until
 
-EVENTSOURCING_REFERENCE_PER_S = 1_000  # eventsourcing 9.5 here: about 700-1,300 commands/s
 UNSTEADY_SPREAD = 0.25
 
 
@@ -280,6 +282,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         # spread, and the ratios then say little.
         pg_before = pgbench_tps(dsn, clients, args.seconds, work_dir)
         py = in_process(python_async, database_url, clients, args.seconds)
+        reference = in_process(eventsourcing_threads, database_url, clients, args.seconds)
         threads = in_process(python_threads, database_url, clients, args.seconds)
         server, port = start_command_api(database_url, args.http_workers)
         try:
@@ -292,7 +295,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         pg = (pg_before + pg_after) / 2
         spread = abs(pg_before - pg_after) / max(pg_before, pg_after)
         figures[clients] = {"pgbench": pg, "pgbench_function": function, "python": py,
-                            "threads": threads,
+                            "threads": threads, "eventsourcing": reference,
                             "http": web.requests_per_s, "http_p50_ms": web.p50_ms,
                             "http_p99_ms": web.p99_ms, "http_python": web_python,
                             "pgbench_spread": spread}
@@ -303,6 +306,9 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
               f"({web.requests_per_s / pg:.2f}x, p50 {web.p50_ms:.2f} ms, p99 "
               f"{web.p99_ms:.2f} ms; {args.http_workers} worker(s), wrk), from Python client "
               f"processes {web_python:,.0f}/s ({web_python / pg:.2f}x)", flush=True)
+        print(f"  eventsourcing 9.5, same commands, same Postgres, {clients} thread(s): "
+              f"{reference:,.0f} commands/s; the Python API does {py / reference:.1f}x that",
+              flush=True)
         print(f"  the append function alone (pgbench, one single-event command per "
               f"transaction, no Python, no group commit): {function:,.0f} TPS "
               f"({function / pg:.2f}x)", flush=True)
@@ -313,8 +319,8 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
     print(f"load of a 1,000-event aggregate: {with_snapshot:.2f} ms with its snapshot, "
           f"{replay:.2f} ms by full replay")
     eight = figures[8]
-    print(f"vs eventsourcing 9.5 (~{EVENTSOURCING_REFERENCE_PER_S}/s here): Python API "
-          f"{eight['python'] / EVENTSOURCING_REFERENCE_PER_S:.1f}x")
+    print(f"vs eventsourcing 9.5 at 8 clients: Python API "
+          f"{eight['python'] / eight['eventsourcing']:.1f}x")
     print(json.dumps({
         "python_api_commands_per_s": round(eight["python"]),
         "http_commands_per_s": round(eight["http"]),
@@ -324,9 +330,12 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         "pgbench_append_function_tps": round(eight["pgbench_function"]),
         "python_api_vs_pgbench_ratio": round(eight["python"] / eight["pgbench"], 3),
         "http_vs_pgbench_ratio": round(eight["http"] / eight["pgbench"], 3),
+        "eventsourcing_commands_per_s": round(eight["eventsourcing"]),
+        "python_api_vs_eventsourcing_ratio": round(eight["python"] / eight["eventsourcing"], 2),
         "load_1000_events_snapshot_ms": round(with_snapshot, 2),
         "load_1000_events_replay_ms": round(replay, 2),
         "python_api_1_client_commands_per_s": round(figures[1]["python"]),
+        "eventsourcing_1_client_commands_per_s": round(figures[1]["eventsourcing"]),
         "python_threads_commands_per_s": round(eight["threads"]),
         "python_threads_1_client_commands_per_s": round(figures[1]["threads"]),
         "http_1_client_commands_per_s": round(figures[1]["http"]),

@@ -29,7 +29,7 @@ if ! .venv/bin/python -c "import eventfold, pyspark, confluent_kafka, calfkit_me
    || [ pyproject.toml -nt .venv/.installed ]; then
   echo "setup: installing Python packages into .venv"
   .venv/bin/pip install -q -U pip
-  .venv/bin/pip install -q -e ".[stack,dev]"
+  .venv/bin/pip install -q -e ".[stack,dev,bench]"
   touch .venv/.installed
 fi
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"
