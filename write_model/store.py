@@ -311,8 +311,13 @@ def _append_units(conn: psycopg.Connection[Any],
     return decode_outcomes(units, row[0])
 
 
+def units_json(units: Sequence[UnitOfWork]) -> bytes:
+    """The argument of ``eventfold_append_units``: JSON text, UTF-8."""
+    return orjson.dumps([unit.as_json() for unit in units])
+
+
 def encode_units(units: Sequence[UnitOfWork]) -> str:
-    return orjson.dumps([unit.as_json() for unit in units]).decode()
+    return units_json(units).decode()
 
 
 def decode_outcomes(units: Sequence[UnitOfWork], reply: dict[str, Any]) -> list[UnitOutcome]:

@@ -141,6 +141,35 @@ def test_a_failing_append_does_not_fail_its_batch(store, unique) -> None:
         assert [e.data for e in store.read_stream(f"{unique}-ok{n}")] == [{"q": n}]
 
 
+def test_a_failing_append_does_not_fail_its_async_batch(stack_settings, store, unique) -> None:
+    """The asyncio store drives libpq itself: a value Postgres refuses comes back as psycopg's
+    own error for that one append, and the rest of its batch lands."""
+    import psycopg
+
+    store.append("Product", f"{unique}-taken", 0, [NewEvent("StockReceived", {"q": 1})])
+
+    async def run() -> list[object]:
+        async with AsyncEventStore.from_url(stack_settings.database_url) as async_store:
+            async def attempt(name: str, expected: int, data: dict) -> object:
+                try:
+                    return await async_store.append("Product", f"{unique}-{name}", expected,
+                                                    [NewEvent("StockReceived", data)])
+                except Exception as exc:  # the assertions below sort them
+                    return exc
+
+            plans = [("taken", 0, {"q": 2}), ("nul", 0, {"q": "\u0000"})] + [
+                (f"ok{n}", 0, {"q": n}) for n in range(6)]
+            return await asyncio.gather(*(attempt(*plan) for plan in plans))
+
+    taken, nul, *landed = asyncio.run(run())
+    assert isinstance(taken, ConcurrencyError) and taken.current_version == 1
+    assert isinstance(nul, psycopg.errors.UntranslatableCharacter)
+    assert store.read_stream(f"{unique}-nul") == []
+    assert [result.version for result in landed] == [1] * 6
+    for n in range(6):
+        assert [e.data for e in store.read_stream(f"{unique}-ok{n}")] == [{"q": n}]
+
+
 def test_the_duplicate_check_looks_commands_up_by_key(store, unique) -> None:
     """A call probes the command log by key. 0006's function hashed the whole log instead
     while it held up to some 20,000 commands (3 ms a call at 20,000, measured), so every
