@@ -32,12 +32,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import migrations
-from bench.common import WrkResult, run_wrk
+from bench.common import PRODUCTS_PER_CLIENT, WrkResult, run_wrk, threaded_round
 from bench.eventsourcing_reference import eventsourcing_threads
 from local_stack import postgres
 from local_stack.process import free_port, stop_pid, wait_until
@@ -75,9 +74,6 @@ def pgbench_tps(dsn: str, clients: int, seconds: int, work_dir: Path,
     return float(match.group(1))
 
 
-PRODUCTS_PER_CLIENT = 200
-
-
 def python_async(database_url: str, clients: int, seconds: float, counts: mp.Queue) -> None:
     import asyncio
 
@@ -111,25 +107,11 @@ def python_threads(database_url: str, clients: int, seconds: float, counts: mp.Q
     bus = CommandBus(Repository(EventStore.from_url(database_url, pool_size=clients + 2)),
                      app.commands)
 
-    def client(n: int, until: float | None, done_counts: list[int]) -> None:
-        done = 0
-        while (done < PRODUCTS_PER_CLIENT) if until is None else time.perf_counter() < until:
-            bus.execute(ReceiveStock(product=f"th-{n}-{done % PRODUCTS_PER_CLIENT}", quantity=1))
-            done += 1
-        done_counts.append(done)
+    def receive(n: int, done: int) -> None:
+        bus.execute(ReceiveStock(product=f"th-{n}-{done % PRODUCTS_PER_CLIENT}", quantity=1))
 
-    def round_of(until: float | None) -> int:
-        done_counts: list[int] = []
-        threads = [threading.Thread(target=client, args=(n, until, done_counts))
-                   for n in range(clients)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        return sum(done_counts)
-
-    round_of(None)
-    counts.put(round_of(time.perf_counter() + seconds))
+    threaded_round(receive, clients, None)
+    counts.put(threaded_round(receive, clients, time.perf_counter() + seconds))
 
 
 def in_process(target, database_url: str, clients: int, seconds: float) -> float:  # noqa: ANN001

@@ -1,5 +1,5 @@
-"""Shared by the benchmarks: percentiles, the memory of a process tree, wrk runs and a
-stack of our own."""
+"""Shared by the benchmarks: percentiles, the memory of a process tree, wrk runs, rounds of
+threaded clients and a stack of our own."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import re
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,29 @@ from eventfold.config import Settings
 from local_stack import LocalStack
 
 log = logging.getLogger("bench")
+
+PRODUCTS_PER_CLIENT = 200  # each write-side client cycles over this many products of its own
+
+
+def threaded_round(command: Callable[[int, int], object], clients: int,
+                   until: float | None) -> int:
+    """Commands done by ``clients`` threads, thread ``n`` calling ``command(n, done)``: one per
+    product each when ``until`` is None (the warm-up), else until that ``perf_counter`` time."""
+    done_counts: list[int] = []
+
+    def client(n: int) -> None:
+        done = 0
+        while (done < PRODUCTS_PER_CLIENT) if until is None else time.perf_counter() < until:
+            command(n, done)
+            done += 1
+        done_counts.append(done)
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(done_counts)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -12,18 +12,18 @@ own, so they never meet the event store's.
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from typing import TYPE_CHECKING
 
 from sqlalchemy.engine import make_url
 
+from bench.common import PRODUCTS_PER_CLIENT, threaded_round
+
 if TYPE_CHECKING:
     import multiprocessing as mp
 
 SCHEMA = "eventsourcing_reference"
-PRODUCTS_PER_CLIENT = 200
 
 
 def eventsourcing_env(database_url: str) -> dict[str, str]:
@@ -83,23 +83,10 @@ def create_schema(database_url: str) -> None:
 
 
 def run_clients(app, tag: str, clients: int, until: float | None) -> int:  # noqa: ANN001
-    """Commands done by ``clients`` threads; until every client touched each of its products
-    once when ``until`` is None, else until that ``perf_counter`` time."""
-    counts: list[int] = []
-
-    def client(n: int) -> None:
-        done = 0
-        while (done < PRODUCTS_PER_CLIENT) if until is None else time.perf_counter() < until:
-            app.receive_stock(f"{tag}-{n}-{done % PRODUCTS_PER_CLIENT}", 1)
-            done += 1
-        counts.append(done)
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return sum(counts)
+    """``threaded_round`` of ``clients`` threads receiving stock on ``app``."""
+    return threaded_round(
+        lambda n, done: app.receive_stock(f"{tag}-{n}-{done % PRODUCTS_PER_CLIENT}", 1),
+        clients, until)
 
 
 def eventsourcing_threads(database_url: str, clients: int, seconds: float,

@@ -182,10 +182,9 @@ async def _call_prepared_append(conn: psycopg.AsyncConnection[Any], units: bytes
     while pgconn.is_busy():
         await _socket_ready(pgconn.socket, loop.add_reader, loop.remove_reader)
         pgconn.consume_input()
-    reply: pq.abc.PGresult | None = None
-    while (result := pgconn.get_result()) is not None:
-        if reply is None or reply.status == pq.ExecStatus.TUPLES_OK:
-            reply = result  # an error result, once met, is the one to raise
+    reply = pgconn.get_result()  # one statement, one result
+    while pgconn.get_result() is not None:  # libpq ends every query with a None
+        pass
     if reply is None or reply.status != pq.ExecStatus.TUPLES_OK:
         raise (error_from_result(reply) if reply is not None
                else psycopg.OperationalError("the server sent no result"))
@@ -204,6 +203,11 @@ async def _socket_ready(socket: int, watch: Callable[..., None],
         unwatch(socket)
 
 
+def _settle_once(ready: asyncio.Future[None]) -> None:
+    if not ready.done():
+        ready.set_result(None)
+
+
 async def _commit_alone(conn: psycopg.AsyncConnection[Any], unit: UnitOfWork) -> UnitOutcome:
     for attempt in range(1, RACE_RETRIES + 1):
         try:
@@ -213,7 +217,3 @@ async def _commit_alone(conn: psycopg.AsyncConnection[Any], unit: UnitOfWork) ->
                 return exc
     raise AssertionError("unreachable: the last attempt never checks again")
 
-
-def _settle_once(ready: asyncio.Future[None]) -> None:
-    if not ready.done():
-        ready.set_result(None)

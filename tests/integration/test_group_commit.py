@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+import psycopg
 import pytest
 
 from examples.inventory import Product, ReceiveStock, StockReceived
@@ -144,8 +145,6 @@ def test_a_failing_append_does_not_fail_its_batch(store, unique) -> None:
 def test_a_failing_append_does_not_fail_its_async_batch(stack_settings, store, unique) -> None:
     """The asyncio store drives libpq itself: a value Postgres refuses comes back as psycopg's
     own error for that one append, and the rest of its batch lands."""
-    import psycopg
-
     store.append("Product", f"{unique}-taken", 0, [NewEvent("StockReceived", {"q": 1})])
 
     async def run() -> list[object]:
