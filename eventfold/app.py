@@ -155,6 +155,7 @@ class Eventfold:
             checkpoint_root=Path(settings.checkpoint_dir),
             trigger_interval=settings.trigger_interval,
             max_rows_per_batch=max_rows or settings.max_rows_per_batch,
+            retire_wait_s=settings.ktable_retire_wait_s,
         )
 
 

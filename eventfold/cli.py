@@ -8,12 +8,15 @@ import logging
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
 
 if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
     from eventfold.app import Eventfold
     from outbox import ConnectorStatus
 
@@ -117,10 +120,7 @@ def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -
         query = runner.start(once=once)
         # The signal handler only sets a flag: the main thread may be inside a py4j call,
         # which must not be re-entered from a handler. Wait in slices and stop from here.
-        while not query.awaitTermination(1):
-            if stop_requested.is_set():
-                stop_gracefully(query)
-                break
+        _await_query(query, stop_requested, stop_gracefully)
         runner.close()
         if query.exception() is None or stop_requested.is_set():
             break
@@ -130,6 +130,24 @@ def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -
                  runner.versions.active(name))
     log.info("projection %s stopped after %d batches", name, runner.batches)
     return 0
+
+
+def _await_query(query: StreamingQuery, stop_requested: threading.Event,
+                 stop_gracefully: Callable[[StreamingQuery], None]) -> None:
+    """Wait for the query to end: by itself (caught up with ``--once``, or failed) or on a
+    signal. A failed query raises from ``awaitTermination``; its ``exception()`` says why and
+    the caller decides (a version switch is not a failure)."""
+    from pyspark.errors import StreamingQueryException
+
+    while True:
+        try:
+            if query.awaitTermination(1):
+                return
+        except StreamingQueryException:
+            return
+        if stop_requested.is_set():
+            stop_gracefully(query)
+            return
 
 
 def _stop_requested_on_signal() -> threading.Event:

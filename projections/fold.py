@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from itertools import groupby
+from math import isfinite
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
@@ -130,8 +131,12 @@ def _checked_fold(projection: Projection) -> Callable[[State | None, Event], Sta
 
     def step(state: State | None, event: Event) -> State | None:
         after = fold(state, event)
-        if after is not None and (type(after) is not dict or not after.keys() <= columns):
-            check_state(projection, after)  # raises, with the reason
+        if after is not None:
+            if type(after) is not dict or not after.keys() <= columns:
+                check_state(projection, after)  # raises, with the reason
+            for value in after.values():
+                if type(value) is float and not isfinite(value):
+                    check_state(projection, after)
         return after
 
     return step
@@ -145,6 +150,12 @@ def check_state(projection: Projection, state: State | None) -> None:
     if not state.keys() <= projection.columns.keys():
         unknown = sorted(set(state) - set(projection.columns))
         raise ValueError(f"state fields {unknown} are not read model columns")
+    # Not JSON: a KTable record must parse, and the read model would hold a value no
+    # reader can take.
+    not_finite = sorted(column for column, value in state.items()
+                        if isinstance(value, float) and not isfinite(value))
+    if not_finite:
+        raise ValueError(f"state fields {not_finite} are not finite numbers")
 
 
 def encode_derived(projection: Projection, event: Event, index: int, derived: Derived) -> Emission:

@@ -93,12 +93,18 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
             builder.store.publish_view(conn)
             versions.activate(conn, projection.name, new, builder.store.committed_offsets())
             live.drop(conn)
+            if old != new:
+                versions.retire_topic(conn, projection.name, old,
+                                      projection.ktable_topic_for(old))
         builder.close()
+        log.info("replay %s: v%d active; waiting up to %.0f s for read APIs to move off the "
+                 "v%d KTable topic before deleting it", projection.name, new,
+                 settings.retire_wait_s, old)
+        versions.delete_retired_topics(TopicAdmin(settings.bootstrap_servers).delete,
+                                       settings.retire_wait_s)
     finally:
         live.close()
         versions.close()
-    if old != new:
-        TopicAdmin(settings.bootstrap_servers).delete([projection.ktable_topic_for(old)])
     seconds = time.monotonic() - started
     log.info("replay %s: v%d active in %.1f s (%s events/s); v%d dropped", projection.name, new,
              seconds, f"{progress.done / seconds:,.0f}", old)

@@ -44,6 +44,9 @@ from projections.versions import ProjectionVersions
 
 log = logging.getLogger(__name__)
 
+_CLEANUP_EVERY_S = 30.0
+"""How often an active runner deletes retired KTable topics that readers have left."""
+
 
 @dataclass(frozen=True)
 class RunnerSettings:
@@ -52,6 +55,9 @@ class RunnerSettings:
     checkpoint_root: Path
     trigger_interval: str = "500 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
+    retire_wait_s: float = 60.0
+    """How long a replay waits for read APIs to leave the old KTable topic before deleting
+    it (later runs delete it once they have)."""
 
 
 class Progress(Protocol):
@@ -79,6 +85,7 @@ class ProjectionRunner:
         self.topics = TopicSink(settings.bootstrap_servers, projection, self.version)
         self.batches = 0
         self._prepared = False
+        self._next_cleanup = 0.0
         self.progress: Progress = progress or ProgressLog(projection.name)
 
     @property
@@ -206,6 +213,9 @@ class ProjectionRunner:
                   batch_id, records, len(outcome.changed), clock)
         self.batches += 1
         self.progress.add(batch_id, records, outcome)
+        if self.is_active and time.monotonic() >= self._next_cleanup:
+            self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
+            self.versions.delete_retired_topics(self.topics.delete_topics)
 
     def _fold(self, batch_id: int, slices: list[SourceSlice],
               context: BatchContext) -> FoldOutcome:

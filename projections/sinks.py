@@ -338,6 +338,9 @@ class TopicSink:
     def ensure_topics(self) -> None:
         ensure_projection_topics(self._admin, self.projection, self.version)
 
+    def delete_topics(self, topics: list[str]) -> None:
+        self._admin.delete(topics)
+
     def write_events(self, outcome: FoldOutcome) -> None:
         """Dead letters and derived events (output topics are created on first use)."""
         for letter in outcome.dead_letters:

@@ -8,7 +8,9 @@ commit, so no batch of the old version can land after the switch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import logging
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -16,11 +18,28 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from outbox.kafka import flatten_offsets, nest_offsets
-from projections.catalog import VERSIONS_TABLE
+from projections.catalog import (
+    KTABLE_READERS_TABLE,
+    READER_HEARTBEAT_S,
+    READER_TTL_S,
+    RETIRED_TOPICS_TABLE,
+    VERSIONS_TABLE,
+)
 from projections.fold import PartitionKey
 from projections.sinks import libpq_url
 
 _TABLE = sql.Identifier(VERSIONS_TABLE)
+_RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)
+# A retired topic nobody reads: no fresh heartbeat for it, and retired long enough that a
+# reader who saw the old version just before the switch has registered itself by now.
+_UNREAD_RETIRED = sql.SQL("""
+    SELECT r.topic FROM {retired} r
+    WHERE r.retired_at < now() - make_interval(secs => %s)
+      AND NOT EXISTS (SELECT 1 FROM {readers} k WHERE k.topic = r.topic
+                      AND k.seen_at > now() - make_interval(secs => %s))
+""").format(retired=_RETIRED, readers=sql.Identifier(KTABLE_READERS_TABLE))
+
+log = logging.getLogger(__name__)
 
 
 class ProjectionVersions:
@@ -89,3 +108,37 @@ class ProjectionVersions:
         conn.execute(sql.SQL("UPDATE {} SET active_version = %s, building_version = NULL, "
                              "emitted_offsets = %s, switched_at = now() WHERE projection = %s")
                      .format(_TABLE), (version, Jsonb(nest_offsets(emitted)), name))
+
+    @staticmethod
+    def retire_topic(conn: psycopg.Connection, name: str, version: int, topic: str) -> None:
+        """Queue a replaced version's KTable topic for deletion (in the switch's transaction).
+        It is deleted once no read API instance has it open: deleting a topic a
+        confluent-kafka consumer has assigned crashes that consumer's process."""
+        conn.execute(sql.SQL("INSERT INTO {} (topic, projection, version) VALUES (%s, %s, %s) "
+                             "ON CONFLICT (topic) DO NOTHING").format(_RETIRED),
+                     (topic, name, version))
+
+    def delete_retired_topics(self, delete: Callable[[list[str]], None],
+                              wait_s: float = 0.0) -> list[str]:
+        """Delete every retired topic no live reader has open, waiting up to ``wait_s`` for
+        readers to move off. The topics still read are left for a later call (the next
+        replay, or a streaming run, which calls this as it goes)."""
+        deadline = time.monotonic() + wait_s
+        deleted: list[str] = []
+        while True:
+            topics = [row[0] for row in self._conn().execute(
+                _UNREAD_RETIRED, (2 * READER_HEARTBEAT_S, READER_TTL_S)).fetchall()]
+            if topics:
+                delete(topics)
+                self._conn().execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s)")
+                                     .format(_RETIRED), (topics,))
+                deleted += topics
+                log.info("deleted retired KTable topics %s (no reader has them open)", topics)
+            waiting = self._conn().execute(sql.SQL("SELECT count(*) FROM {}").format(_RETIRED)
+                                           ).fetchone()
+            if not waiting or not waiting[0] or time.monotonic() >= deadline:
+                if waiting and waiting[0]:
+                    log.info("%d retired KTable topic(s) still open in a read API; deleted once "
+                             "its instances move to the active version", waiting[0])
+                return deleted
+            time.sleep(1.0)

@@ -59,9 +59,10 @@ class Freshness:
 NEVER_RAN = Freshness(None, None, None, {}, None, datetime.fromtimestamp(0, UTC))
 
 
-def connect_as_reader(database_url: str, role: str) -> psycopg.Connection:
+def connect_as_reader(database_url: str, role: str, read_only: bool = True
+                      ) -> psycopg.Connection:
     conn = psycopg.connect(libpq_url(database_url), autocommit=True)
-    for statement in reader_session(role):
+    for statement in reader_session(role, read_only):
         conn.execute(statement)
     return conn
 

@@ -30,15 +30,18 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, FastAPI, HTTPException, Request
+import psycopg
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
+from psycopg_pool import PoolTimeout
 
 from projections import Projection
 from read_api.freshness import FreshnessMonitor
 from read_api.ktables import KTableEntry, KTableHost
+from read_api.presence import ReaderPresence
 from read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
 from read_api.read_models import ReadModel, reader_pool
-from read_api.schema import QueryError
+from read_api.schema import QueryError, check_text
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +89,16 @@ def _int_param(request: Request, name: str, default: int | None, low: int, high:
     return value
 
 
+async def _checked_text(request: Request) -> None:
+    """Every path and query parameter must be text a stored value could hold: a 400 naming
+    the parameter, never a database error."""
+    for name, value in request.path_params.items():
+        check_text(value, name)
+    for name, value in request.query_params.multi_items():
+        check_text(name, "parameter name")
+        check_text(value, name)
+
+
 def _only(request: Request, allowed: Iterable[str]) -> None:
     known = set(allowed)
     for name in request.query_params:
@@ -129,6 +142,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     monitor = FreshnessMonitor(stateful, options.database_url, options.bootstrap_servers,
                                options.reader_role)
     read_models = {p.name: ReadModel(pool, p) for p in stateful}
+    presence = ReaderPresence(options.database_url, options.reader_role, instance_id)
     hosts: dict[str, KTableHost] = {}
 
     def follow_version(name: str, version: int) -> None:
@@ -145,10 +159,11 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         # Everything built so far lives as long as the process: keep the cyclic collector
         # from walking it again and again while a restore allocates (and during requests).
         gc.freeze()
+        presence.start()
         for p in stateful:
             version = monitor.active_version(p.name) or 1
-            hosts[p.name] = KTableHost(options.bootstrap_servers, p.ktable_topic_for(version),
-                                       version).start()
+            hosts[p.name] = KTableHost(options.bootstrap_servers, p.name,
+                                       p.ktable_topic_for(version), version, presence).start()
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
         try:
             yield
@@ -156,6 +171,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
             monitor.stop()
             for host in hosts.values():
                 host.stop()
+            presence.stop()
             await pool.close()
 
     app = FastAPI(title=options.title, lifespan=lifespan,
@@ -165,19 +181,31 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     async def bad_query(_: Request, exc: QueryError) -> Response:
         return json_response({"detail": str(exc)}, 400)
 
+    @app.exception_handler(psycopg.errors.UndefinedTable)
+    async def not_built(request: Request, exc: psycopg.Error) -> Response:
+        name = request.path_params.get("name") or request.url.path.split("/")[2]
+        return _unavailable(f"read model {name} has no table yet: its projection has never "
+                            f"run (start it with `eventfold projection run {name}`)")
+
+    @app.exception_handler(psycopg.OperationalError)
+    @app.exception_handler(PoolTimeout)
+    async def database_down(_: Request, exc: Exception) -> Response:
+        log.warning("503: database unavailable: %s", exc)
+        return _unavailable("the database is unavailable; retry shortly")
+
     @app.exception_handler(VersionNotReached)
     async def not_reached(_: Request, exc: VersionNotReached) -> Response:
         return json_response({"detail": str(exc), "min_version": exc.wanted,
                               "current_version": exc.current}, 504)
 
-    data = APIRouter(dependencies=list(dependencies))
+    data = APIRouter(dependencies=[*dependencies, Depends(_checked_text)])
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor)
     _ktable_routes(data, read_models, hosts, instance_id)
     _unknown_read_model_route(data, read_models)
     app.include_router(data)
-    _health_routes(app, pool, hosts)
+    _health_routes(app, pool, hosts, monitor)
     return app
 
 
@@ -352,7 +380,14 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                               "freshness": freshness(host)})
 
 
-def _health_routes(app: FastAPI, pool: Any, hosts: dict[str, KTableHost]) -> None:
+def _unavailable(detail: str) -> Response:
+    response = json_response({"detail": detail}, 503)
+    response.headers["Retry-After"] = "1"
+    return response
+
+
+def _health_routes(app: FastAPI, pool: Any, hosts: dict[str, KTableHost],
+                   monitor: FreshnessMonitor) -> None:
     @app.get("/health", tags=["operations"])
     async def health() -> dict[str, str]:
         return {"status": "ok"}
@@ -364,6 +399,11 @@ def _health_routes(app: FastAPI, pool: Any, hosts: dict[str, KTableHost]) -> Non
                 await conn.execute("SELECT 1")
         except Exception as exc:
             return json_response({"status": "database unavailable", "detail": str(exc)}, 503)
+        never_ran = [name for name in hosts if monitor.get(name).version is None]
+        if never_ran:
+            return json_response({"status": "waiting for projections", "detail": (
+                f"no read model yet for {', '.join(never_ran)}: their projections have never "
+                "run")}, 503)
         restoring = {name: host.view.progress.as_json() for name, host in hosts.items()
                      if not host.view.restored}
         if restoring:

@@ -18,13 +18,16 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from sortedcontainers import SortedDict
 
 from outbox.kafka import OffsetPlanner, consume_available, consumer_config
+
+if TYPE_CHECKING:
+    from read_api.presence import ReaderPresence
 
 log = logging.getLogger(__name__)
 
@@ -149,10 +152,12 @@ class KTableView:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self) -> bool:
+        """Stop following; True once the consumer has closed."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
+        return not self._thread.is_alive()
 
     @property
     def restored(self) -> bool:
@@ -291,12 +296,19 @@ class KTableView:
 
 class KTableHost:
     """Serves a projection's KTable at its active version, restoring the next version's topic
-    in the background when a replay switches and swapping once it is restored."""
+    in the background when a replay switches and swapping once it is restored.
 
-    def __init__(self, bootstrap_servers: str, topic: str, version: int) -> None:
+    With ``presence``, every topic is registered before its consumer assigns it and
+    unregistered once that consumer has closed, so that a replay deletes the old topic only
+    after this instance has moved off it."""
+
+    def __init__(self, bootstrap_servers: str, projection: str, topic: str, version: int,
+                 presence: ReaderPresence | None = None) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.projection = projection
+        self.presence = presence
         self.version = version
-        self.view = KTableView(bootstrap_servers, topic)
+        self.view = self._open(version, topic)
         self._next: tuple[int, KTableView] | None = None
         self._lock = threading.Lock()
 
@@ -308,7 +320,7 @@ class KTableHost:
         with self._lock:
             views = [self.view] + ([self._next[1]] if self._next else [])
         for view in views:
-            view.stop()
+            self._close(view)
 
     def follow(self, version: int, topic: str) -> None:
         """Called when the registry shows ``version`` active; cheap when nothing changed."""
@@ -317,13 +329,22 @@ class KTableHost:
                 return
             if self._next is None or self._next[0] != version:
                 if self._next is not None:
-                    self._next[1].stop()
+                    self._close(self._next[1])
                 log.info("ktable %s: version %d is active, restoring %s", self.view.topic,
                          version, topic)
-                self._next = (version, KTableView(self.bootstrap_servers, topic).start())
+                self._next = (version, self._open(version, topic).start())
             next_version, next_view = self._next
             if not next_view.restored:
                 return
             old, self.view, self.version, self._next = self.view, next_view, next_version, None
-        old.stop()
+        self._close(old)
         log.info("ktable now served from %s (version %d)", self.view.topic, self.version)
+
+    def _open(self, version: int, topic: str) -> KTableView:
+        if self.presence is not None:
+            self.presence.opening(self.projection, version, topic)
+        return KTableView(self.bootstrap_servers, topic)
+
+    def _close(self, view: KTableView) -> None:
+        if view.stop() and self.presence is not None:
+            self.presence.closed(view.topic)

@@ -20,10 +20,12 @@ from read_api.query import Filter, ListQuery, count_query, encode_cursor, get_qu
 from read_api.schema import ReadModelSchema
 
 
-def reader_session(role: str) -> list[sql.Composable]:
-    """What makes a session a reader's: read-only transactions, as ``role`` when one is given
-    (the login may already be that role)."""
-    statements: list[sql.Composable] = [sql.SQL("SET default_transaction_read_only = on")]
+def reader_session(role: str, read_only: bool = True) -> list[sql.Composable]:
+    """What makes a session a reader's: read-only transactions (unless ``read_only`` is off,
+    for the instance's own presence rows), as ``role`` when one is given (the login may
+    already be that role)."""
+    statements: list[sql.Composable] = (
+        [sql.SQL("SET default_transaction_read_only = on")] if read_only else [])
     if role:
         statements.insert(0, sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
     return statements
@@ -38,7 +40,7 @@ def reader_pool(database_url: str, role: str, size: int) -> AsyncConnectionPool:
             await conn.execute(statement)
 
     return AsyncConnectionPool(libpq_url(database_url), min_size=min(2, size), max_size=size,
-                               configure=configure, open=False,
+                               configure=configure, open=False, timeout=5.0,
                                kwargs={"row_factory": dict_row})
 
 

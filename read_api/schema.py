@@ -113,6 +113,7 @@ class Field:
         if not self.kind.comparable:
             raise QueryError(f"{parameter}: field {self.name!r} holds JSON and cannot be "
                              "filtered on")
+        check_text(raw, parameter)
         try:
             return _PARSERS[self.kind](raw)
         except (ValueError, TypeError) as exc:
@@ -124,6 +125,20 @@ class Field:
         if self.nullable and schema:
             return {"anyOf": [schema, {"type": "null"}]}
         return schema
+
+
+def check_text(raw: str, parameter: str) -> None:
+    """A QueryError for text no stored value can hold (Postgres text has no NUL, and UTF-8
+    no lone surrogate): the query could only fail in the database."""
+    if "\x00" in raw:
+        raise QueryError(f"{parameter}: contains a NUL character (\\u0000), which no stored "
+                         "value holds")
+    if not raw.isascii():
+        try:
+            raw.encode()
+        except UnicodeEncodeError:
+            raise QueryError(f"{parameter}: contains a lone surrogate (not valid Unicode)"
+                             ) from None
 
 
 @dataclass(frozen=True)

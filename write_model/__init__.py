@@ -18,15 +18,23 @@ from write_model.commands import (
     CommandRegistry,
     CommandResult,
 )
-from write_model.events import DomainEvent, EventRegistry, RecordedEvent, default_registry
+from write_model.events import (
+    DomainEvent,
+    EventRegistry,
+    NewEvent,
+    RecordedEvent,
+    default_registry,
+)
 from write_model.repository import AsyncRepository, Repository
 from write_model.store import (
     AppendResult,
+    CommandIdReused,
     ConcurrencyError,
     EventStore,
     StoreUnavailable,
     StreamAppend,
     StreamNotFound,
+    StreamOwnedByAnotherType,
 )
 
 __all__ = [
@@ -37,6 +45,7 @@ __all__ = [
     "AsyncRepository",
     "Command",
     "CommandBus",
+    "CommandIdReused",
     "CommandRegistry",
     "CommandResult",
     "ConcurrencyError",
@@ -44,10 +53,12 @@ __all__ = [
     "DomainEvent",
     "EventRegistry",
     "EventStore",
+    "NewEvent",
     "RecordedEvent",
     "Repository",
     "StoreUnavailable",
     "StreamAppend",
     "StreamNotFound",
+    "StreamOwnedByAnotherType",
     "default_registry",
 ]

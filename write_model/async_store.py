@@ -106,15 +106,17 @@ class AsyncEventStore:
     async def append(
         self, stream_type: str, stream_id: str, expected_version: int,
         events: Sequence[NewEvent], command_id: uuid.UUID | None = None,
+        fingerprint: str | None = None,
     ) -> AppendResult:
         if not events:
             return AppendResult(stream_id, expected_version, [], [])
         part = StreamAppend(stream_type, stream_id, expected_version, events)
-        return (await self._group.submit(UnitOfWork((part,), command_id)))[0]
+        return (await self._group.submit(UnitOfWork((part,), command_id, fingerprint)))[0]
 
     async def append_many(self, appends: Sequence[StreamAppend],
-                          command_id: uuid.UUID | None = None) -> list[AppendResult]:
-        return await self._group.submit(UnitOfWork.of(appends, command_id))
+                          command_id: uuid.UUID | None = None,
+                          fingerprint: str | None = None) -> list[AppendResult]:
+        return await self._group.submit(UnitOfWork.of(appends, command_id, fingerprint))
 
     async def _commit_units(self, units: Sequence[UnitOfWork]) -> list[UnitOutcome]:
         async with self.connection() as conn:

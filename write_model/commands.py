@@ -7,6 +7,7 @@ and appends nothing, also when the first attempt committed but its response was 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import random
 import time
 import uuid
@@ -14,11 +15,19 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from write_model.aggregate import Aggregate
 from write_model.repository import AggregateCache, AsyncRepository, Repository
-from write_model.store import AppendResult, ConcurrencyError, DuplicateCommand, StreamNotFound
+from write_model.store import (
+    AppendResult,
+    CommandIdReused,
+    ConcurrencyError,
+    DuplicateCommand,
+    StreamNotFound,
+)
+from write_model.values import storable_problem
 
 A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C", bound="Command")
@@ -32,7 +41,7 @@ class Command(BaseModel):
     without it the bus retries a lost race against the latest version.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
     command_name: ClassVar[str]
 
     command_id: uuid.UUID | None = Field(
@@ -46,8 +55,23 @@ class Command(BaseModel):
         if "command_name" not in cls.__dict__:
             cls.command_name = cls.__name__
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        """Every field must be storable as it is (no NUL, lone surrogate, non-finite number,
+        or deep nesting): the error names the field and the place in it."""
+        if (problem := storable_problem(value)) is not None:
+            raise PydanticCustomError("storable", problem)
+        return value
+
     def stream_id(self) -> str:
         raise NotImplementedError(f"{type(self).__name__} must implement stream_id()")
+
+    def fingerprint(self) -> str:
+        """A digest of what the command asks for (its name and fields, not its id): a command
+        id executed again with another fingerprint is a mistake, not a retry."""
+        payload = self.model_dump_json(exclude={"command_id"}).encode()
+        return hashlib.sha256(self.command_name.encode() + b"\n" + payload).hexdigest()[:32]
 
 
 class CommandResult(BaseModel):
@@ -125,6 +149,7 @@ class _Save:
     aggregate: Aggregate
     metadata: dict[str, Any]
     command_id: uuid.UUID | None
+    fingerprint: str
 
 
 @dataclass(frozen=True)
@@ -151,17 +176,19 @@ class _Execution:
     def steps(self, command: Command, metadata: Mapping[str, Any] | None,
               correlation_id: str | None) -> _Steps:
         spec = self.registry.get(command.command_name)
+        fingerprint = command.fingerprint()
         if command.command_id is not None:
             earlier = yield _FindResult(command.command_id)
             if earlier is not None:
-                return CommandResult.of(earlier, replayed=True)
+                return _replayed(command, fingerprint, earlier)
         event_metadata = _event_metadata(command, metadata, correlation_id)
         use_cache = True
         for attempt in range(1, self.MAX_ATTEMPTS + 1):
             try:
-                return (yield from self._attempt(spec, command, event_metadata, use_cache))
+                return (yield from self._attempt(spec, command, event_metadata, fingerprint,
+                                                 use_cache))
             except DuplicateCommand as duplicate:
-                return CommandResult.of(duplicate.result, replayed=True)
+                return _replayed(command, fingerprint, duplicate.result)
             except _CachedAggregateRejected:
                 use_cache = False  # decide again on the aggregate as stored
             except ConcurrencyError:
@@ -173,7 +200,7 @@ class _Execution:
         raise AssertionError("unreachable")
 
     def _attempt(self, spec: HandlerSpec[Any, Any], command: Command,
-                 metadata: dict[str, Any], use_cache: bool) -> _Steps:
+                 metadata: dict[str, Any], fingerprint: str, use_cache: bool) -> _Steps:
         stream_id = command.stream_id()
         cached = self.cache.take(spec.aggregate, stream_id) if use_cache else None
         aggregate = cached or (yield _Load(spec.aggregate, stream_id))
@@ -189,7 +216,7 @@ class _Execution:
             return CommandResult(stream_id=aggregate.id, version=aggregate.version,
                                  event_ids=[], global_positions=[])
         try:
-            result = yield _Save(aggregate, metadata, command.command_id)
+            result = yield _Save(aggregate, metadata, command.command_id, fingerprint)
         except ConcurrencyError:
             if cached is not None and command.expected_version is not None:
                 raise _CachedAggregateRejected from None
@@ -258,8 +285,8 @@ class CommandBus:
                 return self.repository.store.command_result(command_id)
             case _Load(aggregate_class, stream_id):
                 return self.repository.load(aggregate_class, stream_id)
-            case _Save(aggregate, metadata, command_id):
-                return self.repository.save(aggregate, metadata, command_id)
+            case _Save(aggregate, metadata, command_id, fingerprint):
+                return self.repository.save(aggregate, metadata, command_id, fingerprint)
             case _Pause(seconds):
                 time.sleep(seconds)
         return None
@@ -294,14 +321,23 @@ class AsyncCommandBus:
                 return await self.repository.store.command_result(command_id)
             case _Load(aggregate_class, stream_id):
                 return await self.repository.load(aggregate_class, stream_id)
-            case _Save(aggregate, metadata, command_id):
-                return await self.repository.save(aggregate, metadata, command_id)
+            case _Save(aggregate, metadata, command_id, fingerprint):
+                return await self.repository.save(aggregate, metadata, command_id, fingerprint)
             case _Pause(seconds):
                 await asyncio.sleep(seconds)
         return None
 
     async def load(self, aggregate_class: type[A], stream_id: str) -> A:
         return await self.repository.load(aggregate_class, stream_id)
+
+
+def _replayed(command: Command, fingerprint: str, earlier: AppendResult) -> CommandResult:
+    """The first result of ``command``'s id, if the id was first used for the same payload.
+    (Results logged before fingerprints existed carry none and are trusted.)"""
+    if earlier.fingerprint is not None and earlier.fingerprint != fingerprint:
+        assert command.command_id is not None
+        raise CommandIdReused(command.command_id)
+    return CommandResult.of(earlier, replayed=True)
 
 
 class _CachedAggregateRejected(Exception):

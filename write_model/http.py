@@ -32,7 +32,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from write_model.aggregate import DomainError
 from write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
-from write_model.store import ConcurrencyError, StoreUnavailable, StreamNotFound
+from write_model.store import (
+    CommandIdReused,
+    ConcurrencyError,
+    StoreUnavailable,
+    StreamNotFound,
+    StreamOwnedByAnotherType,
+)
+from write_model.values import storable_problem, text_problem
 
 log = logging.getLogger(__name__)
 
@@ -294,23 +301,29 @@ class CommandHeaders:
         if correlation_id is not None and len(correlation_id) > MAX_CORRELATION_ID:
             invalid("x-correlation-id", f"String should have at most {MAX_CORRELATION_ID} "
                     "characters", "string_too_long")
-        metadata = _parse_metadata(headers.get("x-metadata"))
-        if metadata is None:
-            invalid("x-metadata", "X-Metadata must be a JSON object", "json_object")
+        elif correlation_id is not None and (problem := text_problem(correlation_id)):
+            invalid("x-correlation-id", f"X-Correlation-ID {problem}", "storable")
+        metadata, problem = _parse_metadata(headers.get("x-metadata"))
+        if problem is not None:
+            invalid("x-metadata", problem, "json_object")
         if errors:
             raise RequestValidationError(errors)
         return cls(idempotency_key, correlation_id, metadata or {})
 
 
-def _parse_metadata(raw: str | None) -> dict[str, Any] | None:
-    """The X-Metadata header's object ({} without one); None if it is not a JSON object."""
+def _parse_metadata(raw: str | None) -> tuple[dict[str, Any], str | None]:
+    """The X-Metadata header's object ({} without one), or why it is refused."""
     if raw is None:
-        return {}
+        return {}, None
     try:
         parsed = json.loads(raw)
-    except ValueError:
-        return None
-    return parsed if isinstance(parsed, dict) else None
+    except (ValueError, RecursionError):
+        return {}, "X-Metadata must be a JSON object"
+    if not isinstance(parsed, dict):
+        return {}, "X-Metadata must be a JSON object"
+    if (problem := storable_problem(parsed)) is not None:
+        return {}, f"X-Metadata: {problem}"
+    return parsed, None
 
 
 def _field_error(err: Mapping[str, Any]) -> dict[str, str]:
@@ -335,6 +348,14 @@ def add_error_handlers(app: FastAPI) -> None:
         return json_error(409, detail=str(exc), stream_id=exc.stream_id,
                           expected_version=exc.expected_version,
                           current_version=exc.current_version)
+
+    @app.exception_handler(StreamOwnedByAnotherType)
+    async def owned(_: Request, exc: StreamOwnedByAnotherType) -> JSONResponse:
+        return json_error(409, detail=str(exc), stream_id=exc.stream_id, owner=exc.owner)
+
+    @app.exception_handler(CommandIdReused)
+    async def reused(_: Request, exc: CommandIdReused) -> JSONResponse:
+        return json_error(422, detail=str(exc), command_id=str(exc.command_id))
 
     @app.exception_handler(StreamNotFound)
     async def not_found(_: Request, exc: StreamNotFound) -> JSONResponse:

@@ -16,7 +16,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from write_model.aggregate import Aggregate
 from write_model.events import EventRegistry, NewEvent, default_registry
-from write_model.store import AppendResult, EventStore, Snapshot, StoredEvent
+from write_model.store import (
+    AppendResult,
+    EventStore,
+    Snapshot,
+    StoredEvent,
+    StreamOwnedByAnotherType,
+)
 
 if TYPE_CHECKING:
     from write_model.async_store import AsyncEventStore
@@ -60,9 +66,11 @@ class Repository:
         return rehydrate(self.registry, aggregate_class, stream_id, snapshot, stored)
 
     def save(self, aggregate: Aggregate, metadata: Mapping[str, Any] | None = None,
-             command_id: uuid.UUID | None = None) -> AppendResult:
+             command_id: uuid.UUID | None = None, fingerprint: str | None = None,
+             ) -> AppendResult:
         """Append the pending events, expecting the version the aggregate was loaded at."""
-        result = self.store.append(*pending_append(aggregate, metadata), command_id=command_id)
+        result = self.store.append(*pending_append(aggregate, metadata), command_id=command_id,
+                                   fingerprint=fingerprint)
         if mark_saved(aggregate):
             self.store.save_snapshot(*snapshot_row(aggregate))
         return result
@@ -83,9 +91,10 @@ class AsyncRepository:
         return rehydrate(self.registry, aggregate_class, stream_id, snapshot, stored)
 
     async def save(self, aggregate: Aggregate, metadata: Mapping[str, Any] | None = None,
-                   command_id: uuid.UUID | None = None) -> AppendResult:
+                   command_id: uuid.UUID | None = None, fingerprint: str | None = None,
+                   ) -> AppendResult:
         result = await self.store.append(*pending_append(aggregate, metadata),
-                                         command_id=command_id)
+                                         command_id=command_id, fingerprint=fingerprint)
         if mark_saved(aggregate):
             await self.store.save_snapshot(*snapshot_row(aggregate))
         return result
@@ -105,6 +114,10 @@ def rehydrate(registry: EventRegistry, aggregate_class: type[A], stream_id: str,
                                                   snapshot.state)
     else:
         aggregate = aggregate_class(stream_id)
+    foreign = next((e.stream_type for e in stored
+                    if e.stream_type != aggregate_class.stream_type), None)
+    if foreign is not None:
+        raise StreamOwnedByAnotherType(stream_id, foreign, aggregate_class.stream_type)
     aggregate.apply_all(registry.decode(e.event_type, e.data, e.schema_version) for e in stored)
     return aggregate
 

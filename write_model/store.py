@@ -40,6 +40,28 @@ class ConcurrencyError(Exception):
         self.current_version = current_version
 
 
+class StreamOwnedByAnotherType(Exception):
+    """The stream holds another aggregate type's events: a stream id names one aggregate of
+    one type. Nothing was written."""
+
+    def __init__(self, stream_id: str, owner: str, requested: str) -> None:
+        super().__init__(f"stream {stream_id!r} belongs to aggregate type {owner!r}; "
+                         f"a {requested!r} cannot use it")
+        self.stream_id = stream_id
+        self.owner = owner
+        self.requested = requested
+
+
+class CommandIdReused(Exception):
+    """The command id was executed before with another payload: not a retry. Nothing was
+    written."""
+
+    def __init__(self, command_id: uuid.UUID) -> None:
+        super().__init__(f"command id {command_id} was already used with a different payload; "
+                         "a retry must repeat the same command, a new command needs a new id")
+        self.command_id = command_id
+
+
 class StreamNotFound(LookupError):
     def __init__(self, stream_id: str) -> None:
         super().__init__(f"stream {stream_id!r} does not exist")
@@ -65,12 +87,14 @@ class AppendResult:
     version: int
     event_ids: list[uuid.UUID]
     global_positions: list[int]
+    fingerprint: str | None = None
+    """Of the command that appended (logged results only): tells a retry from a reuse."""
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> AppendResult:
         return cls(data["stream_id"], int(data["version"]),
                    [uuid.UUID(str(e)) for e in data["event_ids"]],
-                   [int(p) for p in data["global_positions"]])
+                   [int(p) for p in data["global_positions"]], data.get("fingerprint"))
 
 
 @dataclass(frozen=True)
@@ -89,12 +113,15 @@ class UnitOfWork:
 
     parts: tuple[StreamAppend, ...]
     command_id: uuid.UUID | None
+    fingerprint: str | None = None
+    """The command's payload digest, logged with its result."""
 
     @classmethod
-    def of(cls, appends: Sequence[StreamAppend], command_id: uuid.UUID | None) -> UnitOfWork:
+    def of(cls, appends: Sequence[StreamAppend], command_id: uuid.UUID | None,
+           fingerprint: str | None = None) -> UnitOfWork:
         if len({a.stream_id for a in appends}) != len(appends):
             raise ValueError("a unit of work appends to each stream at most once")
-        return cls(tuple(appends), command_id)
+        return cls(tuple(appends), command_id, fingerprint)
 
     def keys(self) -> list[object]:
         """What two appends committed together must not share."""
@@ -102,7 +129,7 @@ class UnitOfWork:
         return streams if self.command_id is None else [*streams, self.command_id]
 
     def as_json(self) -> dict[str, Any]:
-        return {"c": self.command_id, "p": [
+        return {"c": self.command_id, "f": self.fingerprint, "p": [
             {"t": part.stream_type, "s": part.stream_id, "e": part.expected_version,
              "v": [{"i": e.event_id, "y": e.event_type, "sv": e.schema_version, "d": e.data,
                     "m": e.metadata} for e in part.events]}
@@ -121,6 +148,7 @@ class StoredEvent:
     event_type: str
     schema_version: int
     data: dict[str, Any]
+    stream_type: str
 
 
 @dataclass(frozen=True)
@@ -137,7 +165,7 @@ class EventPage:
 
 
 APPEND_UNITS = "SELECT eventfold_append_units(%s::jsonb)"
-LOAD_EVENTS = ("SELECT stream_version, event_type, schema_version, data FROM events "
+LOAD_EVENTS = ("SELECT stream_version, event_type, schema_version, data, stream_type FROM events "
          "WHERE stream_id = %s AND stream_version > %s ORDER BY stream_version")
 _RECORDED_COLUMNS = ("event_id, stream_id, stream_type, stream_version, global_position, "
                      "event_type, schema_version, data, metadata, recorded_at")
@@ -206,18 +234,20 @@ class EventStore:
     def append(
         self, stream_type: str, stream_id: str, expected_version: int,
         events: Sequence[NewEvent], command_id: uuid.UUID | None = None,
+        fingerprint: str | None = None,
     ) -> AppendResult:
         """Append ``events`` after ``expected_version``; raise ConcurrencyError if it moved on,
-        DuplicateCommand (with the first result) if ``command_id`` was executed before."""
+        StreamOwnedByAnotherType if another aggregate type owns the stream, DuplicateCommand
+        (with the first result) if ``command_id`` was executed before."""
         if not events:
             return AppendResult(stream_id, expected_version, [], [])
         part = StreamAppend(stream_type, stream_id, expected_version, events)
-        return self._group.submit(UnitOfWork((part,), command_id))[0]
+        return self._group.submit(UnitOfWork((part,), command_id, fingerprint))[0]
 
-    def append_many(self, appends: Sequence[StreamAppend],
-                    command_id: uuid.UUID | None = None) -> list[AppendResult]:
+    def append_many(self, appends: Sequence[StreamAppend], command_id: uuid.UUID | None = None,
+                    fingerprint: str | None = None) -> list[AppendResult]:
         """Append to several streams in one transaction: all of them or none."""
-        return self._group.submit(UnitOfWork.of(appends, command_id))
+        return self._group.submit(UnitOfWork.of(appends, command_id, fingerprint))
 
     def _commit_units(self, units: Sequence[UnitOfWork]) -> list[UnitOutcome]:
         with self.connection() as conn:
@@ -351,6 +381,10 @@ def _refusal_error(unit: UnitOfWork, refusal: dict[str, Any]) -> Exception:
     if "duplicate" in refusal:
         assert unit.command_id is not None
         return DuplicateCommand(unit.command_id, AppendResult.from_json(refusal["duplicate"]))
+    if "owned" in refusal:
+        owned = refusal["owned"]
+        requested = next(p.stream_type for p in unit.parts if p.stream_id == owned["stream_id"])
+        return StreamOwnedByAnotherType(owned["stream_id"], owned["owner"], requested)
     conflict = refusal["conflict"]
     expected = next(p.expected_version for p in unit.parts
                     if p.stream_id == conflict["stream_id"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import random
+import signal
 import uuid
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -13,6 +14,8 @@ import orjson
 import psycopg
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
 
 from eventfold.serving import BackgroundServer
@@ -334,3 +337,101 @@ def test_a_version_switch_moves_reads_to_the_new_table_and_topic(inventory_app, 
         assert get(server, row).json()["freshness"]["projection_version"] == 2
     finally:
         server.stop()
+
+
+# -- hostile input and missing pieces: 4xx / 503, never a 500 ------------------------------------
+def _cursor(payload: dict) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(payload)).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(("path", "params"), [
+    ("/rows", {"name": "a\x00"}),
+    ("/rows", {"key.prefix": "\x00"}),
+    ("/rows", {"key.in": "p1,\x00"}),
+    ("/rows", {"key.ne": "x\x00y"}),
+    ("/rows", {"name.gte": "\x00"}),
+    ("/count", {"name": "\x00"}),
+    ("/rows/a\x00b", {}),
+    ("/rows/p100", {"min_version": "1", "stream": "s\x00"}),
+    ("/rows", {"sort": "-stock", "cursor": _cursor({"sort": ["-stock"], "after": ["\x00"]})}),
+    ("/rows", {"sort": "name", "cursor": _cursor({"sort": ["name", "key"],
+                                                  "after": ["a\x00", "b"]})}),
+    ("/rows", {"\x00": "1"}),
+])
+def test_nul_anywhere_in_a_read_is_400_naming_the_parameter(reads, catalog, path, params):
+    response = get(reads, f"/read-models/{catalog[0].name}{path}", **params)
+    assert response.status_code == 400, response.text
+    assert "NUL" in response.json()["detail"] or "cursor" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("path", ["/entries/a\x00", "/entries?from=\x00", "/count?x=\x00"])
+def test_nul_in_ktable_reads_is_400(reads, catalog, path):
+    response = requests.get(f"{reads.url}/ktables/{catalog[0].name}{path}", timeout=30)
+    assert response.status_code == 400, response.text
+
+
+@settings(max_examples=80, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(params=st.lists(st.tuples(
+    st.sampled_from(["name", "name.in", "name.prefix", "key", "key.ne", "stock.gte",
+                     "price.lt", "rating.null", "listed_at.gt", "sort", "fields", "limit",
+                     "cursor", "x\x00"]),
+    st.one_of(st.text(max_size=10), st.sampled_from(["\x00", "\ud800", "1e999", "-0",
+                                                     "9" * 40, "NaN", ","])),
+), max_size=4), route=st.sampled_from(["/rows", "/count", "/rows/p1"]))
+def test_generated_read_parameters_never_5xx(reads, catalog, params, route):
+    pairs = [(name, value.encode("utf-8", "surrogatepass").decode("utf-8", "replace"))
+             for name, value in params]
+    response = requests.get(f"{reads.url}/read-models/{catalog[0].name}{route}",
+                            params=pairs, timeout=30)
+    assert response.status_code < 500, (pairs, response.text)
+
+
+def test_a_read_model_that_never_ran_is_503_and_not_ready(stack_settings):
+    projection = catalog_projection(uuid.uuid4().hex[:8])
+    options = ReadApiOptions(database_url=stack_settings.database_url,
+                             bootstrap_servers=stack_settings.kafka_bootstrap)
+    server = BackgroundServer(create_read_app([projection], options), "127.0.0.1",
+                              free_port()).start()
+    try:
+        listed = get(server, "/read-models").json()
+        assert [r["name"] for r in listed] == [projection.name]
+        for path in ("/rows", "/rows/a", "/count"):
+            response = get(server, f"/read-models/{projection.name}{path}")
+            assert response.status_code == 503, response.text
+            assert response.headers["Retry-After"] == "1"
+            assert "never run" in response.json()["detail"]
+        ready = get(server, "/ready")
+        assert ready.status_code == 503 and projection.name in ready.json()["detail"]
+    finally:
+        server.stop()
+
+
+def test_read_model_routes_answer_503_while_the_database_is_down(stack_settings, tmp_path):
+    import migrations
+    from local_stack import postgres
+    from local_stack.process import stop_pid
+
+    port = free_port()
+    data, log = tmp_path / "pg", tmp_path / "pg.log"
+    postgres.init_cluster(data, log)
+    pid = postgres.start(data, port, log)
+    url = postgres.dsn(port).replace("postgresql://", "postgresql+psycopg://")
+    try:
+        migrations.upgrade(url)
+        projection = catalog_projection(uuid.uuid4().hex[:8])
+        options = ReadApiOptions(database_url=url,
+                                 bootstrap_servers=stack_settings.kafka_bootstrap)
+        server = BackgroundServer(create_read_app([projection], options), "127.0.0.1",
+                                  free_port()).start()
+        try:
+            stop_pid(pid, what="postgres", sig=signal.SIGINT)
+            for path in ("/rows", "/rows/a", "/count"):
+                response = get(server, f"/read-models/{projection.name}{path}")
+                assert response.status_code == 503, response.text
+                assert response.headers["Retry-After"] == "1"
+            assert get(server, "/ready").status_code == 503
+        finally:
+            server.stop()
+    finally:
+        stop_pid(pid, what="postgres", sig=signal.SIGINT)

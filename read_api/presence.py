@@ -1,0 +1,88 @@
+"""Which KTable topics this read API instance has open, told to the database as a heartbeat.
+
+A replay deletes a replaced version's KTable topic only once no instance has it open
+(``projections.versions.ProjectionVersions.delete_retired_topics``): librdkafka crashes the
+whole process of a consumer whose assigned topic is deleted. An instance registers a topic
+before its consumer assigns it, renews its rows every few seconds, and removes a topic's row
+once its consumer has closed; the rows of an instance that died simply go stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import psycopg
+from psycopg import sql
+
+from projections.catalog import KTABLE_READERS_TABLE, READER_HEARTBEAT_S
+from read_api.freshness import connect_as_reader
+
+log = logging.getLogger(__name__)
+
+_TABLE = sql.Identifier(KTABLE_READERS_TABLE)
+_UPSERT = sql.SQL("""
+    INSERT INTO {} (instance_id, topic, projection, version) VALUES (%s, %s, %s, %s)
+    ON CONFLICT (instance_id, topic) DO UPDATE SET seen_at = now()
+""").format(_TABLE)
+
+
+class ReaderPresence:
+    def __init__(self, database_url: str, role: str, instance_id: str) -> None:
+        self.database_url = database_url
+        self.role = role
+        self.instance_id = instance_id
+        self._open: dict[str, tuple[str, int]] = {}  # topic -> (projection, version)
+        self._conn: psycopg.Connection | None = None
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="ktable-presence", daemon=True)
+
+    def start(self) -> ReaderPresence:
+        self._thread.start()
+        return self
+
+    def opening(self, projection: str, version: int, topic: str) -> None:
+        """Call before a consumer assigns ``topic``: from now on no replay deletes it."""
+        with self._lock:
+            self._open[topic] = (projection, version)
+            self._execute(_UPSERT, (self.instance_id, topic, projection, version))
+
+    def closed(self, topic: str) -> None:
+        """Call once the consumer of ``topic`` has closed."""
+        with self._lock:
+            self._open.pop(topic, None)
+            self._execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s AND topic = %s")
+                          .format(_TABLE), (self.instance_id, topic))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        with self._lock:
+            self._execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s").format(_TABLE),
+                          (self.instance_id,))
+            if self._conn is not None:
+                self._conn.close()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(READER_HEARTBEAT_S):
+            with self._lock:
+                for topic, (projection, version) in self._open.items():
+                    if not self._execute(_UPSERT, (self.instance_id, topic, projection,
+                                                   version)):
+                        break
+
+    def _execute(self, statement: sql.Composable, params: tuple[object, ...]) -> bool:
+        """Run one statement; a database error is logged (the next beat tries again)."""
+        try:
+            if self._conn is None or self._conn.closed:
+                self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
+            self._conn.execute(statement, params)
+            return True
+        except psycopg.Error as exc:
+            log.warning("ktable presence: %s (will retry)", exc)
+            if self._conn is not None:
+                self._conn.close()
+            self._conn = None
+            return False
