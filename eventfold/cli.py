@@ -34,16 +34,25 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
     from local_stack import LocalStack
 
     stack = LocalStack(settings.stack_dir)
-    if args.action == "up":
-        endpoints = stack.up()
+    if args.action in ("up", "restart"):
+        if args.action == "restart" and not args.component:
+            raise ConfigError("stack restart needs a COMPONENT: postgres, broker or connect")
+        endpoints = stack.restart(args.component) if args.action == "restart" else stack.up()
         print(f"stack running in {stack.data_dir}")
         for name, value in endpoints.as_env().items():
             print(f"export {name}={value}")
     elif args.action == "down":
-        stack.down()
-        print("stack stopped")
+        print("stack stopped (data kept; `eventfold stack reset` deletes it)" if stack.down()
+              else f"no stack running in {stack.data_dir}; nothing to stop")
+    elif args.action == "reset":
+        stack.reset()
+        print(f"stack stopped and its data deleted ({stack.data_dir})")
     else:
-        print(json.dumps(stack.status(), indent=2))
+        status = stack.status()
+        print(json.dumps(status, indent=2))
+        if "components" not in status:
+            print(f"no stack running in {stack.data_dir} (set EVENTFOLD_STACK_DIR, or run from "
+                  "the project directory or below it)", file=sys.stderr)
     return 0
 
 
@@ -241,8 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventfold", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    stack = commands.add_parser("stack", help="start/stop the local Postgres, broker and Connect")
-    stack.add_argument("action", choices=["up", "down", "status"])
+    stack = commands.add_parser(
+        "stack", help="start/stop the local Postgres, broker and Connect",
+        description="up: start what is not running (data kept); down: stop (data kept); "
+                    "restart COMPONENT: stop and start one; reset: stop and delete all data; "
+                    "status: PIDs and endpoints")
+    stack.add_argument("action", choices=["up", "down", "restart", "reset", "status"])
+    stack.add_argument("component", nargs="?", choices=["postgres", "broker", "connect"],
+                       help="restart: which component")
     stack.set_defaults(run=_stack)
 
     commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)

@@ -17,6 +17,18 @@ class ConfigError(RuntimeError):
     pass
 
 
+DEFAULT_STACK_DIR = Path(".eventfold/stack")
+
+
+def find_stack_dir(start: Path) -> Path:
+    """The local stack's directory: ``.eventfold/stack`` in ``start`` or the nearest parent
+    that has one (as git finds ``.git``), else in ``start``."""
+    for directory in (start, *start.parents):
+        if (directory / DEFAULT_STACK_DIR).is_dir():
+            return directory / DEFAULT_STACK_DIR
+    return start / DEFAULT_STACK_DIR
+
+
 @dataclass(frozen=True)
 class Settings:
     app: str = "examples.inventory:app"
@@ -28,7 +40,7 @@ class Settings:
     connect_database_url: str = ""
     connector_name: str = "eventfold-outbox"
     spark_master: str = "local[2]"
-    stack_dir: Path = Path(".eventfold/stack")
+    stack_dir: Path = DEFAULT_STACK_DIR
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
     trigger_interval: str = "500 milliseconds"
@@ -69,6 +81,8 @@ class Settings:
                 values[f.name] = Path(raw)
             else:
                 values[f.name] = raw
+        if "stack_dir" not in values:
+            values["stack_dir"] = find_stack_dir(Path.cwd())
         return cls(**values)  # type: ignore[arg-type]
 
     def with_local_stack(self) -> Settings:

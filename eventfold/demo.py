@@ -29,6 +29,7 @@ def run_demo(settings: Settings) -> int:
     stack = LocalStack(demo_dir)
     say(f"starting the local stack in {demo_dir} (PostgreSQL, Tansu broker, Kafka Connect)")
     started = time.monotonic()
+    stack.reset()  # the demo's own directory: every run starts from an empty stack
     endpoints = stack.up()
     try:
         say(f"stack up in {time.monotonic() - started:.1f} s: {endpoints.as_env()}")

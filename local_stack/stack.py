@@ -1,7 +1,14 @@
 """The stack as one unit: ``up`` starts Postgres, the broker and Connect; ``down`` stops them.
 
 State (ports, PIDs) lives in ``<data_dir>/stack.json`` so that another process, such as
-``eventfold stack down``, can stop what ``eventfold stack up`` started.
+``eventfold stack down``, can stop what ``eventfold stack up`` started; the ports stay in
+``ports.json`` after ``down``, so the next ``up`` serves the same endpoints.
+
+Data is never removed implicitly: ``up`` starts what is not running (a dead component alone
+is restarted, the others keep running) over the data that is there, and only ``reset``
+deletes the data directory. The broker (Tansu) keeps topics in memory: whenever it starts
+again its topics are gone, Connect restarts with it (its configuration and offsets lived in
+those topics) and ``up`` says what that means for the event log and the projections.
 """
 
 from __future__ import annotations
@@ -11,11 +18,18 @@ import logging
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from local_stack import broker, connect, postgres
-from local_stack.process import StackError, free_port, pid_alive, stop_pid, wait_port_closed
+from local_stack.process import (
+    StackError,
+    free_port,
+    pid_alive,
+    port_is_open,
+    stop_pid,
+    wait_port_closed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,75 +55,151 @@ class StackEndpoints:
         }
 
 
+COMPONENTS = ("postgres", "broker", "connect")
+PORTS_FILE = "ports.json"
+
+
 class LocalStack:
-    """Postgres + Tansu + Kafka Connect (Debezium) under ``data_dir``, on free loopback ports."""
+    """Postgres + Tansu + Kafka Connect (Debezium) under ``data_dir``, on loopback ports."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.resolve()
+        self.broker_restarted = False
+        """Set by ``up``/``restart`` when the broker started again over existing data."""
 
     @property
     def state_path(self) -> Path:
         return self.data_dir / STATE_FILE
 
+    @property
+    def logs(self) -> Path:
+        return self.data_dir / "logs"
+
     def up(self) -> StackEndpoints:
+        """Start every component that is not running, keeping all data."""
         running = self.endpoints()
         if running and self._all_alive(running):
             log.info("stack already running in %s", self.data_dir)
             return running
-        if running:
-            self.down()
-        self._reset_data_dir()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        dead = [name for name in COMPONENTS if running is None
+                or not pid_alive(self._pid(running, name))]
+        if running is not None:
+            log.warning("stack in %s: %s not running; starting %s again, keeping the data",
+                        self.data_dir, ", ".join(dead), "it" if len(dead) == 1 else "them")
+        return self._start(running, dead)
+
+    def restart(self, component: str) -> StackEndpoints:
+        """Stop ``component`` (if it runs) and start it again on its port, keeping data."""
+        if component not in COMPONENTS:
+            raise StackError(f"unknown component {component!r}; one of {', '.join(COMPONENTS)}")
+        endpoints = self._require_endpoints()
+        self._stop(endpoints, component, signal.SIGTERM)
+        return self._start(endpoints, [component])
+
+    def _start(self, running: StackEndpoints | None, names: list[str]) -> StackEndpoints:
+        ports = self._ports()
+        pids = {name: (self._pid(running, name) if running else 0) for name in COMPONENTS}
+        if "broker" in names and self._initialized():
+            self.broker_restarted = True
+            if "connect" not in names:  # its configs and offsets lived in the broker
+                self._stop(running, "connect", signal.SIGTERM)
+                names = [*names, "connect"]
         started: list[tuple[str, int]] = []
+        t0 = time.monotonic()
         try:
-            endpoints = self._start_components(started)
+            for name in COMPONENTS:
+                if name in names:
+                    ports[name] = self._usable_port(name, ports.get(name))
+                    pids[name] = self._start_component(name, ports)
+                    started.append((name, pids[name]))
+                    log.info("%s ready on port %d (%.1f s)", name, ports[name],
+                             time.monotonic() - t0)
         except BaseException:
             for what, pid in reversed(started):
                 stop_pid(pid, what=what)
             raise
-        return self._save(endpoints)
+        (self.data_dir / PORTS_FILE).write_text(json.dumps(ports))
+        if self.broker_restarted:
+            log.warning("the broker keeps topics in memory and started empty: the event topics "
+                        "and KTables are gone (the event store keeps every event). Run "
+                        "`eventfold setup`, then `eventfold projection replay NAME --from "
+                        "store` for each projection")
+        return self._save(StackEndpoints(
+            database_url=postgres.dsn(ports["postgres"]).replace(
+                "postgresql://", "postgresql+psycopg://"),
+            kafka_bootstrap=f"127.0.0.1:{ports['broker']}",
+            connect_url=f"http://127.0.0.1:{ports['connect']}",
+            postgres_pid=pids["postgres"], broker_pid=pids["broker"],
+            connect_pid=pids["connect"]))
 
-    def _start_components(self, started: list[tuple[str, int]]) -> StackEndpoints:
-        t0 = time.monotonic()
-        pg_port, broker_port, connect_port = free_port(), free_port(), free_port()
-        logs = self.data_dir / "logs"
-        postgres.init_cluster(self.data_dir / "postgres", logs / "postgres.log")
-        pg_pid = postgres.start(self.data_dir / "postgres", pg_port, logs / "postgres.log")
-        started.append(("postgres", pg_pid))
-        log.info("postgres ready on 127.0.0.1:%d (%.1f s)", pg_port, time.monotonic() - t0)
-        broker_pid = broker.start(broker_port, logs / "broker.log")
-        started.append(("broker", broker_pid))
-        bootstrap = f"127.0.0.1:{broker_port}"
-        log.info("tansu broker ready on %s (%.1f s)", bootstrap, time.monotonic() - t0)
-        connect_pid = connect.start(
-            self.data_dir / "connect", bootstrap, connect_port, logs / "connect.log"
-        )
-        started.append(("kafka connect", connect_pid))
-        connect_url = f"http://127.0.0.1:{connect_port}"
-        log.info("kafka connect ready at %s (%.1f s)", connect_url, time.monotonic() - t0)
-        return StackEndpoints(
-            database_url=postgres.dsn(pg_port).replace("postgresql://", "postgresql+psycopg://"),
-            kafka_bootstrap=bootstrap,
-            connect_url=connect_url,
-            postgres_pid=pg_pid,
-            broker_pid=broker_pid,
-            connect_pid=connect_pid,
-        )
+    def _start_component(self, name: str, ports: dict[str, int]) -> int:
+        if name == "postgres":
+            data = self.data_dir / "postgres"
+            if not (data / "PG_VERSION").exists():
+                postgres.init_cluster(data, self.logs / "postgres.log")
+            return postgres.start(data, ports["postgres"], self.logs / "postgres.log")
+        if name == "broker":
+            return broker.start(ports["broker"], self.logs / "broker.log")
+        return connect.start(self.data_dir / "connect", f"127.0.0.1:{ports['broker']}",
+                             ports["connect"], self.logs / "connect.log")
 
-    def down(self) -> None:
+    def _usable_port(self, name: str, port: int | None) -> int:
+        if port is None:
+            return free_port()
+        if port_is_open(port):
+            fresh = free_port()
+            log.warning("%s's port %d is taken by another process; using %d", name, port, fresh)
+            return fresh
+        return port
+
+    def _initialized(self) -> bool:
+        """Whether this stack ran before (its database exists)."""
+        return (self.data_dir / "postgres" / "PG_VERSION").exists()
+
+    def _ports(self) -> dict[str, int]:
+        try:
+            return {k: int(v) for k, v in json.loads(
+                (self.data_dir / PORTS_FILE).read_text()).items()}
+        except FileNotFoundError:
+            return {}
+
+    def down(self) -> bool:
+        """Stop every component; False if nothing was running. The data stays."""
         endpoints = self.endpoints()
         if endpoints is None:
-            log.info("no stack state in %s; nothing to stop", self.data_dir)
-            return
+            log.info("no stack running in %s; nothing to stop", self.data_dir)
+            return False
         # Connect first so that Debezium flushes its offsets while broker and database are up.
-        stop_pid(endpoints.connect_pid, what="kafka connect", timeout_s=30)
-        stop_pid(endpoints.broker_pid, what="broker", timeout_s=10)
-        stop_pid(endpoints.postgres_pid, what="postgres", sig=signal.SIGINT, timeout_s=30)
+        for name in reversed(COMPONENTS):
+            self._stop(endpoints, name, signal.SIGTERM)
         self.state_path.unlink(missing_ok=True)
+        return True
+
+    def reset(self) -> None:
+        """Stop everything and delete all data: the database, the broker's, Connect's."""
+        self.down()
+        if self.data_dir.exists():
+            shutil.rmtree(self.data_dir)
+
+    @staticmethod
+    def _stop(endpoints: StackEndpoints | None, name: str, sig: int) -> None:
+        if endpoints is None:
+            return
+        pid = LocalStack._pid(endpoints, name)
+        if name == "postgres":
+            sig = signal.SIGINT if sig == signal.SIGTERM else sig  # fast shutdown
+        stop_pid(pid, what=name, sig=sig, timeout_s=30)
+
+    @staticmethod
+    def _pid(endpoints: StackEndpoints, name: str) -> int:
+        return int(getattr(endpoints, f"{name}_pid"))
 
     def status(self) -> dict[str, object]:
         endpoints = self.endpoints()
         if endpoints is None:
-            return {"running": False, "data_dir": str(self.data_dir)}
+            return {"running": False, "data_dir": str(self.data_dir),
+                    "data": self._initialized()}
         return {
             "running": self._all_alive(endpoints),
             "data_dir": str(self.data_dir),
@@ -127,22 +217,16 @@ class LocalStack:
         """Stop the Connect worker with ``sig`` (SIGKILL to simulate a crash) and start it again
         on the same port; its configs and offsets live in Kafka topics and survive."""
         endpoints = self._require_endpoints()
-        stop_pid(endpoints.connect_pid, what="kafka connect", sig=sig, timeout_s=60)
-        port = int(endpoints.connect_url.rsplit(":", 1)[1])
-        wait_port_closed(port, "kafka connect")
-        pid = connect.start(self.data_dir / "connect", endpoints.kafka_bootstrap, port,
-                            self.data_dir / "logs" / "connect.log")
-        return self._save(replace(endpoints, connect_pid=pid))
+        self._stop(endpoints, "connect", sig)
+        wait_port_closed(self._ports()["connect"], "kafka connect")
+        return self._start(endpoints, ["connect"])
 
     def restart_postgres(self) -> StackEndpoints:
         """Fast-shutdown Postgres and start it again on the same port and data directory."""
         endpoints = self._require_endpoints()
-        stop_pid(endpoints.postgres_pid, what="postgres", sig=signal.SIGINT, timeout_s=60)
-        port = int(endpoints.database_url.rsplit(":", 1)[1].split("/")[0])
-        wait_port_closed(port, "postgres")
-        pid = postgres.start(self.data_dir / "postgres", port,
-                             self.data_dir / "logs" / "postgres.log")
-        return self._save(replace(endpoints, postgres_pid=pid))
+        self._stop(endpoints, "postgres", signal.SIGINT)
+        wait_port_closed(self._ports()["postgres"], "postgres")
+        return self._start(endpoints, ["postgres"])
 
     def _require_endpoints(self) -> StackEndpoints:
         endpoints = self.endpoints()
@@ -162,17 +246,7 @@ class LocalStack:
 
     @staticmethod
     def _all_alive(endpoints: StackEndpoints) -> bool:
-        return all(
-            pid_alive(pid)
-            for pid in (endpoints.postgres_pid, endpoints.broker_pid, endpoints.connect_pid)
-        )
-
-    def _reset_data_dir(self) -> None:
-        # The broker keeps topics in memory only; a kept database would hold a replication
-        # slot whose Kafka-side offsets are gone. Every `up` therefore starts from empty.
-        if self.data_dir.exists():
-            shutil.rmtree(self.data_dir)
-        self.data_dir.mkdir(parents=True)
+        return all(pid_alive(LocalStack._pid(endpoints, name)) for name in COMPONENTS)
 
 
 __all__ = ["LocalStack", "StackEndpoints", "StackError"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import psycopg
@@ -17,6 +17,8 @@ from outbox.topics import TopicAdmin
 log = logging.getLogger(__name__)
 
 DEFAULT_WAL_WARNING_BYTES = 1024**3
+SLOT_SETTLE_S = 15.0
+"""How long `status` gives a restarted task to attach to its slot before calling it inactive."""
 HEARTBEAT_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": str(3600 * 1000),
                           "retention.bytes": "-1"}
 ConfigDiff = dict[str, tuple[str | None, str | None]]
@@ -100,8 +102,21 @@ class ConnectorOperations:
                 f"slot {slot.name} retains {slot.retained_wal_bytes:,} bytes of WAL "
                 f"(over {wal_warning_bytes:,}): is the connector consuming?")
         if slot is not None and not slot.active and raw is not None:
-            status.warnings.append(f"slot {slot.name} is not active")
+            # Right after a worker or database restart the task takes a few seconds to
+            # attach to its slot again: starting, not broken.
+            slot = self._slot_once_active(SLOT_SETTLE_S)
+            status = replace(status, slot=slot)
+            if slot is not None and not slot.active:
+                status.warnings.append(f"slot {slot.name} is not active")
         return status
+
+    def _slot_once_active(self, within_s: float) -> SlotInfo | None:
+        deadline = time.monotonic() + within_s
+        slot = self.slot()
+        while slot is not None and not slot.active and time.monotonic() < deadline:
+            time.sleep(0.5)
+            slot = self.slot()
+        return slot
 
     def slot(self) -> SlotInfo | None:
         with self._database() as conn:

@@ -44,11 +44,62 @@ def test_stack_up_status_down(tmp_path) -> None:
         pids = [c["pid"] for c in status["components"].values()]
         assert all(pid_alive(pid) for pid in pids)
         down = eventfold("stack", "down", env=env)
-        assert down.returncode == 0
+        assert down.returncode == 0 and "data kept" in down.stdout
         assert not any(pid_alive(pid) for pid in pids)
         assert json.loads(eventfold("stack", "status", env=env).stdout)["running"] is False
+        again = eventfold("stack", "down", env=env)
+        assert again.returncode == 0 and again.stdout.count("nothing to stop") == 1
     finally:
         LocalStack(tmp_path / "stack").down()  # by PID, whatever happened above
+
+
+def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_path) -> None:
+    """After a component died, `stack up` restarts it alone on its port; `down` then `up`
+    keeps the database; only `reset` deletes data."""
+    import migrations
+
+    stack = LocalStack(tmp_path / "stack")
+    env = {**os.environ, "EVENTFOLD_STACK_DIR": str(stack.data_dir)}
+
+    def events() -> int:
+        endpoints = stack.endpoints()
+        assert endpoints is not None
+        with psycopg.connect(libpq_url(endpoints.database_url)) as conn:
+            return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
+
+    try:
+        first = stack.up()
+        migrations.upgrade(first.database_url)
+        with psycopg.connect(libpq_url(first.database_url)) as conn:
+            conn.execute("SELECT eventfold_append_units(%s::jsonb)", (json.dumps([{
+                "c": None, "f": None, "p": [{"t": "Product", "s": "kept", "e": 0, "v": [{
+                    "i": "0195f0aa-0000-7000-8000-000000000001", "y": "StockReceived",
+                    "sv": 1, "d": {"quantity": 1}, "m": {}}]}]}]),))
+        os.kill(first.connect_pid, signal.SIGKILL)
+        up = eventfold("stack", "up", env=env)
+        assert up.returncode == 0, up.stderr[-3000:]
+        second = stack.endpoints()
+        assert second is not None
+        assert second.postgres_pid == first.postgres_pid  # kept running, not rebuilt
+        assert second.connect_pid != first.connect_pid and pid_alive(second.connect_pid)
+        assert (second.database_url, second.connect_url) == (first.database_url,
+                                                             first.connect_url)
+        assert events() == 1
+
+        restarted = eventfold("stack", "restart", "postgres", env=env)
+        assert restarted.returncode == 0, restarted.stderr[-3000:]
+        assert events() == 1
+
+        assert eventfold("stack", "down", env=env).returncode == 0
+        up_again = eventfold("stack", "up", env=env)
+        assert up_again.returncode == 0, up_again.stderr[-3000:]
+        assert "the broker keeps topics in memory" in up_again.stderr  # and says what to do
+        assert events() == 1
+
+        reset = eventfold("stack", "reset", env=env)
+        assert reset.returncode == 0 and not stack.data_dir.exists()
+    finally:
+        stack.down()
 
 
 def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_settings,

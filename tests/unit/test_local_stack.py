@@ -47,8 +47,9 @@ def test_stop_pid_escalates_to_sigkill(tmp_path) -> None:
 
 
 def test_status_without_a_stack(tmp_path) -> None:
-    assert LocalStack(tmp_path).status() == {"running": False, "data_dir": str(tmp_path)}
-    LocalStack(tmp_path).down()  # nothing to stop is not an error
+    assert LocalStack(tmp_path).status() == {"running": False, "data_dir": str(tmp_path),
+                                             "data": False}
+    assert LocalStack(tmp_path).down() is False  # nothing to stop is not an error
 
 
 def test_free_ports_differ() -> None:
