@@ -75,14 +75,24 @@ def _migrate(settings: Settings, _: argparse.Namespace) -> int:
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import load_app
     from eventfold.serving import serve_forever
+    from local_stack.process import port_is_open
 
     settings = settings.with_local_stack()
     load_app(settings.app)  # fail here, with a clear message, not in a worker
     if args.api == "commands":
-        factory, port = "eventfold.asgi:command_api", settings.command_api_port
+        factory, port, variable = ("eventfold.asgi:command_api", settings.command_api_port,
+                                   "EVENTFOLD_COMMAND_API_PORT")
     else:
-        factory, port = "eventfold.asgi:read_api", settings.read_api_port
-    serve_forever(factory, settings.http_host, port, workers=settings.http_workers)
+        factory, port, variable = ("eventfold.asgi:read_api", settings.read_api_port,
+                                   "EVENTFOLD_READ_API_PORT")
+    host = settings.http_host
+    # The workers bind with SO_REUSEPORT, which would share a port another server holds.
+    if port_is_open(port, "127.0.0.1" if host in ("0.0.0.0", "") else host):
+        raise ConfigError(f"port {port} on {host} is already in use; stop what listens there "
+                          f"or choose another port with {variable}")
+    print(f"serving the {args.api} API on http://{host}:{port} (OpenAPI docs at /docs)",
+          flush=True)
+    serve_forever(factory, host, port, workers=settings.http_workers)
     return 0
 
 
@@ -91,18 +101,15 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
 
     app = load_app(settings.app)
     if args.action == "list":
-        for projection in app.projections:
-            keyed = f"\tkey_by={projection.key_by}" if projection.key_by else ""
-            stored = (f"\ttable={projection.table}\tktable={projection.ktable_topic}"
-                      if projection.has_state else "")
-            print(f"{projection.name}\t{projection.kind}\t"
-                  f"sources={','.join(projection.source_topics)}{keyed}{stored}")
-        return 0
+        return _list_projections(app, settings)
     if args.action == "status":
         from projections.status import projection_status
 
         settings = settings.with_local_stack()
-        chosen = [app.projections.get(args.name)] if args.name else list(app.projections)
+        try:
+            chosen = [app.projections.get(args.name)] if args.name else list(app.projections)
+        except LookupError as exc:
+            raise ConfigError(str(exc)) from None
         for projection in chosen:
             print(projection_status(projection, settings.database_url,
                                     settings.kafka_bootstrap).describe())
@@ -110,6 +117,10 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     if not args.name:
         raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
                           "list`)")
+    try:
+        app.projections.get(args.name)  # before Spark starts, which takes a while
+    except LookupError as exc:
+        raise ConfigError(str(exc)) from None
     settings = settings.with_local_stack()
     if args.action == "replay":
         result = app.replay(settings, args.name, args.source)
@@ -120,12 +131,44 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     return _run_projection(app, settings, args.name, args.once)
 
 
+def _list_projections(app: Eventfold, settings: Settings) -> int:
+    """Each projection with its sources and outputs; the active versions' outputs when the
+    database answers, else version 1's names."""
+    import psycopg
+
+    from projections.status import projection_outputs
+    from projections.versions import ProjectionVersions
+
+    versions: ProjectionVersions | None = None
+    try:
+        versions = ProjectionVersions(settings.with_local_stack().database_url)
+        versions.outputs("")  # reachable?
+    except (ConfigError, psycopg.Error) as exc:
+        print(f"(database not reachable, showing version 1: {str(exc).splitlines()[0]})",
+              file=sys.stderr)
+        versions = None
+    for projection in app.projections:
+        version, derived = versions.outputs(projection.name) if versions else (1, [])
+        outputs = projection_outputs(projection, version, derived)
+        keyed = f"\tkey_by={projection.key_by}" if projection.key_by else ""
+        shown = "".join(f"\t{what}={','.join(v) if isinstance(v, list) else v}"
+                        for what, v in outputs.items() if v)
+        print(f"{projection.name}\tv{version}\t{projection.kind}\t"
+              f"sources={','.join(projection.source_topics)}{keyed}{shown}")
+    if versions is not None:
+        versions.close()
+    return 0
+
+
 def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -> int:
     from projections.runner import stop_gracefully
 
-    stop_requested = _stop_requested_on_signal()
+    stop_requested = threading.Event()
     while True:
         runner = app.projection_runner(settings, name)
+        # After Spark started: its SparkContext puts in a SIGINT handler of its own that
+        # cancels every job and raises KeyboardInterrupt wherever the main thread is.
+        _stop_on_signal(stop_requested)
         query = runner.start(once=once)
         # The signal handler only sets a flag: the main thread may be inside a py4j call,
         # which must not be re-entered from a handler. Wait in slices and stop from here.
@@ -159,8 +202,8 @@ def _await_query(query: StreamingQuery, stop_requested: threading.Event,
             return
 
 
-def _stop_requested_on_signal() -> threading.Event:
-    requested = threading.Event()
+def _stop_on_signal(requested: threading.Event) -> None:
+    """SIGTERM and SIGINT (Ctrl-C) set ``requested``; the caller stops between batches."""
 
     def handle(signum: int, _: FrameType | None) -> None:
         log.info("signal %d: stopping after the current batch", signum)
@@ -168,7 +211,6 @@ def _stop_requested_on_signal() -> threading.Event:
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
-    return requested
 
 
 def _connector(settings: Settings, args: argparse.Namespace) -> int:
@@ -230,8 +272,11 @@ def _print_status(status: ConnectorStatus) -> int:
 def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import load_app
 
-    report = load_app(settings.app).verify_log(settings.with_local_stack(), args.aggregate_type,
-                                               args.prefix)
+    app = load_app(settings.app)
+    if args.aggregate_type not in app.aggregate_types:
+        raise ConfigError(f"unknown aggregate type {args.aggregate_type!r} in {settings.app}; "
+                          f"known: {', '.join(app.aggregate_types) or 'none'}")
+    report = app.verify_log(settings.with_local_stack(), args.aggregate_type, args.prefix)
     print(report.summary())
     for stream_id, versions in list(report.missing.items())[:20]:
         print(f"  missing {stream_id}: versions {versions[:10]}")
@@ -312,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"eventfold: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("eventfold: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:
         from local_stack import StackError
 

@@ -206,7 +206,8 @@ class ProjectionRunner:
         outcome = self._fold(batch_id, slices, context)
         clock.lap("fold")
         outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
-        self.topics.write_events(outcome)
+        if new_outputs := self.topics.write_events(outcome):
+            self.versions.note_outputs(self.projection.name, new_outputs)
         self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
         clock.lap("commit")
         log.debug("projection %s batch %d: %d records, %d keys changed; %s", self.projection.name,

@@ -341,8 +341,9 @@ class TopicSink:
     def delete_topics(self, topics: list[str]) -> None:
         self._admin.delete(topics)
 
-    def write_events(self, outcome: FoldOutcome) -> None:
-        """Dead letters and derived events (output topics are created on first use)."""
+    def write_events(self, outcome: FoldOutcome) -> set[str]:
+        """Dead letters and derived events (output topics are created on first use); returns
+        the output topics this sink had not written to before."""
         for letter in outcome.dead_letters:
             self._dead_letter(letter)
         new_topics = {e.topic for e in outcome.emissions} - self._output_topics
@@ -351,6 +352,7 @@ class TopicSink:
             self._output_topics |= new_topics
         for emission in outcome.emissions:
             self._produce(emission.topic, emission.key, emission.value)
+        return new_topics
 
     def write_states(self, states: Mapping[str, KeyState]) -> None:
         """The KTable rows, then a flush of everything: the caller commits only after this."""

@@ -33,6 +33,7 @@ class ProjectionStatus:
     last_batch_at: datetime | None
     rows: int | None
     partitions: list[PartitionLag]
+    outputs: dict[str, object]
 
     @property
     def lag(self) -> int:
@@ -47,6 +48,8 @@ class ProjectionStatus:
                  + (f" (#{self.batch_id})" if self.batch_id is not None else "")]
         lines += [f"  {p.topic}[{p.partition}]: at {p.committed:,} of {p.end:,} (lag {p.lag:,})"
                   for p in self.partitions]
+        lines += [f"  {what}: {', '.join(v) if isinstance(v, list) else v}"
+                  for what, v in self.outputs.items() if v]
         return "\n".join(lines)
 
 
@@ -54,9 +57,7 @@ def projection_status(projection: Projection, database_url: str,
                       bootstrap_servers: str) -> ProjectionStatus:
     versions = ProjectionVersions(database_url)
     try:
-        version = versions.active(projection.name)
-    except LookupError:
-        version = 1  # never ran: everything is lag
+        version, derived = versions.outputs(projection.name)  # never ran: v1, all lag
     finally:
         versions.close()
     with ReadModelStore(database_url, projection, version) as store:
@@ -79,4 +80,18 @@ def projection_status(projection: Projection, database_url: str,
         rows=rows,
         partitions=[PartitionLag(t, p, committed.get((t, p), 0), ends[(t, p)])
                     for t, p in partitions],
+        outputs=projection_outputs(projection, version, derived),
     )
+
+
+def projection_outputs(projection: Projection, version: int,
+                       derived_topics: list[str]) -> dict[str, object]:
+    """Where a projection's output goes at ``version``: read model view and table, KTable
+    topic, derived-event topics (those written so far), dead letters."""
+    outputs: dict[str, object] = {}
+    if projection.has_state:
+        outputs["read_model"] = projection.table
+        outputs["ktable_topic"] = projection.ktable_topic_for(version)
+    outputs["derived_topics"] = derived_topics
+    outputs["dead_letter_topic"] = projection.dead_letter_topic
+    return outputs

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import psycopg
@@ -75,6 +75,22 @@ class ProjectionVersions:
         row = self._conn().execute(sql.SQL("SELECT emitted_offsets FROM {} WHERE projection = %s")
                                    .format(_TABLE), (name,)).fetchone()
         return flatten_offsets(row[0]) if row else {}
+
+    def note_outputs(self, name: str, topics: Iterable[str]) -> None:
+        """Record derived-event topics the projection has written to."""
+        self._conn().execute(sql.SQL("""
+            UPDATE {} SET output_topics = (
+                SELECT coalesce(jsonb_agg(DISTINCT topic ORDER BY topic), '[]')
+                FROM (SELECT jsonb_array_elements_text(output_topics) AS topic
+                      UNION SELECT unnest(%s::text[])) AS known)
+            WHERE projection = %s""").format(_TABLE), (sorted(topics), name))
+
+    def outputs(self, name: str) -> tuple[int, list[str]]:
+        """(active version, derived-event topics written so far); (1, []) before a first run."""
+        row = self._conn().execute(sql.SQL(
+            "SELECT active_version, output_topics FROM {} WHERE projection = %s")
+            .format(_TABLE), (name,)).fetchone()
+        return (int(row[0]), list(row[1])) if row else (1, [])
 
     def begin_build(self, name: str) -> int:
         """The version a replay builds: a new one, or the unfinished one of an earlier replay

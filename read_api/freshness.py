@@ -23,6 +23,7 @@ from outbox.kafka import OffsetPlanner, flatten_offsets
 from projections import Projection
 from projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
 from projections.sinks import libpq_url
+from projections.status import projection_outputs
 from read_api.read_models import reader_session
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class FreshnessMonitor:
         self.end_offsets_every_s = end_offsets_every_s
         self._listeners: list[VersionListener] = []
         self._snapshots: dict[str, Freshness] = {}
+        self._derived_topics: dict[str, list[str]] = {}
         self._end_offsets: dict[PartitionKey, int] = {}
         self._ends_at = 0.0
         self._stop = threading.Event()
@@ -106,10 +108,16 @@ class FreshnessMonitor:
     def active_version(self, name: str) -> int | None:
         return self.get(name).version
 
+    def outputs(self, name: str) -> dict[str, object]:
+        """Where the projection's output goes at its active version."""
+        return projection_outputs(self.projections[name], self.active_version(name) or 1,
+                                  self._derived_topics.get(name, []))
+
     def poll(self, conn: psycopg.Connection, planner: OffsetPlanner) -> None:
         """One round: registry and checkpoints, end offsets when due, then listeners."""
         rows = conn.execute(sql.SQL("""
-            SELECT v.projection, v.active_version, c.batch_id, c.offsets, c.updated_at
+            SELECT v.projection, v.active_version, c.batch_id, c.offsets, c.updated_at,
+                   v.output_topics
             FROM {versions} v LEFT JOIN {checkpoints} c
               ON c.projection = v.projection AND c.version = v.active_version
             WHERE v.projection = ANY(%s)
@@ -120,7 +128,8 @@ class FreshnessMonitor:
             self._end_offsets = self._source_end_offsets(planner)
             self._ends_at = time.monotonic() + self.end_offsets_every_s
         now = datetime.now(UTC)
-        for name, version, batch_id, offsets, updated_at in rows:
+        for name, version, batch_id, offsets, updated_at, derived in rows:
+            self._derived_topics[name] = list(derived)
             applied = flatten_offsets(offsets) if offsets else {}
             self._snapshots[name] = Freshness(version, batch_id, updated_at, applied,
                                               self._lag(self.projections[name], applied), now)

@@ -213,7 +213,7 @@ def _discovery_routes(router: APIRouter, read_models: dict[str, ReadModel],
                       monitor: FreshnessMonitor) -> None:
     @router.get("/read-models", tags=["read models"])
     async def list_read_models() -> Response:
-        return json_response([{**rm.schema.describe(),
+        return json_response([{**rm.schema.describe(), "outputs": monitor.outputs(name),
                                "freshness": monitor.get(name).as_json()}
                               for name, rm in read_models.items()])
 
@@ -225,6 +225,7 @@ def _discovery_routes(router: APIRouter, read_models: dict[str, ReadModel],
                                      f"{sorted(read_models)}")
         return json_response({**read_model.schema.describe(),
                               "row_schema": read_model.schema.row_json_schema(),
+                              "outputs": monitor.outputs(name),
                               "freshness": monitor.get(name).as_json()})
 
 

@@ -10,6 +10,8 @@
   heartbeat), so a replay deletes an old version's topic only once no live reader has it
   assigned: a consumer whose assigned topic is deleted crashes its process in librdkafka.
 - ``retired_ktable_topics``: topics of replaced versions waiting for their readers to move.
+- ``projection_versions.output_topics``: the derived-event topics a projection has written,
+  so that operators and the read API can say where its output goes.
 
 Revision ID: 0008
 Revises: 0007
@@ -104,9 +106,12 @@ def upgrade() -> None:
         )
     """)
     op.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON ktable_readers TO eventfold_reader")
+    op.execute("ALTER TABLE projection_versions "
+               "ADD COLUMN output_topics JSONB NOT NULL DEFAULT '[]'")
 
 
 def downgrade() -> None:
+    op.execute("ALTER TABLE projection_versions DROP COLUMN output_topics")
     op.execute("DROP TABLE retired_ktable_topics")
     op.execute("DROP TABLE ktable_readers")
     op.execute(_PREVIOUS)

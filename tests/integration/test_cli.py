@@ -11,9 +11,10 @@ import sys
 import time
 
 import psycopg
+import pytest
 
 from local_stack import LocalStack
-from local_stack.process import pid_alive, stop_pid
+from local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
 from projections.sinks import libpq_url
 from projections.status import projection_status
 from projections.versions import ProjectionVersions
@@ -102,30 +103,39 @@ def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_
         stack.down()
 
 
+@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
 def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_settings,
-                                                       tmp_path, unique) -> None:
+                                                       tmp_path, unique, ctrl_c) -> None:
+    """SIGTERM to the process, or Ctrl-C (SIGINT to the terminal's whole process group, the
+    Spark JVM and its Python workers included): the same clean stop, no traceback."""
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
     from examples.inventory import ReceiveStock, inventory_totals
 
     inventory_app.command_bus(stack_settings).execute(ReceiveStock(product=unique, quantity=4))
+    log = tmp_path / "run.log"
     runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
-                               "inventory_totals"], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                               "inventory_totals"], env=env, stdout=log.open("w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             status = projection_status(inventory_totals, stack_settings.database_url,
                                        stack_settings.kafka_bootstrap)
-            if status.lag == 0 and status.last_batch_at is not None:
+            if status.lag == 0 and "streaming from" in log.read_text():
                 break
-            assert runner.poll() is None, runner.stdout.read() if runner.stdout else ""
+            assert runner.poll() is None, log.read_text()
             time.sleep(0.5)
         assert status.lag == 0
-        runner.send_signal(signal.SIGTERM)
-        output, _ = runner.communicate(timeout=90)
+        if ctrl_c:
+            os.killpg(runner.pid, signal.SIGINT)
+        else:
+            runner.send_signal(signal.SIGTERM)
+        runner.wait(timeout=90)
+        output = log.read_text()
         assert runner.returncode == 0, output[-3000:]
         assert "stopping after the current batch" in output
         assert "stopped after" in output
+        assert "Traceback" not in output and "Py4J" not in output, output[-3000:]
     finally:
         stop_pid(runner.pid, what="projection run")
 
@@ -204,3 +214,46 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
     rows, ktable, notes_after = state()
     assert rows == expected and ktable == expected
     assert len(notes_after) == len(notes)
+
+
+def test_cli_mistakes_fail_at_once_saying_what_is_known(stack_settings, tmp_path) -> None:
+    env = stack_env(stack_settings, tmp_path)
+    started = time.monotonic()
+    unknown = eventfold("projection", "run", "nope", env=env)
+    assert unknown.returncode == 2
+    assert "unknown projection 'nope'; known: inventory_totals" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+    assert time.monotonic() - started < 15  # no Spark was started for it
+    verify = eventfold("verify-log", "Nope", env=env)
+    assert verify.returncode == 2 and "known: Product" in verify.stderr
+
+
+def test_serve_prints_its_url_and_refuses_a_port_in_use(inventory_app, stack_settings,
+                                                       tmp_path) -> None:
+    port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_COMMAND_API_PORT=str(port))
+    log = tmp_path / "serve.log"
+    server = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "commands"],
+                              env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: port_is_open(port), what="the command API", timeout_s=60)
+        assert f"serving the commands API on http://127.0.0.1:{port}" in log.read_text()
+        second = eventfold("serve", "commands", env=env, timeout=60)
+        assert second.returncode == 2
+        assert f"port {port} on 127.0.0.1 is already in use" in second.stderr
+        assert server.poll() is None
+    finally:
+        stop_pid(server.pid, what="serve commands")
+
+
+def test_projection_list_shows_each_projections_outputs(stack_settings, tmp_path) -> None:
+    from examples import sales
+
+    sales.app.setup(stack_settings)
+    listed = eventfold("projection", "list", env=stack_env(
+        stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app"))
+    assert listed.returncode == 0, listed.stderr
+    line = next(x for x in listed.stdout.splitlines() if x.startswith("sales_totals\t"))
+    assert "ktable_topic=eventfold.ktable.sales_totals" in line
+    assert "dead_letter_topic=eventfold.dlq.sales_totals" in line
+    assert "read_model=sales_totals" in line

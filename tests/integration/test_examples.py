@@ -108,7 +108,8 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
         if query.isActive:
             query.stop()
         live.close()
-    assert ProjectionVersions(stack_settings.database_url).active(totals.name) == 2
+    assert ProjectionVersions(stack_settings.database_url).outputs(totals.name) == (
+        2, [sales.NOTIFICATIONS_TOPIC])
 
     catch_up(spark, stack_settings, totals)
     assert product(1) not in rows(engine, totals.table, unique, "total")

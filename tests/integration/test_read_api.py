@@ -435,3 +435,13 @@ def test_read_model_routes_answer_503_while_the_database_is_down(stack_settings,
             server.stop()
     finally:
         stop_pid(pid, what="postgres", sig=signal.SIGINT)
+
+
+def test_discovery_names_each_read_models_outputs(reads, catalog):
+    projection = catalog[0]
+    (described,) = get(reads, "/read-models").json()
+    assert described["outputs"] == {
+        "read_model": projection.table, "ktable_topic": projection.ktable_topic_for(1),
+        "derived_topics": [], "dead_letter_topic": projection.dead_letter_topic}
+    one = get(reads, f"/read-models/{projection.name}").json()
+    assert one["outputs"] == described["outputs"]
