@@ -164,6 +164,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     query.awaitTermination()
     fold_seconds = time.perf_counter() - started
     fold_runner.close()
+    runner.spark.stop()  # its Python workers' Kafka clients close before the broker stops
     total_on_topic = args.latency_commands + WARMUP_COMMANDS + delivered
     fold_rate = total_on_topic / fold_seconds
     print(f"projection fold (catch-up, Postgres + KTable): {total_on_topic} events in "

@@ -36,15 +36,22 @@ def run_demo(settings: Settings) -> int:
         settings = settings.replace(
             app="examples.inventory:app", checkpoint_dir=demo_dir / "checkpoints",
             database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
-            connect_url=endpoints.connect_url,
+            connect_url=endpoints.connect_url, request_log=False,
         )
-        return _run_example(settings)
+        table = _run_example(settings)
     finally:
         say("stopping the stack")
         stack.down()
+    say("done: every command reached the read model and the KTable exactly once")
+    _print_table(table)
+    return 0
 
 
-def _run_example(settings: Settings) -> int:
+Table = list[tuple[str, int, int, int]]
+"""(product, read model quantity, KTable quantity, expected)."""
+
+
+def _run_example(settings: Settings) -> Table:
     app = load_app(settings.app)
     say("migrating the database, creating event topics, applying the Debezium connector")
     app.setup(settings)
@@ -60,16 +67,19 @@ def _run_example(settings: Settings) -> int:
         query = runner.start()
         _wait_for(lambda: _totals(reads.url, expected) == expected, "read model totals", 120)
         _wait_for(lambda: _ktable_totals(reads.url, expected) == expected, "KTable totals", 60)
-        _print_totals(reads.url, expected)
-        _show_live_latency(commands.url, reads.url)
+        expected["apples"] += _show_live_latency(commands.url, reads.url)
+        _wait_for(lambda: _ktable_totals(reads.url, expected) == expected, "KTable totals", 60)
+        table, ktable = _totals(reads.url, expected), _ktable_totals(reads.url, expected)
     finally:
+        # Every Kafka client closes before the broker stops: Spark's Python workers with it.
         if query is not None:
             stop_gracefully(query)
         runner.close()
+        runner.spark.stop()
         reads.stop()
         commands.stop()
-    say("done: every command reached the read model and the KTable exactly once")
-    return 0
+    return [(product, table[product], ktable[product], expected[product])
+            for product in sorted(expected)]
 
 
 def _post_deliveries(url: str) -> dict[str, int]:
@@ -121,18 +131,16 @@ def _ktable_totals(url: str, expected: dict[str, int]) -> dict[str, int]:
     return found
 
 
-def _print_totals(url: str, expected: dict[str, int]) -> None:
-    table = _totals(url, expected)
-    ktable = _ktable_totals(url, expected)
+def _print_table(table: Table) -> None:
     say("how many of each product (read API):")
     print(f"    {'product':<10}{'read model':>12}{'KTable':>10}{'expected':>10}")
-    for product in sorted(expected):
-        print(f"    {product:<10}{table[product]:>12}{ktable[product]:>10}"
-              f"{expected[product]:>10}")
+    for product, in_table, in_ktable, expected in table:
+        print(f"    {product:<10}{in_table:>12}{in_ktable:>10}{expected:>10}")
 
 
-def _show_live_latency(commands_url: str, reads_url: str) -> None:
-    """Read-your-writes: the read waits for the version the command returned."""
+def _show_live_latency(commands_url: str, reads_url: str) -> int:
+    """Read-your-writes: the read waits for the version the command returned. Returns the
+    quantity it added."""
     started = time.monotonic()
     response = requests.post(f"{commands_url}/commands/ReceiveStock",
                              json={"product": "apples", "quantity": 10}, timeout=10)
@@ -149,6 +157,7 @@ def _show_live_latency(commands_url: str, reads_url: str) -> None:
                                 "limit": 2}, timeout=10).json()
     say("top 2 by quantity (?quantity.gte=1&sort=-quantity&limit=2): "
         + ", ".join(f"{r['key']} {r['quantity']}" for r in page["rows"]))
+    return 10
 
 
 def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float) -> None:

@@ -5,9 +5,12 @@
 - ``shipments``: HOME-DELIVERY invoices -> ``eventfold.pos.shipments`` (a filtered stream);
 - ``loyalty_points``: re-keyed by customer, so a customer who buys in two stores accumulates
   in one place; each PRIME invoice -> ``eventfold.pos.loyalty`` with the points it earned
-  (total x ``LOYALTY_FACTOR``) and the customer's accumulated points;
+  (``POINTS_PER_100`` whole points per 100 spent) and the customer's accumulated points;
 - ``invoice_analytics``: every invoice with the customer's PII masked, flattened into one
   record per line item -> ``eventfold.pos.analytics`` (a flat-mapped stream).
+
+Money is integer cents and points are whole points: integers add up exactly wherever they are
+folded, where floats drift by a cent now and then.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, Field
-from sqlalchemy import BigInteger, Float
+from sqlalchemy import BigInteger
 
 from eventfold.app import Eventfold
 from projections import Derived, Event, State, projection, stream
@@ -26,7 +29,7 @@ from write_model import Aggregate, Command, DomainEvent
 SHIPMENTS_TOPIC = "eventfold.pos.shipments"
 LOYALTY_TOPIC = "eventfold.pos.loyalty"
 ANALYTICS_TOPIC = "eventfold.pos.analytics"
-LOYALTY_FACTOR = 0.02
+POINTS_PER_100 = 2
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class InvoiceIssued(DomainEvent):
     customer_id: str
     customer_type: str
     delivery_type: str
-    total: float
+    total_cents: int
     items: list[dict[str, Any]]
     customer_name: str
     customer_phone: str
@@ -59,7 +62,7 @@ class Store(Aggregate):
 class LineItem(BaseModel):
     item_code: str = Field(min_length=1, max_length=50)
     item_name: str = Field(min_length=1, max_length=200)
-    price: float = Field(ge=0)
+    price_cents: int = Field(ge=0)
     quantity: int = Field(gt=0)
 
 
@@ -71,7 +74,7 @@ class IssueInvoice(Command):
     customer_id: str = Field(min_length=1, max_length=50)
     customer_type: str = Field(pattern="^(PRIME|NON-PRIME)$")
     delivery_type: str = Field(pattern="^(HOME-DELIVERY|TAKEAWAY)$")
-    total: float = Field(ge=0)
+    total_cents: int = Field(ge=0)
     items: list[LineItem] = Field(min_length=1, max_length=500)
     customer_name: str = Field(min_length=1, max_length=200)
     customer_phone: str = Field(min_length=1, max_length=50)
@@ -101,24 +104,28 @@ def points_notification(event: Event, _before: State | None,
             "total_points": after["points"]})
 
 
-def earned(event: Event) -> float:
-    return round(float(event.data["total"]) * LOYALTY_FACTOR, 2)
+def earned(event: Event) -> int:
+    """Whole points for the invoice; a part of 100 spent earns nothing, as at the till."""
+    return int(event.data["total_cents"]) * POINTS_PER_100 // 10_000
 
 
 @projection("loyalty_points", sources=["Store"], event_types=["InvoiceIssued"],
             key_by="customer_id", derive=points_notification,
-            columns={"points": Float(), "prime_invoices": BigInteger()})
+            columns={"points": BigInteger(), "prime_invoices": BigInteger()})
 def loyalty_points(state: State | None, event: Event) -> State | None:
     """Loyalty points per PRIME customer, whichever store they buy in."""
     if event.data["customer_type"] != "PRIME":
         return state
-    current = state or {"points": 0.0, "prime_invoices": 0}
-    return {"points": round(current["points"] + earned(event), 2),
+    current = state or {"points": 0, "prime_invoices": 0}
+    return {"points": current["points"] + earned(event),
             "prime_invoices": current["prime_invoices"] + 1}
 
 
 def mask(value: str, keep: int = 2) -> str:
-    return value[:keep] + "*" * max(len(value) - keep, 0)
+    """At most ``keep`` leading characters and never more than half of the value show: a
+    short name is masked too."""
+    shown = min(keep, len(value) // 2)
+    return value[:shown] + "*" * (len(value) - shown)
 
 
 @stream("invoice_analytics", sources=["Store"], event_types=["InvoiceIssued"])

@@ -178,7 +178,8 @@ class LocalStack:
 
     def reset(self) -> None:
         """Stop everything and delete all data: the database, the broker's, Connect's."""
-        self.down()
+        if self.endpoints() is not None:
+            self.down()
         if self.data_dir.exists():
             shutil.rmtree(self.data_dir)
 

@@ -16,16 +16,21 @@ def test_demo_prints_totals_that_match_in_read_model_and_ktable(tmp_path) -> Non
     env = {**os.environ, "EVENTFOLD_STACK_DIR": str(stack_dir)}
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "eventfold.cli", "demo"], env=env, capture_output=True,
-            text=True, timeout=420, check=False,
+            [sys.executable, "-m", "eventfold.cli", "demo"], env=env, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, timeout=420, check=False,
         )
     finally:
         LocalStack(Path(stack_dir).parent / "demo").down()  # by PID, even if the demo hung
     output = result.stdout
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.returncode == 0, output[-5000:]
     rows = dict(re.findall(r"^\s+(apples|pears|plums)\s+(\d+\s+\d+\s+\d+)$", output, re.M))
     assert {k: v.split() for k, v in rows.items()} == {
-        "apples": ["14", "14", "14"], "pears": ["7", "7", "7"], "plums": ["11", "11", "11"]}
+        "apples": ["24", "24", "24"], "pears": ["7", "7", "7"], "plums": ["11", "11", "11"]}
+    # Readable: the table comes last, no request log lines, no client shouting at a
+    # stopped broker.
+    assert output.rstrip().splitlines()[-1].split() == ["plums", "11", "11", "11"], output[-2000:]
+    assert "eventfold.requests" not in output
+    assert "Connection refused" not in output, output[-3000:]
     assert "rejected (malformed JSON): 422" in output
     assert "rejected (stale expected_version): 409" in output
     assert "min_version=" in output and "answered after" in output  # read-your-writes

@@ -222,16 +222,16 @@ def test_point_of_sale_shipments_loyalty_and_masked_analytics(
         stack_settings, spark, engine, unique) -> None:
     point_of_sale.app.setup(stack_settings)
     bus = point_of_sale.app.command_bus(stack_settings)
-    invoices = [("1", "S1", "C1", "PRIME", "HOME-DELIVERY", 1000.0, 2),
-                ("2", "S2", "C1", "PRIME", "TAKEAWAY", 500.0, 2),
-                ("3", "S1", "C2", "NON-PRIME", "HOME-DELIVERY", 100.0, 3)]
+    invoices = [("1", "S1", "C1", "PRIME", "HOME-DELIVERY", 100_000, 2),
+                ("2", "S2", "C1", "PRIME", "TAKEAWAY", 50_000, 2),
+                ("3", "S1", "C2", "NON-PRIME", "HOME-DELIVERY", 10_000, 3)]
     for number, store, customer, kind, delivery, total, lines in invoices:
         bus.execute(point_of_sale.IssueInvoice(
             invoice_no=f"{unique}-{number}", store_id=f"{unique}-{store}",
             customer_id=f"{unique}-{customer}", customer_type=kind, delivery_type=delivery,
-            total=total, customer_name="Ada Lovelace", customer_phone="555-123-4567",
+            total_cents=total, customer_name="Ada Lovelace", customer_phone="555-123-4567",
             delivery_address="12 Analytical Street",
-            items=[{"item_code": f"I{i}", "item_name": f"item {i}", "price": 2.5,
+            items=[{"item_code": f"I{i}", "item_name": f"item {i}", "price_cents": 250,
                     "quantity": 1} for i in range(lines)]))
     wait_until_in_topic(stack_settings, "Store", unique, 3)
     for definition in (point_of_sale.shipments, point_of_sale.loyalty_points,

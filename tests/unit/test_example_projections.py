@@ -7,6 +7,8 @@ import itertools
 import json
 from typing import Any
 
+import pytest
+
 from examples import orders, point_of_sale, sales
 from outbox import EventEnvelope
 from projections import SourceRecord, fold_in_memory, fold_records
@@ -86,27 +88,27 @@ def test_aggregation_runs_in_python_too() -> None:
 
 
 def invoice(log: Log, number: int, store: str, customer: str, customer_type: str,
-            delivery: str, total: float, items: int = 2) -> None:
+            delivery: str, total_cents: int, items: int = 2) -> None:
     log.append(store, "InvoiceIssued", invoice_no=f"INV-{number}", store_id=store,
                customer_id=customer, customer_type=customer_type, delivery_type=delivery,
-               total=total, customer_name="Ada Lovelace", customer_phone="555-123-4567",
-               delivery_address="12 Analytical Street",
-               items=[{"item_code": f"I{i}", "item_name": f"item {i}", "price": 1.5,
+               total_cents=total_cents, customer_name="Ada Lovelace",
+               customer_phone="555-123-4567", delivery_address="12 Analytical Street",
+               items=[{"item_code": f"I{i}", "item_name": f"item {i}", "price_cents": 150,
                        "quantity": i + 1} for i in range(items)])
 
 
 def test_point_of_sale_streams() -> None:
     log = Log("eventfold.events.Store")
-    invoice(log, 1, "STR-1", "C1", "PRIME", "HOME-DELIVERY", 1000)
-    invoice(log, 2, "STR-2", "C1", "PRIME", "TAKEAWAY", 500)
-    invoice(log, 3, "STR-1", "C2", "NON-PRIME", "HOME-DELIVERY", 100, items=3)
+    invoice(log, 1, "STR-1", "C1", "PRIME", "HOME-DELIVERY", 100_000)
+    invoice(log, 2, "STR-2", "C1", "PRIME", "TAKEAWAY", 50_000)
+    invoice(log, 3, "STR-1", "C2", "NON-PRIME", "HOME-DELIVERY", 10_000, items=3)
 
     shipped = emitted(fold_records(point_of_sale.shipments, {}, log.records))
     assert [e["data"]["invoice_no"] for e in shipped] == ["INV-1", "INV-3"]
 
     loyalty = fold_records(point_of_sale.loyalty_points, {}, log.records)
     assert {k: ks.state for k, ks in loyalty.changed.items()} == {
-        "C1": {"points": 30.0, "prime_invoices": 2}}
+        "C1": {"points": 30, "prime_invoices": 2}}
     assert [(e["data"]["points_earned"], e["data"]["total_points"])
             for e in emitted(loyalty)] == [(20.0, 20.0), (10.0, 30.0)]
 
@@ -131,12 +133,30 @@ def test_orders_left_join_counts_unknown_customers() -> None:
 
 def test_rekeyed_duplicates_count_once() -> None:
     log = Log("eventfold.events.Store")
-    invoice(log, 1, "STR-1", "C1", "PRIME", "TAKEAWAY", 100)
-    invoice(log, 2, "STR-2", "C1", "PRIME", "TAKEAWAY", 100)
+    invoice(log, 1, "STR-1", "C1", "PRIME", "TAKEAWAY", 10_000)
+    invoice(log, 2, "STR-2", "C1", "PRIME", "TAKEAWAY", 10_000)
     again = [SourceRecord(r.topic, 0, 10 + i, r.key, r.value) for i, r in enumerate(log.records)]
     outcome = fold_records(point_of_sale.loyalty_points, {}, log.records + again)
-    assert outcome.changed["C1"].state == {"points": 4.0, "prime_invoices": 2}
+    assert outcome.changed["C1"].state == {"points": 4, "prime_invoices": 2}
     assert outcome.duplicates == 2
     later = fold_records(point_of_sale.loyalty_points, outcome.changed, again,
                          watermarks=outcome.watermarks)
     assert later.changed == {} and later.duplicates == 2
+
+
+@pytest.mark.parametrize(("value", "masked"), [
+    ("Ada Lovelace", "Ad**********"), ("Bo", "B*"), ("X", "*"), ("", ""), ("Ann", "A**")])
+def test_mask_never_shows_a_short_value_in_full(value: str, masked: str) -> None:
+    assert point_of_sale.mask(value) == masked
+
+
+def test_loyalty_points_add_up_exactly_over_many_invoices() -> None:
+    """27 customers with odd totals: integer cents and whole points never drift."""
+    log = Log("eventfold.events.Store")
+    expected: dict[str, int] = {}
+    for n in range(27 * 7):
+        customer, cents = f"C{n % 27}", 1_999 + 7_919 * n % 100_003
+        invoice(log, n, f"STR-{n % 3}", customer, "PRIME", "TAKEAWAY", cents, items=1)
+        expected[customer] = expected.get(customer, 0) + cents * 2 // 10_000
+    loyalty = fold_records(point_of_sale.loyalty_points, {}, log.records)
+    assert {k: ks.state["points"] for k, ks in loyalty.changed.items()} == expected
