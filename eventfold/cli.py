@@ -253,7 +253,8 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _print_status(status: ConnectorStatus) -> int:
-    print(f"connector {status.name}: {status.connector_state}")
+    starting = " (starting: check again shortly)" if status.starting else ""
+    print(f"connector {status.name}: {status.connector_state}{starting}")
     for task in status.tasks:
         print(f"  task {task['id']}: {task['state']} on {task.get('worker_id', '?')}")
         if task.get("trace"):

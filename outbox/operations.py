@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -44,6 +44,19 @@ class ConnectorStatus:
     def running(self) -> bool:
         return self.connector_state == "RUNNING" and bool(self.tasks) and all(
             t["state"] == "RUNNING" for t in self.tasks)
+
+    @property
+    def starting(self) -> bool:
+        """Coming up after a restart: no task yet, a task not yet running, or a running task
+        not yet attached to its slot. Not a failure."""
+        if self.connector_state in ("UNASSIGNED", "RESTARTING"):
+            return True
+        if self.connector_state != "RUNNING":
+            return False
+        if not self.tasks or any(t["state"] in ("UNASSIGNED", "RESTARTING")
+                                 for t in self.tasks):
+            return True
+        return self.running and self.slot is not None and not self.slot.active
 
 
 @dataclass(frozen=True)
@@ -87,36 +100,34 @@ class ConnectorOperations:
     def validate(self) -> list[tuple[str, str]]:
         return self.client.validate({"name": self.spec.name, **self.spec.config()})
 
-    def status(self, wal_warning_bytes: int = DEFAULT_WAL_WARNING_BYTES) -> ConnectorStatus:
+    def status(self, wal_warning_bytes: int = DEFAULT_WAL_WARNING_BYTES,
+               settle_s: float = SLOT_SETTLE_S) -> ConnectorStatus:
+        """The connector's and its tasks' states and the slot. Right after a worker or
+        database restart the connector is starting (tasks unassigned, the slot not yet
+        attached): this waits up to ``settle_s`` for it to settle before reporting."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            status = self._status_now()
+            if not status.starting or time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        if status.slot is not None and status.slot.retained_wal_bytes > wal_warning_bytes:
+            status.warnings.append(
+                f"slot {status.slot.name} retains {status.slot.retained_wal_bytes:,} bytes of "
+                f"WAL (over {wal_warning_bytes:,}): is the connector consuming?")
+        if status.slot is not None and not status.slot.active and status.running:
+            status.warnings.append(f"slot {status.slot.name} is not active")
+        return status
+
+    def _status_now(self) -> ConnectorStatus:
         raw = self.client.status(self.spec.name)
         slot = self.slot()
         if raw is None:
-            status = ConnectorStatus(self.spec.name, "ABSENT", [], slot)
-        else:
-            status = ConnectorStatus(self.spec.name, raw["connector"]["state"],
-                                     raw["tasks"], slot)
-            if raw["connector"].get("trace"):
-                status.warnings.append(f"connector trace: {raw['connector']['trace'][:2000]}")
-        if slot is not None and slot.retained_wal_bytes > wal_warning_bytes:
-            status.warnings.append(
-                f"slot {slot.name} retains {slot.retained_wal_bytes:,} bytes of WAL "
-                f"(over {wal_warning_bytes:,}): is the connector consuming?")
-        if slot is not None and not slot.active and raw is not None:
-            # Right after a worker or database restart the task takes a few seconds to
-            # attach to its slot again: starting, not broken.
-            slot = self._slot_once_active(SLOT_SETTLE_S)
-            status = replace(status, slot=slot)
-            if slot is not None and not slot.active:
-                status.warnings.append(f"slot {slot.name} is not active")
+            return ConnectorStatus(self.spec.name, "ABSENT", [], slot)
+        status = ConnectorStatus(self.spec.name, raw["connector"]["state"], raw["tasks"], slot)
+        if raw["connector"].get("trace"):
+            status.warnings.append(f"connector trace: {raw['connector']['trace'][:2000]}")
         return status
-
-    def _slot_once_active(self, within_s: float) -> SlotInfo | None:
-        deadline = time.monotonic() + within_s
-        slot = self.slot()
-        while slot is not None and not slot.active and time.monotonic() < deadline:
-            time.sleep(0.5)
-            slot = self.slot()
-        return slot
 
     def slot(self) -> SlotInfo | None:
         with self._database() as conn:

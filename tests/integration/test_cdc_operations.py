@@ -170,6 +170,14 @@ def test_sigterm_of_the_worker_mid_stream_loses_and_duplicates_nothing(cdc, uniq
     assert (result.missing_count, result.duplicate_count, result.out_of_order) == (0, 0, {})
 
 
+def test_status_right_after_a_worker_restart_reports_running_not_broken(cdc) -> None:
+    cdc.stack.restart_connect(signal.SIGKILL)
+    status = cdc.operations.status()
+    assert status.running and not status.starting, status
+    assert status.slot is not None and status.slot.active
+    assert status.warnings == []
+
+
 def test_sigkill_of_the_worker_mid_stream_loses_nothing(cdc, unique) -> None:
     result = writing_while(cdc, unique, lambda: cdc.stack.restart_connect(signal.SIGKILL))
     assert result.expected == 3000

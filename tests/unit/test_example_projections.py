@@ -160,3 +160,17 @@ def test_loyalty_points_add_up_exactly_over_many_invoices() -> None:
         expected[customer] = expected.get(customer, 0) + cents * 2 // 10_000
     loyalty = fold_records(point_of_sale.loyalty_points, {}, log.records)
     assert {k: ks.state["points"] for k, ks in loyalty.changed.items()} == expected
+
+
+def test_a_fold_that_overflows_to_infinity_dead_letters_that_event() -> None:
+    """Two orders of 1e308 sum to inf: not JSON, so never a state, a row or a KTable value.
+    The second order is a dead letter with the reason; the customer keeps the first."""
+    log = Log("eventfold.events.Order")
+    log.append("o1", "OrderPlaced", customer_id="c1", amount=1e308)
+    log.append("o2", "OrderPlaced", customer_id="c1", amount=1e308)
+    log.append("o3", "OrderPlaced", customer_id="c2", amount=5.0)
+    outcome = fold_records(orders.orders_per_customer, {}, log.records)
+    assert outcome.changed["c1"].state == {"orders": 1, "amount": 1e308, "customer_name": None}
+    assert outcome.changed["c2"].state["amount"] == 5.0
+    (letter,) = outcome.dead_letters
+    assert letter.record.key == "o2" and "not finite" in letter.reason
