@@ -1,6 +1,7 @@
 """The local stack's failure messages: a person must know what to do next."""
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -54,3 +55,18 @@ def test_status_without_a_stack(tmp_path) -> None:
 
 def test_free_ports_differ() -> None:
     assert len({free_port() for _ in range(5)}) >= 4
+
+
+def test_the_stack_directory_is_found_from_below_the_project(tmp_path, monkeypatch) -> None:
+    from eventfold.config import Settings, find_stack_dir
+
+    (tmp_path / ".eventfold" / "stack").mkdir(parents=True)
+    below = tmp_path / "src" / "deep"
+    below.mkdir(parents=True)
+    assert find_stack_dir(below) == tmp_path / ".eventfold" / "stack"
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-other"
+    elsewhere.mkdir()
+    assert find_stack_dir(elsewhere) == elsewhere / ".eventfold" / "stack"
+    monkeypatch.chdir(below)
+    assert Settings.from_env({}).stack_dir == tmp_path / ".eventfold" / "stack"
+    assert Settings.from_env({"EVENTFOLD_STACK_DIR": "/x"}).stack_dir == Path("/x")
