@@ -27,7 +27,7 @@ def say(message: str) -> None:
 def run_demo(settings: Settings) -> int:
     demo_dir = Path(settings.stack_dir).parent / "demo"
     stack = LocalStack(demo_dir)
-    say(f"starting the local stack in {demo_dir} (PostgreSQL, Tansu broker, Kafka Connect)")
+    say(f"starting the local stack in {demo_dir} (PostgreSQL, Apache Kafka, Kafka Connect)")
     started = time.monotonic()
     stack.reset()  # the demo's own directory: every run starts from an empty stack
     endpoints = stack.up()

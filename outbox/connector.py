@@ -202,6 +202,17 @@ class ConnectClient:
     def pause(self, name: str) -> None:
         self._expect_accepted("PUT", f"/connectors/{name}/pause")
 
+    def stop(self, name: str) -> None:
+        """Stop the connector (no tasks run; its config and offsets stay)."""
+        self._expect_accepted("PUT", f"/connectors/{name}/stop")
+        self.wait_state(name, "STOPPED")
+
+    def reset_offsets(self, name: str) -> None:
+        """Forget where the (stopped) connector had read to (KIP-875): Connect keeps a source
+        connector's offsets in Kafka across a delete, and a connector created again under the
+        same name would resume from them."""
+        self._expect_accepted("DELETE", f"/connectors/{name}/offsets")
+
     def resume(self, name: str) -> None:
         self._expect_accepted("PUT", f"/connectors/{name}/resume")
 

@@ -1,9 +1,7 @@
-"""Reading Kafka topics: partitions, end offsets that are really the end, whole-topic reads.
+"""Reading Kafka topics: partitions, their offset ranges, whole-topic reads.
 
-Some brokers (Tansu, which local runs use) answer ListOffsets(latest) with the first offset of
-the newest batch + 1 instead of the end. The high watermark in Fetch responses is right, so the
-end is confirmed by reading from the ListOffsets answer up to partition EOF. Against Apache Kafka
-the EOF arrives at once and the confirmation costs one fetch round trip.
+Offsets of compacted or transactional topics have gaps, so a range is read until its end
+offset or the partition's end, never for end-start messages.
 """
 
 from __future__ import annotations
@@ -39,11 +37,7 @@ def consumer_config(bootstrap_servers: str, **overrides: object) -> dict[str, ob
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "auto.offset.reset": "earliest",
-        "topic.metadata.refresh.interval.ms": 1000,
         "log.connection.close": False,
-        # A broker may answer a waiting fetch only when the wait expires (Tansu does), so a
-        # short wait bounds latency; against Kafka it only means more idle fetches.
-        "fetch.wait.max.ms": 20,
         # A reader is re-assigned for every range it reads. With the default (1 s), a range
         # read after one that filled the prefetch queue waited a second for its first fetch
         # (measured: 10 messages took 1.1 s, and 0.08 s with this).
@@ -67,10 +61,10 @@ def consume_available(consumer: Consumer, max_messages: int, wait_s: float) -> l
 
 
 class OffsetPlanner:
-    """Lists partitions of topics and finds their confirmed end offsets."""
+    """Lists partitions of topics and their first and end offsets."""
 
     def __init__(self, bootstrap_servers: str, timeout_s: float = 10) -> None:
-        self._consumer = Consumer(consumer_config(bootstrap_servers, **{"fetch.wait.max.ms": 10}))
+        self._consumer = Consumer(consumer_config(bootstrap_servers))
         self._timeout_s = timeout_s
 
     def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
@@ -90,33 +84,12 @@ class OffsetPlanner:
         }
 
     def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
-        listed = {
+        """The high watermarks: the offset the next message of each partition will have."""
+        return {
             (t, p): self._consumer.get_watermark_offsets(
                 TopicPartition(t, p), timeout=self._timeout_s, cached=False)[1]
             for t, p in partitions
         }
-        return self._confirm_by_fetch(listed)
-
-    def _confirm_by_fetch(self, listed: Mapping[PartitionKey, int]) -> dict[PartitionKey, int]:
-        ends = dict(listed)
-        pending = set(listed)
-        if not pending:
-            return ends
-        self._consumer.assign([TopicPartition(t, p, max(off, 0)) for (t, p), off in listed.items()])
-        deadline = time.monotonic() + self._timeout_s
-        try:
-            while pending and time.monotonic() < deadline:
-                for message in consume_available(self._consumer, 10_000, wait_s=0.2):
-                    key = (message.topic(), message.partition())
-                    error = message.error()
-                    if error is None:
-                        ends[key] = max(ends[key], message.offset() + 1)
-                    elif error.code() == KafkaError._PARTITION_EOF:
-                        ends[key] = max(ends[key], message.offset())
-                        pending.discard(key)
-        finally:
-            self._consumer.unassign()
-        return ends
 
     def close(self) -> None:
         self._consumer.close()
@@ -125,7 +98,7 @@ class OffsetPlanner:
 def read_messages(bootstrap_servers: str, topic: str, timeout_s: float = 120,
                   ) -> list[tuple[int, int, str | None, str | None]]:
     """Every message on ``topic`` now, as (partition, offset, key, value), in offset order per
-    partition. Reads to the confirmed end, so it sees what a consumer from offset 0 sees."""
+    partition: what a consumer from the beginning sees."""
     planner = OffsetPlanner(bootstrap_servers)
     try:
         partitions = planner.partitions([topic])

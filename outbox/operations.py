@@ -153,7 +153,13 @@ class ConnectorOperations:
 
     def delete(self, keep_slot: bool = False, timeout_s: float = 60) -> bool:
         """Delete the connector and, unless ``keep_slot``, drop its replication slot (an
-        unused slot would retain WAL forever). The publication belongs to the migrations."""
+        unused slot would retain WAL forever) and its offsets with it: they point into the
+        slot's WAL, and a connector applied again must start afresh, not resume from them.
+        With ``keep_slot`` the offsets stay too, so a later ``apply`` resumes without loss.
+        The publication belongs to the migrations."""
+        if not keep_slot and self.client.status(self.spec.name) is not None:
+            self.client.stop(self.spec.name)
+            self.client.reset_offsets(self.spec.name)
         deleted = self.client.delete(self.spec.name)
         if keep_slot:
             return deleted

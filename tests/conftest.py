@@ -13,7 +13,7 @@ from eventfold.config import Settings
 
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
-    """Postgres, Tansu and Kafka Connect on free ports; stopped by PID at the end."""
+    """Postgres, Apache Kafka and Kafka Connect on free ports; stopped by PID at the end."""
     from local_stack import LocalStack
 
     for noisy in ("alembic", "httpx", "py4j"):

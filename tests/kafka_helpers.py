@@ -1,4 +1,4 @@
-"""Reading topics whole in tests: the broker never compacts, so last value per key wins."""
+"""Reading topics whole in tests: compaction runs when it will, so last value per key wins."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The read API on the real stack: a read model and KTable written by the projection sinks
-into Postgres and Tansu, queried over HTTP as the read-only role."""
+into Postgres and Kafka, queried over HTTP as the read-only role."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from local_stack import LocalStack, StackError, broker, connect, postgres
+from local_stack import LocalStack, StackError, broker, java, postgres
 from local_stack.process import free_port, pid_alive, spawn, stop_pid, wait_until
 
 
@@ -15,7 +15,7 @@ def test_port_in_use_is_reported(tmp_path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(StackError, match=f"port {port} is already in use"):
-            broker.start(port, tmp_path / "broker.log")
+            broker.start(tmp_path / "kafka", port, free_port(), tmp_path / "broker.log")
 
 
 def test_missing_postgres_binaries_say_how_to_install(monkeypatch, tmp_path) -> None:
@@ -30,7 +30,13 @@ def test_missing_java_says_how_to_install(monkeypatch, tmp_path) -> None:
     monkeypatch.delenv("JAVA_HOME", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(StackError, match="openjdk-17"):
-        connect.java_binary()
+        java.java_binary()
+
+
+def test_missing_jars_say_how_to_fetch_them(monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("EVENTFOLD_JARS_DIR", str(tmp_path))
+    with pytest.raises(StackError, match=r"run scripts/setup\.sh"):
+        java.classpath()
 
 
 def test_a_process_that_dies_during_start_shows_its_log(tmp_path) -> None:
