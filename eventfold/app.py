@@ -31,7 +31,7 @@ from outbox import (
     verify_topic,
 )
 from outbox.kafka import read_messages
-from outbox.topics import EVENT_TOPIC_CONFIG
+from outbox.topics import EVENT_TOPIC_CONFIG, parse_topic_config
 from outbox.verify import LoggedEvent
 from projections import ProjectionRegistry
 from projections.replay import ReplayResult, ReplaySource, replay
@@ -74,15 +74,19 @@ class Eventfold:
                                    name=settings.connector_name,
                                    slot_name=settings.connector_name.replace("-", "_"))
 
-    def setup(self, settings: Settings) -> None:
-        """Migrate the database, create event topics, apply the CDC connector (idempotent)."""
+    def setup(self, settings: Settings, fix_topics: bool = False) -> None:
+        """Migrate the database, create event topics, apply the CDC connector (idempotent).
+        Topics that exist are checked against the configs they need; ``fix_topics`` alters
+        them instead of refusing."""
         migrations.upgrade(settings.database_url)
         log.info("database migrated")
         admin = TopicAdmin(settings.kafka_bootstrap)
         admin.ensure([event_topic(t) for t in self.aggregate_types], EVENT_TOPIC_CONFIG,
-                     partitions=settings.event_topic_partitions)
+                     partitions=settings.event_topic_partitions, check=True, fix=fix_topics)
         for projection in self.projections:
-            ensure_projection_topics(admin, projection)
+            ensure_projection_topics(admin, projection,
+                                     ktable_config=_ktable_topic_config(settings),
+                                     fix=fix_topics)
         self.connector(settings).apply()
 
     def connector(self, settings: Settings) -> ConnectorOperations:
@@ -156,7 +160,16 @@ class Eventfold:
             trigger_interval=settings.trigger_interval,
             max_rows_per_batch=max_rows or settings.max_rows_per_batch,
             retire_wait_s=settings.ktable_retire_wait_s,
+            ktable_topic_config=_ktable_topic_config(settings),
+            allow_data_loss=settings.allow_data_loss,
         )
+
+
+def _ktable_topic_config(settings: Settings) -> dict[str, str]:
+    try:
+        return parse_topic_config(settings.ktable_topic_config)
+    except ValueError as exc:
+        raise ConfigError(f"EVENTFOLD_KTABLE_TOPIC_CONFIG: {exc}") from None
 
 
 def _with_request_log(app: FastAPI, settings: Settings) -> FastAPI:

@@ -56,10 +56,10 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup(settings: Settings, _: argparse.Namespace) -> int:
+def _setup(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import load_app
 
-    load_app(settings.app).setup(settings.with_local_stack())
+    load_app(settings.app).setup(settings.with_local_stack(), fix_topics=args.fix_topics)
     print("database migrated, event topics created, connector RUNNING")
     return 0
 
@@ -307,9 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
     stack.set_defaults(run=_stack)
 
     commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)
-    commands.add_parser(
-        "setup", help="migrate, create event topics, apply the CDC connector"
-    ).set_defaults(run=_setup)
+    setup = commands.add_parser(
+        "setup", help="migrate, create event topics, apply the CDC connector")
+    setup.add_argument("--fix-topics", action="store_true",
+                       help="alter existing topics whose configs differ from what they need "
+                            "(else such a difference is an error naming topic and setting)")
+    setup.set_defaults(run=_setup)
 
     serve = commands.add_parser("serve", help="serve the command or read API over HTTP")
     serve.add_argument("api", choices=["commands", "reads"])
@@ -363,8 +366,10 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from local_stack import StackError
+        from outbox.topics import TopicConfigMismatch
+        from projections.runner import SourceDataLost
 
-        if isinstance(exc, StackError):
+        if isinstance(exc, StackError | TopicConfigMismatch | SourceDataLost):
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise

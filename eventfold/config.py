@@ -49,6 +49,8 @@ class Settings:
     max_rows_per_batch: int = 500_000
     replay_max_rows_per_batch: int = 1_000_000
     ktable_retire_wait_s: int = 60
+    ktable_topic_config: str = ""
+    allow_data_loss: bool = False
     http_host: str = "127.0.0.1"
     command_api_port: int = 8000
     read_api_port: int = 8001

@@ -39,6 +39,9 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[s
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
         "num.partitions": "1",
+        # The log cleaner looks for work every second (the default is 15 s), so that
+        # compaction shows up within a test.
+        "log.cleaner.backoff.ms": "1000",
         "num.io.threads": "4",
         "num.network.threads": "2",
     }

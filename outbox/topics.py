@@ -1,4 +1,5 @@
-"""Event topic naming and idempotent topic creation."""
+"""Event topic naming and idempotent topic creation, with the configs of existing topics
+checked (and, on request, fixed) against what Eventfold needs of them."""
 
 from __future__ import annotations
 
@@ -6,7 +7,14 @@ import logging
 from collections.abc import Iterable, Mapping
 
 from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 log = logging.getLogger(__name__)
 
@@ -15,6 +23,27 @@ DEFAULT_TOPIC_PREFIX = "eventfold.events."
 EVENT_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 COMPACTED_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1",
                           "retention.bytes": "-1"}
+
+
+class TopicConfigMismatch(RuntimeError):
+    """Existing topics whose configs differ from what Eventfold needs of them."""
+
+    def __init__(self, mismatches: list[tuple[str, str, str | None, str]]) -> None:
+        self.mismatches = mismatches
+        lines = [f"topic {topic}: {key} is {actual!r}, needs {wanted!r}"
+                 for topic, key, actual, wanted in mismatches]
+        super().__init__("; ".join(lines) + " (`eventfold setup --fix-topics` alters them)")
+
+
+def parse_topic_config(text: str) -> dict[str, str]:
+    """``"segment.ms=600000,min.cleanable.dirty.ratio=0.1"`` as a dict; '' is {}."""
+    config: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"topic config {item!r} is not key=value")
+        config[key.strip()] = value.strip()
+    return config
 
 
 def event_topic(aggregate_type: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
@@ -31,11 +60,16 @@ class TopicAdmin:
 
     def ensure(
         self, topics: Iterable[str], config: Mapping[str, str], partitions: int = 1,
-        replication_factor: int = 1,
+        replication_factor: int = 1, check: bool = False, fix: bool = False,
     ) -> None:
+        """Create the topics that are missing. With ``check``, the configs of those that
+        exist are read back: a difference raises TopicConfigMismatch, or with ``fix`` is
+        altered in place."""
         wanted = sorted(set(topics))
         existing = set(self._admin.list_topics(timeout=self._timeout_s).topics)
         missing = [t for t in wanted if t not in existing]
+        if check:
+            self._check([t for t in wanted if t in existing], config, fix)
         if not missing:
             return
         futures = self._admin.create_topics(
@@ -50,6 +84,30 @@ class TopicAdmin:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
+
+    def configs(self, topic: str) -> dict[str, str]:
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        future = self._admin.describe_configs([resource])[resource]
+        return {k: v.value for k, v in future.result(timeout=self._timeout_s).items()}
+
+    def _check(self, topics: list[str], config: Mapping[str, str], fix: bool) -> None:
+        mismatches = [(topic, key, actual.get(key), value)
+                      for topic in topics for actual in [self.configs(topic)]
+                      for key, value in config.items() if actual.get(key) != value]
+        if not mismatches:
+            return
+        if not fix:
+            raise TopicConfigMismatch(mismatches)
+        by_topic: dict[str, list[ConfigEntry]] = {}
+        for topic, key, _, value in mismatches:
+            by_topic.setdefault(topic, []).append(ConfigEntry(
+                key, value, incremental_operation=AlterConfigOpType.SET))
+        resources = [ConfigResource(ResourceType.TOPIC, t, incremental_configs=entries)
+                     for t, entries in by_topic.items()]
+        for future in self._admin.incremental_alter_configs(resources).values():
+            future.result(timeout=self._timeout_s)
+        for topic, key, actual, value in mismatches:
+            log.warning("topic %s: %s altered from %r to %r", topic, key, actual, value)
 
     def partitions(self, topic: str) -> int:
         metadata = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)

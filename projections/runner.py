@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from outbox.history import count_events
-from outbox.kafka import PartitionKey, flatten_offsets, nest_offsets
+from outbox.kafka import OffsetPlanner, PartitionKey, flatten_offsets, nest_offsets
 from projections.engine import (
     BatchContext,
     KeySplitAcrossPartitions,
@@ -55,9 +55,18 @@ class RunnerSettings:
     checkpoint_root: Path
     trigger_interval: str = "500 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
+    ktable_topic_config: Mapping[str, str] = field(default_factory=dict)
+    """Topic configs of KTable topics beyond ``cleanup.policy=compact`` (segment size,
+    dirty ratio, compaction lag...)."""
+    allow_data_loss: bool = False
+    """Go on when retention deleted events this projection never read (else it stops)."""
     retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
+
+
+class SourceDataLost(RuntimeError):
+    """Retention deleted source events a projection had not read yet."""
 
 
 class Progress(Protocol):
@@ -82,7 +91,8 @@ class ProjectionRunner:
         self.version = version or active
         self.is_active = self.version == active
         self.store = ReadModelStore(settings.database_url, projection, self.version)
-        self.topics = TopicSink(settings.bootstrap_servers, projection, self.version)
+        self.topics = TopicSink(settings.bootstrap_servers, projection, self.version,
+                                settings.ktable_topic_config)
         self.batches = 0
         self._prepared = False
         self._next_cleanup = 0.0
@@ -110,6 +120,7 @@ class ProjectionRunner:
         ``ending_offsets``) and stops."""
         self.prepare()
         committed = self.store.committed_offsets()
+        self._check_retained(committed)
         starting = json.dumps(nest_offsets(committed)) if committed else "earliest"
         source = (
             self.spark.readStream.format(FORMAT_NAME)
@@ -160,6 +171,7 @@ class ProjectionRunner:
         per batch."""
         self.prepare()
         batch_id = self._next_batch_id()
+        self._check_retained(self.store.committed_offsets())
         while True:
             committed = self.store.committed_offsets()
             begin = {k: committed.get(k, 0) for k in ending}
@@ -190,6 +202,34 @@ class ProjectionRunner:
             slices = store_slices(self.settings.database_url, sources, after, end, buckets)
             self._apply(batch_id, committed, {STORE_PARTITION: end}, slices, records)
             batch_id += 1
+
+    def _check_retained(self, committed: Mapping[PartitionKey, int]) -> None:
+        """Stop if a source partition no longer holds events this version has not read:
+        retention deleted them, and folding on would silently leave them out. A version that
+        folded the event store first read them from there."""
+        if STORE_PARTITION in committed:
+            return
+        planner = OffsetPlanner(self.settings.bootstrap_servers)
+        try:
+            beginning = planner.beginning_offsets(planner.partitions(
+                self.projection.source_topics))
+        finally:
+            planner.close()
+        lost = {key: (committed.get(key, 0), first) for key, first in beginning.items()
+                if first > committed.get(key, 0)}
+        if not lost:
+            return
+        events = sum(first - read for read, first in lost.values())
+        where = ", ".join(f"{t}[{p}] offsets {read:,}-{first - 1:,}"
+                          for (t, p), (read, first) in sorted(lost.items()))
+        message = (f"projection {self.projection.name} v{self.version}: {events:,} events it "
+                   f"never read were deleted by the topics' retention ({where}). Rebuild it "
+                   f"from the event store, which keeps every event: `eventfold projection "
+                   f"replay {self.projection.name} --from store`")
+        if not self.settings.allow_data_loss:
+            raise SourceDataLost(message + "; or set EVENTFOLD_ALLOW_DATA_LOSS=true to go on "
+                                 "without them")
+        log.warning("%s. Going on without them (EVENTFOLD_ALLOW_DATA_LOSS)", message)
 
     def _next_batch_id(self) -> int:
         checkpoint = self.store.checkpoint()

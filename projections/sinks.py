@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import psycopg
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
@@ -35,6 +35,11 @@ log = logging.getLogger(__name__)
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
 Publish = Callable[[Mapping[str, KeyState]], None]
+
+
+class DeliveryFailed(RuntimeError):
+    """A KTable row, dead letter or derived event was refused by the broker: the batch must
+    not commit."""
 
 
 class VersionSwitched(RuntimeError):
@@ -311,18 +316,25 @@ def lookup_rows(conn: psycopg.Connection, table: str, keys: Iterable[str]) -> di
             return {}  # the other projection has not run yet: every lookup misses
 
 
-def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version: int = 1) -> None:
+def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version: int = 1,
+                             ktable_config: Mapping[str, str] | None = None,
+                             fix: bool = False) -> None:
+    """The KTable and dead-letter topics, created if missing and their configs checked:
+    a KTable topic that is not compacted would grow forever and restore ever slower."""
     if projection.has_state:
-        admin.ensure([projection.ktable_topic_for(version)], COMPACTED_TOPIC_CONFIG)
-    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG)
+        admin.ensure([projection.ktable_topic_for(version)],
+                     {**COMPACTED_TOPIC_CONFIG, **(ktable_config or {})}, check=True, fix=fix)
+    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG, check=True, fix=fix)
 
 
 class TopicSink:
     """Writes a projection's KTable (latest state per key, tombstones), dead letters and
     derived events."""
 
-    def __init__(self, bootstrap_servers: str, projection: Projection, version: int) -> None:
+    def __init__(self, bootstrap_servers: str, projection: Projection, version: int,
+                 ktable_config: Mapping[str, str] | None = None) -> None:
         self.projection = projection
+        self.ktable_config = dict(ktable_config or {})
         self.ktable_topic = projection.ktable_topic_for(version)
         self.version = version
         self.producer = Producer({
@@ -334,9 +346,11 @@ class TopicSink:
         })
         self._admin = TopicAdmin(bootstrap_servers)
         self._output_topics: set[str] = set()
+        self._failures: list[str] = []
 
     def ensure_topics(self) -> None:
-        ensure_projection_topics(self._admin, self.projection, self.version)
+        ensure_projection_topics(self._admin, self.projection, self.version,
+                                 self.ktable_config)
 
     def delete_topics(self, topics: list[str]) -> None:
         self._admin.delete(topics)
@@ -363,17 +377,29 @@ class TopicSink:
                            "eventfold.position": str(key_state.position)})
         remaining = self.producer.flush(60)
         if remaining:
-            raise RuntimeError(f"{remaining} KTable/DLQ/derived messages not delivered in 60 s")
+            raise DeliveryFailed(f"{remaining} KTable/DLQ/derived messages not delivered in 60 s")
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise DeliveryFailed(
+                f"projection {self.projection.name}: {len(failures)} message(s) were not "
+                f"delivered, so this batch is not committed (it runs again): "
+                + "; ".join(failures[:5]))
 
     def _produce(self, topic: str, key: str | None, value: str | None,
                  headers: dict[str, str] | None = None) -> None:
         while True:
             try:
-                self.producer.produce(topic, key=key, value=value, headers=headers)
+                self.producer.produce(topic, key=key, value=value, headers=headers,
+                                      on_delivery=self._delivered)
                 break
             except BufferError:  # the local queue is full: let deliveries drain, then retry
                 self.producer.poll(0.05)
         self.producer.poll(0)
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery report of every message: a failure fails the batch at its flush."""
+        if error is not None:
+            self._failures.append(f"{message.topic()} key {message.key()!r}: {error.str()}")
 
     def close(self) -> None:
         self.producer.flush(10)

@@ -1,0 +1,186 @@
+"""What Apache Kafka under the pipeline gives, and what Eventfold does about it: KTable topics
+really compacted by the log cleaner, existing topics' configs checked, every produced message
+confirmed before a batch commits, and retention that deleted unread events stopping a
+projection loudly."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+
+import psycopg
+import pytest
+from confluent_kafka import TopicPartition
+from confluent_kafka.admin import AdminClient
+from sqlalchemy import BigInteger, Text
+
+from outbox import EventEnvelope, TopicAdmin, event_topic
+from outbox.kafka import read_messages
+from outbox.topics import COMPACTED_TOPIC_CONFIG, TopicConfigMismatch
+from projections import Projection
+from projections.runner import SourceDataLost
+from projections.sinks import DeliveryFailed, ensure_projection_topics, libpq_url
+from read_api.ktables import KTableView
+from tests.kafka_helpers import produce, read_table
+from tests.pipeline_helpers import make_runner, wait_for
+
+_positions = itertools.count(1)
+_versions: dict[tuple[str, str], int] = {}
+
+
+def publish(settings, aggregate_type: str, events: list[tuple[str, str, dict]]) -> None:
+    """Events as Debezium would publish them: (stream id, event type, data), versions counted
+    per stream."""
+    topic = event_topic(aggregate_type)
+    TopicAdmin(settings.kafka_bootstrap).ensure([topic], {"cleanup.policy": "delete"})
+    for stream_id, event_type, data in events:
+        version = _versions[(topic, stream_id)] = _versions.get((topic, stream_id), 0) + 1
+        key, value = EventEnvelope(
+            event_id=f"{topic}-{stream_id}-{version}", event_type=event_type,
+            stream_id=stream_id, stream_version=version,
+            global_position=next(_positions), recorded_at="", data=data).encode()
+        produce(settings.kafka_bootstrap, topic, key, value)
+
+
+def counter(unique: str, **options) -> Projection:
+    """Per stream: how many ``Counted`` events, the last note; ``Dropped`` deletes the key."""
+
+    def fold(state, event):
+        if event.type == "Dropped":
+            return None
+        return {"count": (state or {"count": 0})["count"] + 1, "note": event.data["note"]}
+
+    return Projection(name=f"counter_{unique}", sources=(f"Counted{unique}",),
+                      columns={"count": BigInteger(), "note": Text()}, apply=fold, **options)
+
+
+def rows(settings, projection: Projection) -> dict[str, dict]:
+    with psycopg.connect(libpq_url(settings.database_url)) as conn:
+        return {key: {"count": count, "note": note} for key, count, note in conn.execute(
+            f'SELECT key, count, note FROM "{projection.table}"').fetchall()}
+
+
+def catch_up(spark, settings, projection: Projection, **overrides) -> None:
+    runner = make_runner(spark, settings, projection, **overrides)
+    try:
+        runner.catch_up(timeout_s=300)
+    finally:
+        runner.close()
+
+
+# -- compaction ------------------------------------------------------------------------------
+COMPACT_FAST = {"segment.ms": "100", "min.cleanable.dirty.ratio": "0.01",
+                "min.compaction.lag.ms": "0", "delete.retention.ms": "0"}
+
+
+def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_model(
+        inventory_app, spark, stack_settings, unique) -> None:
+    projection = counter(unique)
+    keys = [f"k{n}" for n in range(10)]
+    # Three batches, each a new segment (segment.ms=100): 10 keys written, then 3 of them
+    # deleted, then a new key.
+    publish(stack_settings, f"Counted{unique}",
+            [(key, "Counted", {"note": f"n{i}"}) for i in range(5) for key in keys])
+    catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
+    time.sleep(0.2)
+    publish(stack_settings, f"Counted{unique}", [(key, "Dropped", {}) for key in keys[:3]])
+    catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
+    time.sleep(0.2)
+    publish(stack_settings, f"Counted{unique}", [("k10", "Counted", {"note": "last"})])
+    catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
+    topic = projection.ktable_topic_for(1)
+    assert TopicAdmin(stack_settings.kafka_bootstrap).configs(topic)["cleanup.policy"] == \
+        "compact"
+    written = len(read_messages(stack_settings.kafka_bootstrap, topic))
+
+    def compacted() -> bool:
+        # The cleaner never touches the active segment, and drops a tombstone only on a pass
+        # after the one that cleaned it: another writer's tombstone of a key nobody has rolls
+        # a segment and dirties the log again (it goes away as well).
+        produce(stack_settings.kafka_bootstrap, topic, "~roll", None)
+        keys_in_log = [key for _, _, key, _ in read_messages(stack_settings.kafka_bootstrap,
+                                                             topic) if key != "~roll"]
+        return len(keys_in_log) == len(set(keys_in_log)) and not set(keys[:3]) & set(keys_in_log)
+
+    wait_for(compacted, "the log cleaner to leave one record per live key", timeout_s=120)
+    kept = [key for _, _, key, _ in read_messages(stack_settings.kafka_bootstrap, topic)
+            if key != "~roll"]
+    assert len(kept) == 8 < written == 14  # 10 values, 3 tombstones, 1 value: 8 live keys
+    expected = rows(stack_settings, projection)
+    assert sorted(expected) == sorted([*keys[3:], "k10"])
+    assert expected["k9"] == {"count": 5, "note": "n4"}
+    assert read_table(stack_settings.kafka_bootstrap, topic) == expected
+    view = KTableView(stack_settings.kafka_bootstrap, topic).start()
+    try:
+        wait_for(lambda: view.restored, "the KTable restore", timeout_s=60)
+        assert {k: e.value for k, e in view.store.scan()} == expected
+    finally:
+        view.stop()
+
+
+# -- configs of existing topics ---------------------------------------------------------------
+def test_an_existing_ktable_topic_that_is_not_compacted_is_refused_then_fixed(
+        inventory_app, stack_settings, unique) -> None:
+    projection = counter(unique)
+    admin = TopicAdmin(stack_settings.kafka_bootstrap)
+    topic = projection.ktable_topic_for(1)
+    admin.ensure([topic], {**COMPACTED_TOPIC_CONFIG, "cleanup.policy": "delete"})
+    with pytest.raises(TopicConfigMismatch) as refused:
+        ensure_projection_topics(admin, projection)
+    assert f"topic {topic}: cleanup.policy is 'delete', needs 'compact'" in str(refused.value)
+    assert "--fix-topics" in str(refused.value)
+    ensure_projection_topics(admin, projection, fix=True)
+    assert admin.configs(topic)["cleanup.policy"] == "compact"
+    ensure_projection_topics(admin, projection)  # now it passes
+
+
+# -- delivery reports -------------------------------------------------------------------------
+def test_a_ktable_record_the_broker_refuses_fails_the_batch_and_moves_no_checkpoint(
+        inventory_app, spark, stack_settings, unique) -> None:
+    projection = counter(unique)
+    big = os.urandom(30_000).hex()  # KTable records are lz4-compressed: no repeats
+    publish(stack_settings, f"Counted{unique}", [("small", "Counted", {"note": "x"}),
+                                                 ("big", "Counted", {"note": big})])
+    limited = {"max.message.bytes": "10000"}
+    with pytest.raises(Exception, match="not delivered") as failed:
+        catch_up(spark, stack_settings, projection, ktable_topic_config=limited)
+    assert "MSG_SIZE_TOO_LARGE" in str(failed.value) or "too large" in str(failed.value)
+    runner = make_runner(spark, stack_settings, projection, ktable_topic_config=limited)
+    try:
+        assert runner.store.committed_offsets() == {}  # the checkpoint did not move
+    finally:
+        runner.close()
+    TopicAdmin(stack_settings.kafka_bootstrap).ensure(
+        [projection.ktable_topic_for(1)], {"max.message.bytes": "1000000"}, check=True,
+        fix=True)
+    catch_up(spark, stack_settings, projection)
+    expected = {"small": {"count": 1, "note": "x"}, "big": {"count": 1, "note": big}}
+    assert rows(stack_settings, projection) == expected
+    assert read_table(stack_settings.kafka_bootstrap, projection.ktable_topic_for(1)) == expected
+    assert issubclass(DeliveryFailed, RuntimeError)
+
+
+# -- retention deleted what a projection never read ---------------------------------------------
+def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudly(
+        inventory_app, spark, stack_settings, unique) -> None:
+    projection = counter(unique)
+    publish(stack_settings, f"Counted{unique}",
+            [(f"s{n}", "Counted", {"note": "x"}) for n in range(6)])
+    topic = event_topic(f"Counted{unique}")
+    admin = AdminClient({"bootstrap.servers": stack_settings.kafka_bootstrap})
+    for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+        future.result(timeout=30)
+    runner = make_runner(spark, stack_settings, projection)
+    try:
+        with pytest.raises(SourceDataLost) as lost:
+            runner.start(once=True)
+    finally:
+        runner.close()
+    message = str(lost.value)
+    assert "4 events it never read were deleted" in message
+    assert f"{topic}[0] offsets 0-3" in message
+    assert f"eventfold projection replay {projection.name} --from store" in message
+    assert "EVENTFOLD_ALLOW_DATA_LOSS" in message
+    catch_up(spark, stack_settings, projection, allow_data_loss=True)
+    assert sorted(rows(stack_settings, projection)) == ["s4", "s5"]
