@@ -38,6 +38,9 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str) -> dict[str
         "offset.storage.partitions": "1",
         "status.storage.partitions": "1",
         "offset.flush.interval.ms": "1000",
+        # Exactly-once source connectors (KIP-618): a task's records and its offsets commit in
+        # one transaction per poll batch (transaction.boundary=poll, the default).
+        "exactly.once.source.support": "enabled",
         "session.timeout.ms": "6000",
         "heartbeat.interval.ms": "1000",
         "rebalance.timeout.ms": "20000",

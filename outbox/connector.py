@@ -43,6 +43,9 @@ class OutboxConnectorSpec:
     heartbeat_table: str = f"public.{HEARTBEAT_TABLE}"
     heartbeat_interval_ms: int = 10_000
     poll_interval_ms: int = 50
+    exactly_once: bool = True
+    """KIP-618: records and source offsets commit in one Kafka transaction, so a worker crash
+    re-sends nothing. Needs workers with ``exactly.once.source.support=enabled``."""
 
     @property
     def heartbeat_topics(self) -> list[str]:
@@ -95,6 +98,7 @@ class OutboxConnectorSpec:
             "transforms.outbox.route.topic.replacement": f"{self.topic_prefix}${{routedByValue}}",
             "transforms.outbox.table.expand.json.payload": "false",
             "transforms.outbox.table.fields.additional.placement": placement,
+            "exactly.once.support": "required" if self.exactly_once else "requested",
         }
 
 
