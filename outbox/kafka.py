@@ -6,11 +6,14 @@ offset or the partition's end, never for end-start messages.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+
+log = logging.getLogger(__name__)
 
 PartitionKey = tuple[str, int]
 NestedOffsets = dict[str, dict[str, int]]
@@ -58,6 +61,32 @@ def consume_available(consumer: Consumer, max_messages: int, wait_s: float) -> l
     if max_messages <= 1:
         return [first]
     return [first, *consumer.consume(num_messages=max_messages - 1, timeout=0)]
+
+
+class GroupProgress:
+    """A reader's progress committed to a Kafka consumer group it never joins, so that
+    standard lag tools (``kafka-consumer-groups --describe --group G``, exporters that read
+    group offsets) show how far behind it is. Advisory only: the reader's own checkpoint, kept
+    elsewhere, is what it resumes from."""
+
+    def __init__(self, bootstrap_servers: str, group_id: str) -> None:
+        self.group_id = group_id
+        self._consumer = Consumer(consumer_config(bootstrap_servers, **{"group.id": group_id}))
+
+    def commit(self, offsets: Mapping[PartitionKey, int]) -> None:
+        """One round trip (a reader commits about once a batch); a failure is logged and
+        never fails the reader."""
+        if not offsets:
+            return
+        try:
+            self._consumer.commit(offsets=[TopicPartition(t, p, o)
+                                           for (t, p), o in sorted(offsets.items())],
+                                  asynchronous=False)
+        except KafkaException as exc:
+            log.warning("committing progress to group %s: %s", self.group_id, exc)
+
+    def close(self) -> None:
+        self._consumer.close()
 
 
 class OffsetPlanner:

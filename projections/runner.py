@@ -22,7 +22,13 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from outbox.history import count_events
-from outbox.kafka import OffsetPlanner, PartitionKey, flatten_offsets, nest_offsets
+from outbox.kafka import (
+    GroupProgress,
+    OffsetPlanner,
+    PartitionKey,
+    flatten_offsets,
+    nest_offsets,
+)
 from projections.engine import (
     BatchContext,
     KeySplitAcrossPartitions,
@@ -96,6 +102,11 @@ class ProjectionRunner:
         self.batches = 0
         self._prepared = False
         self._next_cleanup = 0.0
+        # The active version's progress also shows in Kafka, as group
+        # eventfold.projection.<name> (a replay's build does not report).
+        self.group_progress = (GroupProgress(settings.bootstrap_servers,
+                                             f"eventfold.projection.{projection.name}")
+                               if self.is_active else None)
         self.progress: Progress = progress or ProgressLog(projection.name)
 
     @property
@@ -254,6 +265,9 @@ class ProjectionRunner:
                   batch_id, records, len(outcome.changed), clock)
         self.batches += 1
         self.progress.add(batch_id, records, outcome)
+        if self.group_progress is not None:
+            self.group_progress.commit({k: o for k, o in outcome.next_offsets.items()
+                                        if k != STORE_PARTITION})
         if self.is_active and time.monotonic() >= self._next_cleanup:
             self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
             self.versions.delete_retired_topics(self.topics.delete_topics)
@@ -291,6 +305,8 @@ class ProjectionRunner:
         self.topics.close()
         self.store.close()
         self.versions.close()
+        if self.group_progress is not None:
+            self.group_progress.close()
 
 
 def _unread_ranges(committed: Mapping[PartitionKey, int],

@@ -184,3 +184,108 @@ def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudl
     assert "EVENTFOLD_ALLOW_DATA_LOSS" in message
     catch_up(spark, stack_settings, projection, allow_data_loss=True)
     assert sorted(rows(stack_settings, projection)) == ["s4", "s5"]
+
+
+# -- a broker crash ---------------------------------------------------------------------------
+def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothing(
+        spark, tmp_path, unique) -> None:
+    """SIGKILL the broker mid-stream, `stack up` brings it back over its log directories:
+    every command (the write side never needs the broker) reaches the read model and the
+    KTable exactly once."""
+    import os
+    import signal
+    import threading
+
+    from eventfold.config import Settings
+    from examples.inventory import ReceiveStock, app, inventory_totals
+    from local_stack import LocalStack
+
+    stack = LocalStack(tmp_path / "stack")
+    endpoints = stack.up()
+    settings = Settings(database_url=endpoints.database_url,
+                        kafka_bootstrap=endpoints.kafka_bootstrap,
+                        connect_url=endpoints.connect_url, checkpoint_dir=tmp_path / "cp",
+                        trigger_interval="200 milliseconds")
+    runner = None
+    stop = threading.Event()
+    sent = [0]
+
+    def send() -> None:
+        bus = app.command_bus(settings)
+        while not stop.is_set():
+            bus.execute(ReceiveStock(product=f"{unique}-{sent[0] % 10}", quantity=1))
+            sent[0] += 1
+            time.sleep(0.01)
+
+    def reference() -> dict[str, int]:
+        with psycopg.connect(libpq_url(settings.database_url)) as conn:
+            return {k: int(v) for k, v in conn.execute(
+                "SELECT stream_id, count(*) FROM events WHERE stream_id LIKE %s "
+                "GROUP BY stream_id", (f"{unique}-%",)).fetchall()}
+
+    def folded() -> dict[str, int]:
+        with psycopg.connect(libpq_url(settings.database_url)) as conn:
+            return {k: int(v) for k, v in conn.execute(
+                "SELECT key, quantity FROM inventory_totals WHERE key LIKE %s",
+                (f"{unique}-%",)).fetchall()}
+
+    writer = threading.Thread(target=send)
+    try:
+        app.setup(settings)
+        runner = make_runner(spark, settings, inventory_totals)
+        query = runner.start()
+        writer.start()
+        wait_for(lambda: sum(folded().values()) > 50, "the projection to stream")
+        os.kill(endpoints.broker_pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(3)
+        stack.up()  # starts the dead broker alone, on its port, over its log directories
+        time.sleep(2)
+        stop.set()
+        writer.join()
+        if not query.isActive:  # the query fails when its source cannot plan: start again
+            runner.close()
+            runner = make_runner(spark, settings, inventory_totals)
+            query = runner.start()
+        wait_for(lambda: folded() == reference(), "the read model to equal the event store",
+                 timeout_s=180)
+        recovered_s = time.monotonic() - killed_at
+        expected = reference()
+        assert sum(expected.values()) == sent[0]
+        assert {k: v["quantity"] for k, v in read_table(
+            settings.kafka_bootstrap, inventory_totals.ktable_topic_for(1)).items()
+            if k.startswith(unique)} == expected
+        print(f"broker SIGKILL: {sent[0]} commands, 0 lost, recovered {recovered_s:.1f} s "
+              "after the kill")
+    finally:
+        stop.set()
+        if writer.is_alive():
+            writer.join()
+        if runner is not None:
+            for active in spark.streams.active:
+                active.stop()
+            runner.close()
+        stack.down()
+
+
+# -- lag in the standard tools ----------------------------------------------------------------
+def test_a_projections_progress_shows_in_kafka_consumer_groups(
+        inventory_app, spark, stack_settings, unique) -> None:
+    import subprocess
+
+    from local_stack.java import classpath, java_binary
+
+    projection = counter(unique)
+    publish(stack_settings, f"Counted{unique}",
+            [(f"s{n}", "Counted", {"note": "x"}) for n in range(5)])
+    catch_up(spark, stack_settings, projection)
+    group = f"eventfold.projection.{projection.name}"
+    described = subprocess.run(
+        [java_binary(), "-cp", classpath(),
+         "org.apache.kafka.tools.consumer.group.ConsumerGroupCommand",
+         "--bootstrap-server", stack_settings.kafka_bootstrap, "--describe", "--group", group],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    row = next(line.split() for line in described.splitlines()
+               if event_topic(f"Counted{unique}") in line)
+    # GROUP TOPIC PARTITION CURRENT-OFFSET LOG-END-OFFSET LAG ...
+    assert row[:6] == [group, event_topic(f"Counted{unique}"), "0", "5", "5", "0"], described
