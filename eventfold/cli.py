@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import signal
 import sys
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -21,6 +23,10 @@ if TYPE_CHECKING:
     from outbox import ConnectorStatus
 
 log = logging.getLogger("eventfold")
+
+MAX_FAILED_STARTS = 6
+"""How often `projection run` starts again after failures with no batch in between (pauses
+of 2, 4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or database)."""
 
 
 def configure_logging(level: str) -> None:
@@ -161,10 +167,56 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
 
 
 def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -> int:
-    from projections.runner import stop_gracefully
-
     stop_requested = threading.Event()
+    failures, batches = 0, 0
     while True:
+        outcome = _run_until_it_ends(app, settings, name, once, stop_requested)
+        batches += outcome.batches
+        if outcome.error is None or stop_requested.is_set():
+            break
+        if outcome.switched_to is not None:
+            log.info("projection %s: a replay made v%d active; continuing on it", name,
+                     outcome.switched_to)
+            continue
+        # A failure (the broker or the database away, a batch the broker refused) is tried
+        # again from the last commit, with growing pauses; a run that made progress starts
+        # counting afresh, one that keeps failing without any stops.
+        failures = 1 if outcome.batches else failures + 1
+        if failures > MAX_FAILED_STARTS:
+            raise RuntimeError(f"projection {name} failed {failures - 1} times in a row "
+                               f"without a batch: {outcome.error}")
+        pause = min(2.0 ** failures, 30.0)
+        log.warning("projection %s failed: %s; starting again in %.0f s", name,
+                    _gist(outcome.error), pause)
+        if stop_requested.wait(pause):
+            break
+    log.info("projection %s stopped after %d batches", name, batches)
+    return 0
+
+
+def _gist(error: str) -> str:
+    """The line of a (Python-in-Java) traceback that says what went wrong."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    causes = [line for line in lines if re.search(r"(Error|Exception)\b.*[:{]", line)
+              and not line.startswith(("at ", "File "))]
+    return (causes[-1] if causes else lines[0] if lines else "unknown error")[:300]
+
+
+@dataclass(frozen=True)
+class _RunOutcome:
+    batches: int
+    error: str | None = None
+    switched_to: int | None = None
+    """The version a replay made active, when that is what ended the run."""
+
+
+def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool,
+                       stop_requested: threading.Event) -> _RunOutcome:
+    from outbox.topics import TopicConfigMismatch
+    from projections.runner import SourceDataLost, stop_gracefully
+
+    runner = None
+    try:
         runner = app.projection_runner(settings, name)
         # After Spark started: its SparkContext puts in a SIGINT handler of its own that
         # cancels every job and raises KeyboardInterrupt wherever the main thread is.
@@ -173,15 +225,21 @@ def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -
         # The signal handler only sets a flag: the main thread may be inside a py4j call,
         # which must not be re-entered from a handler. Wait in slices and stop from here.
         _await_query(query, stop_requested, stop_gracefully)
-        runner.close()
-        if query.exception() is None or stop_requested.is_set():
-            break
-        if runner.versions.active(name) == runner.version:
-            raise RuntimeError(f"projection {name} failed: {query.exception()}")
-        log.info("projection %s: a replay made v%d active; continuing on it", name,
-                 runner.versions.active(name))
-    log.info("projection %s stopped after %d batches", name, runner.batches)
-    return 0
+        if query.exception() is None:
+            return _RunOutcome(runner.batches)
+        active = runner.versions.active(name)
+        return _RunOutcome(runner.batches, str(query.exception()),
+                           active if active != runner.version else None)
+    except (SourceDataLost, TopicConfigMismatch):
+        raise  # a person has to decide: starting again would only meet it again
+    except Exception as exc:  # the broker or the database unreachable while starting
+        return _RunOutcome(runner.batches if runner else 0, f"{type(exc).__name__}: {exc}")
+    finally:
+        if runner is not None:
+            try:
+                runner.close()
+            except Exception as exc:
+                log.warning("projection %s: closing the runner: %s", name, exc)
 
 
 def _await_query(query: StreamingQuery, stop_requested: threading.Event,
