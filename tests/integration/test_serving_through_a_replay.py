@@ -148,7 +148,8 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
                 commands_sent[0] = n
                 time.sleep(0.02)
 
-        threads.append(threading.Thread(target=send_commands))
+        sender = threading.Thread(target=send_commands)
+        threads.append(sender)
         for thread in threads:
             thread.start()
 
@@ -166,6 +167,7 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
         sent_at_switch = commands_sent[0]
         wait_for(lambda: commands_sent[0] >= sent_at_switch + 100, "commands after the switch")
         stop_commands.set()
+        sender.join(timeout=30)  # its last command has committed and been counted
         expected = reference_fold(stack_settings, unique)
         assert sum(expected.values()) == PRODUCTS + commands_sent[0]
 
