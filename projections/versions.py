@@ -128,8 +128,8 @@ class ProjectionVersions:
     @staticmethod
     def retire_topic(conn: psycopg.Connection, name: str, version: int, topic: str) -> None:
         """Queue a replaced version's KTable topic for deletion (in the switch's transaction).
-        It is deleted once no read API instance has it open: deleting a topic a
-        confluent-kafka consumer has assigned crashes that consumer's process."""
+        It is deleted once no read API instance has it open, so that no reader serves from
+        a topic being deleted under it."""
         conn.execute(sql.SQL("INSERT INTO {} (topic, projection, version) VALUES (%s, %s, %s) "
                              "ON CONFLICT (topic) DO NOTHING").format(_RETIRED),
                      (topic, name, version))

@@ -1,8 +1,8 @@
 """Which KTable topics this read API instance has open, told to the database as a heartbeat.
 
 A replay deletes a replaced version's KTable topic only once no instance has it open
-(``projections.versions.ProjectionVersions.delete_retired_topics``): librdkafka crashes the
-whole process of a consumer whose assigned topic is deleted. An instance registers a topic
+(``projections.versions.ProjectionVersions.delete_retired_topics``), so that no reader
+serves from a topic being deleted under it. An instance registers a topic
 before its consumer assigns it, renews its rows every few seconds, and removes a topic's row
 once its consumer has closed; the rows of an instance that died simply go stale.
 """
