@@ -24,6 +24,7 @@ from bench.common import percentile
 from local_stack import LocalStack
 from outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
 from outbox import event_topic as topic_of
+from outbox.connection import KafkaConnection
 from outbox.kafka import OffsetPlanner, consume_available, consumer_config, read_messages
 from outbox.topics import EVENT_TOPIC_CONFIG
 from outbox.verify import LoggedEvent, verify_topic
@@ -36,12 +37,12 @@ TOPIC = topic_of("Product")
 class Arrivals:
     """Tails the topic from its current end and notes when each event id arrives."""
 
-    def __init__(self, bootstrap: str) -> None:
-        planner = OffsetPlanner(bootstrap)
+    def __init__(self, kafka: KafkaConnection) -> None:
+        planner = OffsetPlanner(kafka)
         partitions = planner.partitions([TOPIC])
         ends = planner.end_offsets(partitions)
         planner.close()
-        self.consumer = Consumer(consumer_config(bootstrap, **{"enable.partition.eof": False}))
+        self.consumer = Consumer(consumer_config(kafka, **{"enable.partition.eof": False}))
         self.consumer.assign([TopicPartition(t, p, ends[(t, p)]) for t, p in partitions])
         self.times: dict[str, float] = {}
         self._stop = threading.Event()
@@ -112,24 +113,24 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     stack = LocalStack(Path(tempfile.mkdtemp(prefix="eventfold-cdc-")) / "stack")
     endpoints = stack.up()
+    kafka = KafkaConnection.of(endpoints.kafka_bootstrap)
     try:
         migrations.upgrade(endpoints.database_url)
-        TopicAdmin(endpoints.kafka_bootstrap).ensure([TOPIC], EVENT_TOPIC_CONFIG, partitions=4)
+        TopicAdmin(kafka).ensure([TOPIC], EVENT_TOPIC_CONFIG, partitions=4)
         operations = ConnectorOperations(
             ConnectClient(endpoints.connect_url),
             OutboxConnectorSpec(database_url=endpoints.database_url, name="bench-outbox",
                                 slot_name="bench_outbox"),
-            endpoints.kafka_bootstrap)
+            TopicAdmin(kafka))
         operations.apply()
-        run(EventStore.from_url(endpoints.database_url, pool_size=8), operations,
-            endpoints.kafka_bootstrap, args)
+        run(EventStore.from_url(endpoints.database_url, pool_size=8), operations, kafka, args)
     finally:
         stack.down()
 
 
-def run(store: EventStore, operations: ConnectorOperations, bootstrap: str,
+def run(store: EventStore, operations: ConnectorOperations, kafka: KafkaConnection,
         args: argparse.Namespace) -> None:
-    arrivals = Arrivals(bootstrap)
+    arrivals = Arrivals(kafka)
     # Warm-up: the connector's first events pay for class loading and connections.
     arrivals.wait_for(write_transactions(store, "warm", 1000, 100))
 
@@ -181,7 +182,7 @@ def run(store: EventStore, operations: ConnectorOperations, bootstrap: str,
 
     stored = [LoggedEvent(*identity) for identity in store.event_identities("Product")]
     # Every event written by this run: warm-up, burst, paced, single, backlog and latency.
-    report = verify_topic(stored, [(k, v) for _, _, k, v in read_messages(bootstrap, TOPIC)])
+    report = verify_topic(stored, [(k, v) for _, _, k, v in read_messages(kafka, TOPIC)])
     print(f"verify-log: {report.summary()}")
     print(json.dumps({
         "live_events_per_s": round(live_tx),

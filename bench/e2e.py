@@ -95,11 +95,11 @@ def count_on_topic(settings: Settings, prefix: str, expected: int, timeout_s: fl
                    ) -> tuple[int, float]:
     """Consume the event topic until ``expected`` distinct events of ``prefix`` arrived."""
     topic = event_topic("Product")
-    planner = OffsetPlanner(settings.kafka_bootstrap)
+    planner = OffsetPlanner(settings.kafka)
     partitions = planner.partitions([topic])
     planner.close()
     consumer = Consumer(
-        consumer_config(settings.kafka_bootstrap, **{"enable.partition.eof": False}))
+        consumer_config(settings.kafka, **{"enable.partition.eof": False}))
     consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
     event_ids: set[str] = set()
     last_arrival = time.perf_counter()
@@ -156,7 +156,7 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
     fold_projection = dataclasses.replace(inventory_totals, name="bench_fold", table="",
                                           ktable_topic="")
     fold_runner = ProjectionRunner(runner.spark, fold_projection, RunnerSettings(
-        bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
+        kafka=settings.kafka, database_url=settings.database_url,
         checkpoint_root=settings.checkpoint_dir))
     fold_runner.prepare()
     started = time.perf_counter()

@@ -35,6 +35,7 @@ import migrations
 from bench.common import PeakMemory
 from local_stack import LocalStack
 from outbox import EventEnvelope, TopicAdmin, event_topic
+from outbox.connection import KafkaConnection
 from outbox.kafka import consumer_config
 from outbox.topics import EVENT_TOPIC_CONFIG
 from projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
@@ -63,12 +64,12 @@ bench_stats = aggregation(
     columns={"revenue": BigInteger(), "sales": BigInteger(), "largest": BigInteger()})
 
 
-def produce_events(bootstrap: str, events: int, keys: int, partitions: int) -> float:
+def produce_events(kafka: KafkaConnection, events: int, keys: int, partitions: int) -> float:
     topic = event_topic(SOURCE)
-    TopicAdmin(bootstrap).ensure([topic], EVENT_TOPIC_CONFIG, partitions=partitions)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50,
-                         "batch.size": 1_000_000, "compression.type": "lz4",
-                         "queue.buffering.max.messages": 1_000_000})
+    TopicAdmin(kafka).ensure([topic], EVENT_TOPIC_CONFIG, partitions=partitions)
+    producer = Producer(kafka.client_config(**{
+        "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
+        "queue.buffering.max.messages": 1_000_000}))
     versions = [0] * keys
     started = time.perf_counter()
     for position in range(1, events + 1):
@@ -105,11 +106,11 @@ def write_history(database_url: str, events: int, keys: int) -> float:
     return events / (time.perf_counter() - started)
 
 
-def plain_python_fold(bootstrap: str, partitions: Sequence[int],
+def plain_python_fold(kafka: KafkaConnection, partitions: Sequence[int],
                       ready: Callable[[], None] = lambda: None) -> tuple[int, float]:
     """The baseline: a confluent-kafka loop folding ``partitions`` into a dict, in this
     process. Calls ``ready`` once connected; returns (events folded, seconds)."""
-    consumer = Consumer(consumer_config(bootstrap, **{"enable.partition.eof": False,
+    consumer = Consumer(consumer_config(kafka, **{"enable.partition.eof": False,
                                                       "fetch.wait.max.ms": 100}))
     topic = event_topic(SOURCE)
     events = sum(consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
@@ -132,22 +133,22 @@ def plain_python_fold(bootstrap: str, partitions: Sequence[int],
     return seen, seconds
 
 
-def _plain_fold_process(bootstrap: str, partitions: list[int], ready: Queue, go: StartSignal,
-                        results: Queue) -> None:
+def _plain_fold_process(kafka: KafkaConnection, partitions: list[int], ready: Queue,
+                        go: StartSignal, results: Queue) -> None:
     def wait_for_go() -> None:
         ready.put(True)
         go.wait()
 
-    results.put(plain_python_fold(bootstrap, partitions, wait_for_go))
+    results.put(plain_python_fold(kafka, partitions, wait_for_go))
 
 
-def plain_python_fold_parallel(bootstrap: str, partitions: int, processes: int) -> float:
+def plain_python_fold_parallel(kafka: KafkaConnection, partitions: int, processes: int) -> float:
     """The same loop in ``processes`` processes at once, the partitions shared out: what the
     machine's cores give this work together, to read the engine's figures against."""
     context = mp.get_context("spawn")
     ready, results, go = context.Queue(), context.Queue(), context.Event()
     workers = [context.Process(target=_plain_fold_process, args=(
-        bootstrap, list(range(n, partitions, processes)), ready, go, results))
+        kafka, list(range(n, partitions, processes)), ready, go, results))
         for n in range(processes)]
     for worker in workers:
         worker.start()
@@ -220,26 +221,27 @@ def main() -> None:
             migrations.upgrade(endpoints.database_url)
             stack_pids = frozenset({endpoints.postgres_pid, endpoints.broker_pid,
                                     endpoints.connect_pid})
-            run(args, endpoints.database_url, endpoints.kafka_bootstrap, Path(tmp), stack_pids)
+            run(args, endpoints.database_url, KafkaConnection.of(endpoints.kafka_bootstrap),
+                Path(tmp), stack_pids)
         finally:
             stack.down()
 
 
-def run(args: argparse.Namespace, database_url: str, bootstrap: str, work_dir: Path,
+def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
         stack_pids: frozenset[int]) -> None:
-    produce_rate = produce_events(bootstrap, args.events, args.keys, args.partitions)
+    produce_rate = produce_events(kafka, args.events, args.keys, args.partitions)
     print(f"produced {args.events:,} events ({args.keys:,} keys, {args.partitions} partitions) "
           f"at {produce_rate:,.0f} events/s", flush=True)
-    seen, seconds = plain_python_fold(bootstrap, range(args.partitions))
+    seen, seconds = plain_python_fold(kafka, range(args.partitions))
     plain = seen / seconds
     print(f"plain Python fold (one process, confluent-kafka loop into a dict): "
           f"{plain:,.0f} events/s", flush=True)
-    plain_two = plain_python_fold_parallel(bootstrap, args.partitions, processes=2)
+    plain_two = plain_python_fold_parallel(kafka, args.partitions, processes=2)
     print(f"the same loop in two processes at once, the partitions shared out: "
           f"{plain_two:,.0f} events/s ({plain_two / plain:.2f}x one process: what two busy "
           f"cores give here)", flush=True)
 
-    settings = RunnerSettings(bootstrap_servers=bootstrap, database_url=database_url,
+    settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_root=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
                               max_rows_per_batch=args.max_rows_per_batch)

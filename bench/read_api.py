@@ -72,7 +72,7 @@ def build_read_model(settings: Settings, keys: int) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"read model has {rows(settings)} of {keys} rows")
             runner = ProjectionRunner(spark, inventory_totals, RunnerSettings(
-                bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
+                kafka=settings.kafka, database_url=settings.database_url,
                 checkpoint_root=settings.checkpoint_dir, trigger_interval="1 second"))
             try:
                 runner.catch_up(timeout_s=300)

@@ -72,7 +72,8 @@ class Eventfold:
         """One outbox table, one connector: every app on a database applies the same one."""
         return OutboxConnectorSpec(database_url=settings.database_url_for_connect,
                                    name=settings.connector_name,
-                                   slot_name=settings.connector_name.replace("-", "_"))
+                                   slot_name=settings.connector_name.replace("-", "_"),
+                                   password_ref=settings.connect_database_password)
 
     def setup(self, settings: Settings, fix_topics: bool = False) -> None:
         """Migrate the database, create event topics, apply the CDC connector (idempotent).
@@ -80,7 +81,7 @@ class Eventfold:
         them instead of refusing."""
         migrations.upgrade(settings.database_url)
         log.info("database migrated")
-        admin = TopicAdmin(settings.kafka_bootstrap)
+        admin = TopicAdmin(settings.kafka, settings.replication)
         admin.ensure([event_topic(t) for t in self.aggregate_types], EVENT_TOPIC_CONFIG,
                      partitions=settings.event_topic_partitions, check=True, fix=fix_topics)
         for projection in self.projections:
@@ -91,7 +92,8 @@ class Eventfold:
 
     def connector(self, settings: Settings) -> ConnectorOperations:
         return ConnectorOperations(ConnectClient(settings.connect_url),
-                                   self.connector_spec(settings), settings.kafka_bootstrap)
+                                   self.connector_spec(settings),
+                                   TopicAdmin(settings.kafka, settings.replication))
 
     def verify_log(self, settings: Settings, aggregate_type: str,
                    stream_prefix: str = "") -> LogReport:
@@ -100,7 +102,7 @@ class Eventfold:
         stored = [LoggedEvent(*identity) for identity in
                   self.event_store(settings).event_identities(aggregate_type)]
         messages = [(key, value) for _, _, key, value in
-                    read_messages(settings.kafka_bootstrap, event_topic(aggregate_type))]
+                    read_messages(settings.kafka, event_topic(aggregate_type))]
         return verify_topic(stored, messages, include=lambda s: s.startswith(stream_prefix))
 
     # -- services ---------------------------------------------------------------------------
@@ -125,7 +127,7 @@ class Eventfold:
         """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
         options = ReadApiOptions(
             database_url=settings.read_database_url or settings.database_url,
-            bootstrap_servers=settings.kafka_bootstrap, reader_role=settings.reader_role,
+            kafka=settings.kafka, reader_role=settings.reader_role,
             instance_id=settings.instance_id, pool_size=settings.read_pool_size,
             title=f"{self.name} reads")
         app = create_read_app(self.projections, options,
@@ -154,7 +156,7 @@ class Eventfold:
     @staticmethod
     def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
         return RunnerSettings(
-            bootstrap_servers=settings.kafka_bootstrap,
+            kafka=settings.kafka,
             database_url=settings.database_url,
             checkpoint_root=Path(settings.checkpoint_dir),
             trigger_interval=settings.trigger_interval,
@@ -162,6 +164,7 @@ class Eventfold:
             retire_wait_s=settings.ktable_retire_wait_s,
             ktable_topic_config=_ktable_topic_config(settings),
             allow_data_loss=settings.allow_data_loss,
+            replication=settings.replication,
         )
 
 

@@ -37,9 +37,7 @@ def configure_logging(level: str) -> None:
 
 
 def _stack(settings: Settings, args: argparse.Namespace) -> int:
-    from local_stack import LocalStack
-
-    stack = LocalStack(settings.stack_dir)
+    stack = settings.local_stack()
     if args.action in ("up", "restart"):
         if args.action == "restart" and not args.component:
             raise ConfigError("stack restart needs a COMPONENT: postgres, broker or connect")
@@ -118,7 +116,7 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
             raise ConfigError(str(exc)) from None
         for projection in chosen:
             print(projection_status(projection, settings.database_url,
-                                    settings.kafka_bootstrap).describe())
+                                    settings.kafka).describe())
         return 0
     if not args.name:
         raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
@@ -278,9 +276,11 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
     operations = load_app(settings.app).connector(settings)
     name = operations.spec.name
     if args.action in ("apply", "diff"):
+        from outbox.operations import describe_diff
+
         difference = operations.diff()
-        for key, (old, new) in difference.items():
-            print(f"  {key}: {old!r} -> {new!r}")
+        for line in describe_diff(difference):
+            print(f"  {line}")
         if args.action == "diff":
             print(f"{name}: {len(difference)} difference(s)" if difference
                   else f"{name}: up to date")

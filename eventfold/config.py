@@ -10,7 +10,15 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from outbox.connection import KafkaConnection, parse_key_values
+from outbox.topics import Replication
+
+if TYPE_CHECKING:
+    from local_stack import LocalStack
 
 
 class ConfigError(RuntimeError):
@@ -36,8 +44,12 @@ class Settings:
     read_database_url: str = ""
     reader_role: str = "eventfold_reader"
     kafka_bootstrap: str = ""
+    kafka_config: str = ""
+    replication_factor: str = ""
+    min_insync_replicas: str = ""
     connect_url: str = ""
     connect_database_url: str = ""
+    connect_database_password: str = ""
     connector_name: str = "eventfold-outbox"
     spark_master: str = "local[2]"
     stack_dir: Path = DEFAULT_STACK_DIR
@@ -85,7 +97,48 @@ class Settings:
                 values[f.name] = raw
         if "stack_dir" not in values:
             values["stack_dir"] = find_stack_dir(Path.cwd())
-        return cls(**values)  # type: ignore[arg-type]
+        settings = cls(**values)  # type: ignore[arg-type]
+        settings.check()
+        return settings
+
+    def check(self) -> None:
+        """Parse the structured settings once, so that a bad value fails at start, naming
+        its variable."""
+        for name in ("kafka_client_settings", "replication"):
+            try:
+                getattr(self, name)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        password = self.connect_database_password
+        if password and not (password.startswith("${") and password.endswith("}")):
+            raise ConfigError(
+                "EVENTFOLD_CONNECT_DATABASE_PASSWORD must be a Kafka Connect config provider "
+                "reference such as ${file:/etc/kafka/secrets.properties:password}, not the "
+                "password itself (Connect would store it in clear in its config topic)")
+
+    @cached_property
+    def kafka_client_settings(self) -> dict[str, str]:
+        return parse_key_values(self.kafka_config, "EVENTFOLD_KAFKA_CONFIG entry")
+
+    @property
+    def kafka(self) -> KafkaConnection:
+        """The broker and the client settings every Kafka client of this process uses."""
+        return KafkaConnection.of(self.kafka_bootstrap, self.kafka_client_settings)
+
+    def local_stack(self, data_dir: Path | None = None) -> LocalStack:
+        """The local stack in ``data_dir`` (default: the stack directory), its broker taking
+        the credentials this process's Kafka clients log in with."""
+        from local_stack import LocalStack
+        from local_stack.auth import ClientAuth
+
+        settings = self.kafka_client_settings
+        auth = ClientAuth.of(self.kafka.java_config(), settings.get("sasl.username", ""),
+                             settings.get("sasl.password", ""))
+        return LocalStack(data_dir or self.stack_dir, auth)
+
+    @cached_property
+    def replication(self) -> Replication:
+        return Replication.parse(self.replication_factor, self.min_insync_replicas)
 
     def with_local_stack(self) -> Settings:
         """Fill unset endpoints from the running local stack's state file."""

@@ -12,7 +12,6 @@ import requests
 from eventfold.app import load_app
 from eventfold.config import Settings
 from eventfold.serving import BackgroundServer
-from local_stack import LocalStack
 from local_stack.process import free_port
 from projections.runner import stop_gracefully
 
@@ -26,7 +25,7 @@ def say(message: str) -> None:
 
 def run_demo(settings: Settings) -> int:
     demo_dir = Path(settings.stack_dir).parent / "demo"
-    stack = LocalStack(demo_dir)
+    stack = settings.local_stack(demo_dir)
     say(f"starting the local stack in {demo_dir} (PostgreSQL, Apache Kafka, Kafka Connect)")
     started = time.monotonic()
     stack.reset()  # the demo's own directory: every run starts from an empty stack

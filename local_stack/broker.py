@@ -7,10 +7,12 @@ storage is formatted once, on the first start. The jars come from ``local_stack.
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
 import uuid
 from pathlib import Path
 
+from local_stack.auth import ClientAuth
 from local_stack.java import classpath, java_binary, log4j_config
 from local_stack.process import StackError, port_is_open, spawn, wait_until
 
@@ -20,16 +22,22 @@ STARTED_LINE = "Kafka Server started"
 HEAP = "-Xmx512m"
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[str, str]:
+AUTH_RECORD = "auth.json"
+
+
+def server_properties(data_dir: Path, port: int, controller_port: int,
+                      auth: ClientAuth) -> dict[str, str]:
+    listener = auth.protocol
     return {
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
+        "advertised.listeners": f"{listener}://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        "inter.broker.listener.name": listener,
+        "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
+        **(_sasl_properties(auth) if auth.sasl else {}),
         "log.dirs": str(data_dir / "logs"),
         # One broker: every internal topic has one replica.
         "offsets.topic.replication.factor": "1",
@@ -47,8 +55,20 @@ def server_properties(data_dir: Path, port: int, controller_port: int) -> dict[s
     }
 
 
+def _sasl_properties(auth: ClientAuth) -> dict[str, str]:
+    """Clients and the broker itself log in over SCRAM. The controller listener stays
+    PLAINTEXT: it is bound to loopback and serves only the KRaft quorum of this one node."""
+    mechanism = auth.mechanism
+    return {
+        "sasl.enabled.mechanisms": mechanism,
+        "sasl.mechanism.inter.broker.protocol": mechanism,
+        f"listener.name.sasl_plaintext.{mechanism.lower()}.sasl.jaas.config":
+            dict(auth.java_config)["sasl.jaas.config"],
+    }
+
+
 def start(data_dir: Path, port: int, controller_port: int, log_path: Path,
-          timeout_s: float = 90) -> int:
+          auth: ClientAuth, timeout_s: float = 90) -> int:
     for taken in (port, controller_port):
         if port_is_open(taken):
             raise StackError(f"port {taken} is already in use; cannot start the broker there")
@@ -56,11 +76,13 @@ def start(data_dir: Path, port: int, controller_port: int, log_path: Path,
     log_path.parent.mkdir(parents=True, exist_ok=True)
     config = data_dir / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in
-                              server_properties(data_dir, port, controller_port).items()))
+                              server_properties(data_dir, port, controller_port, auth).items()))
     log4j = log4j_config(data_dir / "log4j2.properties",
                          {"server": "kafka.server.KafkaRaftServer"})
     if not (data_dir / "logs" / "meta.properties").exists():
-        _format(config, log_path)
+        _format(config, log_path, auth)
+        (data_dir / AUTH_RECORD).write_text(json.dumps(auth.describe()))
+    auth.check_matches(data_dir / AUTH_RECORD)
     already_logged = log_path.stat().st_size if log_path.exists() else 0
     process = spawn([java_binary(), HEAP, "-XX:+UseSerialGC", "-Djava.awt.headless=true",
                      f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath(), BROKER_MAIN,
@@ -71,12 +93,18 @@ def start(data_dir: Path, port: int, controller_port: int, log_path: Path,
     return process.pid
 
 
-def _format(config: Path, log_path: Path) -> None:
-    """Format the log directory for a new single-node cluster (KRaft needs a cluster id)."""
+def _format(config: Path, log_path: Path, auth: ClientAuth) -> None:
+    """Format the log directory for a new single-node cluster (KRaft needs a cluster id),
+    with the SCRAM user if clients authenticate (KIP-900: the credential is in the metadata
+    log before the broker first starts, so that it can authenticate to itself)."""
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    scram = (["--add-scram", f"{auth.mechanism}=[name={auth.username},"
+                             f"password={auth.password}]"] if auth.sasl else [])
+    # "--cluster-id=" joined: one id in 64 starts with "-", which the tool took for an option.
     result = subprocess.run(
-        [java_binary(), "-cp", classpath(), STORAGE_TOOL, "format", "-t", cluster_id,
-         "-c", str(config)], capture_output=True, text=True, timeout=120, check=False)
+        [java_binary(), "-cp", classpath(), STORAGE_TOOL, "format",
+         f"--cluster-id={cluster_id}", "-c", str(config), *scram],
+        capture_output=True, text=True, timeout=120, check=False)
     with log_path.open("a") as log:
         log.write(result.stdout + result.stderr)
     if result.returncode != 0:

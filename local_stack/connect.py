@@ -11,6 +11,7 @@ from pathlib import Path
 
 import requests
 
+from local_stack.auth import ClientAuth
 from local_stack.java import classpath, java_binary, log4j_config
 from local_stack.process import StackError, port_is_open, spawn, wait_until
 
@@ -18,8 +19,10 @@ WORKER_MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
 
-def worker_properties(bootstrap: str, rest_port: int, group_id: str) -> dict[str, str]:
+def worker_properties(bootstrap: str, rest_port: int, group_id: str,
+                      auth: ClientAuth) -> dict[str, str]:
     return {
+        **auth.worker_config(),
         "bootstrap.servers": bootstrap,
         "group.id": group_id,
         "listeners": f"http://127.0.0.1:{rest_port}",
@@ -48,18 +51,26 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str) -> dict[str
         "producer.linger.ms": "5",
         "producer.batch.size": "524288",
         "task.shutdown.graceful.timeout.ms": "10000",
+        # Connector configs may name secrets instead of holding them:
+        # ${file:/path/secrets.properties:key} or ${env:VARIABLE}, resolved by the worker.
+        "config.providers": "file,env",
+        "config.providers.file.class":
+            "org.apache.kafka.common.config.provider.FileConfigProvider",
+        "config.providers.env.class":
+            "org.apache.kafka.common.config.provider.EnvVarConfigProvider",
     }
 
 
 def start(
-    work_dir: Path, bootstrap: str, rest_port: int, log_path: Path, timeout_s: float = 120
+    work_dir: Path, bootstrap: str, rest_port: int, log_path: Path, auth: ClientAuth,
+    timeout_s: float = 120,
 ) -> int:
     if port_is_open(rest_port):
         raise StackError(f"port {rest_port} is already in use; cannot start Kafka Connect there")
     work_dir.mkdir(parents=True, exist_ok=True)
     props_path = work_dir / "worker.properties"
     # A fixed group: its configs and offsets topics are found again whatever port it gets.
-    props = worker_properties(bootstrap, rest_port, group_id="eventfold-connect")
+    props = worker_properties(bootstrap, rest_port, "eventfold-connect", auth)
     props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     log4j_path = log4j_config(work_dir / "log4j2.properties",
                               {"connect": "org.apache.kafka.connect", "debezium": "io.debezium"})

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from local_stack import broker, connect, postgres
+from local_stack.auth import ClientAuth
 from local_stack.process import (
     StackError,
     free_port,
@@ -62,8 +63,9 @@ class LocalStack:
     """Postgres + Apache Kafka (KRaft) + Kafka Connect (Debezium) under ``data_dir``, on
     loopback ports."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, auth: ClientAuth | None = None) -> None:
         self.data_dir = data_dir.resolve()
+        self.auth = auth or ClientAuth()
 
     @property
     def state_path(self) -> Path:
@@ -132,9 +134,9 @@ class LocalStack:
             return postgres.start(data, ports["postgres"], self.logs / "postgres.log")
         if name == "broker":
             return broker.start(self.data_dir / "kafka", ports["broker"], ports["controller"],
-                                self.logs / "broker.log")
+                                self.logs / "broker.log", self.auth)
         return connect.start(self.data_dir / "connect", f"127.0.0.1:{ports['broker']}",
-                             ports["connect"], self.logs / "connect.log")
+                             ports["connect"], self.logs / "connect.log", self.auth)
 
     def _usable_port(self, name: str, port: int | None) -> int:
         if port is None:

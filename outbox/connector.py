@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,11 @@ class OutboxConnectorSpec:
     heartbeat_table: str = f"public.{HEARTBEAT_TABLE}"
     heartbeat_interval_ms: int = 10_000
     poll_interval_ms: int = 50
+    password_ref: str = ""
+    """A Connect config provider reference the workers resolve to the database password
+    (``${file:/etc/kafka/secrets.properties:password}``, ``${env:PGPASSWORD}``). The password
+    in ``database_url`` is for this process's own queries and never goes to Connect, whose
+    config topic and REST API would show it in clear."""
     exactly_once: bool = True
     """KIP-618: records and source offsets commit in one Kafka transaction, so a worker crash
     re-sends nothing. Needs workers with ``exactly.once.source.support=enabled``."""
@@ -54,6 +60,12 @@ class OutboxConnectorSpec:
 
     def config(self) -> dict[str, str]:
         url = make_url(self.database_url)
+        if url.password and not self.password_ref:
+            raise ValueError(
+                "the connector's database password must reach Kafka Connect through a config "
+                "provider, not its plain config: set EVENTFOLD_CONNECT_DATABASE_PASSWORD to a "
+                "reference such as ${file:/etc/kafka/secrets.properties:password} (and "
+                "configure that provider on the workers)")
         placement = ",".join(f"{col}:envelope:{field}" for col, field in ENVELOPE_FIELDS.items())
         return {
             "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
@@ -62,8 +74,9 @@ class OutboxConnectorSpec:
             "database.hostname": url.host or "127.0.0.1",
             "database.port": str(url.port or 5432),
             "database.user": url.username or "postgres",
-            "database.password": url.password or "",
+            "database.password": self.password_ref,
             "database.dbname": url.database or "postgres",
+            **_ssl_settings(url.query),
             "topic.prefix": self.name,
             "slot.name": self.slot_name,
             "publication.name": self.publication_name,
@@ -100,6 +113,18 @@ class OutboxConnectorSpec:
             "transforms.outbox.table.fields.additional.placement": placement,
             "exactly.once.support": "required" if self.exactly_once else "requested",
         }
+
+
+LIBPQ_SSL_PARAMETERS = ("sslmode", "sslrootcert", "sslcert", "sslkey", "sslpassword",
+                        "sslfactory")
+
+
+def _ssl_settings(query: Mapping[str, str | tuple[str, ...]]) -> dict[str, str]:
+    """The database URL's libpq SSL parameters (``?sslmode=verify-full&sslrootcert=...``) as
+    Debezium's ``database.ssl*`` settings, so that Connect reaches the database as securely
+    as the application does."""
+    return {f"database.{key}": str(value if isinstance(value, str) else value[-1])
+            for key, value in query.items() if key in LIBPQ_SSL_PARAMETERS}
 
 
 class ConnectError(RuntimeError):

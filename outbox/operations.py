@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
+from outbox.connection import redact
 from outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
 from outbox.topics import TopicAdmin
 
@@ -73,14 +74,25 @@ def config_diff(current: dict[str, str] | None, wanted: dict[str, str]) -> Confi
             if current.get(key) != wanted.get(key)}
 
 
+def describe_diff(diff: ConfigDiff) -> list[str]:
+    """One line per difference, fit to print: a secret's value shows as ``****``."""
+    return [f"{key}: {_shown(key, old)} -> {_shown(key, new)}"
+            for key, (old, new) in diff.items()]
+
+
+def _shown(key: str, value: str | None) -> str:
+    return repr(value) if value is None else repr(redact({key: value})[key])
+
+
 class ConnectorOperations:
     """One outbox connector, through the Connect REST API and the database's slot views."""
 
     def __init__(self, client: ConnectClient, spec: OutboxConnectorSpec,
-                 kafka_bootstrap: str | None = None) -> None:
+                 topics: TopicAdmin | None = None) -> None:
         self.client = client
         self.spec = spec
-        self.kafka_bootstrap = kafka_bootstrap
+        self.topics = topics
+        """Creates the heartbeat topics ahead of the connector, if given."""
 
     def diff(self) -> ConfigDiff:
         return config_diff(self.client.get_config(self.spec.name), self.spec.config())
@@ -91,9 +103,8 @@ class ConnectorOperations:
         if current is not None and not difference:
             log.info("connector %s unchanged", self.spec.name)
             return ApplyResult("unchanged", {})
-        if self.kafka_bootstrap:
-            TopicAdmin(self.kafka_bootstrap).ensure(self.spec.heartbeat_topics,
-                                                    HEARTBEAT_TOPIC_CONFIG)
+        if self.topics is not None:
+            self.topics.ensure(self.spec.heartbeat_topics, HEARTBEAT_TOPIC_CONFIG)
         self.client.apply(self.spec, timeout_s)
         return ApplyResult("created" if current is None else "updated", difference)
 

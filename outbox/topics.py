@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import (
@@ -16,6 +18,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from outbox.connection import KafkaConnection, parse_key_values
+
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC_PREFIX = "eventfold.events."
@@ -25,25 +29,69 @@ COMPACTED_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1",
                           "retention.bytes": "-1"}
 
 
+TopicKind = Literal["events", "ktables", "dead_letters", "derived"]
+TOPIC_KINDS: tuple[TopicKind, ...] = ("events", "ktables", "dead_letters", "derived")
+
+
+@dataclass(frozen=True)
+class Replication:
+    """Replication factor and ``min.insync.replicas`` per kind of topic. A kind not given
+    gets what the cluster can hold: min(3, brokers) replicas, and all but one of them in sync
+    (at least 1), so that one broker can fail without stopping writes."""
+
+    factors: tuple[tuple[str, int], ...] = ()
+    min_insync: tuple[tuple[str, int], ...] = ()
+
+    @classmethod
+    def parse(cls, factors: str = "", min_insync: str = "") -> Replication:
+        """Each of ``"3"`` (every kind) or ``"events=3,ktables=2"`` (per kind); '' is the
+        default."""
+        return cls(_per_kind(factors, "replication factor"),
+                   _per_kind(min_insync, "min.insync.replicas"))
+
+    def for_kind(self, kind: TopicKind, brokers: int) -> tuple[int, int]:
+        """(replication factor, min.insync.replicas) of a new topic of ``kind``."""
+        factor = dict(self.factors).get(kind) or min(3, max(brokers, 1))
+        insync = dict(self.min_insync).get(kind) or max(1, factor - 1)
+        if insync > factor:
+            raise ValueError(f"{kind} topics: min.insync.replicas {insync} is more than their "
+                             f"replication factor {factor}")
+        return factor, insync
+
+
+def _per_kind(text: str, what: str) -> tuple[tuple[str, int], ...]:
+    text = text.strip()
+    if not text:
+        return ()
+    pairs = ({kind: text for kind in TOPIC_KINDS} if "=" not in text
+             else parse_key_values(text, what))
+    unknown = set(pairs) - set(TOPIC_KINDS)
+    if unknown:
+        raise ValueError(f"{what}: unknown topic kind(s) {', '.join(sorted(unknown))}; "
+                         f"kinds are {', '.join(TOPIC_KINDS)}")
+    try:
+        numbers = {kind: int(value) for kind, value in pairs.items()}
+    except ValueError:
+        raise ValueError(f"{what} must be whole numbers: {text!r}") from None
+    if any(n < 1 for n in numbers.values()):
+        raise ValueError(f"{what} must be at least 1: {text!r}")
+    return tuple(sorted(numbers.items()))
+
+
 class TopicConfigMismatch(RuntimeError):
     """Existing topics whose configs differ from what Eventfold needs of them."""
 
-    def __init__(self, mismatches: list[tuple[str, str, str | None, str]]) -> None:
+    def __init__(self, mismatches: list[tuple[str, str, str | None, str]],
+                 remedy: str = "`eventfold setup --fix-topics` alters them") -> None:
         self.mismatches = mismatches
         lines = [f"topic {topic}: {key} is {actual!r}, needs {wanted!r}"
                  for topic, key, actual, wanted in mismatches]
-        super().__init__("; ".join(lines) + " (`eventfold setup --fix-topics` alters them)")
+        super().__init__("; ".join(lines) + f" ({remedy})")
 
 
 def parse_topic_config(text: str) -> dict[str, str]:
     """``"segment.ms=600000,min.cleanable.dirty.ratio=0.1"`` as a dict; '' is {}."""
-    config: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"topic config {item!r} is not key=value")
-        config[key.strip()] = value.strip()
-    return config
+    return parse_key_values(text, "topic config")
 
 
 def event_topic(aggregate_type: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
@@ -52,35 +100,45 @@ def event_topic(aggregate_type: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
 
 
 class TopicAdmin:
-    """Creates topics with explicit configs (read back by DescribeConfigs) if they are missing."""
+    """Creates topics with explicit configs (read back by DescribeConfigs) if they are missing,
+    replicated as ``replication`` says for their kind."""
 
-    def __init__(self, bootstrap_servers: str, timeout_s: float = 30) -> None:
-        self._admin = AdminClient({"bootstrap.servers": bootstrap_servers})
+    def __init__(self, kafka: KafkaConnection, replication: Replication | None = None,
+                 timeout_s: float = 30) -> None:
+        self._admin = AdminClient(kafka.client_config())
+        self._replication = replication or Replication()
         self._timeout_s = timeout_s
 
     def ensure(
         self, topics: Iterable[str], config: Mapping[str, str], partitions: int = 1,
-        replication_factor: int = 1, check: bool = False, fix: bool = False,
+        kind: TopicKind = "events", check: bool = False, fix: bool = False,
     ) -> None:
         """Create the topics that are missing. With ``check``, the configs of those that
         exist are read back: a difference raises TopicConfigMismatch, or with ``fix`` is
         altered in place."""
         wanted = sorted(set(topics))
-        existing = set(self._admin.list_topics(timeout=self._timeout_s).topics)
-        missing = [t for t in wanted if t not in existing]
+        metadata = self._admin.list_topics(timeout=self._timeout_s)
+        factor, insync = self._replication.for_kind(kind, len(metadata.brokers))
+        config = {**config, "min.insync.replicas": str(insync)}
+        missing = [t for t in wanted if t not in metadata.topics]
         if check:
-            self._check([t for t in wanted if t in existing], config, fix)
+            self._check([t for t in wanted if t in metadata.topics], config, fix)
         if not missing:
             return
+        if factor > len(metadata.brokers):
+            raise TopicConfigMismatch([(missing[0], "replication factor", None, str(factor))],
+                                      f"the cluster has {len(metadata.brokers)} broker(s) "
+                                      f"for {kind} topics of replication factor {factor}")
         futures = self._admin.create_topics(
-            [NewTopic(t, num_partitions=partitions, replication_factor=replication_factor,
-                      config=dict(config)) for t in missing],
+            [NewTopic(t, num_partitions=partitions, replication_factor=factor,
+                      config=config) for t in missing],
             operation_timeout=self._timeout_s,
         )
         for topic, future in futures.items():
             try:
                 future.result(timeout=self._timeout_s)
-                log.info("created topic %s (%d partitions, %s)", topic, partitions, dict(config))
+                log.info("created %s topic %s (%d partitions, %d replicas, %s)", kind, topic,
+                         partitions, factor, config)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise

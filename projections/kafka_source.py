@@ -2,7 +2,8 @@
 
 Format name ``eventfold-kafka``. Options:
 
-- ``bootstrap.servers`` (required), ``topics`` (comma-separated, required)
+- ``bootstrap.servers`` (required), ``topics`` (comma-separated, required), ``kafka.*``:
+  client settings (``kafka.security.protocol``...; see ``outbox.connection``)
 - ``max_rows_per_batch``: cap on rows in one micro-batch (default: no cap)
 - ``starting_offsets``: ``earliest`` (default), ``latest``, or offsets as JSON
 - ``ending_offsets``: offsets as JSON at which an ``availableNow`` run stops (a replay catching
@@ -44,6 +45,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from outbox.connection import KafkaConnection
 from outbox.kafka import (
     OffsetPlanner,
     PartitionKey,
@@ -90,7 +92,7 @@ class KafkaSlice:
     """One partition's offset range of a micro-batch, read by the executor task that decodes
     (or folds) it."""
 
-    bootstrap_servers: str
+    kafka: KafkaConnection
     range: OffsetRange
 
     @property
@@ -101,7 +103,7 @@ class KafkaSlice:
         """The range's records, about ``rows`` at a time, for a fold in Python."""
         topic, partition = self.range.topic, self.range.partition
         pending: list[Message] = []
-        for messages in _messages(self.bootstrap_servers, self.range):
+        for messages in _messages(self.kafka, self.range):
             pending.extend(messages)
             if len(pending) >= rows:
                 yield _raw(topic, partition, pending)
@@ -130,34 +132,34 @@ def _utf8_or_bytes(key: bytes) -> str | bytes:
         return key
 
 
-_consumers: dict[str, Consumer] = {}
+_consumers: dict[KafkaConnection, Consumer] = {}
 
 
-def _consumer(bootstrap_servers: str) -> Consumer:
+def _consumer(kafka: KafkaConnection) -> Consumer:
     """One consumer per Python worker, kept across tasks (Spark reuses its workers): a new
     connection per partition and micro-batch costs more than reading 50,000 events."""
-    consumer = _consumers.get(bootstrap_servers)
+    consumer = _consumers.get(kafka)
     if consumer is None:
-        consumer = Consumer(consumer_config(bootstrap_servers, **{"fetch.min.bytes": 1}))
-        _consumers[bootstrap_servers] = consumer
+        consumer = Consumer(consumer_config(kafka, **{"fetch.min.bytes": 1}))
+        _consumers[kafka] = consumer
     return consumer
 
 
-def read_range(bootstrap_servers: str, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+def read_range(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Every message of ``rng`` as Arrow batches."""
-    for messages in _messages(bootstrap_servers, rng):
+    for messages in _messages(kafka, rng):
         yield _to_arrow(messages, rng)
 
 
-def _messages(bootstrap_servers: str, rng: OffsetRange) -> Iterator[list[Message]]:
+def _messages(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[list[Message]]:
     if rng.end <= rng.start:
         return
-    consumer = _consumer(bootstrap_servers)
+    consumer = _consumer(kafka)
     try:
         yield from iter_range(consumer, (rng.topic, rng.partition), rng.start, rng.end,
                               READ_TIMEOUT_S, chunk=READ_CHUNK)
     except BaseException:
-        _consumers.pop(bootstrap_servers, None)
+        _consumers.pop(kafka, None)
         consumer.close()
         raise
     consumer.unassign()
@@ -192,12 +194,17 @@ class KafkaDataSource(DataSource):
             raise ValueError(f"the {FORMAT_NAME} source needs the option {key!r}")
         return str(value)
 
+    def _connection(self) -> KafkaConnection:
+        self._required("bootstrap.servers")
+        return KafkaConnection.from_spark_options(
+            {k: str(v) for k, v in self.options.items()})
+
     def _topics(self) -> list[str]:
         return [t.strip() for t in self._required("topics").split(",") if t.strip()]
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KafkaStreamReader(
-            bootstrap_servers=self._required("bootstrap.servers"),
+            kafka=self._connection(),
             topics=self._topics(),
             max_rows_per_batch=int(self.options.get("max_rows_per_batch", 0)),
             starting_offsets=str(self.options.get("starting_offsets", "earliest")),
@@ -205,16 +212,16 @@ class KafkaDataSource(DataSource):
         )
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KafkaBatchReader(self._required("bootstrap.servers"), self._topics())
+        return KafkaBatchReader(self._connection(), self._topics())
 
 
 class KafkaBatchReader(DataSourceReader):
-    def __init__(self, bootstrap_servers: str, topics: list[str]) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, kafka: KafkaConnection, topics: list[str]) -> None:
+        self.kafka = kafka
         self.topics = topics
 
     def partitions(self) -> list[InputPartition]:
-        planner = OffsetPlanner(self.bootstrap_servers)
+        planner = OffsetPlanner(self.kafka)
         try:
             found = planner.partitions(self.topics)
             begin, end = planner.beginning_offsets(found), planner.end_offsets(found)
@@ -225,15 +232,15 @@ class KafkaBatchReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        return read_range(self.bootstrap_servers, partition)
+        return read_range(self.kafka, partition)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(
-        self, bootstrap_servers: str, topics: list[str], max_rows_per_batch: int,
+        self, kafka: KafkaConnection, topics: list[str], max_rows_per_batch: int,
         starting_offsets: str, ending_offsets: Mapping[PartitionKey, int] | None = None,
     ) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.topics = topics
         self.max_rows_per_batch = max_rows_per_batch
         self.starting_offsets = starting_offsets
@@ -244,7 +251,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def planner(self) -> OffsetPlanner:
         if self._planner is None:
-            self._planner = OffsetPlanner(self.bootstrap_servers)
+            self._planner = OffsetPlanner(self.kafka)
         return self._planner
 
     def initialOffset(self) -> dict[str, Any]:
@@ -289,7 +296,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, OffsetRange)
-        return read_range(self.bootstrap_servers, partition)
+        return read_range(self.kafka, partition)
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a pickled copy for read(); the planner's consumer stays on the driver.

@@ -100,7 +100,7 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         log.info("replay %s: v%d active; waiting up to %.0f s for read APIs to move off the "
                  "v%d KTable topic before deleting it", projection.name, new,
                  settings.retire_wait_s, old)
-        versions.delete_retired_topics(TopicAdmin(settings.bootstrap_servers).delete,
+        versions.delete_retired_topics(TopicAdmin(settings.kafka).delete,
                                        settings.retire_wait_s)
     finally:
         live.close()
@@ -150,7 +150,7 @@ def reads_event_store(source: ReplaySource, retained_from: dict[PartitionKey, in
 
 def _beginning_offsets(settings: RunnerSettings,
                        projection: Projection) -> dict[PartitionKey, int]:
-    planner = OffsetPlanner(settings.bootstrap_servers)
+    planner = OffsetPlanner(settings.kafka)
     try:
         return planner.beginning_offsets(planner.partitions(projection.source_topics))
     finally:
@@ -163,7 +163,7 @@ def _bound(live_offsets: dict[PartitionKey, int], settings: RunnerSettings,
     """Where the new version must reach: the live version's offsets, or the topics' ends when
     the live version never committed (nothing serves yet, so the whole log is fair game)."""
     if not live_offsets and not at_least:
-        planner = OffsetPlanner(settings.bootstrap_servers)
+        planner = OffsetPlanner(settings.kafka)
         try:
             live_offsets = planner.end_offsets(planner.partitions(projection.source_topics))
         finally:

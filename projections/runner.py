@@ -21,6 +21,7 @@ from typing import Protocol
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
+from outbox.connection import KafkaConnection
 from outbox.history import count_events
 from outbox.kafka import (
     GroupProgress,
@@ -29,6 +30,7 @@ from outbox.kafka import (
     flatten_offsets,
     nest_offsets,
 )
+from outbox.topics import Replication
 from projections.engine import (
     BatchContext,
     KeySplitAcrossPartitions,
@@ -56,7 +58,7 @@ _CLEANUP_EVERY_S = 30.0
 
 @dataclass(frozen=True)
 class RunnerSettings:
-    bootstrap_servers: str
+    kafka: KafkaConnection
     database_url: str
     checkpoint_root: Path
     trigger_interval: str = "500 milliseconds"
@@ -64,6 +66,9 @@ class RunnerSettings:
     ktable_topic_config: Mapping[str, str] = field(default_factory=dict)
     """Topic configs of KTable topics beyond ``cleanup.policy=compact`` (segment size,
     dirty ratio, compaction lag...)."""
+    replication: Replication = field(default_factory=Replication)
+    """Replication of the KTable, dead-letter and derived-event topics this projection
+    creates."""
     allow_data_loss: bool = False
     """Go on when retention deleted events this projection never read (else it stops)."""
     retire_wait_s: float = 60.0
@@ -97,14 +102,14 @@ class ProjectionRunner:
         self.version = version or active
         self.is_active = self.version == active
         self.store = ReadModelStore(settings.database_url, projection, self.version)
-        self.topics = TopicSink(settings.bootstrap_servers, projection, self.version,
-                                settings.ktable_topic_config)
+        self.topics = TopicSink(settings.kafka, projection, self.version,
+                                settings.ktable_topic_config, settings.replication)
         self.batches = 0
         self._prepared = False
         self._next_cleanup = 0.0
         # The active version's progress also shows in Kafka, as group
         # eventfold.projection.<name> (a replay's build does not report).
-        self.group_progress = (GroupProgress(settings.bootstrap_servers,
+        self.group_progress = (GroupProgress(settings.kafka,
                                              f"eventfold.projection.{projection.name}")
                                if self.is_active else None)
         self.progress: Progress = progress or ProgressLog(projection.name)
@@ -135,7 +140,7 @@ class ProjectionRunner:
         starting = json.dumps(nest_offsets(committed)) if committed else "earliest"
         source = (
             self.spark.readStream.format(FORMAT_NAME)
-            .option("bootstrap.servers", self.settings.bootstrap_servers)
+            .options(**self.settings.kafka.spark_options())
             .option("topics", ",".join(self.projection.source_topics))
             .option("max_rows_per_batch", str(self.settings.max_rows_per_batch))
             .option("starting_offsets", starting)
@@ -169,7 +174,7 @@ class ProjectionRunner:
         records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
         if records == 0:
             return  # a re-run of a batch the store already committed
-        slices = [KafkaSlice(self.settings.bootstrap_servers, r)
+        slices = [KafkaSlice(self.settings.kafka, r)
                   for r in _unread_ranges(committed, end)]
         self._apply(batch_id, committed, end, slices, records)
 
@@ -190,7 +195,7 @@ class ProjectionRunner:
             records = sum(end[k] - begin[k] for k in end)
             if records <= 0:
                 return
-            slices = [KafkaSlice(self.settings.bootstrap_servers, r)
+            slices = [KafkaSlice(self.settings.kafka, r)
                       for r in _unread_ranges(committed, end)]
             self._apply(batch_id, committed, end, slices, records)
             batch_id += 1
@@ -220,7 +225,7 @@ class ProjectionRunner:
         folded the event store first read them from there."""
         if STORE_PARTITION in committed:
             return
-        planner = OffsetPlanner(self.settings.bootstrap_servers)
+        planner = OffsetPlanner(self.settings.kafka)
         try:
             beginning = planner.beginning_offsets(planner.partitions(
                 self.projection.source_topics))

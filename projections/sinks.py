@@ -24,8 +24,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
 
 from outbox import TopicAdmin
+from outbox.connection import KafkaConnection
 from outbox.kafka import flatten_offsets, nest_offsets
-from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG
+from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, Replication
 from projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
 from projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
 from projections.projection import Projection
@@ -323,28 +324,30 @@ def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version:
     a KTable topic that is not compacted would grow forever and restore ever slower."""
     if projection.has_state:
         admin.ensure([projection.ktable_topic_for(version)],
-                     {**COMPACTED_TOPIC_CONFIG, **(ktable_config or {})}, check=True, fix=fix)
-    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG, check=True, fix=fix)
+                     {**COMPACTED_TOPIC_CONFIG, **(ktable_config or {})}, kind="ktables",
+                     check=True, fix=fix)
+    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG, kind="dead_letters",
+                 check=True, fix=fix)
 
 
 class TopicSink:
     """Writes a projection's KTable (latest state per key, tombstones), dead letters and
     derived events."""
 
-    def __init__(self, bootstrap_servers: str, projection: Projection, version: int,
-                 ktable_config: Mapping[str, str] | None = None) -> None:
+    def __init__(self, kafka: KafkaConnection, projection: Projection, version: int,
+                 ktable_config: Mapping[str, str] | None = None,
+                 replication: Replication | None = None) -> None:
         self.projection = projection
         self.ktable_config = dict(ktable_config or {})
         self.ktable_topic = projection.ktable_topic_for(version)
         self.version = version
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap_servers,
+        self.producer = Producer(kafka.client_config(**{
             "enable.idempotence": True,
             "linger.ms": 5,
             "compression.type": "lz4",
             "log.connection.close": False,
-        })
-        self._admin = TopicAdmin(bootstrap_servers)
+        }))
+        self._admin = TopicAdmin(kafka, replication)
         self._output_topics: set[str] = set()
         self._failures: list[str] = []
 
@@ -362,7 +365,7 @@ class TopicSink:
             self._dead_letter(letter)
         new_topics = {e.topic for e in outcome.emissions} - self._output_topics
         if new_topics:
-            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG)
+            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
             self._output_topics |= new_topics
         for emission in outcome.emissions:
             self._produce(emission.topic, emission.key, emission.value)

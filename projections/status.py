@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from outbox.connection import KafkaConnection
 from outbox.kafka import OffsetPlanner
 from projections.projection import Projection
 from projections.sinks import ReadModelStore
@@ -54,7 +55,7 @@ class ProjectionStatus:
 
 
 def projection_status(projection: Projection, database_url: str,
-                      bootstrap_servers: str) -> ProjectionStatus:
+                      kafka: KafkaConnection) -> ProjectionStatus:
     versions = ProjectionVersions(database_url)
     try:
         version, derived = versions.outputs(projection.name)  # never ran: v1, all lag
@@ -64,7 +65,7 @@ def projection_status(projection: Projection, database_url: str,
         checkpoint = store.checkpoint()
         committed = store.committed_offsets()
         rows = store.live_rows()
-    planner = OffsetPlanner(bootstrap_servers)
+    planner = OffsetPlanner(kafka)
     try:
         partitions = planner.partitions(projection.source_topics)
         ends = planner.end_offsets(partitions)

@@ -19,6 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
+from outbox.connection import KafkaConnection
 from outbox.kafka import OffsetPlanner, flatten_offsets
 from projections import Projection
 from projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
@@ -70,11 +71,11 @@ def connect_as_reader(database_url: str, role: str, read_only: bool = True
 
 class FreshnessMonitor:
     def __init__(self, projections: Iterable[Projection], database_url: str,
-                 bootstrap_servers: str, role: str, interval_s: float = 1.0,
+                 kafka: KafkaConnection, role: str, interval_s: float = 1.0,
                  end_offsets_every_s: float = 2.0) -> None:
         self.projections = {p.name: p for p in projections}
         self.database_url = database_url
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.role = role
         self.interval_s = interval_s
         self.end_offsets_every_s = end_offsets_every_s
@@ -148,7 +149,7 @@ class FreshnessMonitor:
 
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
-        planner = OffsetPlanner(self.bootstrap_servers)
+        planner = OffsetPlanner(self.kafka)
         try:
             while not self._stop.is_set():
                 try:

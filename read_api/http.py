@@ -35,6 +35,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
 
+from outbox.connection import KafkaConnection
 from projections import Projection
 from read_api.freshness import FreshnessMonitor
 from read_api.ktables import KTableEntry, KTableHost
@@ -53,7 +54,7 @@ _POLL_S = 0.02
 @dataclass(frozen=True)
 class ReadApiOptions:
     database_url: str
-    bootstrap_servers: str
+    kafka: KafkaConnection
     reader_role: str = "eventfold_reader"
     instance_id: str = ""
     pool_size: int = 10
@@ -139,7 +140,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     stateful = [p for p in projections if p.has_state]
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     pool = reader_pool(options.database_url, options.reader_role, options.pool_size)
-    monitor = FreshnessMonitor(stateful, options.database_url, options.bootstrap_servers,
+    monitor = FreshnessMonitor(stateful, options.database_url, options.kafka,
                                options.reader_role)
     read_models = {p.name: ReadModel(pool, p) for p in stateful}
     presence = ReaderPresence(options.database_url, options.reader_role, instance_id)
@@ -162,7 +163,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         presence.start()
         for p in stateful:
             version = monitor.active_version(p.name) or 1
-            hosts[p.name] = KTableHost(options.bootstrap_servers, p.name,
+            hosts[p.name] = KTableHost(options.kafka, p.name,
                                        p.ktable_topic_for(version), version, presence).start()
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
         try:

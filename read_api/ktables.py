@@ -24,7 +24,13 @@ import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from sortedcontainers import SortedDict
 
-from outbox.kafka import OffsetPlanner, consume_available, consumer_config
+from outbox.connection import KafkaConnection
+from outbox.kafka import (
+    TAILING_FETCH_WAIT_MS,
+    OffsetPlanner,
+    consume_available,
+    consumer_config,
+)
 
 if TYPE_CHECKING:
     from read_api.presence import ReaderPresence
@@ -133,8 +139,8 @@ class RestoreProgress:
 class KTableView:
     """One KTable topic, restored into a store and followed by a consumer thread."""
 
-    def __init__(self, bootstrap_servers: str, topic: str) -> None:
-        self.bootstrap_servers = bootstrap_servers
+    def __init__(self, kafka: KafkaConnection, topic: str) -> None:
+        self.kafka = kafka
         self.topic = topic
         self.store = KTableStore()
         self._restore_total = 0
@@ -192,7 +198,7 @@ class KTableView:
             log.exception("ktable %s: consumer failed", self.topic)
 
     def _plan_restore(self) -> tuple[list[PartitionKey], dict[PartitionKey, int]]:
-        planner = OffsetPlanner(self.bootstrap_servers)
+        planner = OffsetPlanner(self.kafka)
         try:
             partitions = planner.partitions([self.topic])
             while not partitions and not self._stop.wait(1.0):
@@ -207,9 +213,10 @@ class KTableView:
 
     def _follow(self, partitions: list[PartitionKey], restore_end: dict[PartitionKey, int]
                 ) -> None:
-        consumer = Consumer(consumer_config(self.bootstrap_servers,
+        consumer = Consumer(consumer_config(self.kafka,
                                             **{"fetch.max.bytes": 64 * 1024 * 1024,
-                                               "max.partition.fetch.bytes": 16 * 1024 * 1024}))
+                                               "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                                               "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
         consumer.assign([TopicPartition(t, p, 0) for t, p in partitions])
         try:
             self._restore(consumer, restore_end)
@@ -302,9 +309,9 @@ class KTableHost:
     unregistered once that consumer has closed, so that a replay deletes the old topic only
     after this instance has moved off it."""
 
-    def __init__(self, bootstrap_servers: str, projection: str, topic: str, version: int,
+    def __init__(self, kafka: KafkaConnection, projection: str, topic: str, version: int,
                  presence: ReaderPresence | None = None) -> None:
-        self.bootstrap_servers = bootstrap_servers
+        self.kafka = kafka
         self.projection = projection
         self.presence = presence
         self.version = version
@@ -343,7 +350,7 @@ class KTableHost:
     def _open(self, version: int, topic: str) -> KTableView:
         if self.presence is not None:
             self.presence.opening(self.projection, version, topic)
-        return KTableView(self.bootstrap_servers, topic)
+        return KTableView(self.kafka, topic)
 
     def _close(self, view: KTableView) -> None:
         if view.stop() and self.presence is not None:

@@ -7,18 +7,19 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from outbox.connection import KafkaConnection
 from outbox.kafka import read_messages
 
 
-def read_topic(bootstrap: str, topic: str) -> list[dict[str, Any]]:
+def read_topic(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]]:
     return [{"partition": p, "offset": o, "key": k, "value": v}
-            for p, o, k, v in read_messages(bootstrap, topic)]
+            for p, o, k, v in read_messages(kafka, topic)]
 
 
-def read_table(bootstrap: str, topic: str) -> dict[str, Any]:
+def read_table(kafka: KafkaConnection, topic: str) -> dict[str, Any]:
     """Latest value per key, tombstones removing keys, as a compacted topic means it."""
     table: dict[str, Any] = {}
-    for _, _, key, value in read_messages(bootstrap, topic):
+    for _, _, key, value in read_messages(kafka, topic):
         if value is None:
             table.pop(key, None)
         else:
@@ -26,7 +27,8 @@ def read_table(bootstrap: str, topic: str) -> dict[str, Any]:
     return table
 
 
-def produce(bootstrap: str, topic: str, key: str | None, value: str | bytes | None) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap})
+def produce(kafka: KafkaConnection, topic: str, key: str | None,
+            value: str | bytes | None) -> None:
+    producer = Producer(kafka.client_config())
     producer.produce(topic, key=key, value=value)
     assert producer.flush(10) == 0

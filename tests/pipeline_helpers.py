@@ -22,7 +22,7 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) ->
 
 def runner_settings(settings, **overrides: Any) -> RunnerSettings:
     return RunnerSettings(
-        bootstrap_servers=settings.kafka_bootstrap, database_url=settings.database_url,
+        kafka=settings.kafka, database_url=settings.database_url,
         checkpoint_root=settings.checkpoint_dir, trigger_interval=settings.trigger_interval,
         **overrides)
 
@@ -46,7 +46,7 @@ def wait_until_in_topic(settings, aggregate_type: str, prefix: str, count: int) 
     topic = event_topic(aggregate_type)
 
     def published() -> bool:
-        rows = read_topic(settings.kafka_bootstrap, topic)
+        rows = read_topic(settings.kafka, topic)
         return sum(1 for r in rows if (r["key"] or "").startswith(prefix)) >= count
     wait_for(published, f"{count} events of {prefix} on {topic}")
 
@@ -64,7 +64,7 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
     versions.register(projection.name)
     versions.close()
     store = ReadModelStore(settings.database_url, projection, version)
-    sink = TopicSink(settings.kafka_bootstrap, projection, version)
+    sink = TopicSink(settings.kafka, projection, version)
     try:
         store.ensure_schema()
         sink.ensure_topics()

@@ -23,6 +23,7 @@ from outbox import (
     TopicAdmin,
 )
 from outbox import event_topic as topic_of
+from outbox.connection import KafkaConnection
 from outbox.kafka import read_messages
 from outbox.topics import EVENT_TOPIC_CONFIG
 from outbox.verify import LoggedEvent, LogReport, verify_topic
@@ -37,7 +38,7 @@ TOPIC = topic_of("Product")
 class CdcStack:
     stack: LocalStack
     database_url: str
-    bootstrap: str
+    kafka: KafkaConnection
     operations: ConnectorOperations
     store: EventStore
 
@@ -46,15 +47,16 @@ class CdcStack:
 def cdc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdcStack]:
     stack = LocalStack(tmp_path_factory.mktemp("cdc") / "stack")
     endpoints = stack.up()
+    kafka = KafkaConnection.of(endpoints.kafka_bootstrap)
     try:
         migrations.upgrade(endpoints.database_url)
-        TopicAdmin(endpoints.kafka_bootstrap).ensure([TOPIC], EVENT_TOPIC_CONFIG, partitions=4)
+        TopicAdmin(kafka).ensure([TOPIC], EVENT_TOPIC_CONFIG, partitions=4)
         spec = OutboxConnectorSpec(database_url=endpoints.database_url, name="cdc-outbox",
                                    slot_name="cdc_outbox", heartbeat_interval_ms=1000)
         operations = ConnectorOperations(ConnectClient(endpoints.connect_url), spec,
-                                         endpoints.kafka_bootstrap)
+                                         TopicAdmin(kafka))
         assert operations.apply().action == "created"
-        yield CdcStack(stack, endpoints.database_url, endpoints.kafka_bootstrap, operations,
+        yield CdcStack(stack, endpoints.database_url, kafka, operations,
                        EventStore.from_url(endpoints.database_url))
     finally:
         stack.down()
@@ -80,7 +82,7 @@ def write(store: EventStore, prefix: str, transactions: int, per_transaction: in
 
 def report(cdc: CdcStack, prefix: str) -> LogReport:
     stored = [LoggedEvent(*identity) for identity in cdc.store.event_identities("Product")]
-    messages = [(k, v) for _, _, k, v in read_messages(cdc.bootstrap, TOPIC)]
+    messages = [(k, v) for _, _, k, v in read_messages(cdc.kafka, TOPIC)]
     return verify_topic(stored, messages, include=lambda s: s.startswith(f"{prefix}-"))
 
 
@@ -110,7 +112,7 @@ def test_apply_is_idempotent_and_a_change_updates_in_place(cdc) -> None:
     assert cdc.operations.diff() == {}
     changed = ConnectorOperations(
         cdc.operations.client, dataclasses.replace(cdc.operations.spec, poll_interval_ms=60),
-        cdc.bootstrap)
+        cdc.operations.topics)
     assert changed.diff() == {"poll.interval.ms": ("50", "60")}
     result = changed.apply()
     assert (result.action, result.diff) == ("updated", {"poll.interval.ms": ("50", "60")})

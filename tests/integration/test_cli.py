@@ -15,6 +15,7 @@ import pytest
 
 from local_stack import LocalStack
 from local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
+from outbox.connection import KafkaConnection
 from projections.sinks import libpq_url
 from projections.status import projection_status
 from projections.versions import ProjectionVersions
@@ -92,16 +93,17 @@ def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_
         assert restarted.returncode == 0, restarted.stderr[-3000:]
         assert events() == 1
 
-        produce(second.kafka_bootstrap, "kept-topic", "k", "v")
+        kafka = KafkaConnection.of(second.kafka_bootstrap)
+        produce(kafka, "kept-topic", "k", "v")
         os.kill(second.broker_pid, signal.SIGKILL)
         assert eventfold("stack", "up", env=env).returncode == 0  # the broker alone, again
-        assert [r["value"] for r in read_topic(second.kafka_bootstrap, "kept-topic")] == ["v"]
+        assert [r["value"] for r in read_topic(kafka, "kept-topic")] == ["v"]
 
         assert eventfold("stack", "down", env=env).returncode == 0
         up_again = eventfold("stack", "up", env=env)
         assert up_again.returncode == 0, up_again.stderr[-3000:]
         assert events() == 1
-        assert [r["value"] for r in read_topic(second.kafka_bootstrap, "kept-topic")] == ["v"]
+        assert [r["value"] for r in read_topic(kafka, "kept-topic")] == ["v"]
 
         reset = eventfold("stack", "reset", env=env)
         assert reset.returncode == 0 and not stack.data_dir.exists()
@@ -126,7 +128,7 @@ def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_sett
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             status = projection_status(inventory_totals, stack_settings.database_url,
-                                       stack_settings.kafka_bootstrap)
+                                       stack_settings.kafka)
             if status.lag == 0 and "streaming from" in log.read_text():
                 break
             assert runner.poll() is None, log.read_text()
@@ -171,7 +173,7 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             status = projection_status(totals, stack_settings.database_url,
-                                       stack_settings.kafka_bootstrap)
+                                       stack_settings.kafka)
             if status.batch_id is not None and status.batch_id >= 2 and status.lag > 0:
                 break
             assert runner.poll() is None
@@ -192,10 +194,10 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
                                      (f"{unique}-%",)).fetchall())
         active = ProjectionVersions(stack_settings.database_url).active(totals.name)
         ktable = {k: v["total"] for k, v in read_table(
-            stack_settings.kafka_bootstrap, totals.ktable_topic_for(active)).items()
+            stack_settings.kafka, totals.ktable_topic_for(active)).items()
             if k.startswith(unique)}
         notes = [json.loads(r["value"]) for r in read_topic(
-            stack_settings.kafka_bootstrap, sales.NOTIFICATIONS_TOPIC)
+            stack_settings.kafka, sales.NOTIFICATIONS_TOPIC)
             if (r["key"] or "").startswith(unique)]
         return rows, ktable, notes
 

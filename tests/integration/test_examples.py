@@ -44,7 +44,7 @@ def rows(engine, table: str, prefix: str, column: str) -> dict[str, object]:
 
 
 def derived(settings, topic: str, prefix: str) -> list[dict]:
-    return [json.loads(r["value"]) for r in read_topic(settings.kafka_bootstrap, topic)
+    return [json.loads(r["value"]) for r in read_topic(settings.kafka, topic)
             if (r["key"] or "").startswith(prefix)]
 
 
@@ -95,7 +95,7 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
         assert len(seen_sizes) > 10 and set(seen_sizes) == {3}
         assert rows(engine, totals.table, unique, "total") == expected
         new_topic = totals.ktable_topic_for(2)
-        assert {k: v["total"] for k, v in read_table(stack_settings.kafka_bootstrap,
+        assert {k: v["total"] for k, v in read_table(stack_settings.kafka,
                                                       new_topic).items()
                 if k.startswith(unique)} == expected  # other tests' sales share the topic
         assert notified() == {product(1): [2500], product(2): [2300]}  # not again
@@ -113,7 +113,7 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
 
     catch_up(spark, stack_settings, totals)
     assert product(1) not in rows(engine, totals.table, unique, "total")
-    assert product(1) not in read_table(stack_settings.kafka_bootstrap, totals.ktable_topic_for(2))
+    assert product(1) not in read_table(stack_settings.kafka, totals.ktable_topic_for(2))
     bus.execute(sales.RecordSale(product=product(1), value=2000))
     wait_until_in_topic(stack_settings, "ProductSales", unique, 7)
     catch_up(spark, stack_settings, totals)
@@ -138,7 +138,7 @@ def test_spark_aggregation_matches_the_event_store(stack_settings, spark, engine
     assert rows(engine, stats.table, unique, "sales") == {f"{unique}-a": 4, f"{unique}-b": 1}
     assert rows(engine, stats.table, unique, "largest_sale") == {f"{unique}-a": 11,
                                                                  f"{unique}-b": 3}
-    ktable = read_table(stack_settings.kafka_bootstrap, stats.ktable_topic)
+    ktable = read_table(stack_settings.kafka, stats.ktable_topic)
     assert ktable[f"{unique}-a"] == {"revenue": 25, "sales": 4, "largest_sale": 11}
 
 
@@ -155,13 +155,13 @@ def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
                                  stream_id=f"{unique}-list", stream_version=1,
                                  global_position=1, recorded_at="", data={}).encode()[1]
     list_payload = list_payload.replace('"payload": "{}"', '"payload": "[1, 2]"')
-    produce(stack_settings.kafka_bootstrap, topic, f"{unique}-garbled", "{not json")
-    produce(stack_settings.kafka_bootstrap, topic, f"{unique}-list", list_payload)
+    produce(stack_settings.kafka, topic, f"{unique}-garbled", "{not json")
+    produce(stack_settings.kafka, topic, f"{unique}-list", list_payload)
     latin1 = EventEnvelope(event_id=f"{unique}-y", event_type="SaleRecorded",
                            stream_id=f"{unique}-latin1", stream_version=1, global_position=2,
                            recorded_at="", data={"product": f"{unique}-a", "value": 100}
                            ).encode()[1].replace('"eventType"', '"note": "\u00e6", "eventType"')
-    produce(stack_settings.kafka_bootstrap, topic, f"{unique}-latin1", latin1.encode("latin-1"))
+    produce(stack_settings.kafka, topic, f"{unique}-latin1", latin1.encode("latin-1"))
     for value in (5, 7):
         bus.execute(sales.RecordSale(product=f"{unique}-a", value=value))
     wait_until_in_topic(stack_settings, "ProductSales", unique, 5)
@@ -169,7 +169,7 @@ def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
 
     assert rows(engine, stats.table, unique, "revenue") == {f"{unique}-a": 12}
     letters = {letter["key"]: letter for letter in (
-        json.loads(r["value"]) for r in read_topic(stack_settings.kafka_bootstrap,
+        json.loads(r["value"]) for r in read_topic(stack_settings.kafka,
                                                     stats.dead_letter_topic))}
     assert set(letters) == {f"{unique}-garbled", f"{unique}-list", f"{unique}-latin1"}
     assert letters[f"{unique}-garbled"]["value"] == "{not json"
@@ -208,7 +208,7 @@ def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
         result = replay(spark, definition, runner_settings(stack_settings), source="store")
         assert result.new_version == 2
         assert rows(engine, definition.table, unique, column) == expected
-        ktable = read_table(stack_settings.kafka_bootstrap, definition.ktable_topic_for(2))
+        ktable = read_table(stack_settings.kafka, definition.ktable_topic_for(2))
         assert {k: v[column] for k, v in ktable.items() if k.startswith(unique)} == expected
     assert rows(engine, stats.table, unique, "sales") == {old1: 2, old2: 2, new1: 1}
 
@@ -270,5 +270,5 @@ def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, en
         f"{unique}-c1": 2, f"{unique}-c2": 1, f"{unique}-ghost": 1}
     assert rows(engine, per_customer.table, unique, "customer_name") == {
         f"{unique}-c1": "Ada", f"{unique}-c2": "Grace", f"{unique}-ghost": None}
-    ktable = read_table(stack_settings.kafka_bootstrap, per_customer.ktable_topic)
+    ktable = read_table(stack_settings.kafka, per_customer.ktable_topic)
     assert ktable[f"{unique}-ghost"] == {"orders": 1, "amount": 10.0, "customer_name": None}

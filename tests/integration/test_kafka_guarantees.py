@@ -33,14 +33,14 @@ def publish(settings, aggregate_type: str, events: list[tuple[str, str, dict]]) 
     """Events as Debezium would publish them: (stream id, event type, data), versions counted
     per stream."""
     topic = event_topic(aggregate_type)
-    TopicAdmin(settings.kafka_bootstrap).ensure([topic], {"cleanup.policy": "delete"})
+    TopicAdmin(settings.kafka).ensure([topic], {"cleanup.policy": "delete"})
     for stream_id, event_type, data in events:
         version = _versions[(topic, stream_id)] = _versions.get((topic, stream_id), 0) + 1
         key, value = EventEnvelope(
             event_id=f"{topic}-{stream_id}-{version}", event_type=event_type,
             stream_id=stream_id, stream_version=version,
             global_position=next(_positions), recorded_at="", data=data).encode()
-        produce(settings.kafka_bootstrap, topic, key, value)
+        produce(settings.kafka, topic, key, value)
 
 
 def counter(unique: str, **options) -> Projection:
@@ -90,28 +90,28 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
     publish(stack_settings, f"Counted{unique}", [("k10", "Counted", {"note": "last"})])
     catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
     topic = projection.ktable_topic_for(1)
-    assert TopicAdmin(stack_settings.kafka_bootstrap).configs(topic)["cleanup.policy"] == \
+    assert TopicAdmin(stack_settings.kafka).configs(topic)["cleanup.policy"] == \
         "compact"
-    written = len(read_messages(stack_settings.kafka_bootstrap, topic))
+    written = len(read_messages(stack_settings.kafka, topic))
 
     def compacted() -> bool:
         # The cleaner never touches the active segment, and drops a tombstone only on a pass
         # after the one that cleaned it: another writer's tombstone of a key nobody has rolls
         # a segment and dirties the log again (it goes away as well).
-        produce(stack_settings.kafka_bootstrap, topic, "~roll", None)
-        keys_in_log = [key for _, _, key, _ in read_messages(stack_settings.kafka_bootstrap,
+        produce(stack_settings.kafka, topic, "~roll", None)
+        keys_in_log = [key for _, _, key, _ in read_messages(stack_settings.kafka,
                                                              topic) if key != "~roll"]
         return len(keys_in_log) == len(set(keys_in_log)) and not set(keys[:3]) & set(keys_in_log)
 
     wait_for(compacted, "the log cleaner to leave one record per live key", timeout_s=120)
-    kept = [key for _, _, key, _ in read_messages(stack_settings.kafka_bootstrap, topic)
+    kept = [key for _, _, key, _ in read_messages(stack_settings.kafka, topic)
             if key != "~roll"]
     assert len(kept) == 8 < written == 14  # 10 values, 3 tombstones, 1 value: 8 live keys
     expected = rows(stack_settings, projection)
     assert sorted(expected) == sorted([*keys[3:], "k10"])
     assert expected["k9"] == {"count": 5, "note": "n4"}
-    assert read_table(stack_settings.kafka_bootstrap, topic) == expected
-    view = KTableView(stack_settings.kafka_bootstrap, topic).start()
+    assert read_table(stack_settings.kafka, topic) == expected
+    view = KTableView(stack_settings.kafka, topic).start()
     try:
         wait_for(lambda: view.restored, "the KTable restore", timeout_s=60)
         assert {k: e.value for k, e in view.store.scan()} == expected
@@ -123,7 +123,7 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
 def test_an_existing_ktable_topic_that_is_not_compacted_is_refused_then_fixed(
         inventory_app, stack_settings, unique) -> None:
     projection = counter(unique)
-    admin = TopicAdmin(stack_settings.kafka_bootstrap)
+    admin = TopicAdmin(stack_settings.kafka)
     topic = projection.ktable_topic_for(1)
     admin.ensure([topic], {**COMPACTED_TOPIC_CONFIG, "cleanup.policy": "delete"})
     with pytest.raises(TopicConfigMismatch) as refused:
@@ -151,13 +151,13 @@ def test_a_ktable_record_the_broker_refuses_fails_the_batch_and_moves_no_checkpo
         assert runner.store.committed_offsets() == {}  # the checkpoint did not move
     finally:
         runner.close()
-    TopicAdmin(stack_settings.kafka_bootstrap).ensure(
+    TopicAdmin(stack_settings.kafka).ensure(
         [projection.ktable_topic_for(1)], {"max.message.bytes": "1000000"}, check=True,
         fix=True)
     catch_up(spark, stack_settings, projection)
     expected = {"small": {"count": 1, "note": "x"}, "big": {"count": 1, "note": big}}
     assert rows(stack_settings, projection) == expected
-    assert read_table(stack_settings.kafka_bootstrap, projection.ktable_topic_for(1)) == expected
+    assert read_table(stack_settings.kafka, projection.ktable_topic_for(1)) == expected
     assert issubclass(DeliveryFailed, RuntimeError)
 
 
@@ -168,7 +168,7 @@ def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudl
     publish(stack_settings, f"Counted{unique}",
             [(f"s{n}", "Counted", {"note": "x"}) for n in range(6)])
     topic = event_topic(f"Counted{unique}")
-    admin = AdminClient({"bootstrap.servers": stack_settings.kafka_bootstrap})
+    admin = AdminClient(stack_settings.kafka.client_config())
     for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
         future.result(timeout=30)
     runner = make_runner(spark, stack_settings, projection)
@@ -262,7 +262,7 @@ def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothi
         expected = reference()
         assert sum(expected.values()) == sent[0]
         assert {k: v["quantity"] for k, v in read_table(
-            settings.kafka_bootstrap, inventory_totals.ktable_topic_for(1)).items()
+            settings.kafka, inventory_totals.ktable_topic_for(1)).items()
             if k.startswith(unique)} == expected
         print(f"broker SIGKILL: {sent[0]} commands, 0 lost, read model and KTable exact "
               f"{recovered_s:.1f} s after the kill")

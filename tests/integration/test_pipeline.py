@@ -46,7 +46,7 @@ def read_model_totals(engine, table: str, prefix: str) -> dict[str, int]:
 
 
 def ktable_totals(settings, topic: str, prefix: str) -> dict[str, int]:
-    return {k: v["quantity"] for k, v in read_table(settings.kafka_bootstrap, topic).items()
+    return {k: v["quantity"] for k, v in read_table(settings.kafka, topic).items()
             if k.startswith(prefix)}
 
 
@@ -123,10 +123,10 @@ def test_restart_gives_exact_totals_with_redelivered_events(
     # While the projection is stopped: more commands, and Debezium-style redelivery of events
     # the projection has already applied (same event, new offsets).
     send(bus, unique, [(i % 5, 100 + i) for i in range(15)])
-    already_applied = [r for r in read_topic(stack_settings.kafka_bootstrap, PRODUCT_TOPIC)
+    already_applied = [r for r in read_topic(stack_settings.kafka, PRODUCT_TOPIC)
                        if (r["key"] or "").startswith(unique)][:6]
     for record in already_applied:
-        produce(stack_settings.kafka_bootstrap, PRODUCT_TOPIC, record["key"], record["value"])
+        produce(stack_settings.kafka, PRODUCT_TOPIC, record["key"], record["value"])
     wait_until_in_topic(stack_settings, "Product", unique, 35 + len(already_applied))
 
     catch_up(spark, stack_settings, projection)
@@ -153,13 +153,13 @@ def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(
         inventory_app, stack_settings, spark, engine, unique) -> None:
     projection = copy_of(inventory_totals, unique)
     poison_key = f"{unique}-poison"
-    produce(stack_settings.kafka_bootstrap, PRODUCT_TOPIC, poison_key, "{this is not json")
+    produce(stack_settings.kafka, PRODUCT_TOPIC, poison_key, "{this is not json")
     send(inventory_app.command_bus(stack_settings), unique, [(1, 5)])
     wait_until_in_topic(stack_settings, "Product", unique, 2)
     catch_up(spark, stack_settings, projection)
 
     assert read_model_totals(engine, projection.table, unique) == {f"{unique}-1": 5}
-    letters = [json.loads(r["value"]) for r in read_topic(stack_settings.kafka_bootstrap,
+    letters = [json.loads(r["value"]) for r in read_topic(stack_settings.kafka,
                                                           projection.dead_letter_topic)]
     ours = [letter for letter in letters if letter["key"] == poison_key]
     assert len(ours) == 1
@@ -167,7 +167,7 @@ def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(
     assert "undecodable" in ours[0]["error"]
     assert ours[0]["value"] == "{this is not json"
     status = projection_status(projection, stack_settings.database_url,
-                               stack_settings.kafka_bootstrap)
+                               stack_settings.kafka)
     assert status.dead_letters == len(letters)
     assert status.lag == 0 and status.partitions
     assert status.rows is not None and status.rows >= 1

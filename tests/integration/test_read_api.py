@@ -54,7 +54,7 @@ def catalog_rows(count: int, seed: int) -> dict[str, dict]:
 
 def read_api(projections, settings, instance: str) -> BackgroundServer:
     options = ReadApiOptions(database_url=settings.database_url,
-                             bootstrap_servers=settings.kafka_bootstrap, instance_id=instance)
+                             kafka=settings.kafka, instance_id=instance)
     server = BackgroundServer(create_read_app(projections, options), "127.0.0.1",
                               free_port()).start()
     wait_for(lambda: requests.get(f"{server.url}/ready", timeout=5).status_code == 200,
@@ -390,7 +390,7 @@ def test_generated_read_parameters_never_5xx(reads, catalog, params, route):
 def test_a_read_model_that_never_ran_is_503_and_not_ready(stack_settings):
     projection = catalog_projection(uuid.uuid4().hex[:8])
     options = ReadApiOptions(database_url=stack_settings.database_url,
-                             bootstrap_servers=stack_settings.kafka_bootstrap)
+                             kafka=stack_settings.kafka)
     server = BackgroundServer(create_read_app([projection], options), "127.0.0.1",
                               free_port()).start()
     try:
@@ -421,7 +421,7 @@ def test_read_model_routes_answer_503_while_the_database_is_down(stack_settings,
         migrations.upgrade(url)
         projection = catalog_projection(uuid.uuid4().hex[:8])
         options = ReadApiOptions(database_url=url,
-                                 bootstrap_servers=stack_settings.kafka_bootstrap)
+                                 kafka=stack_settings.kafka)
         server = BackgroundServer(create_read_app([projection], options), "127.0.0.1",
                                   free_port()).start()
         try:

@@ -185,11 +185,11 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
             assert watch.requests > 20, (base, kind, watch.requests)
             assert watch.failures == [], (base, kind, watch.failures[:5])
         topic = inventory_totals.ktable_topic_for(active)
-        ktable = {k: v["quantity"] for k, v in read_table(stack_settings.kafka_bootstrap,
+        ktable = {k: v["quantity"] for k, v in read_table(stack_settings.kafka,
                                                           topic).items() if k.startswith(unique)}
         assert ktable == expected
         old_topic = inventory_totals.ktable_topic_for(active_before)
-        topics = AdminClient({"bootstrap.servers": stack_settings.kafka_bootstrap}
+        topics = AdminClient(stack_settings.kafka.client_config()
                              ).list_topics(timeout=10).topics
         assert old_topic not in topics, "the readers left the old topic: it should be deleted"
     finally:

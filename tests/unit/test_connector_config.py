@@ -1,14 +1,20 @@
+import pytest
+
 from outbox import OutboxConnectorSpec, config_diff
+from outbox.operations import describe_diff
+
+SECRET_REF = "${file:/etc/kafka/secrets.properties:shop.password}"
 
 
 def test_renders_debezium_outbox_config() -> None:
     spec = OutboxConnectorSpec(
         database_url="postgresql+psycopg://app:s3cret@db.internal:6543/shop",
-        name="shop-outbox", slot_name="shop_slot")
+        name="shop-outbox", slot_name="shop_slot", password_ref=SECRET_REF)
     config = spec.config()
     assert config["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
     assert (config["database.hostname"], config["database.port"]) == ("db.internal", "6543")
-    assert (config["database.user"], config["database.password"]) == ("app", "s3cret")
+    assert (config["database.user"], config["database.password"]) == ("app", SECRET_REF)
+    assert "s3cret" not in str(config)
     assert config["database.dbname"] == "shop"
     assert config["plugin.name"] == "pgoutput"
     assert config["slot.name"] == "shop_slot"
@@ -48,3 +54,30 @@ def test_config_diff_names_changed_added_and_removed_keys() -> None:
                                             "new": (None, "y")}
     assert config_diff(None, {"a": "1"}) == {"a": (None, "1")}
     assert config_diff({"name": "c", "a": "1"}, {"a": "1"}) == {}
+
+
+def test_a_password_in_the_url_without_a_provider_reference_is_refused() -> None:
+    spec = OutboxConnectorSpec(database_url="postgresql://app:s3cret@db/shop")
+    with pytest.raises(ValueError, match="config provider") as raised:
+        spec.config()
+    assert "s3cret" not in str(raised.value)
+
+
+def test_the_urls_ssl_parameters_reach_debezium() -> None:
+    config = OutboxConnectorSpec(database_url=(
+        "postgresql+psycopg://app@db/shop?sslmode=verify-full&sslrootcert=/certs/ca.pem"
+        "&sslcert=/certs/client.pem&sslkey=/certs/client.key&application_name=x")).config()
+    assert {k: v for k, v in config.items() if k.startswith("database.ssl")} == {
+        "database.sslmode": "verify-full", "database.sslrootcert": "/certs/ca.pem",
+        "database.sslcert": "/certs/client.pem", "database.sslkey": "/certs/client.key"}
+
+
+def test_a_diff_never_prints_a_secret() -> None:
+    lines = describe_diff({"database.password": ("old-secret", "new-secret"),
+                           "database.sslpassword": (None, "k3y"),
+                           "database.user": ("a", "b"),
+                           "producer.override.sasl.jaas.config": ("x", SECRET_REF)})
+    text = "\n".join(lines)
+    assert "secret" not in text.replace(SECRET_REF, "") and "k3y" not in text
+    assert "database.user: 'a' -> 'b'" in lines
+    assert SECRET_REF in text  # a reference names where the secret is, and may show

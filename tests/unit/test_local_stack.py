@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from local_stack import LocalStack, StackError, broker, java, postgres
+from local_stack.auth import ClientAuth
 from local_stack.process import free_port, pid_alive, spawn, stop_pid, wait_until
 
 
@@ -15,7 +16,8 @@ def test_port_in_use_is_reported(tmp_path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(StackError, match=f"port {port} is already in use"):
-            broker.start(tmp_path / "kafka", port, free_port(), tmp_path / "broker.log")
+            broker.start(tmp_path / "kafka", port, free_port(), tmp_path / "broker.log",
+                         ClientAuth())
 
 
 def test_missing_postgres_binaries_say_how_to_install(monkeypatch, tmp_path) -> None:
@@ -76,3 +78,19 @@ def test_the_stack_directory_is_found_from_below_the_project(tmp_path, monkeypat
     monkeypatch.chdir(below)
     assert Settings.from_env({}).stack_dir == tmp_path / ".eventfold" / "stack"
     assert Settings.from_env({"EVENTFOLD_STACK_DIR": "/x"}).stack_dir == Path("/x")
+
+
+def test_the_local_broker_refuses_security_it_cannot_serve() -> None:
+    with pytest.raises(StackError, match="PLAINTEXT, or SASL_PLAINTEXT with SCRAM"):
+        ClientAuth.of({"security.protocol": "SSL"})
+    with pytest.raises(StackError, match=r"sasl\.mechanism=PLAIN"):
+        ClientAuth.of({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}, "u")
+
+
+def test_a_broker_formatted_without_credentials_is_not_started_with_them(tmp_path) -> None:
+    record = tmp_path / "auth.json"
+    ClientAuth().check_matches(record)  # a stack from before credentials: PLAINTEXT
+    scram = ClientAuth.of({"security.protocol": "SASL_PLAINTEXT",
+                           "sasl.mechanism": "SCRAM-SHA-256"}, "app", "pw")
+    with pytest.raises(StackError, match="eventfold stack reset"):
+        scram.check_matches(record)
