@@ -3,7 +3,7 @@
 connector was paused, commit-to-consumer latency of single commands, and lost events.
 Prints figures, then one JSON line.
 
-    .venv/bin/python -m bench.cdc [--events 50000] [--latency-commands 300]
+    .venv/bin/python -m bench.cdc [--events 50000] [--latency-commands 300] [--at-least-once]
 """
 
 from __future__ import annotations
@@ -109,6 +109,9 @@ def main() -> None:
     parser.add_argument("--latency-commands", type=int, default=300)
     parser.add_argument("--live-rate", type=float, default=12_000,
                         help="offered write rate of the paced live run, events/s")
+    parser.add_argument("--at-least-once", action="store_true",
+                        help="run the connector without exactly-once support, to measure what "
+                             "the per-poll Kafka transactions cost")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     stack = LocalStack(Path(tempfile.mkdtemp(prefix="eventfold-cdc-")) / "stack")
@@ -120,7 +123,7 @@ def main() -> None:
         operations = ConnectorOperations(
             ConnectClient(endpoints.connect_url),
             OutboxConnectorSpec(database_url=endpoints.database_url, name="bench-outbox",
-                                slot_name="bench_outbox"),
+                                slot_name="bench_outbox", exactly_once=not args.at_least_once),
             TopicAdmin(kafka))
         operations.apply()
         run(EventStore.from_url(endpoints.database_url, pool_size=8), operations, kafka, args)
@@ -194,6 +197,7 @@ def run(store: EventStore, operations: ConnectorOperations, kafka: KafkaConnecti
         "latency_p99_ms": round(percentile(latencies, .99), 1),
         "lost_events": report.missing_count,
         "duplicate_events": report.duplicate_count,
+        "exactly_once": not args.at_least_once,
     }))
 
 
