@@ -210,7 +210,7 @@ class _RunOutcome:
 
 def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool,
                        stop_requested: threading.Event) -> _RunOutcome:
-    from outbox.topics import TopicConfigMismatch
+    from outbox.topics import ReplicationUnavailable, TopicConfigMismatch
     from projections.runner import SourceDataLost, stop_gracefully
 
     runner = None
@@ -228,7 +228,7 @@ def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool
         active = runner.versions.active(name)
         return _RunOutcome(runner.batches, str(query.exception()),
                            active if active != runner.version else None)
-    except (SourceDataLost, TopicConfigMismatch):
+    except (SourceDataLost, TopicConfigMismatch, ReplicationUnavailable):
         raise  # a person has to decide: starting again would only meet it again
     except Exception as exc:  # the broker or the database unreachable while starting
         return _RunOutcome(runner.batches if runner else 0, f"{type(exc).__name__}: {exc}")
@@ -424,10 +424,11 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from local_stack import StackError
-        from outbox.topics import TopicConfigMismatch
+        from outbox.topics import ReplicationUnavailable, TopicConfigMismatch
         from projections.runner import SourceDataLost
 
-        if isinstance(exc, StackError | TopicConfigMismatch | SourceDataLost):
+        if isinstance(exc, StackError | TopicConfigMismatch | ReplicationUnavailable
+                      | SourceDataLost):
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise

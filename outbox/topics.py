@@ -29,6 +29,11 @@ COMPACTED_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1",
                           "retention.bytes": "-1"}
 
 
+class ReplicationUnavailable(RuntimeError):
+    """Topics would need more replicas than the cluster has brokers, or more in sync than
+    they have."""
+
+
 TopicKind = Literal["events", "ktables", "dead_letters", "derived"]
 TOPIC_KINDS: tuple[TopicKind, ...] = ("events", "ktables", "dead_letters", "derived")
 
@@ -54,8 +59,8 @@ class Replication:
         factor = dict(self.factors).get(kind) or min(3, max(brokers, 1))
         insync = dict(self.min_insync).get(kind) or max(1, factor - 1)
         if insync > factor:
-            raise ValueError(f"{kind} topics: min.insync.replicas {insync} is more than their "
-                             f"replication factor {factor}")
+            raise ReplicationUnavailable(f"{kind} topics: min.insync.replicas {insync} is more "
+                                         f"than their replication factor {factor}")
         return factor, insync
 
 
@@ -81,12 +86,12 @@ def _per_kind(text: str, what: str) -> tuple[tuple[str, int], ...]:
 class TopicConfigMismatch(RuntimeError):
     """Existing topics whose configs differ from what Eventfold needs of them."""
 
-    def __init__(self, mismatches: list[tuple[str, str, str | None, str]],
-                 remedy: str = "`eventfold setup --fix-topics` alters them") -> None:
+    def __init__(self, mismatches: list[tuple[str, str, str | None, str]]) -> None:
         self.mismatches = mismatches
         lines = [f"topic {topic}: {key} is {actual!r}, needs {wanted!r}"
                  for topic, key, actual, wanted in mismatches]
-        super().__init__("; ".join(lines) + f" ({remedy})")
+        super().__init__("; ".join(lines) + " (`eventfold setup --fix-topics` alters them)")
+
 
 
 def parse_topic_config(text: str) -> dict[str, str]:
@@ -126,9 +131,10 @@ class TopicAdmin:
         if not missing:
             return
         if factor > len(metadata.brokers):
-            raise TopicConfigMismatch([(missing[0], "replication factor", None, str(factor))],
-                                      f"the cluster has {len(metadata.brokers)} broker(s) "
-                                      f"for {kind} topics of replication factor {factor}")
+            raise ReplicationUnavailable(
+                f"cannot create {kind} topic(s) {', '.join(missing)} with replication factor "
+                f"{factor}: the cluster has {len(metadata.brokers)} broker(s) (see "
+                "EVENTFOLD_REPLICATION_FACTOR)")
         futures = self._admin.create_topics(
             [NewTopic(t, num_partitions=partitions, replication_factor=factor,
                       config=config) for t in missing],

@@ -17,7 +17,12 @@ from sqlalchemy import BigInteger, Text
 
 from outbox import EventEnvelope, TopicAdmin, event_topic
 from outbox.kafka import read_messages
-from outbox.topics import COMPACTED_TOPIC_CONFIG, TopicConfigMismatch
+from outbox.topics import (
+    COMPACTED_TOPIC_CONFIG,
+    Replication,
+    ReplicationUnavailable,
+    TopicConfigMismatch,
+)
 from projections import Projection
 from projections.runner import SourceDataLost
 from projections.sinks import DeliveryFailed, ensure_projection_topics, libpq_url
@@ -120,6 +125,27 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
 
 
 # -- configs of existing topics ---------------------------------------------------------------
+def test_topics_are_replicated_as_their_kind_says_and_the_cluster_can_hold(
+        stack_settings, unique) -> None:
+    topic = f"replicated-{unique}"
+    TopicAdmin(stack_settings.kafka).ensure([topic], COMPACTED_TOPIC_CONFIG, kind="ktables")
+    metadata = AdminClient(stack_settings.kafka.client_config()).list_topics(topic, timeout=10)
+    assert [len(p.replicas) for p in metadata.topics[topic].partitions.values()] == [1]
+    assert TopicAdmin(stack_settings.kafka).configs(topic)["min.insync.replicas"] == "1"
+
+    too_many = TopicAdmin(stack_settings.kafka, Replication.parse("ktables=3"))
+    with pytest.raises(ReplicationUnavailable) as refused:
+        too_many.ensure([f"{topic}-3"], COMPACTED_TOPIC_CONFIG, kind="ktables")
+    assert str(refused.value) == (
+        f"cannot create ktables topic(s) {topic}-3 with replication factor 3: the cluster has "
+        "1 broker(s) (see EVENTFOLD_REPLICATION_FACTOR)")
+    too_many.ensure([f"{topic}-events"], COMPACTED_TOPIC_CONFIG, kind="events")  # not ktables
+
+    stricter = TopicAdmin(stack_settings.kafka, Replication.parse("", "ktables=2"))
+    with pytest.raises(ReplicationUnavailable, match=r"min\.insync\.replicas 2 is more than"):
+        stricter.ensure([topic], COMPACTED_TOPIC_CONFIG, kind="ktables", check=True)
+
+
 def test_an_existing_ktable_topic_that_is_not_compacted_is_refused_then_fixed(
         inventory_app, stack_settings, unique) -> None:
     projection = counter(unique)

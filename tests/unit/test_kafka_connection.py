@@ -6,7 +6,7 @@ import pytest
 
 from eventfold.config import ConfigError, Settings
 from outbox.connection import KafkaConnection
-from outbox.topics import Replication
+from outbox.topics import Replication, ReplicationUnavailable
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "app", "sasl.password": 'pa"ss'}
@@ -75,7 +75,7 @@ def test_replication_per_kind_of_topic() -> None:
     assert Replication.parse("2").for_kind("derived", brokers=1) == (2, 1)
     with pytest.raises(ValueError, match="unknown topic kind"):
         Replication.parse("event=3")
-    with pytest.raises(ValueError, match="more than their replication factor"):
+    with pytest.raises(ReplicationUnavailable, match="more than their replication factor"):
         Replication.parse("1", "2").for_kind("events", 3)
     with pytest.raises(ConfigError, match="whole numbers"):
         Settings.from_env({"EVENTFOLD_REPLICATION_FACTOR": "three"})
