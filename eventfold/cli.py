@@ -43,6 +43,9 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
             raise ConfigError("stack restart needs a COMPONENT: postgres, broker or connect")
         endpoints = stack.restart(args.component) if args.action == "restart" else stack.up()
         print(f"stack running in {stack.data_dir}")
+        if stack.auth.sasl:
+            print(f"broker: {stack.auth.protocol}, {stack.auth.mechanism} user "
+                  f"{stack.auth.username} (from EVENTFOLD_KAFKA_CONFIG)")
         for name, value in endpoints.as_env().items():
             print(f"export {name}={value}")
     elif args.action == "down":

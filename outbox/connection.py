@@ -10,6 +10,7 @@ one prefixed ``librdkafka.`` to Python clients only, for settings that exist on 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -24,9 +25,11 @@ _SECRET_WORDS = ("password", "secret", "jaas", "key.pem", "token")
 
 
 def parse_key_values(text: str, what: str = "setting") -> dict[str, str]:
-    """``"a.b=1,c=x"`` as a dict; '' is {}. A value may hold ``=`` but not a comma."""
+    """``"a.b=1,c=x"`` as a dict; '' is {}. A value may hold ``=``, and a comma written
+    ``\\,`` (``ssl.cipher.suites=A\\,B``)."""
     config: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
+    parts = (part.replace("\\,", ",").strip() for part in re.split(r"(?<!\\),", text))
+    for item in filter(None, parts):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
             raise ValueError(f"{what} {item!r} is not key=value")

@@ -24,6 +24,7 @@ from local_stack import LocalStack
 from local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from outbox.connection import KafkaConnection
 from tests.integration.test_cli import eventfold
+from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_until_in_topic
 
 USER = "eventfold-app"
@@ -70,6 +71,8 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
     try:
         up = eventfold("stack", "up", env=env)
         assert up.returncode == 0, up.stderr[-3000:]
+        assert f"broker: SASL_PLAINTEXT, SCRAM-SHA-256 user {USER}" in up.stdout
+        assert password not in up.stdout + up.stderr
         endpoints = stack.endpoints()
         assert endpoints is not None
         bootstrap = endpoints.kafka_bootstrap
@@ -97,7 +100,7 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
         for output in (setup.stdout + setup.stderr, diff.stdout, json.dumps(stored)):
             assert db_password not in output and password not in output
 
-        from examples.inventory import ReceiveStock, app
+        from examples.inventory import ReceiveStock, app, inventory_totals
 
         settings = Settings.from_env(env).with_local_stack()
         bus = app.command_bus(settings)
@@ -127,6 +130,20 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
             row = requests.get(f"{base}/read-models/inventory_totals/rows/secured-{n}",
                                timeout=10).json()
             assert row["row"]["quantity"] == n + 1
+        stop_pid(server.pid, what="serve reads")
+        server = None
+
+        # The broker's SCRAM user lives in its metadata: starting it without credentials
+        # is refused, not silently unsecured; with them it comes back with its data.
+        assert eventfold("stack", "down", env=env).returncode == 0
+        unsecured = eventfold("stack", "up", env={k: v for k, v in env.items()
+                                                  if k != "EVENTFOLD_KAFKA_CONFIG"})
+        assert unsecured.returncode == 1
+        assert "eventfold stack reset" in unsecured.stderr, unsecured.stderr[-2000:]
+        assert eventfold("stack", "up", env=env).returncode == 0
+        ktable = read_table(settings.kafka, inventory_totals.ktable_topic_for(1))
+        assert {k: v["quantity"] for k, v in ktable.items()} == {
+            f"secured-{n}": n + 1 for n in range(5)}
     finally:
         if server is not None:
             stop_pid(server.pid, what="serve reads")

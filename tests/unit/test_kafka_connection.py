@@ -49,6 +49,8 @@ def test_settings_read_the_client_config_from_one_variable() -> None:
         "EVENTFOLD_KAFKA_CONFIG": "security.protocol=SASL_PLAINTEXT, sasl.mechanism=PLAIN,"
                                   "sasl.username=u,sasl.password=p=w"})
     assert settings.kafka.client_config()["sasl.password"] == "p=w"
+    escaped = Settings.from_env({"EVENTFOLD_KAFKA_CONFIG": r"ssl.cipher.suites=A\,B,acks=all"})
+    assert escaped.kafka_client_settings == {"ssl.cipher.suites": "A,B", "acks": "all"}
     with pytest.raises(ConfigError, match="EVENTFOLD_KAFKA_CONFIG entry 'oops' is not"):
         Settings.from_env({"EVENTFOLD_KAFKA_CONFIG": "oops"})
 
