@@ -246,7 +246,7 @@ def test_database_down_is_503_and_a_retry_later_succeeds(inventory_app, private_
 def test_sigterm_lets_in_flight_commands_finish(stack_settings, store, unique) -> None:
     port = free_port()
     env = {**os.environ, "EVENTFOLD_DATABASE_URL": stack_settings.database_url,
-           "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka,
+           "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka_bootstrap,
            "EVENTFOLD_CONNECT_URL": stack_settings.connect_url,
            "EVENTFOLD_COMMAND_API_PORT": str(port)}
     server = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "commands"],
