@@ -35,11 +35,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import migrations
+from eventfold.local_stack import postgres
+from eventfold.local_stack.process import free_port, stop_pid, wait_until
+
 from bench.common import PRODUCTS_PER_CLIENT, WrkResult, run_wrk, threaded_round
 from bench.eventsourcing_reference import eventsourcing_threads
-from local_stack import postgres
-from local_stack.process import free_port, stop_pid, wait_until
+from eventfold import migrations
 
 UNSTEADY_SPREAD = 0.25
 
@@ -77,8 +78,9 @@ def pgbench_tps(dsn: str, clients: int, seconds: int, work_dir: Path,
 def python_async(database_url: str, clients: int, seconds: float, counts: mp.Queue) -> None:
     import asyncio
 
+    from eventfold.write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository
+
     from examples.inventory import ReceiveStock, app
-    from write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository
 
     async def run() -> int:
         async with AsyncEventStore.from_url(database_url, pool_size=4) as store:
@@ -101,8 +103,9 @@ def python_async(database_url: str, clients: int, seconds: float, counts: mp.Que
 
 
 def python_threads(database_url: str, clients: int, seconds: float, counts: mp.Queue) -> None:
+    from eventfold.write_model import CommandBus, EventStore, Repository
+
     from examples.inventory import ReceiveStock, app
-    from write_model import CommandBus, EventStore, Repository
 
     bus = CommandBus(Repository(EventStore.from_url(database_url, pool_size=clients + 2)),
                      app.commands)
@@ -206,9 +209,10 @@ def start_command_api(database_url: str, workers: int) -> tuple[subprocess.Popen
 
 def load_time_ms(database_url: str) -> tuple[float, float]:
     """Median load of a 1,000-event Product: with its snapshot, and by full replay."""
+    from eventfold.write_model import EventStore, Repository
+    from eventfold.write_model.events import NewEvent
+
     from examples.inventory import Product
-    from write_model import EventStore, Repository
-    from write_model.events import NewEvent
 
     store = EventStore.from_url(database_url)
     for batch in range(10):

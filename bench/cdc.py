@@ -18,18 +18,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
+from eventfold.local_stack import LocalStack
+from eventfold.outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
+from eventfold.outbox import event_topic as topic_of
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner, consume_available, consumer_config, read_messages
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
+from eventfold.outbox.verify import LoggedEvent, verify_topic
+from eventfold.write_model import EventStore
+from eventfold.write_model.events import NewEvent
 
-import migrations
 from bench.common import percentile
-from local_stack import LocalStack
-from outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
-from outbox import event_topic as topic_of
-from outbox.connection import KafkaConnection
-from outbox.kafka import OffsetPlanner, consume_available, consumer_config, read_messages
-from outbox.topics import EVENT_TOPIC_CONFIG
-from outbox.verify import LoggedEvent, verify_topic
-from write_model import EventStore
-from write_model.events import NewEvent
+from eventfold import migrations
 
 TOPIC = topic_of("Product")
 

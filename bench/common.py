@@ -15,8 +15,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from eventfold.local_stack import LocalStack
+
 from eventfold.config import Settings
-from local_stack import LocalStack
 
 log = logging.getLogger("bench")
 

@@ -18,16 +18,16 @@ from concurrent.futures import ThreadPoolExecutor
 import psycopg
 import requests
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+from eventfold.local_stack.process import free_port
+from eventfold.outbox import ConnectClient, event_topic
+from eventfold.outbox.kafka import OffsetPlanner, consumer_config
+from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from eventfold.projections.sinks import libpq_url
 
 from bench.common import own_stack, percentile
 from eventfold.config import Settings
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, app, inventory_totals
-from local_stack.process import free_port
-from outbox import ConnectClient, event_topic
-from outbox.kafka import OffsetPlanner, consumer_config
-from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
-from projections.sinks import libpq_url
 
 WARMUP_COMMANDS = 40
 

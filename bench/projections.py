@@ -29,22 +29,22 @@ from pathlib import Path
 
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
+from eventfold.local_stack import LocalStack
+from eventfold.outbox import EventEnvelope, TopicAdmin, event_topic
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consumer_config
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
+from eventfold.projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
+from eventfold.projections.fold import FoldOutcome
+from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.replay import ReplayResult, replay
+from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from eventfold.projections.sinks import libpq_url
+from eventfold.projections.spark import spark_session
 from sqlalchemy import BigInteger
 
-import migrations
 from bench.common import PeakMemory
-from local_stack import LocalStack
-from outbox import EventEnvelope, TopicAdmin, event_topic
-from outbox.connection import KafkaConnection
-from outbox.kafka import consumer_config
-from outbox.topics import EVENT_TOPIC_CONFIG
-from projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
-from projections.fold import FoldOutcome
-from projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
-from projections.replay import ReplayResult, replay
-from projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
-from projections.sinks import libpq_url
-from projections.spark import spark_session
+from eventfold import migrations
 
 SOURCE = "BenchSale"
 TARGETS = {"streaming": 150_000, "replay_aggregation": 250_000, "replay_python_fold": 150_000,
@@ -211,8 +211,8 @@ def main() -> None:
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("projections.runner").setLevel(args.log_level)
-    for noisy in ("py4j", "alembic", "outbox.topics"):
+    logging.getLogger("eventfold.projections.runner").setLevel(args.log_level)
+    for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="eventfold-bench-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")

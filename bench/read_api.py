@@ -24,16 +24,16 @@ from pathlib import Path
 
 import psycopg
 import requests
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.sinks import libpq_url
+from eventfold.projections.spark import spark_session
+from eventfold.write_model import EventStore, StreamAppend
+from eventfold.write_model.store import NewEvent
 
 from bench.common import WrkResult, own_stack, run_wrk
 from eventfold.config import Settings
 from examples.inventory import app, inventory_totals
-from local_stack.process import free_port, stop_pid
-from projections.runner import ProjectionRunner, RunnerSettings
-from projections.sinks import libpq_url
-from projections.spark import spark_session
-from write_model import EventStore, StreamAppend
-from write_model.store import NewEvent
 
 log = logging.getLogger("bench.read_api")
 CONNECTIONS = 50

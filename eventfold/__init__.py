@@ -1,11 +1,15 @@
-"""Eventfold: the composition root that wires the pipeline's packages into one application.
+"""Eventfold: event sourcing and CQRS on Postgres, Debezium, Kafka and Spark.
 
-Owns: the configuration object (environment variables), the ``Eventfold`` application entry
-point, and the ``eventfold`` CLI.
+One installed namespace. The repository's top-level folders install under it:
+``eventfold.write_model`` (write_model/), ``eventfold.outbox`` (outbox/),
+``eventfold.projections`` (projections/), ``eventfold.read_api`` (read_api/),
+``eventfold.migrations`` (migrations/) and ``eventfold.local_stack`` (local_stack/); each
+says in its docstring what it owns and may import. Data flows one way:
+write_model -> outbox -> (Kafka) -> projections -> read_api.
 
-May import: every other package (write_model, outbox, projections, read_api, migrations,
-local_stack). No other package imports it, so the one-way data flow
-write_model -> outbox -> (Kafka) -> projections -> read_api stays intact.
+This package's own modules are the composition root that wires them into one application:
+the configuration object (environment variables), the ``Eventfold`` application entry point
+and the ``eventfold`` CLI. They may import every subpackage; no subpackage imports them.
 """
 
 from __future__ import annotations

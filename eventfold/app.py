@@ -18,10 +18,9 @@ from typing import TYPE_CHECKING
 
 from fastapi import Depends, FastAPI
 
-import migrations
+from eventfold import migrations
 from eventfold.config import ConfigError, Settings
-from eventfold.request_log import RequestLog
-from outbox import (
+from eventfold.outbox import (
     ConnectClient,
     ConnectorOperations,
     LogReport,
@@ -30,15 +29,16 @@ from outbox import (
     event_topic,
     verify_topic,
 )
-from outbox.kafka import read_messages
-from outbox.topics import EVENT_TOPIC_CONFIG, parse_topic_config
-from outbox.verify import LoggedEvent
-from projections import ProjectionRegistry
-from projections.replay import ReplayResult, ReplaySource, replay
-from projections.runner import ProjectionRunner, RunnerSettings
-from projections.sinks import ensure_projection_topics
-from read_api import ReadApiOptions, create_read_app
-from write_model import (
+from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, parse_topic_config
+from eventfold.outbox.verify import LoggedEvent
+from eventfold.projections import ProjectionRegistry
+from eventfold.projections.replay import ReplayResult, ReplaySource, replay
+from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.sinks import ensure_projection_topics
+from eventfold.read_api import ReadApiOptions, create_read_app
+from eventfold.request_log import RequestLog
+from eventfold.write_model import (
     AsyncCommandBus,
     AsyncEventStore,
     AsyncRepository,
@@ -47,7 +47,7 @@ from write_model import (
     EventStore,
     Repository,
 )
-from write_model.http import bearer_auth, create_command_app
+from eventfold.write_model.http import bearer_auth, create_command_app
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -149,7 +149,7 @@ class Eventfold:
 
     @staticmethod
     def _spark(settings: Settings, name: str) -> SparkSession:
-        from projections.spark import spark_session
+        from eventfold.projections.spark import spark_session
 
         return spark_session(settings.spark_master, app_name=f"eventfold-{name}")
 

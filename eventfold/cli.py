@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from eventfold.app import Eventfold
-    from outbox import ConnectorStatus
+    from eventfold.outbox import ConnectorStatus
 
 log = logging.getLogger("eventfold")
 
@@ -72,7 +72,7 @@ def _setup(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _migrate(settings: Settings, _: argparse.Namespace) -> int:
-    import migrations
+    from eventfold import migrations
 
     migrations.upgrade(settings.with_local_stack().database_url)
     print("database at head")
@@ -81,8 +81,8 @@ def _migrate(settings: Settings, _: argparse.Namespace) -> int:
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import load_app
+    from eventfold.local_stack.process import port_is_open
     from eventfold.serving import serve_forever
-    from local_stack.process import port_is_open
 
     settings = settings.with_local_stack()
     load_app(settings.app)  # fail here, with a clear message, not in a worker
@@ -110,7 +110,7 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "list":
         return _list_projections(app, settings)
     if args.action == "status":
-        from projections.status import projection_status
+        from eventfold.projections.status import projection_status
 
         settings = settings.with_local_stack()
         try:
@@ -143,8 +143,8 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
     database answers, else version 1's names."""
     import psycopg
 
-    from projections.status import projection_outputs
-    from projections.versions import ProjectionVersions
+    from eventfold.projections.status import projection_outputs
+    from eventfold.projections.versions import ProjectionVersions
 
     versions: ProjectionVersions | None = None
     try:
@@ -213,8 +213,8 @@ class _RunOutcome:
 
 def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool,
                        stop_requested: threading.Event) -> _RunOutcome:
-    from outbox.topics import ReplicationUnavailable, TopicConfigMismatch
-    from projections.runner import SourceDataLost, stop_gracefully
+    from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
+    from eventfold.projections.runner import SourceDataLost, stop_gracefully
 
     runner = None
     try:
@@ -279,7 +279,7 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
     operations = load_app(settings.app).connector(settings)
     name = operations.spec.name
     if args.action in ("apply", "diff"):
-        from outbox.operations import describe_diff
+        from eventfold.outbox.operations import describe_diff
 
         difference = operations.diff()
         for line in describe_diff(difference):
@@ -426,9 +426,9 @@ def main(argv: list[str] | None = None) -> int:
         print("eventfold: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:
-        from local_stack import StackError
-        from outbox.topics import ReplicationUnavailable, TopicConfigMismatch
-        from projections.runner import SourceDataLost
+        from eventfold.local_stack import StackError
+        from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
+        from eventfold.projections.runner import SourceDataLost
 
         if isinstance(exc, StackError | TopicConfigMismatch | ReplicationUnavailable
                       | SourceDataLost):

@@ -14,11 +14,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from outbox.connection import KafkaConnection, parse_key_values
-from outbox.topics import Replication
+from eventfold.outbox.connection import KafkaConnection, parse_key_values
+from eventfold.outbox.topics import Replication
 
 if TYPE_CHECKING:
-    from local_stack import LocalStack
+    from eventfold.local_stack import LocalStack
 
 
 class ConfigError(RuntimeError):
@@ -128,8 +128,8 @@ class Settings:
     def local_stack(self, data_dir: Path | None = None) -> LocalStack:
         """The local stack in ``data_dir`` (default: the stack directory), its broker taking
         the credentials this process's Kafka clients log in with."""
-        from local_stack import LocalStack
-        from local_stack.auth import ClientAuth
+        from eventfold.local_stack import LocalStack
+        from eventfold.local_stack.auth import ClientAuth
 
         settings = self.kafka_client_settings
         auth = ClientAuth.of(self.kafka.java_config(), settings.get("sasl.username", ""),

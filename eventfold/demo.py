@@ -11,9 +11,9 @@ import requests
 
 from eventfold.app import load_app
 from eventfold.config import Settings
+from eventfold.local_stack.process import free_port
+from eventfold.projections.runner import stop_gracefully
 from eventfold.serving import BackgroundServer
-from local_stack.process import free_port
-from projections.runner import stop_gracefully
 
 DELIVERIES = [("apples", 5), ("pears", 3), ("apples", 7), ("plums", 11), ("pears", 4),
               ("apples", 2)]

@@ -15,12 +15,22 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from eventfold.projections import (
+    Count,
+    Derived,
+    Event,
+    Max,
+    State,
+    Sum,
+    aggregation,
+    on_crossing,
+    projection,
+)
+from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 from pydantic import Field
 from sqlalchemy import BigInteger
 
 from eventfold.app import Eventfold
-from projections import Count, Derived, Event, Max, State, Sum, aggregation, on_crossing, projection
-from write_model import Aggregate, Command, DomainError, DomainEvent
 
 SALES_TARGET = int(os.environ.get("SALES_TARGET", "2000"))
 NOTIFICATIONS_TOPIC = "eventfold.notifications.sales"

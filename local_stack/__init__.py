@@ -11,6 +11,6 @@ except the composition root (``eventfold``) and tests; production points the sam
 Kafka, a Connect cluster and a Postgres server through configuration instead.
 """
 
-from local_stack.stack import LocalStack, StackEndpoints, StackError
+from eventfold.local_stack.stack import LocalStack, StackEndpoints, StackError
 
 __all__ = ["LocalStack", "StackEndpoints", "StackError"]

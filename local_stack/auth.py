@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from local_stack.process import StackError
+from eventfold.local_stack.process import StackError
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 CLIENT_PREFIXES = ("", "producer.", "consumer.", "admin.")

@@ -12,9 +12,9 @@ import subprocess
 import uuid
 from pathlib import Path
 
-from local_stack.auth import ClientAuth
-from local_stack.java import classpath, java_binary, log4j_config
-from local_stack.process import StackError, port_is_open, spawn, wait_until
+from eventfold.local_stack.auth import ClientAuth
+from eventfold.local_stack.java import classpath, java_binary, log4j_config
+from eventfold.local_stack.process import StackError, port_is_open, spawn, wait_until
 
 BROKER_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"

@@ -10,10 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import requests
-
-from local_stack.auth import ClientAuth
-from local_stack.java import classpath, java_binary, log4j_config
-from local_stack.process import StackError, port_is_open, spawn, wait_until
+from eventfold.local_stack.auth import ClientAuth
+from eventfold.local_stack.java import classpath, java_binary, log4j_config
+from eventfold.local_stack.process import StackError, port_is_open, spawn, wait_until
 
 WORKER_MAIN = "org.apache.kafka.connect.cli.ConnectDistributed"
 POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"

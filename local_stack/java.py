@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from local_stack.process import StackError
+from eventfold.local_stack.process import StackError
 
 JARS_DIR = Path(__file__).resolve().parent / "jars"
 

@@ -20,9 +20,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from local_stack import broker, connect, postgres
-from local_stack.auth import ClientAuth
-from local_stack.process import (
+from eventfold.local_stack import broker, connect, postgres
+from eventfold.local_stack.auth import ClientAuth
+from eventfold.local_stack.process import (
     StackError,
     free_port,
     pid_alive,

@@ -14,24 +14,24 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from outbox.envelope import EventEnvelope, MalformedEvent
-from outbox.topics import TopicAdmin, event_topic
-from outbox.verify import LogReport, compare, verify_topic
+from eventfold.outbox.envelope import EventEnvelope, MalformedEvent
+from eventfold.outbox.topics import TopicAdmin, event_topic
+from eventfold.outbox.verify import LogReport, compare, verify_topic
 
 if TYPE_CHECKING:
-    from outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
-    from outbox.operations import ConnectorOperations, ConnectorStatus, config_diff
+    from eventfold.outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
+    from eventfold.outbox.operations import ConnectorOperations, ConnectorStatus, config_diff
 
 # The connector's side (requests, and the write model for its table names) loads on first use:
 # every Spark worker of a projection imports this package for the envelope and the topics, and
 # would otherwise spend about 0.4 s of its start on code it never runs.
 _CONNECTOR_SIDE = {
-    "ConnectClient": "outbox.connector",
-    "ConnectError": "outbox.connector",
-    "OutboxConnectorSpec": "outbox.connector",
-    "ConnectorOperations": "outbox.operations",
-    "ConnectorStatus": "outbox.operations",
-    "config_diff": "outbox.operations",
+    "ConnectClient": "eventfold.outbox.connector",
+    "ConnectError": "eventfold.outbox.connector",
+    "OutboxConnectorSpec": "eventfold.outbox.connector",
+    "ConnectorOperations": "eventfold.outbox.operations",
+    "ConnectorStatus": "eventfold.outbox.operations",
+    "config_diff": "eventfold.outbox.operations",
 }
 
 

@@ -9,10 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
+from eventfold.outbox.topics import DEFAULT_TOPIC_PREFIX
+from eventfold.write_model.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION, OUTBOX_TABLE
 from sqlalchemy.engine import make_url
-
-from outbox.topics import DEFAULT_TOPIC_PREFIX
-from write_model.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION, OUTBOX_TABLE
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import psycopg
+from eventfold.write_model.schema import EVENTS_TABLE
 from psycopg import sql
-
-from write_model.schema import EVENTS_TABLE
 
 STORE_TOPIC = "eventfold.event-store"
 _EVENTS = sql.Identifier(EVENTS_TABLE)

@@ -12,8 +12,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-
-from outbox.connection import KafkaConnection
+from eventfold.outbox.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 

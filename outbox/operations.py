@@ -9,11 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from eventfold.outbox.connection import redact
+from eventfold.outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
+from eventfold.outbox.topics import TopicAdmin
 from sqlalchemy.engine import make_url
-
-from outbox.connection import redact
-from outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
-from outbox.topics import TopicAdmin
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from confluent_kafka.admin import (
     NewTopic,
     ResourceType,
 )
-
-from outbox.connection import KafkaConnection, parse_key_values
+from eventfold.outbox.connection import KafkaConnection, parse_key_values
 
 log = logging.getLogger(__name__)
 

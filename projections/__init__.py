@@ -10,8 +10,8 @@ May import: ``outbox`` (topic names, the event envelope, Kafka readers), pyspark
 confluent-kafka, psycopg, SQLAlchemy types. Never ``write_model`` or ``read_api``.
 """
 
-from projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records
-from projections.projection import (
+from eventfold.projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records
+from eventfold.projections.projection import (
     Count,
     Derived,
     Event,
@@ -27,7 +27,7 @@ from projections.projection import (
     projection,
     stream,
 )
-from projections.registry import ProjectionRegistry
+from eventfold.projections.registry import ProjectionRegistry
 
 __all__ = [
     "Count",

@@ -17,10 +17,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyarrow import json as pa_json
-
-from outbox import EventEnvelope, MalformedEvent
-from projections.fold import (
+from eventfold.outbox import EventEnvelope, MalformedEvent
+from eventfold.projections.fold import (
     KEY_NOT_UTF8,
     VALUE_NOT_UTF8,
     RawRecords,
@@ -28,7 +26,8 @@ from projections.fold import (
     is_utf8,
     missing_key_reason,
 )
-from projections.projection import Event, Projection
+from eventfold.projections.projection import Event, Projection
+from pyarrow import json as pa_json
 
 RECORDS_ARROW = pa.schema([
     ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),

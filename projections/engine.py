@@ -27,10 +27,7 @@ from typing import Any, Protocol
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
-
-from projections.decode import (
+from eventfold.projections.decode import (
     decode_events,
     decoded_event,
     decoded_schema,
@@ -39,7 +36,7 @@ from projections.decode import (
     records_table,
     spark_ddl,
 )
-from projections.fold import (
+from eventfold.projections.fold import (
     BatchFold,
     DeadLetter,
     Emission,
@@ -50,15 +47,17 @@ from projections.fold import (
     RawRecords,
     SourceRecord,
 )
-from projections.partial import (
+from eventfold.projections.partial import (
     DEAD_LETTER_COLUMNS,
     PartitionAggregate,
     merge_partials,
     partial_schema,
     stream_marks,
 )
-from projections.projection import Event, Projection
-from projections.sinks import ReadModelStore, lookup_rows
+from eventfold.projections.projection import Event, Projection
+from eventfold.projections.sinks import ReadModelStore, lookup_rows
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000

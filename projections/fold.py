@@ -24,9 +24,8 @@ from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import orjson
-
-from outbox import EventEnvelope, MalformedEvent
-from projections.projection import Derived, Event, Projection, State
+from eventfold.outbox import EventEnvelope, MalformedEvent
+from eventfold.projections.projection import Derived, Event, Projection, State
 
 log = logging.getLogger(__name__)
 

@@ -24,6 +24,17 @@ from typing import Any
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Message
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import (
+    OffsetPlanner,
+    PartitionKey,
+    consumer_config,
+    flatten_offsets,
+    iter_range,
+    nest_offsets,
+)
+from eventfold.projections.decode import text_column
+from eventfold.projections.fold import RawRecords
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -44,18 +55,6 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
-
-from outbox.connection import KafkaConnection
-from outbox.kafka import (
-    OffsetPlanner,
-    PartitionKey,
-    consumer_config,
-    flatten_offsets,
-    iter_range,
-    nest_offsets,
-)
-from projections.decode import text_column
-from projections.fold import RawRecords
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([

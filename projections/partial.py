@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from projections.decode import drop_below, field_column
-from projections.fold import SourceRecord
-from projections.projection import Projection
+from eventfold.projections.decode import drop_below, field_column
+from eventfold.projections.fold import SourceRecord
+from eventfold.projections.projection import Projection
 
 GROUP = "fold_key"
 DEAD_LETTER_COLUMNS = (*SourceRecord._fields, "reason")

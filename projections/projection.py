@@ -17,10 +17,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from eventfold.outbox import event_topic
+from eventfold.outbox.topics import DEFAULT_TOPIC_PREFIX
 from sqlalchemy.types import JSON, Boolean, Float, Integer, Numeric, TypeEngine
-
-from outbox import event_topic
-from outbox.topics import DEFAULT_TOPIC_PREFIX
 
 State = dict[str, Any]
 

@@ -21,16 +21,15 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+from eventfold.outbox import TopicAdmin
+from eventfold.outbox.history import count_events, head_position
+from eventfold.outbox.kafka import OffsetPlanner, PartitionKey
+from eventfold.projections.fold import FoldOutcome
+from eventfold.projections.projection import Projection
+from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.versions import ProjectionVersions
 from pyspark.sql import SparkSession
-
-from outbox import TopicAdmin
-from outbox.history import count_events, head_position
-from outbox.kafka import OffsetPlanner, PartitionKey
-from projections.fold import FoldOutcome
-from projections.projection import Projection
-from projections.runner import ProjectionRunner, RunnerSettings
-from projections.sinks import ReadModelStore
-from projections.versions import ProjectionVersions
 
 log = logging.getLogger(__name__)
 

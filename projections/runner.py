@@ -18,20 +18,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
-
-from outbox.connection import KafkaConnection
-from outbox.history import count_events
-from outbox.kafka import (
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.history import count_events
+from eventfold.outbox.kafka import (
     GroupProgress,
     OffsetPlanner,
     PartitionKey,
     flatten_offsets,
     nest_offsets,
 )
-from outbox.topics import Replication
-from projections.engine import (
+from eventfold.outbox.topics import Replication
+from eventfold.projections.engine import (
     BatchContext,
     KeySplitAcrossPartitions,
     SourceSlice,
@@ -42,13 +39,15 @@ from projections.engine import (
     run_fold,
     run_fold_in_place,
 )
-from projections.fold import FoldOutcome
-from projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
-from projections.limits import STREAMING_MAX_ROWS
-from projections.projection import Projection
-from projections.sinks import ReadModelStore, TopicSink
-from projections.store_source import STORE_PARTITION, store_slices
-from projections.versions import ProjectionVersions
+from eventfold.projections.fold import FoldOutcome
+from eventfold.projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
+from eventfold.projections.limits import STREAMING_MAX_ROWS
+from eventfold.projections.projection import Projection
+from eventfold.projections.sinks import ReadModelStore, TopicSink
+from eventfold.projections.store_source import STORE_PARTITION, store_slices
+from eventfold.projections.versions import ProjectionVersions
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations import ops as alembic_ops
+from eventfold.projections.projection import Projection
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
@@ -32,8 +33,6 @@ from sqlalchemy import (
     func,
     text,
 )
-
-from projections.projection import Projection
 
 # What a live version may take without a replay: nothing here rewrites or drops a row.
 SAFE_CHANGES = (alembic_ops.CreateTableOp, alembic_ops.AddColumnOp, alembic_ops.CreateIndexOp,

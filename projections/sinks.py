@@ -17,20 +17,19 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
+from eventfold.outbox import TopicAdmin
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import flatten_offsets, nest_offsets
+from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, Replication
+from eventfold.projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
+from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
+from eventfold.projections.projection import Projection
+from eventfold.projections.schema import migrate, sources_table, state_table
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
-
-from outbox import TopicAdmin
-from outbox.connection import KafkaConnection
-from outbox.kafka import flatten_offsets, nest_offsets
-from outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, Replication
-from projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
-from projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
-from projections.projection import Projection
-from projections.schema import migrate, sources_table, state_table
 
 log = logging.getLogger(__name__)
 

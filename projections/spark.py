@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import sys
 
+from eventfold.projections.kafka_source import KafkaDataSource
 from pyspark.sql import SparkSession
-
-from projections.kafka_source import KafkaDataSource
 
 
 def spark_session(master: str = "local[2]", app_name: str = "eventfold",

@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from outbox.connection import KafkaConnection
-from outbox.kafka import OffsetPlanner
-from projections.projection import Projection
-from projections.sinks import ReadModelStore
-from projections.versions import ProjectionVersions
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.projections.projection import Projection
+from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.versions import ProjectionVersions
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import psycopg
-
-from outbox.history import STORE_TOPIC, read_history
-from projections.fold import PartitionKey, RawRecords
-from projections.sinks import libpq_url
+from eventfold.outbox.history import STORE_TOPIC, read_history
+from eventfold.projections.fold import PartitionKey, RawRecords
+from eventfold.projections.sinks import libpq_url
 
 STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
 """Where a version's checkpoint keeps the last global position it applied from the store."""

@@ -14,19 +14,18 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import psycopg
-from psycopg import sql
-from psycopg.types.json import Jsonb
-
-from outbox.kafka import flatten_offsets, nest_offsets
-from projections.catalog import (
+from eventfold.outbox.kafka import flatten_offsets, nest_offsets
+from eventfold.projections.catalog import (
     KTABLE_READERS_TABLE,
     READER_HEARTBEAT_S,
     READER_TTL_S,
     RETIRED_TOPICS_TABLE,
     VERSIONS_TABLE,
 )
-from projections.fold import PartitionKey
-from projections.sinks import libpq_url
+from eventfold.projections.fold import PartitionKey
+from eventfold.projections.sinks import libpq_url
+from psycopg import sql
+from psycopg.types.json import Jsonb
 
 _TABLE = sql.Identifier(VERSIONS_TABLE)
 _RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)

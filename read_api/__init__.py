@@ -9,10 +9,10 @@ SQLAlchemy (query building), psycopg, confluent-kafka, FastAPI. Nothing upstream
 it never imports ``write_model``.
 """
 
-from read_api.http import ReadApiOptions, create_read_app
-from read_api.ktables import KTableHost, KTableStore, KTableView
-from read_api.read_models import ReadModel
-from read_api.schema import QueryError, ReadModelSchema
+from eventfold.read_api.http import ReadApiOptions, create_read_app
+from eventfold.read_api.ktables import KTableHost, KTableStore, KTableView
+from eventfold.read_api.read_models import ReadModel
+from eventfold.read_api.schema import QueryError, ReadModelSchema
 
 __all__ = ["KTableHost", "KTableStore", "KTableView", "QueryError", "ReadApiOptions",
            "ReadModel", "ReadModelSchema", "create_read_app"]

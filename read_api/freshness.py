@@ -17,15 +17,14 @@ from functools import cached_property
 from typing import Any
 
 import psycopg
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner, flatten_offsets
+from eventfold.projections import Projection
+from eventfold.projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
+from eventfold.projections.sinks import libpq_url
+from eventfold.projections.status import projection_outputs
+from eventfold.read_api.read_models import reader_session
 from psycopg import sql
-
-from outbox.connection import KafkaConnection
-from outbox.kafka import OffsetPlanner, flatten_offsets
-from projections import Projection
-from projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
-from projections.sinks import libpq_url
-from projections.status import projection_outputs
-from read_api.read_models import reader_session
 
 log = logging.getLogger(__name__)
 

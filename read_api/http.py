@@ -31,18 +31,17 @@ from typing import Any
 
 import orjson
 import psycopg
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.projections import Projection
+from eventfold.read_api.freshness import FreshnessMonitor
+from eventfold.read_api.ktables import KTableEntry, KTableHost
+from eventfold.read_api.presence import ReaderPresence
+from eventfold.read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
+from eventfold.read_api.read_models import ReadModel, reader_pool
+from eventfold.read_api.schema import QueryError, check_text
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
-
-from outbox.connection import KafkaConnection
-from projections import Projection
-from read_api.freshness import FreshnessMonitor
-from read_api.ktables import KTableEntry, KTableHost
-from read_api.presence import ReaderPresence
-from read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
-from read_api.read_models import ReadModel, reader_pool
-from read_api.schema import QueryError, check_text
 
 log = logging.getLogger(__name__)
 

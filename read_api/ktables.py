@@ -22,18 +22,17 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
-from sortedcontainers import SortedDict
-
-from outbox.connection import KafkaConnection
-from outbox.kafka import (
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import (
     TAILING_FETCH_WAIT_MS,
     OffsetPlanner,
     consume_available,
     consumer_config,
 )
+from sortedcontainers import SortedDict
 
 if TYPE_CHECKING:
-    from read_api.presence import ReaderPresence
+    from eventfold.read_api.presence import ReaderPresence
 
 log = logging.getLogger(__name__)
 

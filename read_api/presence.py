@@ -13,10 +13,9 @@ import logging
 import threading
 
 import psycopg
+from eventfold.projections.catalog import KTABLE_READERS_TABLE, READER_HEARTBEAT_S
+from eventfold.read_api.freshness import connect_as_reader
 from psycopg import sql
-
-from projections.catalog import KTABLE_READERS_TABLE, READER_HEARTBEAT_S
-from read_api.freshness import connect_as_reader
 
 log = logging.getLogger(__name__)
 

@@ -21,12 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from eventfold.read_api.schema import Field, Kind, QueryError, ReadModelSchema
 from sqlalchemy import and_, column, false, func, or_, select, table
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import Select, TableClause
-
-from read_api.schema import Field, Kind, QueryError, ReadModelSchema
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50

@@ -9,15 +9,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from eventfold.projections import Projection
+from eventfold.projections.schema import sources_table
+from eventfold.projections.sinks import libpq_url
+from eventfold.read_api.query import (
+    Filter,
+    ListQuery,
+    count_query,
+    encode_cursor,
+    get_query,
+    page_query,
+)
+from eventfold.read_api.schema import ReadModelSchema
 from psycopg import AsyncConnection, errors, sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
-
-from projections import Projection
-from projections.schema import sources_table
-from projections.sinks import libpq_url
-from read_api.query import Filter, ListQuery, count_query, encode_cursor, get_query, page_query
-from read_api.schema import ReadModelSchema
 
 
 def reader_session(role: str, read_only: bool = True) -> list[sql.Composable]:

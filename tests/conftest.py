@@ -15,7 +15,7 @@ from eventfold.config import Settings
 @pytest.fixture(scope="session")
 def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Settings]:
     """Postgres, Apache Kafka and Kafka Connect on free ports; stopped by PID at the end."""
-    from local_stack import LocalStack
+    from eventfold.local_stack import LocalStack
 
     for noisy in ("alembic", "httpx", "py4j"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
@@ -49,7 +49,7 @@ def inventory_app(stack_settings: Settings):
 
 @pytest.fixture(scope="session")
 def spark(stack_settings: Settings):
-    from projections.spark import spark_session
+    from eventfold.projections.spark import spark_session
 
     session = spark_session("local[2]", app_name="eventfold-tests")
     yield session

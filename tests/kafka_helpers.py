@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 from confluent_kafka import Producer
-
-from outbox.connection import KafkaConnection
-from outbox.kafka import read_messages
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import read_messages
 
 
 def read_topic(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]]:

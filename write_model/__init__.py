@@ -9,24 +9,24 @@ Eventfold package: everything downstream (outbox, projections, read_api) depends
 the reverse.
 """
 
-from write_model.aggregate import Aggregate, DomainError
-from write_model.async_store import AsyncEventStore
-from write_model.commands import (
+from eventfold.write_model.aggregate import Aggregate, DomainError
+from eventfold.write_model.async_store import AsyncEventStore
+from eventfold.write_model.commands import (
     AsyncCommandBus,
     Command,
     CommandBus,
     CommandRegistry,
     CommandResult,
 )
-from write_model.events import (
+from eventfold.write_model.events import (
     DomainEvent,
     EventRegistry,
     NewEvent,
     RecordedEvent,
     default_registry,
 )
-from write_model.repository import AsyncRepository, Repository
-from write_model.store import (
+from eventfold.write_model.repository import AsyncRepository, Repository
+from eventfold.write_model.store import (
     AppendResult,
     CommandIdReused,
     ConcurrencyError,

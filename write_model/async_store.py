@@ -18,14 +18,9 @@ from typing import Any, Self
 
 import orjson
 import psycopg
-from psycopg import pq
-from psycopg.errors import error_from_result
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from sqlalchemy.engine import make_url
-
-from write_model.events import NewEvent
-from write_model.group_commit import AsyncGroupCommit
-from write_model.store import (
+from eventfold.write_model.events import NewEvent
+from eventfold.write_model.group_commit import AsyncGroupCommit
+from eventfold.write_model.store import (
     APPEND_UNITS,
     COMMAND_RESULT,
     LOAD_EVENTS,
@@ -45,6 +40,10 @@ from write_model.store import (
     raise_if_unavailable,
     units_json,
 )
+from psycopg import pq
+from psycopg.errors import error_from_result
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from sqlalchemy.engine import make_url
 
 
 class AsyncEventStore:

@@ -15,19 +15,18 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
-
-from write_model.aggregate import Aggregate
-from write_model.repository import AggregateCache, AsyncRepository, Repository
-from write_model.store import (
+from eventfold.write_model.aggregate import Aggregate
+from eventfold.write_model.repository import AggregateCache, AsyncRepository, Repository
+from eventfold.write_model.store import (
     AppendResult,
     CommandIdReused,
     ConcurrencyError,
     DuplicateCommand,
     StreamNotFound,
 )
-from write_model.values import storable_problem
+from eventfold.write_model.values import storable_problem
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C", bound="Command")

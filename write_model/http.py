@@ -17,6 +17,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any
 
+from eventfold.write_model.aggregate import DomainError
+from eventfold.write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
+from eventfold.write_model.store import (
+    CommandIdReused,
+    ConcurrencyError,
+    StoreUnavailable,
+    StreamNotFound,
+    StreamOwnedByAnotherType,
+)
+from eventfold.write_model.values import storable_problem, text_problem
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -29,17 +39,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from write_model.aggregate import DomainError
-from write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
-from write_model.store import (
-    CommandIdReused,
-    ConcurrencyError,
-    StoreUnavailable,
-    StreamNotFound,
-    StreamOwnedByAnotherType,
-)
-from write_model.values import storable_problem, text_problem
 
 log = logging.getLogger(__name__)
 

@@ -21,11 +21,10 @@ from typing import Any
 
 import orjson
 import psycopg
+from eventfold.write_model.events import NewEvent, RecordedEvent
+from eventfold.write_model.group_commit import GroupCommit
 from psycopg import errors
 from sqlalchemy import Engine, create_engine
-
-from write_model.events import NewEvent, RecordedEvent
-from write_model.group_commit import GroupCommit
 
 
 class ConcurrencyError(Exception):

@@ -15,8 +15,7 @@ Create Date: 2026-11-22
 """
 
 from alembic import op
-
-from migrations import revision_module
+from eventfold.migrations import revision_module
 
 revision = "0006"
 down_revision = "0005"

@@ -19,8 +19,7 @@ Create Date: 2026-11-23
 """
 
 from alembic import op
-
-from migrations import revision_module
+from eventfold.migrations import revision_module
 
 revision = "0008"
 down_revision = "0007"

@@ -12,24 +12,24 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-
-import migrations
-from local_stack import LocalStack
-from outbox import (
+from eventfold.local_stack import LocalStack
+from eventfold.outbox import (
     ConnectClient,
     ConnectorOperations,
     ConnectorStatus,
     OutboxConnectorSpec,
     TopicAdmin,
 )
-from outbox import event_topic as topic_of
-from outbox.connection import KafkaConnection
-from outbox.kafka import read_messages
-from outbox.topics import EVENT_TOPIC_CONFIG
-from outbox.verify import LoggedEvent, LogReport, verify_topic
-from projections.sinks import libpq_url
-from write_model import EventStore, StoreUnavailable
-from write_model.events import NewEvent
+from eventfold.outbox import event_topic as topic_of
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
+from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
+from eventfold.projections.sinks import libpq_url
+from eventfold.write_model import EventStore, StoreUnavailable
+from eventfold.write_model.events import NewEvent
+
+from eventfold import migrations
 
 TOPIC = topic_of("Product")
 

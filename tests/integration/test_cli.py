@@ -12,13 +12,12 @@ import time
 
 import psycopg
 import pytest
-
-from local_stack import LocalStack
-from local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
-from outbox.connection import KafkaConnection
-from projections.sinks import libpq_url
-from projections.status import projection_status
-from projections.versions import ProjectionVersions
+from eventfold.local_stack import LocalStack
+from eventfold.local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.projections.sinks import libpq_url
+from eventfold.projections.status import projection_status
+from eventfold.projections.versions import ProjectionVersions
 
 
 def eventfold(*args: str, env: dict[str, str],
@@ -58,7 +57,7 @@ def test_stack_up_status_down(tmp_path) -> None:
 def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_path) -> None:
     """After a component died, `stack up` restarts it alone on its port; `down` then `up`
     keeps the database and the broker's topics; only `reset` deletes data."""
-    import migrations
+    from eventfold import migrations
     from tests.kafka_helpers import produce, read_topic
 
     stack = LocalStack(tmp_path / "stack")

@@ -14,16 +14,16 @@ import uuid
 
 import pytest
 import requests
+from eventfold.local_stack import postgres
+from eventfold.local_stack.process import free_port, stop_pid, wait_until
+from eventfold.write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository, EventStore
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import migrations
+from eventfold import migrations
 from eventfold.serving import BackgroundServer
-from local_stack import postgres
-from local_stack.process import free_port, stop_pid, wait_until
 from tests.concurrency import run_together
-from write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository, EventStore
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +221,7 @@ def test_database_down_is_503_and_a_retry_later_succeeds(inventory_app, private_
     store = EventStore.from_url(url)
     bus = AsyncCommandBus(AsyncRepository(AsyncEventStore.from_url(url, connect_timeout_s=2)),
                           inventory_app.commands)
-    from write_model.http import create_command_app
+    from eventfold.write_model.http import create_command_app
 
     with TestClient(create_command_app(bus)) as api:
         assert api.post("/commands/ReceiveStock",

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from local_stack import LocalStack
+from eventfold.local_stack import LocalStack
 
 
 def test_demo_prints_totals_that_match_in_read_model_and_ktable(tmp_path) -> None:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from eventfold.write_model import CommandBus, ConcurrencyError, EventStore, Repository
+from eventfold.write_model.events import NewEvent
 from sqlalchemy import text
 
 from examples.inventory import Product, ReceiveStock
 from tests.concurrency import run_together
-from write_model import CommandBus, ConcurrencyError, EventStore, Repository
-from write_model.events import NewEvent
 
 
 @pytest.fixture(scope="module")

@@ -8,13 +8,13 @@ import json
 import threading
 
 import pytest
+from eventfold.outbox import EventEnvelope, event_topic
+from eventfold.projections import Lookup, Projection
+from eventfold.projections.replay import replay
+from eventfold.projections.versions import ProjectionVersions
 from sqlalchemy import create_engine, text
 
 from examples import orders, point_of_sale, sales
-from outbox import EventEnvelope, event_topic
-from projections import Lookup, Projection
-from projections.replay import replay
-from projections.versions import ProjectionVersions
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
     catch_up,

@@ -11,10 +11,7 @@ from typing import TypeVar
 
 import psycopg
 import pytest
-
-from examples.inventory import Product, ReceiveStock, StockReceived
-from tests.concurrency import run_together
-from write_model import (
+from eventfold.write_model import (
     AsyncCommandBus,
     AsyncEventStore,
     AsyncRepository,
@@ -22,8 +19,11 @@ from write_model import (
     EventStore,
     StreamAppend,
 )
-from write_model.events import NewEvent
-from write_model.store import APPEND_UNITS, DuplicateCommand, UnitOfWork, encode_units
+from eventfold.write_model.events import NewEvent
+from eventfold.write_model.store import APPEND_UNITS, DuplicateCommand, UnitOfWork, encode_units
+
+from examples.inventory import Product, ReceiveStock, StockReceived
+from tests.concurrency import run_together
 
 T = TypeVar("T")
 

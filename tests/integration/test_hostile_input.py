@@ -9,11 +9,10 @@ import json
 import uuid
 
 import pytest
+from eventfold.write_model import EventStore
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from write_model import EventStore
 
 DEEP = "{" + '"a":{' * 300 + "}" * 301
 
@@ -109,9 +108,10 @@ def test_a_stream_belongs_to_the_aggregate_type_that_created_it(orders_client, s
 
 def test_the_append_itself_refuses_another_types_stream(store, unique) -> None:
     """Also without the aggregate load in front (a racing writer, or another service)."""
+    from eventfold.write_model import NewEvent
+    from eventfold.write_model.store import StreamOwnedByAnotherType
+
     from examples.orders import OrderPlaced
-    from write_model import NewEvent
-    from write_model.store import StreamOwnedByAnotherType
 
     event = OrderPlaced(customer_id="c", amount=1.0)
     store.append("Order", unique, 0, [NewEvent.of(event, {})])

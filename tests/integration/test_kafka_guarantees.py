@@ -13,20 +13,20 @@ import psycopg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
-from sqlalchemy import BigInteger, Text
-
-from outbox import EventEnvelope, TopicAdmin, event_topic
-from outbox.kafka import read_messages
-from outbox.topics import (
+from eventfold.outbox import EventEnvelope, TopicAdmin, event_topic
+from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.topics import (
     COMPACTED_TOPIC_CONFIG,
     Replication,
     ReplicationUnavailable,
     TopicConfigMismatch,
 )
-from projections import Projection
-from projections.runner import SourceDataLost
-from projections.sinks import DeliveryFailed, ensure_projection_topics, libpq_url
-from read_api.ktables import KTableView
+from eventfold.projections import Projection
+from eventfold.projections.runner import SourceDataLost
+from eventfold.projections.sinks import DeliveryFailed, ensure_projection_topics, libpq_url
+from eventfold.read_api.ktables import KTableView
+from sqlalchemy import BigInteger, Text
+
 from tests.kafka_helpers import produce, read_table
 from tests.pipeline_helpers import make_runner, wait_for
 
@@ -225,10 +225,11 @@ def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothi
     import sys
     import threading
 
+    from eventfold.local_stack import LocalStack
+    from eventfold.local_stack.process import stop_pid
+
     from eventfold.config import Settings
     from examples.inventory import ReceiveStock, app, inventory_totals
-    from local_stack import LocalStack
-    from local_stack.process import stop_pid
 
     stack = LocalStack(tmp_path / "stack")
     endpoints = stack.up()
@@ -306,7 +307,7 @@ def test_a_projections_progress_shows_in_kafka_consumer_groups(
         inventory_app, spark, stack_settings, unique) -> None:
     import subprocess
 
-    from local_stack.java import classpath, java_binary
+    from eventfold.local_stack.java import classpath, java_binary
 
     projection = counter(unique)
     publish(stack_settings, f"Counted{unique}",

@@ -9,14 +9,14 @@ import shutil
 
 import pytest
 import requests
+from eventfold.local_stack.process import free_port
+from eventfold.outbox import event_topic
+from eventfold.projections.runner import stop_gracefully
+from eventfold.projections.status import projection_status
 from sqlalchemy import create_engine, text
 
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, inventory_totals
-from local_stack.process import free_port
-from outbox import event_topic
-from projections.runner import stop_gracefully
-from projections.status import projection_status
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import catch_up, make_runner, wait_for, wait_until_in_topic
 

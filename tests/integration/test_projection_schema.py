@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from eventfold.projections import Event, Projection, State
+from eventfold.projections.schema import SchemaNeedsReplay, migrate, state_table
+from eventfold.projections.sinks import ReadModelStore
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -18,10 +21,7 @@ from sqlalchemy import (
     inspect,
 )
 
-import migrations
-from projections import Event, Projection, State
-from projections.schema import SchemaNeedsReplay, migrate, state_table
-from projections.sinks import ReadModelStore
+from eventfold import migrations
 
 SYSTEM = {"key", "_version", "_position", "_deleted", "_updated_at"}
 

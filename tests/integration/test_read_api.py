@@ -14,17 +14,17 @@ import orjson
 import psycopg
 import pytest
 import requests
+from eventfold.local_stack.process import free_port
+from eventfold.projections import Projection
+from eventfold.projections.catalog import READER_ROLE
+from eventfold.projections.sinks import ReadModelStore, libpq_url
+from eventfold.projections.versions import ProjectionVersions
+from eventfold.read_api import ReadApiOptions, create_read_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
 
 from eventfold.serving import BackgroundServer
-from local_stack.process import free_port
-from projections import Projection
-from projections.catalog import READER_ROLE
-from projections.sinks import ReadModelStore, libpq_url
-from projections.versions import ProjectionVersions
-from read_api import ReadApiOptions, create_read_app
 from tests.pipeline_helpers import materialize, wait_for
 
 NAMES = ["apple", "banana", "bandana", "cherry", "pear", None]
@@ -408,9 +408,10 @@ def test_a_read_model_that_never_ran_is_503_and_not_ready(stack_settings):
 
 
 def test_read_model_routes_answer_503_while_the_database_is_down(stack_settings, tmp_path):
-    import migrations
-    from local_stack import postgres
-    from local_stack.process import stop_pid
+    from eventfold.local_stack import postgres
+    from eventfold.local_stack.process import stop_pid
+
+    from eventfold import migrations
 
     port = free_port()
     data, log = tmp_path / "pg", tmp_path / "pg.log"

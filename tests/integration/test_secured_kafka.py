@@ -17,12 +17,12 @@ import pytest
 import requests
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
+from eventfold.local_stack import LocalStack
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
+from eventfold.outbox.connection import KafkaConnection
 from sqlalchemy.engine import make_url
 
 from eventfold.config import Settings
-from local_stack import LocalStack
-from local_stack.process import free_port, port_is_open, stop_pid, wait_until
-from outbox.connection import KafkaConnection
 from tests.integration.test_cli import eventfold
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_until_in_topic

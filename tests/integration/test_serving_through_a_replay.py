@@ -19,10 +19,10 @@ from pathlib import Path
 import httpx
 import psycopg
 from confluent_kafka.admin import AdminClient
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.sinks import libpq_url
+from eventfold.projections.versions import ProjectionVersions
 
-from local_stack.process import free_port, stop_pid
-from projections.sinks import libpq_url
-from projections.versions import ProjectionVersions
 from tests.integration.test_cli import stack_env
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_for

@@ -9,14 +9,8 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from sqlalchemy import text
-
-from examples.inventory import Product, ReceiveStock, ShipStock
-from projections.sinks import libpq_url
-from tests.concurrency import run_together
-from write_model import (
+from eventfold.projections.sinks import libpq_url
+from eventfold.write_model import (
     Aggregate,
     ConcurrencyError,
     DomainError,
@@ -26,7 +20,13 @@ from write_model import (
     StreamAppend,
     default_registry,
 )
-from write_model.events import NewEvent
+from eventfold.write_model.events import NewEvent
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from examples.inventory import Product, ReceiveStock, ShipStock
+from tests.concurrency import run_together
 
 
 @pytest.fixture(scope="module")

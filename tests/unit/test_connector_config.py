@@ -1,7 +1,6 @@
 import pytest
-
-from outbox import OutboxConnectorSpec, config_diff
-from outbox.operations import describe_diff
+from eventfold.outbox import OutboxConnectorSpec, config_diff
+from eventfold.outbox.operations import describe_diff
 
 SECRET_REF = "${file:/etc/kafka/secrets.properties:shop.password}"
 

@@ -6,13 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from sqlalchemy import BigInteger, Float, String
-
-from outbox import EventEnvelope
-from projections import Count, Latest, Sum, aggregation
-from projections.decode import (
+from eventfold.outbox import EventEnvelope
+from eventfold.projections import Count, Latest, Sum, aggregation
+from eventfold.projections.decode import (
     EVENT_FIELDS,
     _decode_columnar,
     _decode_per_record,
@@ -21,8 +17,11 @@ from projections.decode import (
     records_table,
     with_fields,
 )
-from projections.engine import drop_applied
-from projections.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, BatchFold, RawRecords
+from eventfold.projections.engine import drop_applied
+from eventfold.projections.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, BatchFold, RawRecords
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import BigInteger, Float, String
 
 TOPIC = "eventfold.events.Sale"
 

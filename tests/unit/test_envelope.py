@@ -1,8 +1,7 @@
 import json
 
 import pytest
-
-from outbox import EventEnvelope, MalformedEvent
+from eventfold.outbox import EventEnvelope, MalformedEvent
 
 
 def test_decodes_what_the_event_router_writes() -> None:

@@ -8,10 +8,10 @@ import json
 from typing import Any
 
 import pytest
+from eventfold.outbox import EventEnvelope
+from eventfold.projections import SourceRecord, fold_in_memory, fold_records
 
 from examples import orders, point_of_sale, sales
-from outbox import EventEnvelope
-from projections import SourceRecord, fold_in_memory, fold_records
 
 _positions = itertools.count(1)
 

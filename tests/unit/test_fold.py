@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
+from eventfold.outbox import EventEnvelope
+from eventfold.projections import KeyState, SourceRecord, fold_in_memory, fold_records, projection
+from eventfold.projections.fold import BatchFold, RawRecords
 from sqlalchemy import BigInteger
 
 from examples.inventory import inventory_totals
-from outbox import EventEnvelope
-from projections import KeyState, SourceRecord, fold_in_memory, fold_records, projection
-from projections.fold import BatchFold, RawRecords
 
 TOPIC = "eventfold.events.Product"
 

@@ -11,9 +11,9 @@ import time
 from collections.abc import Sequence
 
 import pytest
+from eventfold.write_model.group_commit import AsyncGroupCommit, GroupCommit
 
 from tests.concurrency import run_together
-from write_model.group_commit import AsyncGroupCommit, GroupCommit
 
 
 class Ledger:

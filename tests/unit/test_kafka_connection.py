@@ -3,10 +3,10 @@
 import pickle
 
 import pytest
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.topics import Replication, ReplicationUnavailable
 
 from eventfold.config import ConfigError, Settings
-from outbox.connection import KafkaConnection
-from outbox.topics import Replication, ReplicationUnavailable
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "app", "sasl.password": 'pa"ss'}

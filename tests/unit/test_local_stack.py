@@ -4,10 +4,9 @@ import socket
 from pathlib import Path
 
 import pytest
-
-from local_stack import LocalStack, StackError, broker, java, postgres
-from local_stack.auth import ClientAuth
-from local_stack.process import free_port, pid_alive, spawn, stop_pid, wait_until
+from eventfold.local_stack import LocalStack, StackError, broker, java, postgres
+from eventfold.local_stack.auth import ClientAuth
+from eventfold.local_stack.process import free_port, pid_alive, spawn, stop_pid, wait_until
 
 
 def test_port_in_use_is_reported(tmp_path) -> None:

@@ -7,21 +7,29 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from sqlalchemy import BigInteger, String
-
-from outbox import EventEnvelope
-from projections import Count, Latest, Max, Min, SourceRecord, Sum, aggregation, fold_records
-from projections.decode import decode_events, decoded_schema, records_table
-from projections.fold import by_partition
-from projections.partial import (
+from eventfold.outbox import EventEnvelope
+from eventfold.projections import (
+    Count,
+    Latest,
+    Max,
+    Min,
+    SourceRecord,
+    Sum,
+    aggregation,
+    fold_records,
+)
+from eventfold.projections.decode import decode_events, decoded_schema, records_table
+from eventfold.projections.fold import by_partition
+from eventfold.projections.partial import (
     PartitionAggregate,
     merge_partials,
     partial_schema,
     stream_marks,
 )
-from projections.projection import Projection
+from eventfold.projections.projection import Projection
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import BigInteger, String
 
 TOPIC = "eventfold.events.Sale"
 AGGREGATES = {"revenue": Sum("total"), "sales": Count(), "smallest": Min("total"),

@@ -5,13 +5,9 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-from sqlalchemy import JSON, DateTime, Integer, Numeric, String
-
-from projections import Projection
-from read_api.ktables import KTableEntry, KTableStore
-from read_api.query import (
+from eventfold.projections import Projection
+from eventfold.read_api.ktables import KTableEntry, KTableStore
+from eventfold.read_api.query import (
     decode_cursor,
     encode_cursor,
     get_query,
@@ -19,7 +15,10 @@ from read_api.query import (
     parse_list_query,
     parse_sort,
 )
-from read_api.schema import Kind, QueryError, ReadModelSchema
+from eventfold.read_api.schema import Kind, QueryError, ReadModelSchema
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import JSON, DateTime, Integer, Numeric, String
 
 SCHEMA = ReadModelSchema.of(Projection(
     name="items", sources=("Item",), apply=lambda s, e: s, indexes=("total", "name"),

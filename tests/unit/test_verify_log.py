@@ -1,5 +1,5 @@
-from outbox import compare
-from outbox.verify import LoggedEvent
+from eventfold.outbox import compare
+from eventfold.outbox.verify import LoggedEvent
 
 
 def ev(stream: str, version: int) -> LoggedEvent:

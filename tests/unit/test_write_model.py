@@ -1,11 +1,11 @@
 """Domain classes and command validation: no database needed."""
 
 import pytest
+from eventfold.write_model import DomainError, default_registry
 from pydantic import ValidationError
 
 from eventfold.config import ConfigError, Settings
 from examples.inventory import Product, ReceiveStock, StockReceived
-from write_model import DomainError, default_registry
 
 
 def test_aggregate_records_and_replays() -> None:
