@@ -22,10 +22,10 @@ from eventfold.local_stack.process import free_port
 from eventfold.outbox import ConnectClient, event_topic
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
-from eventfold.projections.sinks import libpq_url
 
 from bench.common import own_stack, percentile
 from eventfold.config import Settings
+from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, app, inventory_totals
 

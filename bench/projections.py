@@ -39,12 +39,12 @@ from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.replay import ReplayResult, replay
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
-from eventfold.projections.sinks import libpq_url
 from eventfold.projections.spark import spark_session
 from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory
 from eventfold import migrations
+from eventfold.contract import libpq_url
 
 SOURCE = "BenchSale"
 TARGETS = {"streaming": 150_000, "replay_aggregation": 250_000, "replay_python_fold": 150_000,

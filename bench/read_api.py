@@ -26,13 +26,13 @@ import psycopg
 import requests
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
-from eventfold.projections.sinks import libpq_url
 from eventfold.projections.spark import spark_session
 from eventfold.write_model import EventStore, StreamAppend
 from eventfold.write_model.store import NewEvent
 
 from bench.common import WrkResult, own_stack, run_wrk
 from eventfold.config import Settings
+from eventfold.contract import libpq_url
 from examples.inventory import app, inventory_totals
 
 log = logging.getLogger("bench.read_api")

@@ -7,9 +7,11 @@ One installed namespace. The repository's top-level folders install under it:
 says in its docstring what it owns and may import. Data flows one way:
 write_model -> outbox -> (Kafka) -> projections -> read_api.
 
-This package's own modules are the composition root that wires them into one application:
-the configuration object (environment variables), the ``Eventfold`` application entry point
-and the ``eventfold`` CLI. They may import every subpackage; no subpackage imports them.
+``eventfold.contract`` holds what every layer must agree on (partition keys, KTable header
+names, database URL forms); any package may import it. This package's other modules are the
+composition root that wires the packages into one application: the configuration object
+(environment variables), the ``Eventfold`` application entry point and the ``eventfold`` CLI.
+They may import every subpackage; no subpackage imports them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@ REST client (``requests``), event topic naming and creation, the envelope of the
 on those topics (what downstream consumers decode), and the event store's log rendered in that
 envelope (``history``), for consumers that must start before the topics' retained head.
 
-May import: ``write_model.schema`` (table and publication names), confluent-kafka, requests.
+May import: ``write_model.schema`` (table and publication names), ``eventfold.contract``,
+confluent-kafka, requests.
 It never imports projections or read_api.
 """
 

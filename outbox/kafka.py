@@ -14,9 +14,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from eventfold.outbox.connection import KafkaConnection
 
+from eventfold.contract import PartitionKey
+
 log = logging.getLogger(__name__)
 
-PartitionKey = tuple[str, int]
 NestedOffsets = dict[str, dict[str, int]]
 
 

@@ -12,7 +12,8 @@ import psycopg
 from eventfold.outbox.connection import redact
 from eventfold.outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
 from eventfold.outbox.topics import TopicAdmin
-from sqlalchemy.engine import make_url
+
+from eventfold.contract import libpq_url
 
 log = logging.getLogger(__name__)
 
@@ -188,5 +189,4 @@ class ConnectorOperations:
                            "deleting the connector")
 
     def _database(self) -> psycopg.Connection[Any]:
-        url = make_url(self.spec.database_url).set(drivername="postgresql")
-        return psycopg.connect(url.render_as_string(hide_password=False), autocommit=True)
+        return psycopg.connect(libpq_url(self.spec.database_url), autocommit=True)

@@ -6,8 +6,9 @@ Kafka data source, and the event store for replays), the streaming runner, the r
 schemas (migrated through Alembic), the sinks (Postgres read model with checkpoint, KTable,
 dead-letter and derived-event topics), versions and replay.
 
-May import: ``outbox`` (topic names, the event envelope, Kafka readers), pyspark,
-confluent-kafka, psycopg, SQLAlchemy types. Never ``write_model`` or ``read_api``.
+May import: ``outbox`` (topic names, the event envelope, Kafka readers),
+``eventfold.contract``, pyspark, confluent-kafka, psycopg, SQLAlchemy types. Never
+``write_model`` or ``read_api``.
 """
 
 from eventfold.projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records

@@ -43,7 +43,6 @@ from eventfold.projections.fold import (
     FoldOutcome,
     KeyFolder,
     KeyState,
-    PartitionKey,
     RawRecords,
     SourceRecord,
 )
@@ -58,6 +57,8 @@ from eventfold.projections.projection import Event, Projection
 from eventfold.projections.sinks import ReadModelStore, lookup_rows
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+
+from eventfold.contract import PartitionKey
 
 RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000

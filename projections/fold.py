@@ -27,9 +27,10 @@ import orjson
 from eventfold.outbox import EventEnvelope, MalformedEvent
 from eventfold.projections.projection import Derived, Event, Projection, State
 
+from eventfold.contract import PartitionKey
+
 log = logging.getLogger(__name__)
 
-PartitionKey = tuple[str, int]
 EMIT_ALL: Mapping[PartitionKey, int] = MappingProxyType({})
 DERIVED_NAMESPACE = uuid.UUID("6f1d8a52-7c1e-4d55-9a55-1f0f9a0c2b10")
 KEY_NOT_UTF8 = "message key (aggregate id) is not UTF-8 text"

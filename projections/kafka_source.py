@@ -27,7 +27,6 @@ from confluent_kafka import Consumer, Message
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import (
     OffsetPlanner,
-    PartitionKey,
     consumer_config,
     flatten_offsets,
     iter_range,
@@ -55,6 +54,8 @@ from pyspark.sql.types import (
     StructType,
     TimestampType,
 )
+
+from eventfold.contract import PartitionKey
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([

@@ -23,13 +23,15 @@ from typing import Literal
 
 from eventfold.outbox import TopicAdmin
 from eventfold.outbox.history import count_events, head_position
-from eventfold.outbox.kafka import OffsetPlanner, PartitionKey
+from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.projection import Projection
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
 from eventfold.projections.sinks import ReadModelStore
 from eventfold.projections.versions import ProjectionVersions
 from pyspark.sql import SparkSession
+
+from eventfold.contract import PartitionKey
 
 log = logging.getLogger(__name__)
 

@@ -20,13 +20,7 @@ from typing import Protocol
 
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.history import count_events
-from eventfold.outbox.kafka import (
-    GroupProgress,
-    OffsetPlanner,
-    PartitionKey,
-    flatten_offsets,
-    nest_offsets,
-)
+from eventfold.outbox.kafka import GroupProgress, OffsetPlanner, flatten_offsets, nest_offsets
 from eventfold.outbox.topics import Replication
 from eventfold.projections.engine import (
     BatchContext,
@@ -48,6 +42,8 @@ from eventfold.projections.store_source import STORE_PARTITION, store_slices
 from eventfold.projections.versions import ProjectionVersions
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
+
+from eventfold.contract import PartitionKey
 
 log = logging.getLogger(__name__)
 

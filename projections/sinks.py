@@ -22,14 +22,20 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import flatten_offsets, nest_offsets
 from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, Replication
 from eventfold.projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
-from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState, PartitionKey
+from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState
 from eventfold.projections.projection import Projection
 from eventfold.projections.schema import migrate, sources_table, state_table
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
-from sqlalchemy.engine import make_url
 from sqlalchemy.pool import NullPool
+
+from eventfold.contract import (
+    KTABLE_POSITION_HEADER,
+    KTABLE_VERSION_HEADER,
+    PartitionKey,
+    libpq_url,
+)
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +50,6 @@ class DeliveryFailed(RuntimeError):
 
 class VersionSwitched(RuntimeError):
     """A replay made another version of this projection the active one."""
-
-
-def libpq_url(database_url: str) -> str:
-    """A SQLAlchemy URL (postgresql+psycopg://...) as a libpq connection string."""
-    return make_url(database_url).set(drivername="postgresql").render_as_string(
-        hide_password=False)
 
 
 def _names(names: Iterable[str]) -> sql.Composable:
@@ -375,8 +375,8 @@ class TopicSink:
         for key, key_state in states.items():
             value = None if key_state.state is None else json.dumps(key_state.state, default=str)
             self._produce(self.ktable_topic, key, value,
-                          {"eventfold.version": str(key_state.version),
-                           "eventfold.position": str(key_state.position)})
+                          {KTABLE_VERSION_HEADER: str(key_state.version),
+                           KTABLE_POSITION_HEADER: str(key_state.position)})
         remaining = self.producer.flush(60)
         if remaining:
             raise DeliveryFailed(f"{remaining} KTable/DLQ/derived messages not delivered in 60 s")

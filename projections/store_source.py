@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import psycopg
 from eventfold.outbox.history import STORE_TOPIC, read_history
-from eventfold.projections.fold import PartitionKey, RawRecords
-from eventfold.projections.sinks import libpq_url
+from eventfold.projections.fold import RawRecords
+
+from eventfold.contract import PartitionKey, libpq_url
 
 STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
 """Where a version's checkpoint keeps the last global position it applied from the store."""

@@ -22,10 +22,10 @@ from eventfold.projections.catalog import (
     RETIRED_TOPICS_TABLE,
     VERSIONS_TABLE,
 )
-from eventfold.projections.fold import PartitionKey
-from eventfold.projections.sinks import libpq_url
 from psycopg import sql
 from psycopg.types.json import Jsonb
+
+from eventfold.contract import PartitionKey, libpq_url
 
 _TABLE = sql.Identifier(VERSIONS_TABLE)
 _RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)

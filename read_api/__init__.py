@@ -5,8 +5,8 @@ role), KTables materialized by consuming their compacted topics from the beginni
 state stores, interactive queries), freshness and read-your-writes, and the HTTP app.
 
 May import: ``projections`` (definitions, table names), ``outbox.kafka`` (topic readers),
-SQLAlchemy (query building), psycopg, confluent-kafka, FastAPI. Nothing upstream imports it;
-it never imports ``write_model``.
+``eventfold.contract``, SQLAlchemy (query building), psycopg, confluent-kafka, FastAPI.
+Nothing upstream imports it; it never imports ``write_model``.
 """
 
 from eventfold.read_api.http import ReadApiOptions, create_read_app

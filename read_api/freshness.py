@@ -21,14 +21,14 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, flatten_offsets
 from eventfold.projections import Projection
 from eventfold.projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
-from eventfold.projections.sinks import libpq_url
 from eventfold.projections.status import projection_outputs
 from eventfold.read_api.read_models import reader_session
 from psycopg import sql
 
+from eventfold.contract import PartitionKey, libpq_url
+
 log = logging.getLogger(__name__)
 
-PartitionKey = tuple[str, int]
 VersionListener = Callable[[str, int], None]
 
 

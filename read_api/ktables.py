@@ -31,14 +31,14 @@ from eventfold.outbox.kafka import (
 )
 from sortedcontainers import SortedDict
 
+from eventfold.contract import KTABLE_VERSION_HEADER, PartitionKey
+
 if TYPE_CHECKING:
     from eventfold.read_api.presence import ReaderPresence
 
 log = logging.getLogger(__name__)
 
-PartitionKey = tuple[str, int]
 _PROGRESS_EVERY_S = 5.0
-VERSION_HEADER = "eventfold.version"
 
 
 class KTableEntry(NamedTuple):
@@ -60,7 +60,7 @@ class KTableEntry(NamedTuple):
     def version(self) -> int:
         """The version the projection wrote the value at (its ``eventfold.version`` header)."""
         for name, header in self.headers or ():
-            if name == VERSION_HEADER and header:
+            if name == KTABLE_VERSION_HEADER and header:
                 return int(header)
         return 0
 

@@ -11,7 +11,6 @@ from typing import Any
 
 from eventfold.projections import Projection
 from eventfold.projections.schema import sources_table
-from eventfold.projections.sinks import libpq_url
 from eventfold.read_api.query import (
     Filter,
     ListQuery,
@@ -24,6 +23,8 @@ from eventfold.read_api.schema import ReadModelSchema
 from psycopg import AsyncConnection, errors, sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
+
+from eventfold.contract import libpq_url
 
 
 def reader_session(role: str, read_only: bool = True) -> list[sql.Composable]:

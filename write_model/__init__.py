@@ -4,9 +4,9 @@ Owns: domain events and their registry, the aggregate base, repositories, the Po
 store (events and their outbox rows appended in ONE transaction), commands and the HTTP
 command API.
 
-May import: the standard library, SQLAlchemy, psycopg, pydantic and FastAPI. It imports no other
-Eventfold package: everything downstream (outbox, projections, read_api) depends on it, never
-the reverse.
+May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI and
+``eventfold.contract``. It imports no other Eventfold package: everything downstream (outbox,
+projections, read_api) depends on it, never the reverse.
 """
 
 from eventfold.write_model.aggregate import Aggregate, DomainError

@@ -43,7 +43,8 @@ from eventfold.write_model.store import (
 from psycopg import pq
 from psycopg.errors import error_from_result
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
-from sqlalchemy.engine import make_url
+
+from eventfold.contract import libpq_url
 
 
 class AsyncEventStore:
@@ -68,8 +69,7 @@ class AsyncEventStore:
     @classmethod
     def from_url(cls, database_url: str, **options: Any) -> AsyncEventStore:
         """``database_url`` in SQLAlchemy form (postgresql+psycopg://...) or libpq form."""
-        libpq = make_url(database_url).set(drivername="postgresql")
-        return cls(libpq.render_as_string(hide_password=False), **options)
+        return cls(libpq_url(database_url), **options)
 
     async def open(self) -> None:
         """Start the pool; it connects in the background, so a database that is down now

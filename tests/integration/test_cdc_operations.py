@@ -25,11 +25,11 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
-from eventfold.projections.sinks import libpq_url
 from eventfold.write_model import EventStore, StoreUnavailable
 from eventfold.write_model.events import NewEvent
 
 from eventfold import migrations
+from eventfold.contract import libpq_url
 
 TOPIC = topic_of("Product")
 

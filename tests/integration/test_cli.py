@@ -15,9 +15,10 @@ import pytest
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.projections.sinks import libpq_url
 from eventfold.projections.status import projection_status
 from eventfold.projections.versions import ProjectionVersions
+
+from eventfold.contract import libpq_url
 
 
 def eventfold(*args: str, env: dict[str, str],

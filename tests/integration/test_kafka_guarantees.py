@@ -23,10 +23,11 @@ from eventfold.outbox.topics import (
 )
 from eventfold.projections import Projection
 from eventfold.projections.runner import SourceDataLost
-from eventfold.projections.sinks import DeliveryFailed, ensure_projection_topics, libpq_url
+from eventfold.projections.sinks import DeliveryFailed, ensure_projection_topics
 from eventfold.read_api.ktables import KTableView
 from sqlalchemy import BigInteger, Text
 
+from eventfold.contract import libpq_url
 from tests.kafka_helpers import produce, read_table
 from tests.pipeline_helpers import make_runner, wait_for
 

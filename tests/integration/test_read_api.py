@@ -17,13 +17,14 @@ import requests
 from eventfold.local_stack.process import free_port
 from eventfold.projections import Projection
 from eventfold.projections.catalog import READER_ROLE
-from eventfold.projections.sinks import ReadModelStore, libpq_url
+from eventfold.projections.sinks import ReadModelStore
 from eventfold.projections.versions import ProjectionVersions
 from eventfold.read_api import ReadApiOptions, create_read_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
 
+from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import materialize, wait_for
 

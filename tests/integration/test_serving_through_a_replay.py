@@ -20,9 +20,9 @@ import httpx
 import psycopg
 from confluent_kafka.admin import AdminClient
 from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.projections.sinks import libpq_url
 from eventfold.projections.versions import ProjectionVersions
 
+from eventfold.contract import libpq_url
 from tests.integration.test_cli import stack_env
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_for

@@ -9,7 +9,6 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
-from eventfold.projections.sinks import libpq_url
 from eventfold.write_model import (
     Aggregate,
     ConcurrencyError,
@@ -25,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
+from eventfold.contract import libpq_url
 from examples.inventory import Product, ReceiveStock, ShipStock
 from tests.concurrency import run_together
 
