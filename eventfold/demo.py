@@ -151,9 +151,10 @@ def _show_live_latency(commands_url: str, reads_url: str) -> int:
     say(f"live: ReceiveStock apples +10 -> version {version}; GET ...?min_version={version} "
         f"answered after {(time.monotonic() - started) * 1000:.0f} ms with apples = "
         f"{read.json()['row']['quantity']} (lag {read.json()['freshness']['lag_events']})")
-    page = requests.get(f"{reads_url}/read-models/inventory_totals/rows",
-                        params={"quantity.gte": 1, "sort": "-quantity", "fields": "quantity",
-                                "limit": 2}, timeout=10).json()
+    params: dict[str, str | int] = {"quantity.gte": 1, "sort": "-quantity",
+                                    "fields": "quantity", "limit": 2}
+    page = requests.get(f"{reads_url}/read-models/inventory_totals/rows", params=params,
+                        timeout=10).json()
     say("top 2 by quantity (?quantity.gte=1&sort=-quantity&limit=2): "
         + ", ".join(f"{r['key']} {r['quantity']}" for r in page["rows"]))
     return 10

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import MutableMapping
 from typing import Any
 
 import orjson
@@ -50,8 +51,9 @@ class RequestLog:
             }).decode())
 
 
-def _header(scope: dict[str, Any], name: bytes) -> str | None:
+def _header(scope: MutableMapping[str, Any], name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
-            return value.decode(errors="replace")[:64]
+            decoded: str = value.decode(errors="replace")
+            return decoded[:64]
     return None

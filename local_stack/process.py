@@ -34,7 +34,7 @@ def port_is_open(port: int, host: str = "127.0.0.1") -> bool:
             return False
         # Connecting to a free port in the ephemeral range can connect the socket to itself
         # (TCP simultaneous open); that is not a listener.
-        return sock.getsockname() != sock.getpeername()
+        return bool(sock.getsockname() != sock.getpeername())
 
 
 def wait_port_closed(port: int, what: str, timeout_s: float = 30) -> None:

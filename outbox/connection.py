@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 JAVA_ONLY = "java."
 LIBRDKAFKA_ONLY = "librdkafka."
@@ -66,9 +67,9 @@ class KafkaConnection:
     def protocol(self) -> str:
         return dict(self.settings).get("security.protocol", "PLAINTEXT").upper()
 
-    def client_config(self, **overrides: object) -> dict[str, object]:
+    def client_config(self, **overrides: Any) -> dict[str, Any]:
         """The librdkafka config of a Python producer, consumer or admin client."""
-        config: dict[str, object] = {"bootstrap.servers": self.bootstrap_servers}
+        config: dict[str, Any] = {"bootstrap.servers": self.bootstrap_servers}
         for key, value in self.settings:
             if not key.startswith(JAVA_ONLY):
                 config[key.removeprefix(LIBRDKAFKA_ONLY)] = value

@@ -10,6 +10,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from eventfold.outbox.connection import KafkaConnection
@@ -38,7 +39,7 @@ RANGE_READ_FETCH_WAIT_MS = 10
 TAILING_FETCH_WAIT_MS = 500
 
 
-def consumer_config(kafka: KafkaConnection, **overrides: object) -> dict[str, object]:
+def consumer_config(kafka: KafkaConnection, **overrides: Any) -> dict[str, Any]:
     """Settings for assign()-based readers: no group membership, no offset commits."""
     return kafka.client_config(**{
         "group.id": f"eventfold-reader-{uuid.uuid4().hex[:8]}",
@@ -157,9 +158,15 @@ def read_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
     return messages
 
 
+def offset_of(message: Message) -> int:
+    """A consumed message's offset (the client's type says optional: only a message being
+    produced has none)."""
+    return cast(int, message.offset())
+
+
 def _read_partition(consumer: Consumer, partition: PartitionKey, start: int, end: int,
                     timeout_s: float) -> list[tuple[int, int, str | None, str | None]]:
-    return [(partition[1], m.offset(), _text(m.key()), _text(m.value()))
+    return [(partition[1], offset_of(m), _text(m.key()), _text(m.value()))
             for chunk in iter_range(consumer, partition, start, end, timeout_s) for m in chunk]
 
 
@@ -178,7 +185,7 @@ def _end_of_partition(messages: list[Message], partition: PartitionKey) -> int:
             continue
         if error.code() != KafkaError._PARTITION_EOF:
             raise RuntimeError(f"reading {partition}: {error}")
-        position = max(position, message.offset())
+        position = max(position, offset_of(message))
     return position
 
 
@@ -203,9 +210,9 @@ def iter_range(consumer: Consumer, partition: PartitionKey, start: int, end: int
         if found:
             # One partition's messages come in offset order: its ends tell whether any is
             # outside the range (prefetched for an earlier assignment, or past ``end``).
-            first, last = found[0].offset(), found[-1].offset()
+            first, last = offset_of(found[0]), offset_of(found[-1])
             if first < start or last >= end:
-                found = [m for m in found if start <= m.offset() < end]
+                found = [m for m in found if start <= offset_of(m) < end]
             position = max(position, last + 1)
         if found:
             deadline = time.monotonic() + stuck_timeout_s

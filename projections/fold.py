@@ -351,7 +351,8 @@ class BatchFold:
             if event.stream_version <= marks.get(event.stream_id, 0):
                 outcome.duplicates += 1
                 continue
-            fold_by = fold_key(projection, event.stream_id, event.data) if rekeyed else key
+            fold_by = (fold_key(projection, event.stream_id, event.data) if rekeyed
+                       else event.stream_id)  # the record's key, decoded
             if fold_by is None:
                 outcome.dead_letters.append(DeadLetter(
                     SourceRecord(topic, partition, offset, _text(key), _text(value)),

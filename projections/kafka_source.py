@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 from confluent_kafka import Consumer, Message
@@ -113,7 +113,7 @@ class KafkaSlice:
 
 
 def _raw(topic: str, partition: int, messages: list[Message]) -> RawRecords:
-    return RawRecords(topic, partition, [m.offset() for m in messages],
+    return RawRecords(topic, partition, cast(list[int], [m.offset() for m in messages]),
                       _keys([m.key() for m in messages]), [m.value() for m in messages])
 
 

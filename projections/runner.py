@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -156,7 +156,7 @@ class ProjectionRunner:
     def catch_up(self, ending_offsets: dict[PartitionKey, int] | None = None,
                  timeout_s: float = 3600) -> None:
         query = self.start(once=True, ending_offsets=ending_offsets)
-        query.awaitTermination(timeout_s)
+        query.awaitTermination(int(timeout_s))
         if query.exception() is not None:
             raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
                                f"{query.exception()}")
@@ -247,7 +247,8 @@ class ProjectionRunner:
         return int(checkpoint["batch_id"]) + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
-               end: dict[PartitionKey, int], slices: list[SourceSlice], records: int) -> None:
+               end: dict[PartitionKey, int], slices: Sequence[SourceSlice],
+               records: int) -> None:
         """Fold the slices, produce dead letters and derived events, commit up to ``end``."""
         clock = _PhaseClock()
         emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
@@ -272,7 +273,7 @@ class ProjectionRunner:
             self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
             self.versions.delete_retired_topics(self.topics.delete_topics)
 
-    def _fold(self, batch_id: int, slices: list[SourceSlice],
+    def _fold(self, batch_id: int, slices: Sequence[SourceSlice],
               context: BatchContext) -> FoldOutcome:
         projection = self.projection
         if folds_in_place(projection):

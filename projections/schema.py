@@ -88,7 +88,8 @@ def migrate(conn: Connection, projection: Projection, version: int) -> list[str]
         # Reflection reads the event store's tables too; types it does not know (xid8) are
         # nothing a read model uses.
         warnings.filterwarnings("ignore", "Did not recognize type", exc.SAWarning)
-        changes = list(_flatten(produce_migrations(context, metadata).upgrade_ops))
+        upgrade = produce_migrations(context, metadata).upgrade_ops
+        changes = list(_flatten(upgrade)) if upgrade is not None else []
     refused = [change for change in changes if not isinstance(change, SAFE_CHANGES)]
     if refused:
         raise SchemaNeedsReplay(

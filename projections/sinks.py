@@ -243,6 +243,7 @@ class ReadModelStore:
         with self.conn.cursor().copy(copy_sql) as copy:
             for key, key_state in changed.items():
                 copy.write_row(self._row(key, key_state))
+        updates: sql.Composable
         if self.projection.aggregates is None:
             # The guard: a stale or replayed state never overwrites a newer one.
             updates = sql.SQL(", ").join(
@@ -388,7 +389,7 @@ class TopicSink:
                 + "; ".join(failures[:5]))
 
     def _produce(self, topic: str, key: str | None, value: str | None,
-                 headers: dict[str, str] | None = None) -> None:
+                 headers: dict[str, str | bytes | None] | None = None) -> None:
         while True:
             try:
                 self.producer.produce(topic, key=key, value=value, headers=headers,

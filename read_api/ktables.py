@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
@@ -28,6 +28,7 @@ from eventfold.outbox.kafka import (
     OffsetPlanner,
     consume_available,
     consumer_config,
+    offset_of,
 )
 from sortedcontainers import SortedDict
 
@@ -80,7 +81,8 @@ class KTableStore:
                 self._entries[key] = entry
 
     def get(self, key: str) -> KTableEntry | None:
-        return self._entries.get(key)
+        entry: KTableEntry | None = self._entries.get(key)
+        return entry
 
     def load(self, entries: dict[str, KTableEntry]) -> None:
         """Replace everything with ``entries`` (a restore: one bulk sort, not n inserts)."""
@@ -246,9 +248,9 @@ class KTableView:
                     if key is not None:
                         entries[key.decode()] = entry(message)
                     records += 1
-                    reached[message.partition()] = message.offset() + 1
+                    reached[cast(int, message.partition())] = offset_of(message) + 1
                 elif error.code() == KafkaError._PARTITION_EOF:
-                    reached[message.partition()] = message.offset()
+                    reached[cast(int, message.partition())] = offset_of(message)
                 else:
                     log.warning("ktable %s: %s", self.topic, error)
             self._restore_records += records
@@ -268,7 +270,8 @@ class KTableView:
             if error.code() != KafkaError._PARTITION_EOF:
                 log.warning("ktable %s: %s", self.topic, error)
             return
-        self._positions[(message.topic(), message.partition())] = message.offset() + 1
+        self._positions[(cast(str, message.topic()), cast(int, message.partition()))] = (
+            offset_of(message) + 1)
         key = message.key()
         if key is not None:
             self.store.put(key.decode(), self._entry(message))
@@ -277,7 +280,8 @@ class KTableView:
     def _entry(message: Message) -> KTableEntry | None:
         """The record as an entry; None for a tombstone."""
         value = message.value()
-        return None if value is None else KTableEntry(value, message.headers())
+        headers = cast(list[tuple[str, bytes | None]] | None, message.headers())
+        return None if value is None else KTableEntry(value, headers)
 
     def _note_high_watermarks(self, consumer: Consumer, partitions: list[PartitionKey]) -> None:
         for topic, partition in partitions:

@@ -72,7 +72,7 @@ class ReaderPresence:
                                                    version)):
                         break
 
-    def _execute(self, statement: sql.Composable, params: tuple[object, ...]) -> bool:
+    def _execute(self, statement: sql.SQL | sql.Composed, params: tuple[object, ...]) -> bool:
         """Run one statement; a database error is logged (the next beat tries again)."""
         try:
             if self._conn is None or self._conn.closed:

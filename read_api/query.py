@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Iterable, Sequence
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +33,7 @@ DEFAULT_PAGE_SIZE = 50
 MAX_IN_VALUES = 100
 LIST_PARAMETERS = frozenset({"fields", "sort", "limit", "cursor"})
 OPERATORS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "prefix", "null")
-_DIALECT = pg_psycopg.dialect()
+_DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]  # (SQLAlchemy's own)
 
 
 @dataclass(frozen=True)
@@ -232,21 +233,20 @@ def get_query(schema: ReadModelSchema) -> str:
     return text.replace("%(key_1)s", "%s")
 
 
+_COMPARISONS: dict[str, Callable[[ColumnElement[Any], Any], ColumnElement[bool]]] = {
+    "eq": operator.eq, "lt": operator.lt, "lte": operator.le, "gt": operator.gt,
+    "gte": operator.ge,
+}
+
+
 def _condition(view: TableClause, f: Filter) -> ColumnElement[bool]:
-    col = view.c[f.field.name]
+    col: ColumnElement[Any] = view.c[f.field.name]
+    comparison = _COMPARISONS.get(f.op)
+    if comparison is not None:
+        return comparison(col, f.value)
     match f.op:
-        case "eq":
-            return col == f.value
         case "ne":
             return col.is_distinct_from(f.value)
-        case "lt":
-            return col < f.value
-        case "lte":
-            return col <= f.value
-        case "gt":
-            return col > f.value
-        case "gte":
-            return col >= f.value
         case "in":
             return col.in_(f.value)
         case "prefix":
@@ -270,9 +270,10 @@ def _after(view: TableClause, sort: Sequence[SortKey], values: Sequence[Any]
     return or_(*alternatives)
 
 
-def _strictly_after(col: Any, descending: bool, value: Any) -> ColumnElement[bool]:
+def _strictly_after(col: ColumnElement[Any], descending: bool, value: Any
+                    ) -> ColumnElement[bool]:
     if value is None:
         return col.is_not(None) if descending else false()
     if descending:
-        return col < value
-    return or_(col > value, col.is_(None))
+        return _COMPARISONS["lt"](col, value)
+    return or_(_COMPARISONS["gt"](col, value), col.is_(None))

@@ -7,7 +7,7 @@ connection pool runs them in read-only transactions as the reader role.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from eventfold.projections import Projection
 from eventfold.projections.schema import sources_table
@@ -27,11 +27,11 @@ from psycopg_pool import AsyncConnectionPool
 from eventfold.contract import libpq_url
 
 
-def reader_session(role: str, read_only: bool = True) -> list[sql.Composable]:
+def reader_session(role: str, read_only: bool = True) -> list[sql.SQL | sql.Composed]:
     """What makes a session a reader's: read-only transactions (unless ``read_only`` is off,
     for the instance's own presence rows), as ``role`` when one is given (the login may
     already be that role)."""
-    statements: list[sql.Composable] = (
+    statements: list[sql.SQL | sql.Composed] = (
         [sql.SQL("SET default_transaction_read_only = on")] if read_only else [])
     if role:
         statements.insert(0, sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
@@ -63,14 +63,14 @@ class ReadModel:
     async def get(self, key: str) -> dict[str, Any] | None:
         async with self.pool.connection() as conn:
             cursor = await conn.execute(self._get, (key,), prepare=True)
-            return await cursor.fetchone()
+            return cast(dict[str, Any] | None, await cursor.fetchone())
 
     async def page(self, query: ListQuery) -> tuple[list[dict[str, Any]], str | None]:
         """A page of rows and the cursor of the next page (None on the last)."""
         compiled = page_query(self.schema, query)
         async with self.pool.connection() as conn:
             cursor = await conn.execute(compiled.sql, compiled.params)
-            rows: list[dict[str, Any]] = await cursor.fetchall()
+            rows = cast(list[dict[str, Any]], await cursor.fetchall())
         next_cursor = None
         if len(rows) > query.limit:
             rows = rows[:query.limit]
@@ -83,7 +83,7 @@ class ReadModel:
         compiled = count_query(self.schema, filters)
         async with self.pool.connection() as conn:
             cursor = await conn.execute(compiled.sql, compiled.params)
-            row = await cursor.fetchone()
+            row = cast(dict[str, Any] | None, await cursor.fetchone())
         return int(row["count_1"]) if row else 0
 
     async def stream_version(self, version: int, stream_id: str) -> int | None:
@@ -96,5 +96,5 @@ class ReadModel:
                 cursor = await conn.execute(query, (stream_id,))
             except errors.UndefinedTable:
                 return None  # a replay switched versions and dropped it; the caller re-asks
-            row = await cursor.fetchone()
+            row = cast(dict[str, Any] | None, await cursor.fetchone())
         return int(row["version"]) if row else None

@@ -21,7 +21,7 @@ import asyncio
 import threading
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 U = TypeVar("U")
 R = TypeVar("R")
@@ -34,7 +34,7 @@ class _Pending(Protocol[U]):
     keys: frozenset[Hashable]
 
 
-P = TypeVar("P", bound=_Pending)  # type: ignore[type-arg]
+P = TypeVar("P", bound=_Pending[Any])
 
 
 class BatchQueue(Generic[P]):

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from eventfold.write_model.aggregate import DomainError
 from eventfold.write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
@@ -255,14 +255,17 @@ class CommandDispatch:
 
     async def _error_response(self, request: Request, exc: Exception) -> Response:
         """The handler a route would use: by status for an HTTPException, else by class."""
-        handler = (self.handlers.get(exc.status_code)
-                   if isinstance(exc, StarletteHTTPException) else None)
-        handler = handler or _lookup_exception_handler(dict(self.handlers), exc)
+        handler: Callable[..., Any] | None = (
+            self.handlers.get(exc.status_code)
+            if isinstance(exc, StarletteHTTPException) else None)
+        handler = handler or cast(Callable[..., Any] | None,
+                                  _lookup_exception_handler(dict(self.handlers), exc))
         if handler is None:
             raise exc
         if is_async_callable(handler):
-            return await handler(request, exc)  # type: ignore[no-any-return]
-        return await run_in_threadpool(handler, request, exc)  # type: ignore[no-any-return]
+            return cast(Response, await handler(request, exc))
+        sync_handler = cast(Callable[[Request, Exception], Response], handler)
+        return await run_in_threadpool(sync_handler, request, exc)
 
 
 def parse_command(model: type[Command], body: bytes) -> Command:

@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import psycopg
@@ -222,7 +222,7 @@ class EventStore:
                 raise StoreUnavailable(f"database unavailable: {first_line(exc)}") from exc
             raise
         try:
-            yield pooled.driver_connection
+            yield cast(psycopg.Connection[Any], pooled.driver_connection)
         except psycopg.OperationalError as exc:
             pooled.invalidate()
             raise StoreUnavailable(f"database unavailable: {first_line(exc)}") from exc
