@@ -102,8 +102,16 @@ class GroupProgress:
         self._consumer.close()
 
 
+_ELECTION_ERRORS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+                              KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT})
+"""What a partition answers while its leader is being elected (a broker restarted, a leader
+moved): asked again, not failed on."""
+_RETRY_PAUSE_S = 0.1
+
+
 class OffsetPlanner:
-    """Lists partitions of topics and their first and end offsets."""
+    """Lists partitions of topics and their first and end offsets, asking again while a
+    partition's leader is being elected (up to ``timeout_s``)."""
 
     def __init__(self, kafka: KafkaConnection, timeout_s: float = 10) -> None:
         self._consumer = Consumer(consumer_config(kafka))
@@ -112,26 +120,42 @@ class OffsetPlanner:
     def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
         found: list[PartitionKey] = []
         for topic in topics:
-            metadata = self._consumer.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+            deadline = time.monotonic() + self._timeout_s
+            while True:
+                metadata = self._consumer.list_topics(
+                    topic, timeout=self._timeout_s).topics.get(topic)
+                error = None if metadata is None else metadata.error
+                if (error is None or error.code() not in _ELECTION_ERRORS
+                        or time.monotonic() > deadline):
+                    break
+                time.sleep(_RETRY_PAUSE_S)
             if metadata is None or metadata.error is not None:
                 continue  # not created yet: it has nothing to read
             found.extend((topic, p) for p in sorted(metadata.partitions))
         return found
 
     def beginning_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
-        return {
-            (t, p): self._consumer.get_watermark_offsets(
-                TopicPartition(t, p), timeout=self._timeout_s, cached=False)[0]
-            for t, p in partitions
-        }
+        return {partition: self._watermarks(partition)[0] for partition in partitions}
 
     def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         """The high watermarks: the offset the next message of each partition will have."""
-        return {
-            (t, p): self._consumer.get_watermark_offsets(
-                TopicPartition(t, p), timeout=self._timeout_s, cached=False)[1]
-            for t, p in partitions
-        }
+        return {partition: self._watermarks(partition)[1] for partition in partitions}
+
+    def _watermarks(self, partition: PartitionKey) -> tuple[int, int]:
+        deadline = time.monotonic() + self._timeout_s
+        while True:
+            try:
+                watermarks = self._consumer.get_watermark_offsets(
+                    TopicPartition(*partition), timeout=self._timeout_s, cached=False)
+                if watermarks is None:  # what the client returns when the request timed out
+                    raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+                low, high = watermarks
+                return low, high
+            except KafkaException as exc:
+                if (exc.args[0].code() not in _ELECTION_ERRORS
+                        or time.monotonic() > deadline):
+                    raise
+                time.sleep(_RETRY_PAUSE_S)
 
     def close(self) -> None:
         self._consumer.close()
