@@ -211,10 +211,17 @@ class _RunOutcome:
     """The version a replay made active, when that is what ended the run."""
 
 
+def _needs_a_person() -> tuple[type[Exception], ...]:
+    """Errors that starting again would only meet again: printed plainly, exit code 1."""
+    from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
+    from eventfold.projections.runner import SourceDataLost
+
+    return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable
+
+
 def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool,
                        stop_requested: threading.Event) -> _RunOutcome:
-    from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
-    from eventfold.projections.runner import SourceDataLost, stop_gracefully
+    from eventfold.projections.runner import stop_gracefully
 
     runner = None
     try:
@@ -231,7 +238,7 @@ def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool
         active = runner.versions.active(name)
         return _RunOutcome(runner.batches, str(query.exception()),
                            active if active != runner.version else None)
-    except (SourceDataLost, TopicConfigMismatch, ReplicationUnavailable):
+    except _needs_a_person():
         raise  # a person has to decide: starting again would only meet it again
     except Exception as exc:  # the broker or the database unreachable while starting
         return _RunOutcome(runner.batches if runner else 0, f"{type(exc).__name__}: {exc}")
@@ -427,11 +434,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from eventfold.local_stack import StackError
-        from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
-        from eventfold.projections.runner import SourceDataLost
 
-        if isinstance(exc, StackError | TopicConfigMismatch | ReplicationUnavailable
-                      | SourceDataLost):
+        if isinstance(exc, (StackError, *_needs_a_person())):
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise

@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from eventfold.outbox.connection import KafkaConnection, parse_key_values
+from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
 from eventfold.outbox.topics import Replication
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class Settings:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
         password = self.connect_database_password
-        if password and not (password.startswith("${") and password.endswith("}")):
+        if password and not is_provider_reference(password):
             raise ConfigError(
                 "EVENTFOLD_CONNECT_DATABASE_PASSWORD must be a Kafka Connect config provider "
                 "reference such as ${file:/etc/kafka/secrets.properties:password}, not the "
@@ -120,7 +120,7 @@ class Settings:
     def kafka_client_settings(self) -> dict[str, str]:
         return parse_key_values(self.kafka_config, "EVENTFOLD_KAFKA_CONFIG entry")
 
-    @property
+    @cached_property
     def kafka(self) -> KafkaConnection:
         """The broker and the client settings every Kafka client of this process uses."""
         return KafkaConnection.of(self.kafka_bootstrap, self.kafka_client_settings)

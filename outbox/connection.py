@@ -43,10 +43,17 @@ def is_secret(key: str) -> bool:
     return any(word in key.lower() for word in _SECRET_WORDS)
 
 
+def is_provider_reference(value: str) -> bool:
+    """Whether ``value`` names a secret for Kafka Connect's config providers to resolve
+    (``${file:/path:key}``, ``${env:NAME}``) rather than holding it."""
+    return value.startswith("${") and value.endswith("}")
+
+
 def redact(config: Mapping[str, str]) -> dict[str, str]:
     """``config`` fit to print: credentials masked, except config provider references
     (``${file:...}``), which name where the secret is, not the secret."""
-    return {key: "****" if is_secret(key) and value and not value.startswith("${") else value
+    return {key: "****" if is_secret(key) and value and not is_provider_reference(value)
+            else value
             for key, value in config.items()}
 
 

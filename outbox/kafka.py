@@ -9,10 +9,12 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from functools import partial
+from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import TopicMetadata
 from eventfold.outbox.connection import KafkaConnection
 
 from eventfold.contract import PartitionKey
@@ -107,6 +109,7 @@ _ELECTION_ERRORS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LE
 """What a partition answers while its leader is being elected (a broker restarted, a leader
 moved): asked again, not failed on."""
 _RETRY_PAUSE_S = 0.1
+T = TypeVar("T")
 
 
 class OffsetPlanner:
@@ -120,16 +123,11 @@ class OffsetPlanner:
     def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
         found: list[PartitionKey] = []
         for topic in topics:
-            deadline = time.monotonic() + self._timeout_s
-            while True:
-                metadata = self._consumer.list_topics(
-                    topic, timeout=self._timeout_s).topics.get(topic)
-                error = None if metadata is None else metadata.error
-                if (error is None or error.code() not in _ELECTION_ERRORS
-                        or time.monotonic() > deadline):
-                    break
-                time.sleep(_RETRY_PAUSE_S)
-            if metadata is None or metadata.error is not None:
+            try:
+                metadata = self._while_electing(partial(self._metadata, topic))
+            except KafkaException:
+                metadata = None  # still electing at the timeout: nothing to read now
+            if metadata is None:
                 continue  # not created yet: it has nothing to read
             found.extend((topic, p) for p in sorted(metadata.partitions))
         return found
@@ -141,16 +139,31 @@ class OffsetPlanner:
         """The high watermarks: the offset the next message of each partition will have."""
         return {partition: self._watermarks(partition)[1] for partition in partitions}
 
+    def _metadata(self, topic: str) -> TopicMetadata | None:
+        metadata: TopicMetadata | None = self._consumer.list_topics(
+            topic, timeout=self._timeout_s).topics.get(topic)
+        if metadata is None or metadata.error is None:
+            return metadata
+        if metadata.error.code() in _ELECTION_ERRORS:
+            raise KafkaException(metadata.error)
+        return None
+
     def _watermarks(self, partition: PartitionKey) -> tuple[int, int]:
+        def ask() -> tuple[int, int]:
+            watermarks = self._consumer.get_watermark_offsets(
+                TopicPartition(*partition), timeout=self._timeout_s, cached=False)
+            if watermarks is None:  # what the client returns when the request timed out
+                raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
+            low, high = watermarks
+            return low, high
+        return self._while_electing(ask)
+
+    def _while_electing(self, ask: Callable[[], T]) -> T:
+        """``ask()``, asked again while the answer is an election error, up to the timeout."""
         deadline = time.monotonic() + self._timeout_s
         while True:
             try:
-                watermarks = self._consumer.get_watermark_offsets(
-                    TopicPartition(*partition), timeout=self._timeout_s, cached=False)
-                if watermarks is None:  # what the client returns when the request timed out
-                    raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
-                low, high = watermarks
-                return low, high
+                return ask()
             except KafkaException as exc:
                 if (exc.args[0].code() not in _ELECTION_ERRORS
                         or time.monotonic() > deadline):

@@ -280,8 +280,9 @@ class KTableView:
     def _entry(message: Message) -> KTableEntry | None:
         """The record as an entry; None for a tombstone."""
         value = message.value()
-        headers = cast(list[tuple[str, bytes | None]] | None, message.headers())
-        return None if value is None else KTableEntry(value, headers)
+        if value is None:
+            return None
+        return KTableEntry(value, cast(list[tuple[str, bytes | None]] | None, message.headers()))
 
     def _note_high_watermarks(self, consumer: Consumer, partitions: list[PartitionKey]) -> None:
         for topic, partition in partitions:
