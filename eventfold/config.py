@@ -56,8 +56,8 @@ class Settings:
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
     trigger_interval: str = "500 milliseconds"
-    # projections.limits's defaults, written out: importing projections here would cost every
-    # command ~0.7 s (a test keeps the two equal).
+    # projections.limits's defaults, written out: importing projections here would slow every
+    # command process's start (docs/benchmarks.md); a test keeps the two equal.
     max_rows_per_batch: int = 500_000
     replay_max_rows_per_batch: int = 1_000_000
     ktable_retire_wait_s: int = 60

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 # The connector's side (requests, and the write model for its table names) loads on first use:
 # every Spark worker of a projection imports this package for the envelope and the topics, and
-# would otherwise spend about 0.4 s of its start on code it never runs.
+# would otherwise spend part of its start on code it never runs (docs/benchmarks.md).
 _CONNECTOR_SIDE = {
     "ConnectClient": "eventfold.outbox.connector",
     "ConnectError": "eventfold.outbox.connector",

@@ -51,12 +51,11 @@ def consumer_config(kafka: KafkaConnection, **overrides: Any) -> dict[str, Any]:
         "log.connection.close": False,
         # A reader is re-assigned for every range it reads. With the default (1 s), a range
         # read after one that filled the prefetch queue waited a second for its first fetch
-        # (measured: 10 messages took 1.1 s, and 0.08 s with this).
+        # (docs/benchmarks.md, "Range readers' fetch settings").
         "fetch.queue.backoff.ms": 10,
         # A consumer has one fetch in flight per broker, and a re-assigned one waits for it:
         # with the default 500 ms long poll, each range read after the first waited out the
-        # fetch still parked at the previous range's end (measured on Apache Kafka 4.1.1:
-        # four one-message range reads took 1,510 ms, and 37 ms with 10 ms). A long poll
+        # fetch still parked at the previous range's end (docs/benchmarks.md). A long poll
         # never delays data (fetch.min.bytes answers as soon as there is any); only readers
         # that tail one assignment for long (KTable views) restore it.
         "fetch.wait.max.ms": RANGE_READ_FETCH_WAIT_MS,

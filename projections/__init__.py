@@ -11,18 +11,20 @@ May import: ``outbox`` (topic names, the event envelope, Kafka readers),
 ``write_model`` or ``read_api``.
 """
 
+from eventfold.projections.aggregates import AggregateFunction, Count, Latest, Max, Min, Sum
 from eventfold.projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records
+from eventfold.projections.plan import Pipeline, Plan, compile_projection
 from eventfold.projections.projection import (
-    Count,
+    AggregationProjection,
     Derived,
+    Dispatch,
     Event,
-    Latest,
+    FoldProjection,
+    Kind,
     Lookup,
-    Max,
-    Min,
     Projection,
     State,
-    Sum,
+    StreamProjection,
     aggregation,
     on_crossing,
     projection,
@@ -31,20 +33,29 @@ from eventfold.projections.projection import (
 from eventfold.projections.registry import ProjectionRegistry
 
 __all__ = [
+    "AggregateFunction",
+    "AggregationProjection",
     "Count",
     "Derived",
+    "Dispatch",
     "Event",
+    "FoldProjection",
     "KeyState",
+    "Kind",
     "Latest",
     "Lookup",
     "Max",
     "Min",
+    "Pipeline",
+    "Plan",
     "Projection",
     "ProjectionRegistry",
     "SourceRecord",
     "State",
+    "StreamProjection",
     "Sum",
     "aggregation",
+    "compile_projection",
     "fold_in_memory",
     "fold_records",
     "on_crossing",

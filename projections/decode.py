@@ -18,6 +18,7 @@ import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 from eventfold.outbox import EventEnvelope, MalformedEvent
+from eventfold.projections.fields import coerce, path_value
 from eventfold.projections.fold import (
     KEY_NOT_UTF8,
     VALUE_NOT_UTF8,
@@ -26,7 +27,8 @@ from eventfold.projections.fold import (
     is_utf8,
     missing_key_reason,
 )
-from eventfold.projections.projection import Event, Projection
+from eventfold.projections.plan import Plan
+from eventfold.projections.projection import Event
 from pyarrow import json as pa_json
 
 RECORDS_ARROW = pa.schema([
@@ -57,27 +59,23 @@ def field_column(field: str) -> str:
     return f"data_{field}"
 
 
-def payload_fields(projection: Projection) -> dict[str, pa.DataType]:
+def payload_fields(plan: Plan) -> dict[str, pa.DataType]:
     """The payload fields decoded into columns of their own, with their Arrow types."""
-    fields: dict[str, pa.DataType] = {}
-    for column, aggregate in (projection.aggregates or {}).items():
-        if aggregate.field is not None:
-            fields[aggregate.field] = _ARROW_TYPES[projection.spark_type(column)]
-    return fields
+    return {path: _ARROW_TYPES[kind] for path, kind in plan.payload_fields.items()}
 
 
-def decoded_schema(projection: Projection) -> pa.Schema:
+def decoded_schema(plan: Plan) -> pa.Schema:
     """What a batch's events carry into Spark: an aggregation needs no payload (its fields have
     columns of their own), nor the event's id, type or time."""
-    if projection.kind == "aggregation":
+    if plan.aggregates:
         return with_fields([*RECORD_FIELDS, ("streamVersion", pa.int64()),
-                             ("globalPosition", pa.int64())], projection)
-    return with_fields(EVENT_FIELDS, projection)
+                             ("globalPosition", pa.int64())], plan)
+    return with_fields(EVENT_FIELDS, plan)
 
 
-def with_fields(columns: list[tuple[str, pa.DataType]], projection: Projection) -> pa.Schema:
+def with_fields(columns: list[tuple[str, pa.DataType]], plan: Plan) -> pa.Schema:
     return pa.schema([*columns, *((field_column(name), arrow_type) for name, arrow_type
-                                  in payload_fields(projection).items())])
+                                  in payload_fields(plan).items())])
 
 
 def spark_ddl(schema: pa.Schema) -> str:
@@ -110,13 +108,14 @@ def text_column(items: Sequence[str | bytes | None]) -> tuple[pa.Array, set[int]
                          for item in items], pa.string()), bad
 
 
-def decode_events(records: pa.Table, projection: Projection) -> pa.Table:
-    """The events ``projection`` handles, decoded; dead letters keep their raw value."""
-    schema = decoded_schema(projection)
-    full = with_fields(EVENT_FIELDS, projection)
-    table = _decode_columnar(records, projection, full)
+def decode_events(records: pa.Table, plan: Plan) -> pa.Table:
+    """The events the projection handles, decoded; dead letters keep their raw value."""
+    projection = plan.projection
+    schema = decoded_schema(plan)
+    full = with_fields(EVENT_FIELDS, plan)
+    table = _decode_columnar(records, plan, full)
     if table is None:
-        table = _decode_per_record(records, projection, full)
+        table = _decode_per_record(records, plan, full)
     if projection.event_types is not None:
         handled = pc.or_(pc.is_valid(table.column("reason")),
                          pc.is_in(table.column("eventType"),
@@ -130,6 +129,8 @@ def _read_lines(lines: pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:
     line with a newline of its own, too: the row count gives it away)."""
     if len(lines) == 0:
         return schema.empty_table()
+    if not _one_object_each(lines):
+        return None
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
         parsed = pa_json.read_json(pa.BufferReader(_newline_ended(lines)),
@@ -137,6 +138,15 @@ def _read_lines(lines: pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:
     except pa.ArrowInvalid:
         return None
     return parsed if parsed.num_rows == len(lines) else None
+
+
+def _one_object_each(lines: pa.ChunkedArray) -> bool:
+    """Every line is one object's text, with no line break inside: anything else is left to
+    the per-record decoder. Arrow's reader must not see it: a line ``null`` crashes the
+    process (pyarrow 26), and a break inside a value would shift the rows."""
+    objects = pc.and_(pc.starts_with(lines, "{"), pc.ends_with(lines, "}"))
+    breaks = pc.or_(pc.match_substring(lines, "\n"), pc.match_substring(lines, "\r"))
+    return bool(pc.all(pc.and_not(objects, breaks)).as_py())
 
 
 def _newline_ended(lines: pa.ChunkedArray) -> pa.Buffer:
@@ -160,13 +170,13 @@ def _read_envelopes(records: pa.Table) -> pa.Table | None:
     return envelopes
 
 
-def _decode_columnar(records: pa.Table, projection: Projection,
-                     schema: pa.Schema) -> pa.Table | None:
+def _decode_columnar(records: pa.Table, plan: Plan, schema: pa.Schema) -> pa.Table | None:
     envelopes = _read_envelopes(records)
     if envelopes is None:
         return None
+    projection = plan.projection
     keys, values = records.column("key"), records.column("value")
-    fields = payload_fields(projection)
+    fields = payload_fields(plan)
     wanted = dict(fields)
     if projection.key_by is not None:
         wanted.setdefault(projection.key_by, pa.string())
@@ -193,9 +203,9 @@ def _decode_columnar(records: pa.Table, projection: Projection,
     return pa.table([columns[f.name] for f in schema], schema=schema)
 
 
-def _decode_per_record(records: pa.Table, projection: Projection,
-                       schema: pa.Schema) -> pa.Table:
-    fields = payload_fields(projection)
+def _decode_per_record(records: pa.Table, plan: Plan, schema: pa.Schema) -> pa.Table:
+    projection = plan.projection
+    fields = plan.payload_fields
     out: dict[str, list[Any]] = {f.name: [] for f in schema}
     for topic, partition, offset, key, value, reason in zip(
             *(records.column(c).to_pylist() for c in RECORDS_ARROW.names), strict=True):
@@ -213,13 +223,12 @@ def _decode_per_record(records: pa.Table, projection: Projection,
                    streamVersion=envelope.stream_version,
                    globalPosition=envelope.global_position, recordedAt=envelope.recorded_at,
                    payload=orjson.dumps(envelope.data).decode())
-        fold_key = (envelope.stream_id if projection.key_by is None
-                    else _text(_path(envelope.data, projection.key_by)))
+        fold_key = projection.fold_key(envelope.stream_id, envelope.data)
         row["fold_key"] = fold_key
         if fold_key is None:
             row.update(value=value, reason=missing_key_reason(projection))
-        for name, arrow_type in fields.items():
-            row[field_column(name)] = _coerce(_path(envelope.data, name), arrow_type)
+        for name, sql_type in fields.items():
+            row[field_column(name)] = coerce(path_value(envelope.data, name), sql_type)
         _append(out, row)
     return pa.table({f.name: pa.array(out[f.name], f.type) for f in schema}, schema=schema)
 
@@ -227,33 +236,6 @@ def _decode_per_record(records: pa.Table, projection: Projection,
 def _append(out: dict[str, list[Any]], row: dict[str, Any]) -> None:
     for name, values in out.items():
         values.append(row.get(name))
-
-
-def _path(data: Any, path: str) -> Any:
-    for part in path.split("."):
-        if not isinstance(data, dict):
-            return None
-        data = data.get(part)
-    return data
-
-
-def _text(value: Any) -> str | None:
-    if value is None or isinstance(value, str):
-        return value
-    return orjson.dumps(value).decode()
-
-
-def _coerce(value: Any, arrow_type: pa.DataType) -> Any:
-    """A payload value as its column's type; None (ignored by the aggregate) when it is not."""
-    if value is None:
-        return None
-    if arrow_type == pa.string():
-        return _text(value)
-    if arrow_type == pa.bool_():
-        return value if isinstance(value, bool) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if arrow_type == pa.float64() else int(value)
 
 
 def decoded_event(topic: str, partition: int, offset: int, key: str, value: str | None,

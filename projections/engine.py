@@ -18,15 +18,17 @@ shuffle by key are native Spark. Then, per kind:
 from __future__ import annotations
 
 import gc
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Protocol
 
-import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from eventfold.projections import task_output
+from eventfold.projections.aggregates import AggregateFunction
 from eventfold.projections.decode import (
     decode_events,
     decoded_event,
@@ -39,12 +41,13 @@ from eventfold.projections.decode import (
 from eventfold.projections.fold import (
     BatchFold,
     DeadLetter,
-    Emission,
     FoldOutcome,
     KeyFolder,
     KeyState,
     RawRecords,
     SourceRecord,
+    joined,
+    lookup_keys,
 )
 from eventfold.projections.partial import (
     DEAD_LETTER_COLUMNS,
@@ -53,7 +56,8 @@ from eventfold.projections.partial import (
     partial_schema,
     stream_marks,
 )
-from eventfold.projections.projection import Event, Projection
+from eventfold.projections.plan import Plan
+from eventfold.projections.projection import Event
 from eventfold.projections.sinks import ReadModelStore, lookup_rows
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -64,13 +68,7 @@ RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000
 FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
               "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
-OUTPUT_SCHEMA = pa.schema([
-    ("kind", pa.string()), ("key", pa.string()), ("state", pa.string()),
-    ("version", pa.int64()), ("position", pa.int64()), ("topic", pa.string()),
-    ("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.string()),
-    ("reason", pa.string()),
-])
-OUTPUT_DDL = spark_ddl(OUTPUT_SCHEMA)
+OUTPUT_DDL = spark_ddl(task_output.SCHEMA)
 
 
 class SourceSlice(Protocol):
@@ -89,7 +87,7 @@ class SourceSlice(Protocol):
 class BatchContext:
     """What an executor task needs besides its rows: picklable, no connections."""
 
-    projection: Projection
+    plan: Plan
     version: int
     database_url: str
     emit_from: Mapping[PartitionKey, int] | None
@@ -100,7 +98,7 @@ def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
                 context: BatchContext) -> DataFrame:
     """The batch's decoded events not applied before, as a DataFrame, read by at most one task
     per core."""
-    schema = decoded_schema(context.projection)
+    schema = decoded_schema(context.plan)
     if not slices:
         return spark.createDataFrame([], spark_ddl(schema))
     rows, tasks = _per_task(spark, slices)
@@ -113,9 +111,9 @@ Tasks = list[list[SourceSlice]]
 
 def _per_task(spark: SparkSession, slices: Sequence[SourceSlice]) -> tuple[DataFrame, Tasks]:
     """The slices shared out over at most one task per core, and a DataFrame of one row per
-    task (its index), one Spark partition each. A task costs about 50 ms to start on a Python
-    worker (measured: 0.17-0.20 s for a job of two empty tasks, 0.25-0.39 s for four, on two
-    cores), and more tasks than cores only run in waves."""
+    task (its index), one Spark partition each. Each task has a start-up cost on a Python
+    worker (docs/benchmarks.md, "One task per core"), and more tasks than cores only run in
+    waves."""
     tasks = share_out(slices, max(spark.sparkContext.defaultParallelism, 1))
     return spark.range(0, len(tasks), 1, numPartitions=len(tasks)), tasks
 
@@ -145,11 +143,10 @@ def _chunks(source_slice: SourceSlice, rows: int = TASK_CHUNK_ROWS) -> Iterator[
 
 def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
                 context: BatchContext) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), ReadModelStore(context.database_url, context.projection,
-                                     context.version) as store:
+    with paused_gc(), _store(context) as store:
         for source_slice in _slices_of_task(batches, tasks):
             for records in _chunks(source_slice):
-                events = decode_events(records, context.projection)
+                events = decode_events(records, context.plan)
                 yield from drop_applied(events, store).to_batches()
 
 
@@ -157,7 +154,7 @@ def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
 def paused_gc() -> Iterator[None]:
     """No cyclic garbage collection inside a task: it builds about a hundred thousand small,
     acyclic objects per partition, which reference counting frees, and each generation-0
-    collection would walk all of them (measured: it cost the decode 2.5x)."""
+    collection would walk all of them (docs/benchmarks.md)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -182,42 +179,44 @@ def run_fold(events: DataFrame, context: BatchContext) -> FoldOutcome:
                .sortWithinPartitions("fold_key", "globalPosition")
                .select(*FOLD_INPUT))
     results = ordered.mapInArrow(lambda batches: fold_task(batches, context), OUTPUT_DDL)
-    return gather(results.toArrow())
+    return task_output.decode(results.toArrow())
 
 
 def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext) -> Iterator[pa.RecordBatch]:
     """One executor task after the shuffle: fold the keys of this partition (rows arrive
     sorted by key)."""
     with paused_gc():
-        rows = _columns(pa.Table.from_batches(list(batches)))
+        rows = columns(pa.Table.from_batches(list(batches)))
         if rows and rows["key"]:
             yield _fold_sorted(rows, context)
 
 
 def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.RecordBatch:
-    projection = context.projection
-    keys = {k for k, r in zip(rows["fold_key"], rows["reason"], strict=True) if r is None}
-    lookup_keys: set[str] = set()
-    if projection.lookup is not None:
-        on = projection.lookup.on
-        lookup_keys = {str(orjson.loads(p).get(on))
-                       for p, r in zip(rows["payload"], rows["reason"], strict=True) if r is None}
-    with ReadModelStore(context.database_url, projection, context.version) as store:
+    plan, outcome = context.plan, FoldOutcome()
+    keyed = list(decoded_rows(rows, outcome))
+    with _store(context) as store:
         known = KnownKeys(store)
-        known.load(keys, with_watermarks=False)  # the decode task guarded
-        known.load_lookups(lookup_keys)
-    outcome = FoldOutcome()
-    folder = KeyFolder(projection, outcome, context.emit_from)
-    for key, items in _events_by_key(rows, outcome, known.joined, projection):
-        folder.fold(key, known.stored.get(key), items)
-    return _to_output(outcome)
+        known.load({key for key, _ in keyed}, with_watermarks=False)  # the decode task guarded
+        known.load_lookups(lookup_keys(plan.projection, (event for _, (_, event) in keyed)))
+    fold_keyed(plan, keyed, known.stored, known.joined, context.emit_from, outcome)
+    return task_output.encode(outcome)
 
 
-def folds_in_place(projection: Projection) -> bool:
-    """A Python fold keyed by aggregate id over one topic needs no shuffle (see below), as
-    long as every producer partitions by key the same way; ``gather`` checks that."""
-    return projection.kind != "aggregation" and projection.key_by is None \
-        and len(projection.sources) == 1
+def fold_keyed(plan: Plan, keyed: Sequence[tuple[str, tuple[SourceRecord, Event]]],
+               stored: Mapping[str, KeyState], rows: Mapping[str, Any],
+               emit_from: Mapping[PartitionKey, int] | None, outcome: FoldOutcome) -> None:
+    """Fold events grouped by key (each key's events in position order) onto ``stored``,
+    joined with the looked-up ``rows``."""
+    folder = KeyFolder(plan, outcome, emit_from)
+    for key, group in groupby(keyed, key=itemgetter(0)):
+        items = [item for _, item in group]
+        if plan.projection.lookup is not None:
+            items = [(record, joined(plan.projection, event, rows)) for record, event in items]
+        folder.fold(key, stored.get(key), items)
+
+
+def _store(context: BatchContext) -> ReadModelStore:
+    return ReadModelStore(context.database_url, context.plan.projection, context.version)
 
 
 def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
@@ -230,7 +229,7 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
     rows, tasks = _per_task(spark, slices)
     results = rows.mapInArrow(lambda batches: read_and_fold_task(batches, tasks, context),
                               OUTPUT_DDL)
-    return gather(results.toArrow())
+    return task_output.decode(results.toArrow())
 
 
 def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
@@ -242,17 +241,17 @@ def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
 
 def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBatch:
     """Read, decode and fold one partition's records chunk by chunk (the states carry over);
-    the output rows ``gather`` merges."""
-    with ReadModelStore(context.database_url, context.projection, context.version) as store:
+    the task's output rows."""
+    with _store(context) as store:
         known = KnownKeys(store)
-        batch = BatchFold(context.projection, context.committed, known.watermarks,
+        batch = BatchFold(context.plan, context.committed, known.watermarks,
                           context.emit_from)
         for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
             known.load(records.stream_ids(), with_watermarks=True)
             batch.add(records)
             known.load_lookups(batch.lookup_keys())
             batch.fold(known.stored, known.joined)
-    return _to_output(batch.outcome)
+    return task_output.encode(batch.outcome)
 
 
 class KnownKeys:
@@ -281,18 +280,14 @@ class KnownKeys:
             self.joined.update(lookup_rows(self.store.conn, lookup.projection, keys))
 
 
-def _columns(table: pa.Table) -> dict[str, list[Any]]:
+def columns(table: pa.Table) -> dict[str, list[Any]]:
     return {name: table.column(name).to_pylist() for name in table.column_names}
 
 
-KeyedEvents = tuple[str, list[tuple[SourceRecord, Event]]]
-
-
-def _events_by_key(rows: dict[str, list[Any]], outcome: FoldOutcome, joined: Mapping[str, Any],
-                   projection: Projection) -> Iterator[KeyedEvents]:
-    on = projection.lookup.on if projection.lookup is not None else None
-    current_key: str | None = None
-    items: list[tuple[SourceRecord, Event]] = []
+def decoded_rows(rows: Mapping[str, Sequence[Any]], outcome: FoldOutcome
+             ) -> Iterator[tuple[str, tuple[SourceRecord, Event]]]:
+    """The shuffled rows' events with their keys, in row order; the rows that do not decode
+    go to ``outcome`` as dead letters."""
     for (topic, partition, offset, stream_id, value, reason, key, event_id, event_type,
          stream_version, position, recorded_at, payload) in zip(
             *(rows[c] for c in FOLD_INPUT), strict=True):
@@ -305,67 +300,7 @@ def _events_by_key(rows: dict[str, list[Any]], outcome: FoldOutcome, joined: Map
         if event is None:
             outcome.dead_letters.append(DeadLetter(record, reason or "undecodable"))
             continue
-        if on is not None:
-            event = event._replace(joined=joined.get(str(event.data.get(on))))
-        if key != current_key and items:
-            yield current_key, items  # type: ignore[misc]
-            items = []
-        current_key = key
-        items.append((record, event))
-    if items and current_key is not None:
-        yield current_key, items
-
-
-def _to_output(outcome: FoldOutcome) -> pa.RecordBatch:
-    out: dict[str, list[Any]] = {name: [] for name in OUTPUT_SCHEMA.names}
-
-    def row(kind: str, **values: Any) -> None:
-        for name in OUTPUT_SCHEMA.names:
-            out[name].append(kind if name == "kind" else values.get(name))
-
-    for key, ks in outcome.changed.items():
-        row("state", key=key, version=ks.version, position=ks.position,
-            state=None if ks.state is None else json.dumps(ks.state, default=str))
-    for letter in outcome.dead_letters:
-        r = letter.record
-        row("dlq", key=r.key, topic=r.topic, partition=r.partition, offset=r.offset,
-            value=r.value, reason=letter.reason)
-    for emission in outcome.emissions:
-        row("derived", topic=emission.topic, key=emission.key, value=emission.value)
-    for stream_id, version in outcome.watermarks.items():
-        row("source", key=stream_id, version=version)
-    row("stats", version=outcome.applied, position=outcome.duplicates)
-    return pa.RecordBatch.from_pydict(out, schema=OUTPUT_SCHEMA)
-
-
-class KeySplitAcrossPartitions(RuntimeError):
-    """Two tasks folded the same key: its events were not all in one partition."""
-
-
-def gather(table: pa.Table) -> FoldOutcome:
-    """The driver's side: merge the tasks' outputs into one outcome."""
-    outcome = FoldOutcome()
-    rows = _columns(table)
-    for i, kind in enumerate(rows["kind"]):
-        key, version, position = rows["key"][i], rows["version"][i], rows["position"][i]
-        if kind == "state":
-            if key in outcome.changed:
-                raise KeySplitAcrossPartitions(key)
-            state = rows["state"][i]
-            outcome.changed[key] = KeyState(None if state is None else json.loads(state),
-                                            version, position)
-        elif kind == "dlq":
-            outcome.dead_letters.append(DeadLetter(SourceRecord(
-                rows["topic"][i], rows["partition"][i], rows["offset"][i], key,
-                rows["value"][i]), rows["reason"][i]))
-        elif kind == "derived":
-            outcome.emissions.append(Emission(rows["topic"][i], key, rows["value"][i]))
-        elif kind == "source":
-            outcome.see(key, version)
-        else:
-            outcome.applied += version
-            outcome.duplicates += position
-    return outcome
+        yield key, (record, event)
 
 
 # -- aggregation projections -------------------------------------------------------------------
@@ -375,44 +310,47 @@ def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
     """Aggregate where the data is: each task reads, decodes, dedupes and aggregates its
     partition in Arrow (``partial``), and the driver merges the O(keys) partials. None when
     a stream was split across partitions: then only ``run_aggregation`` is exact."""
-    projection = context.projection
+    plan = context.plan
     if not slices:
         return FoldOutcome()
-    schema = partial_schema(projection, decoded_schema(projection))
+    schema = partial_schema(plan, decoded_schema(plan))
     rows, tasks = _per_task(spark, slices)
     partials = rows.mapInArrow(lambda batches: aggregate_task(batches, tasks, context, schema),
                                spark_ddl(schema)).toArrow()
-    merged = merge_partials(partials, projection)
+    return aggregation_outcome(partials, plan)
+
+
+def aggregation_outcome(partials: pa.Table, plan: Plan) -> FoldOutcome | None:
+    """The tasks' partials merged into the batch's outcome (None: see ``merge_partials``)."""
+    merged = merge_partials(partials, plan)
     if merged is None:
         return None
     return _aggregation_outcome(
         merged.to_pylist(), partials.filter(pc.equal(partials.column("kind"), "dlq")),
-        stream_marks(partials, projection), projection)
+        stream_marks(partials, plan), plan)
 
 
 def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: BatchContext,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), ReadModelStore(context.database_url, context.projection,
-                                     context.version) as store:
+    with paused_gc(), _store(context) as store:
         for source_slice in _slices_of_task(batches, tasks):
-            partition = PartitionAggregate(context.projection, schema)
+            partition = PartitionAggregate(context.plan, schema)
             for records in _chunks(source_slice):
-                partition.add(drop_applied(decode_events(records, context.projection), store))
+                partition.add(drop_applied(decode_events(records, context.plan), store))
             yield from partition.result().to_batches()
 
 
 def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,
-                         marks: Mapping[str, int], projection: Projection) -> FoldOutcome:
+                         marks: Mapping[str, int], plan: Plan) -> FoldOutcome:
     """A batch's merged partial aggregates (``fold_key``, its columns, ``_version``,
     ``_position``, ``_events``), dead letters and stream marks as an outcome."""
-    assert projection.aggregates is not None
     outcome = FoldOutcome()
     for row in letters.to_pylist():
         outcome.dead_letters.append(DeadLetter(
             SourceRecord(*(row[c] for c in RECORD_COLUMNS)), row["reason"]))
     for row in groups:
         outcome.changed[row["fold_key"]] = KeyState(
-            {name: row[name] for name in projection.aggregates}, row["_version"],
+            {name: row[name] for name in plan.aggregates}, row["_version"],
             row["_position"])
         outcome.applied += row["_events"]
     for stream, version in marks.items():
@@ -420,15 +358,16 @@ def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,
     return outcome
 
 
-def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
+def run_aggregation(events: DataFrame, plan: Plan) -> FoldOutcome:
     """Partial aggregates per key for this batch, computed by Spark in one job; the store
     merges them into the stored rows. Dead letters ride along as groups of their own."""
-    assert projection.aggregates is not None
     letter = F.col("reason").isNotNull()
     group = F.when(letter, F.concat_ws("/", F.lit("\u0000dlq"), "topic", "partition", "offset")
                    ).otherwise(F.col("fold_key"))
-    columns = [_aggregate_column(projection, name) for name in projection.aggregates]
-    version = F.max("streamVersion") if projection.key_by is None else F.count(F.lit(1))
+    position = F.col("globalPosition")
+    columns = [function.spark(_value(function), position).alias(name)
+               for name, function in plan.aggregates.items()]
+    version = F.count(F.lit(1)) if plan.rekeyed else F.max("streamVersion")
     # A (stream, version) twice in one batch counts once; every dead letter is a group of its
     # own. Both copies of an event have one key, so one shuffle by group serves the dedupe and
     # the aggregation.
@@ -445,23 +384,16 @@ def run_aggregation(events: DataFrame, projection: Projection) -> FoldOutcome:
     letters = partial.filter(pc.is_valid(partial.column("reason")))
     letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]).rename_columns(
         DEAD_LETTER_COLUMNS)
-    if projection.key_by is None:
+    if not plan.rekeyed:
         marks = dict(zip(groups.column("fold_key").to_pylist(),
                          groups.column("_version").to_pylist(), strict=True))
     else:
         # Re-keyed: a key gathers many streams, so their watermarks take a job of their own.
         marks = {row["key"]: row["v"] for row in events.where(~letter).groupBy("key")
                  .agg(F.max("streamVersion").alias("v")).toArrow().to_pylist()}
-    return _aggregation_outcome(groups.to_pylist(), letters, marks, projection)
+    return _aggregation_outcome(groups.to_pylist(), letters, marks, plan)
 
 
-def _aggregate_column(projection: Projection, name: str) -> Column:
-    assert projection.aggregates is not None
-    agg = projection.aggregates[name]
-    if agg.function == "count":
-        return F.count(F.lit(1)).alias(name)
-    value = F.col(field_column(agg.field or ""))
-    functions = {"sum": F.sum, "min": F.min, "max": F.max}
-    if agg.function == "latest":
-        return F.max_by(value, F.col("globalPosition")).alias(name)
-    return functions[agg.function](value).alias(name)
+def _value(function: AggregateFunction) -> Column:
+    """The decoded column a function aggregates (its field's, or a constant to count)."""
+    return F.lit(1) if function.field is None else F.col(field_column(function.field))

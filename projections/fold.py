@@ -15,16 +15,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from itertools import groupby
-from math import isfinite
 from types import MappingProxyType
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import orjson
 from eventfold.outbox import EventEnvelope, MalformedEvent
+from eventfold.projections.plan import Plan, as_plan
 from eventfold.projections.projection import Derived, Event, Projection, State
 
 from eventfold.contract import PartitionKey
@@ -110,59 +109,11 @@ class FoldOutcome:
             self.watermarks[stream_id] = version
 
 
-def apply_event(projection: Projection, state: State | None, event: Event) -> State | None:
-    """One step of the projection's fold; aggregations step their columns in Python here."""
-    if projection.apply is not None:
-        new_state = projection.apply(state, event)
-        check_state(projection, new_state)
-        return new_state
-    if projection.aggregates is not None:
-        current = state or {}
-        return {column: agg.python_step(current.get(column),
-                                        event.data.get(agg.field) if agg.field else None)
-                for column, agg in projection.aggregates.items()}
-    return None
-
-
-def _checked_fold(projection: Projection) -> Callable[[State | None, Event], State | None]:
-    """``projection.apply`` with its result checked, the column names looked up once."""
-    fold, columns = projection.apply, frozenset(projection.columns)
-    assert fold is not None
-
-    def step(state: State | None, event: Event) -> State | None:
-        after = fold(state, event)
-        if after is not None:
-            if type(after) is not dict or not after.keys() <= columns:
-                check_state(projection, after)  # raises, with the reason
-            for value in after.values():
-                if type(value) is float and not isfinite(value):
-                    check_state(projection, after)
-        return after
-
-    return step
-
-
-def check_state(projection: Projection, state: State | None) -> None:
-    if state is None:
-        return
-    if not isinstance(state, dict):
-        raise TypeError(f"fold returned {type(state).__name__}, expected dict or None")
-    if not state.keys() <= projection.columns.keys():
-        unknown = sorted(set(state) - set(projection.columns))
-        raise ValueError(f"state fields {unknown} are not read model columns")
-    # Not JSON: a KTable record must parse, and the read model would hold a value no
-    # reader can take.
-    not_finite = sorted(column for column, value in state.items()
-                        if isinstance(value, float) and not isfinite(value))
-    if not_finite:
-        raise ValueError(f"state fields {not_finite} are not finite numbers")
-
-
-def encode_derived(projection: Projection, event: Event, index: int, derived: Derived) -> Emission:
-    event_id = uuid.uuid5(DERIVED_NAMESPACE, f"{projection.name}:{event.event_id}:{index}")
+def encode_derived(name: str, event: Event, index: int, derived: Derived) -> Emission:
+    event_id = uuid.uuid5(DERIVED_NAMESPACE, f"{name}:{event.event_id}:{index}")
     return Emission(derived.topic, derived.key, json.dumps({
         "eventId": str(event_id), "eventType": derived.type, "data": dict(derived.data),
-        "projection": projection.name, "sourceEventId": event.event_id,
+        "projection": name, "sourceEventId": event.event_id,
         "sourcePosition": event.global_position,
     }, default=str))
 
@@ -170,14 +121,12 @@ def encode_derived(projection: Projection, event: Event, index: int, derived: De
 class KeyFolder:
     """Folds the events of one key after another onto their stored states."""
 
-    def __init__(self, projection: Projection, outcome: FoldOutcome,
+    def __init__(self, plan: Plan, outcome: FoldOutcome,
                  emit_from: Mapping[PartitionKey, int] | None) -> None:
-        self.projection = projection
+        self.plan = plan
         self.outcome = outcome
         self.emit_from = emit_from  # None: this run emits nothing (a replay behind the live one)
         self._seen: set[tuple[str, int]] = set()
-        self._step = (_checked_fold(projection) if projection.apply is not None
-                      else partial(apply_event, projection))
 
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]]) -> None:
@@ -187,10 +136,9 @@ class KeyFolder:
         stream's versions rise with position, so that takes one comparison with the last
         version; a re-keyed key gathers many streams and remembers each event it met."""
         # The per-event loop of every fold: lookups are hoisted into locals on purpose.
-        projection, outcome, seen = self.projection, self.outcome, self._seen
-        marks, step, rekeyed = outcome.watermarks, self._step, projection.key_by is not None
-        derive = self._derive if projection.derive is not None and self.emit_from is not None \
-            else None
+        plan, outcome, seen = self.plan, self.outcome, self._seen
+        marks, step, rekeyed = outcome.watermarks, plan.step, plan.rekeyed
+        derive = self._derive if plan.emits and self.emit_from is not None else None
         state = stored.state if stored else None
         version = stored.version if stored else 0
         position = stored.position if stored else 0
@@ -213,7 +161,7 @@ class KeyFolder:
             else:
                 last = stream_version
             try:
-                after = step(state, event)
+                after = step(state, event) if step is not None else None
                 emissions = derive(record, event, state, after) if derive else None
             except Exception as exc:  # a fold's bug must not stop the projection
                 outcome.dead_letters.append(DeadLetter(with_value(record, event),
@@ -228,7 +176,7 @@ class KeyFolder:
         if not rekeyed and last > marks.get(key, 0):
             marks[key] = last
         outcome.applied += applied
-        if not applied or not projection.has_state:
+        if not applied or step is None:
             return
         if stored is None and not had_state:
             return  # never had a state: nothing to store, no tombstone to send
@@ -236,12 +184,13 @@ class KeyFolder:
 
     def _derive(self, record: SourceRecord, event: Event, before: State | None,
                 after: State | None) -> list[Emission]:
-        if self.projection.derive is None or self.emit_from is None:
+        derive = self.plan.projection.derive
+        if derive is None or self.emit_from is None:
             return []
         if record.offset < self.emit_from.get((record.topic, record.partition), 0):
             return []  # emitted by the run that applied it first
-        return [encode_derived(self.projection, event, i, derived)
-                for i, derived in enumerate(self.projection.derive(event, before, after))]
+        return [encode_derived(self.plan.name, event, i, derived)
+                for i, derived in enumerate(derive(event, before, after))]
 
 
 def with_value(record: SourceRecord, event: Event) -> SourceRecord:
@@ -314,12 +263,12 @@ class BatchFold:
     letter.
     """
 
-    def __init__(self, projection: Projection,
+    def __init__(self, definition: Plan | Projection,
                  committed_offsets: Mapping[PartitionKey, int] | None = None,
                  watermarks: Mapping[str, int] | None = None,
                  emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL) -> None:
-        self.projection = projection
-        self.folder = KeyFolder(projection, FoldOutcome(), emit_from)
+        self.plan = as_plan(definition)
+        self.folder = KeyFolder(self.plan, FoldOutcome(), emit_from)
         self.outcome = self.folder.outcome
         self.committed = committed_offsets or {}
         self.watermarks = watermarks if watermarks is not None else {}
@@ -328,11 +277,11 @@ class BatchFold:
 
     def add(self, records: RawRecords) -> None:
         """Decode, guard and route one partition's records (in offset order)."""
-        projection, outcome, marks = self.projection, self.outcome, self.watermarks
+        projection, outcome, marks = self.plan.projection, self.outcome, self.watermarks
         pending, unsorted = self._pending, self._unsorted
         topic, partition = records.topic, records.partition
         start = self.committed.get((topic, partition), 0)
-        types, rekeyed = projection.event_types, projection.key_by is not None
+        types, rekeyed = projection.event_types, self.plan.rekeyed
         last = -1
         for offset, key, value in zip(records.offsets, records.keys, records.values,
                                       strict=True):
@@ -351,7 +300,7 @@ class BatchFold:
             if event.stream_version <= marks.get(event.stream_id, 0):
                 outcome.duplicates += 1
                 continue
-            fold_by = (fold_key(projection, event.stream_id, event.data) if rekeyed
+            fold_by = (projection.fold_key(event.stream_id, event.data) if rekeyed
                        else event.stream_id)  # the record's key, decoded
             if fold_by is None:
                 outcome.dead_letters.append(DeadLetter(
@@ -386,24 +335,20 @@ class BatchFold:
 
     def lookup_keys(self) -> set[str]:
         """The keys of the looked-up table the routed events join with."""
-        lookup = self.projection.lookup
-        if lookup is None:
-            return set()
-        return {str(event.data.get(lookup.on)) for items in self._pending.values()
-                for _, event in items}
+        return lookup_keys(self.plan.projection, (event for items in self._pending.values()
+                                                  for _, event in items))
 
     def fold(self, stored: Mapping[str, KeyState],
              lookup_rows: Mapping[str, State] | None = None) -> FoldOutcome:
         """Fold the routed events of each key onto its state: this batch's newest, else
         ``stored``. Later ``add`` calls start afresh; the outcome carries over."""
-        lookup, outcome = self.projection.lookup, self.outcome
+        outcome = self.outcome
         for key, items in self._pending.items():
             if key in self._unsorted:
                 items.sort(key=_by_position)
-            if lookup is not None:
-                rows = lookup_rows or {}
-                items = [(record, event._replace(joined=rows.get(str(event.data.get(
-                    lookup.on))))) for record, event in items]
+            if self.plan.projection.lookup is not None:
+                items = [(record, joined(self.plan.projection, event, lookup_rows or {}))
+                         for record, event in items]
             self.folder.fold(key, outcome.changed.get(key) or stored.get(key), items)
         self._pending, self._unsorted = {}, set()
         return outcome
@@ -419,8 +364,22 @@ def by_partition(records: Iterable[SourceRecord]) -> list[RawRecords]:
     return runs
 
 
+def lookup_keys(projection: Projection, events: Iterable[Event]) -> set[str]:
+    """The keys of the looked-up table ``events`` join with."""
+    if projection.lookup is None:
+        return set()
+    keys = {projection.lookup_key(event.data) for event in events}
+    return {key for key in keys if key is not None}
+
+
+def joined(projection: Projection, event: Event, rows: Mapping[str, State]) -> Event:
+    """``event`` with the looked-up row it joins with (None: a miss, or no key to look up)."""
+    key = projection.lookup_key(event.data)
+    return event._replace(joined=None if key is None else rows.get(key))
+
+
 def fold_records(
-    projection: Projection,
+    projection: Projection | Plan,
     stored: Mapping[str, KeyState],
     records: Iterable[SourceRecord],
     committed_offsets: Mapping[PartitionKey, int] | None = None,
@@ -435,19 +394,13 @@ def fold_records(
     ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted
     (None: emit nothing).
     """
-    if watermarks is None and projection.key_by is None:
+    plan = as_plan(projection)
+    if watermarks is None and not plan.rekeyed:
         watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
-    batch = BatchFold(projection, committed_offsets, watermarks, emit_from)
+    batch = BatchFold(plan, committed_offsets, watermarks, emit_from)
     for run in by_partition(records):
         batch.add(run)
     return batch.fold(stored, lookup_rows)
-
-
-def fold_key(projection: Projection, stream_id: str, data: Mapping[str, Any]) -> str | None:
-    if projection.key_by is None:
-        return stream_id
-    value = data.get(projection.key_by)
-    return None if value is None else str(value)
 
 
 def missing_key_reason(projection: Projection) -> str:

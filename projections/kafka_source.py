@@ -137,7 +137,8 @@ _consumers: dict[KafkaConnection, Consumer] = {}
 
 def _consumer(kafka: KafkaConnection) -> Consumer:
     """One consumer per Python worker, kept across tasks (Spark reuses its workers): a new
-    connection per partition and micro-batch costs more than reading 50,000 events."""
+    connection per partition and micro-batch costs more than reading its events
+    (docs/benchmarks.md)."""
     consumer = _consumers.get(kafka)
     if consumer is None:
         consumer = Consumer(consumer_config(kafka, **{"fetch.min.bytes": 1}))

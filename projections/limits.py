@@ -1,9 +1,9 @@
 """How many events one batch of a projection reads, by default.
 
-A batch costs about a second whatever its size: scheduling its tasks, and loading and
-committing the states of its keys. So a backlog is read in large batches. A replay has no
-reader waiting on it; a streaming batch is only this large while the query catches up, and
-otherwise holds what arrived since the last one.
+A batch has a fixed cost whatever its size (docs/benchmarks.md): scheduling its tasks, and
+loading and committing the states of its keys. So a backlog is read in large batches. A replay
+has no reader waiting on it; a streaming batch is only this large while the query catches up,
+and otherwise holds what arrived since the last one.
 """
 
 STREAMING_MAX_ROWS = 500_000

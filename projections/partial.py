@@ -18,65 +18,71 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from eventfold.projections.aggregates import AggregateFunction
 from eventfold.projections.decode import drop_below, field_column
 from eventfold.projections.fold import SourceRecord
-from eventfold.projections.projection import Projection
+from eventfold.projections.plan import Plan
 
 GROUP = "fold_key"
 DEAD_LETTER_COLUMNS = (*SourceRecord._fields, "reason")
 _FIRST_ROW = pa.array([True])
 
 
-def partial_schema(projection: Projection, decoded: pa.Schema) -> pa.Schema:
+def partial_schema(plan: Plan, decoded: pa.Schema) -> pa.Schema:
     """Partials (kind ``partial``), the streams' last versions (``mark``: a stream id in
     ``fold_key``) and dead letters (``dlq``), in one schema."""
-    assert projection.aggregates is not None
     fields = [pa.field("kind", pa.string()), pa.field(GROUP, pa.string()),
               pa.field("_version", pa.int64()), pa.field("_events", pa.int64()),
               pa.field("_position", pa.int64()),
               *(decoded.field(name) for name in DEAD_LETTER_COLUMNS)]
-    for name, aggregate in projection.aggregates.items():
-        value_type = (pa.int64() if aggregate.function == "count"
-                      else decoded.field(field_column(aggregate.field or "")).type)
-        fields.append(pa.field(name, value_type))
-        if aggregate.function == "latest":
-            fields.append(pa.field(_latest_position(name), pa.int64()))
+    for name, function in plan.aggregates.items():
+        source = decoded.field(_source(function)).type
+        fields.append(pa.field(name, function.partial_type(source)))
+        if function.newest_wins:
+            fields.append(pa.field(_value_position(name), pa.int64()))
     return pa.schema(fields)
 
 
-def partial_aggregate(events: pa.Table, projection: Projection,
-                      schema: pa.Schema) -> pa.Table:
+class _Specs:
+    """Arrow hash aggregations by output column; a spec two columns share is computed once."""
+
+    def __init__(self) -> None:
+        self.specs: list[tuple[str, str]] = []
+        self.outputs: dict[str, str] = {}
+
+    def add(self, name: str, column: str, function: str) -> None:
+        if (column, function) not in self.specs:
+            self.specs.append((column, function))
+        self.outputs[name] = f"{column}_{function}"
+
+    def apply(self, table: pa.Table) -> dict[str, pa.ChunkedArray]:
+        grouped = table.group_by(GROUP, use_threads=False).aggregate(self.specs)
+        return {GROUP: grouped.column(GROUP),
+                **{name: grouped.column(out) for name, out in self.outputs.items()}}
+
+
+def partial_aggregate(events: pa.Table, plan: Plan, schema: pa.Schema) -> pa.Table:
     """One task's decoded events (the watermark guard applied) as partials per key, the last
     version of each stream it met, and its dead letters."""
-    assert projection.aggregates is not None
     letters = events.filter(pc.is_valid(events.column("reason")))
     good = _dedupe(events.filter(pc.is_null(events.column("reason"))))
-    good = good.take(pc.sort_indices(good.column("globalPosition")))  # "latest" needs order
-    specs: list[tuple[str | list[str], str]] = [
-        ("streamVersion", "max"), ([], "count_all"), ("globalPosition", "max")]
-    names = ["_version", "_events", "_position"]
-    for name, aggregate in projection.aggregates.items():
-        if aggregate.function == "count":
-            continue
-        column = field_column(aggregate.field or "")
-        function = "last" if aggregate.function == "latest" else aggregate.function
-        specs.append((column, function))
-        names.append(name)
-        if aggregate.function == "latest":
-            good = good.append_column(_latest_position(name), pc.if_else(
+    good = good.take(pc.sort_indices(good.column("globalPosition")))  # "newest" needs order
+    specs = _Specs()
+    specs.add("_version", "streamVersion", "max")
+    specs.add("_events", "globalPosition", "count")
+    specs.add("_position", "globalPosition", "max")
+    for name, function in plan.aggregates.items():
+        column = _source(function)
+        specs.add(name, column, function.arrow_partial)
+        if function.newest_wins:
+            good = good.append_column(_value_position(name), pc.if_else(
                 pc.is_valid(good.column(column)), good.column("globalPosition"),
                 pa.scalar(None, pa.int64())))
-            specs.append((_latest_position(name), "max"))
-            names.append(_latest_position(name))
-    grouped = good.group_by(GROUP, use_threads=False).aggregate(specs)
-    columns = {GROUP: grouped.column(GROUP), **{
-        name: grouped.column(_aggregated(spec)) for name, spec in zip(names, specs, strict=True)}}
-    for name, aggregate in projection.aggregates.items():
-        if aggregate.function == "count":
-            columns[name] = columns["_events"]
-    parts = [_rows(schema, "partial", columns, grouped.num_rows), _rows(
+            specs.add(_value_position(name), _value_position(name), "max")
+    columns = specs.apply(good)
+    parts = [_rows(schema, "partial", columns, len(columns[GROUP])), _rows(
         schema, "dlq", {c: letters.column(c) for c in DEAD_LETTER_COLUMNS}, letters.num_rows)]
-    if projection.key_by is not None:  # a key gathers many streams: their marks go apart
+    if plan.rekeyed:  # a key gathers many streams: their marks go apart
         parts.append(_mark_rows(schema, good, "key", "streamVersion"))
     return pa.concat_tables(parts)
 
@@ -88,16 +94,16 @@ class PartitionAggregate:
     offsets there, so an event at or below the version its stream reached in an earlier chunk
     is a copy delivered again; within a chunk, ``partial_aggregate`` dedupes."""
 
-    def __init__(self, projection: Projection, schema: pa.Schema) -> None:
-        self.projection = projection
+    def __init__(self, plan: Plan, schema: pa.Schema) -> None:
+        self.plan = plan
         self.schema = schema
         self._reached: dict[str, int] = {}
         self._partials: pa.Table | None = None
 
     def add(self, events: pa.Table) -> None:
         events = drop_below(events, self._reached)
-        partials = partial_aggregate(events, self.projection, self.schema)
-        self._reached.update(stream_marks(partials, self.projection))
+        partials = partial_aggregate(events, self.plan, self.schema)
+        self._reached.update(stream_marks(partials, self.plan))
         self._partials = (partials if self._partials is None
                           else self._combine(self._partials, partials))
 
@@ -107,65 +113,58 @@ class PartitionAggregate:
     def _combine(self, earlier: pa.Table, partials: pa.Table) -> pa.Table:
         both = pa.concat_tables([earlier, partials])
         kinds = both.column("kind")
-        merged = _merge_rows(both.filter(pc.equal(kinds, "partial")), self.projection)
+        merged = _merge_rows(both.filter(pc.equal(kinds, "partial")), self.plan)
         parts = [_rows(self.schema, "partial", merged, len(merged[GROUP])),
                  both.filter(pc.equal(kinds, "dlq"))]
-        if self.projection.key_by is not None:
+        if self.plan.rekeyed:
             parts.append(_mark_rows(self.schema, both.filter(pc.equal(kinds, "mark")), GROUP,
                                     "_version"))
         return pa.concat_tables(parts)
 
 
-def merge_partials(partials: pa.Table, projection: Projection) -> pa.Table | None:
+def merge_partials(partials: pa.Table, plan: Plan) -> pa.Table | None:
     """The tasks' partials merged per key (``partial_schema``'s partial columns); None when
     a stream was met by more than one task (see the module docstring)."""
-    assert projection.aggregates is not None
     rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
-    streams = (rows if projection.key_by is None
-               else partials.filter(pc.equal(partials.column("kind"), "mark")))
+    streams = (partials.filter(pc.equal(partials.column("kind"), "mark")) if plan.rekeyed
+               else rows)
     if len(pc.unique(streams.column(GROUP))) != streams.num_rows:
         return None
-    merged = _merge_rows(rows, projection)
-    if projection.key_by is not None:
+    merged = _merge_rows(rows, plan)
+    if plan.rekeyed:
         merged["_version"] = merged["_events"]  # re-keyed: the version counts events folded
     return pa.table(merged)
 
 
-def _merge_rows(rows: pa.Table, projection: Projection) -> dict[str, pa.ChunkedArray]:
+def _merge_rows(rows: pa.Table, plan: Plan) -> dict[str, pa.ChunkedArray]:
     """Partial rows merged per key, as columns."""
-    assert projection.aggregates is not None
-    specs: list[tuple[str, str]] = [("_version", "max"), ("_events", "sum"),
-                                    ("_position", "max")]
-    names = ["_version", "_events", "_position"]
-    for name, aggregate in projection.aggregates.items():
-        if aggregate.function == "latest":
-            # its value is the newest partial's that has one (below)
-            specs.append((_latest_position(name), "max"))
-            names.append(_latest_position(name))
-            continue
-        merge = {"sum": "sum", "count": "sum", "min": "min", "max": "max"}[aggregate.function]
-        specs.append((name, merge))
-        names.append(name)
-    grouped = rows.group_by(GROUP, use_threads=False).aggregate(specs)
-    merged = {GROUP: grouped.column(GROUP), **{
-        name: grouped.column(_aggregated(spec)) for name, spec in zip(names, specs, strict=True)}}
-    for name, aggregate in projection.aggregates.items():
-        if aggregate.function == "latest":
-            merged[name] = _newest(rows, grouped.column(GROUP), name)
+    specs = _Specs()
+    specs.add("_version", "_version", "max")
+    specs.add("_events", "_events", "sum")
+    specs.add("_position", "_position", "max")
+    for name, function in plan.aggregates.items():
+        if function.newest_wins:  # its value is the newest partial's that has one (below)
+            specs.add(_value_position(name), _value_position(name), "max")
+        else:
+            specs.add(name, name, function.arrow_merge)
+    merged = specs.apply(rows)
+    for name, function in plan.aggregates.items():
+        if function.newest_wins:
+            merged[name] = _newest(rows, merged[GROUP], name)
     return merged
 
 
-def stream_marks(partials: pa.Table, projection: Projection) -> dict[str, int]:
+def stream_marks(partials: pa.Table, plan: Plan) -> dict[str, int]:
     """The last version of each source stream the batch met."""
-    kind = "partial" if projection.key_by is None else "mark"
-    marks = partials.filter(pc.equal(partials.column("kind"), kind))
+    marks = partials.filter(pc.equal(partials.column("kind"),
+                                     "mark" if plan.rekeyed else "partial"))
     return dict(zip(marks.column(GROUP).to_pylist(), marks.column("_version").to_pylist(),
                     strict=True))
 
 
 def _newest(rows: pa.Table, keys: pa.ChunkedArray, name: str) -> pa.Array:
     """Per key, the ``name`` of the partial whose value is newest (null if none has one)."""
-    position = _latest_position(name)
+    position = _value_position(name)
     ordered = rows.filter(pc.is_valid(rows.column(position)))
     ordered = ordered.take(pc.sort_indices(ordered.column(position)))
     newest = ordered.group_by(GROUP, use_threads=False).aggregate([(name, "last")])
@@ -203,10 +202,11 @@ def _mark_rows(schema: pa.Schema, rows: pa.Table, stream: str, version: str) -> 
                                   "_version": marks.column(f"{version}_max")}, marks.num_rows)
 
 
-def _aggregated(spec: tuple[str | list[str], str]) -> str:
-    column, function = spec
-    return "count_all" if function == "count_all" else f"{column}_{function}"
+def _source(function: AggregateFunction) -> str:
+    """The decoded column a function aggregates; one without a field counts positions."""
+    return "globalPosition" if function.field is None else field_column(function.field)
 
 
-def _latest_position(name: str) -> str:
+def _value_position(name: str) -> str:
+    """The column holding the position of a ``newest_wins`` partial's value."""
     return f"_{name}_position"

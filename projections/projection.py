@@ -15,10 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from enum import StrEnum
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from eventfold.outbox import event_topic
 from eventfold.outbox.topics import DEFAULT_TOPIC_PREFIX
+from eventfold.projections.aggregates import AggregateFunction
+from eventfold.projections.fields import key_text, path_value
 from sqlalchemy.types import JSON, Boolean, Float, Integer, Numeric, TypeEngine
 
 State = dict[str, Any]
@@ -84,61 +87,26 @@ class Lookup:
     on: str
 
 
-@dataclass(frozen=True, slots=True)
-class Aggregate:
-    """One natively computed column of an aggregation projection."""
-
-    function: str  # sum, count, min, max, latest
-    field: str | None = None
-
-    def python_step(self, current: Any, value: Any) -> Any:
-        if self.function == "count":
-            return (current or 0) + 1
-        if value is None:
-            return current
-        if self.function == "sum":
-            return (current or 0) + value
-        if self.function == "min":
-            return value if current is None else min(current, value)
-        if self.function == "max":
-            return value if current is None else max(current, value)
-        return value  # latest: events arrive in position order
-
-
-def Sum(field_name: str) -> Aggregate:
-    return Aggregate("sum", field_name)
-
-
-def Count() -> Aggregate:
-    return Aggregate("count")
-
-
-def Min(field_name: str) -> Aggregate:
-    return Aggregate("min", field_name)
-
-
-def Max(field_name: str) -> Aggregate:
-    return Aggregate("max", field_name)
-
-
-def Latest(field_name: str) -> Aggregate:
-    return Aggregate("latest", field_name)
+class Kind(StrEnum):
+    FOLD = "fold"
+    AGGREGATION = "aggregation"
+    STREAM = "stream"
 
 
 @dataclass(frozen=True)
 class Projection:
-    """A projection over the event topics of ``sources`` (aggregate types).
+    """What every projection kind shares: it reads the event topics of ``sources`` (aggregate
+    types) and keeps or emits something per key.
 
-    The key is the aggregate id unless ``key_by`` names an event data field. ``columns``
-    declares the read model (each state field is a column of that SQL type); ``event_types``
-    limits the events it sees (others are skipped, not dead-lettered).
+    The key is the aggregate id unless ``key_by`` names an event data field (a dotted path
+    reaches into nested objects). ``columns`` declares the read model (each state field is a
+    column of that SQL type); ``event_types`` limits the events it sees (others are skipped,
+    not dead-lettered). Build one with ``projection``, ``aggregation`` or ``stream``.
     """
 
     name: str
     sources: tuple[str, ...]
     columns: Mapping[str, TypeEngine[Any]] = field(default_factory=dict)
-    apply: Fold | None = None
-    aggregates: Mapping[str, Aggregate] | None = None
     derive: Derive | None = None
     key_by: str | None = None
     lookup: Lookup | None = None
@@ -149,38 +117,32 @@ class Projection:
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     description: str = ""
 
+    kind: ClassVar[Kind]
+    has_state: ClassVar[bool] = True
+
     def __post_init__(self) -> None:
+        if type(self) is Projection:
+            raise TypeError("Projection is the base of FoldProjection, AggregationProjection "
+                            "and StreamProjection; build one with projection(), aggregation() "
+                            "or stream()")
         if not self.name.isidentifier():
             raise ValueError(f"projection name {self.name!r} must be a Python identifier")
         if not self.sources:
             raise ValueError(f"projection {self.name!r} needs at least one source")
-        if self.apply is not None and self.aggregates is not None:
-            raise ValueError(f"projection {self.name!r}: a fold or an aggregation, not both")
-        if not self.has_state and self.derive is None:
-            raise ValueError(f"projection {self.name!r} has no fold, aggregates or derive")
         for column in self.columns:
             if not column.isidentifier() or column.startswith("_") or column == "key":
                 raise ValueError(f"column {column!r}: use identifiers; 'key' and _names are ours")
         for column in self.indexes:
             if column not in self.columns:
                 raise ValueError(f"projection {self.name!r}: index on unknown column {column!r}")
-        if self.aggregates is not None and set(self.aggregates) != set(self.columns):
-            raise ValueError(f"projection {self.name!r}: declare one column per aggregate")
+        for path in (self.key_by, self.lookup.on if self.lookup else None):
+            if path is not None and not all(part for part in path.split(".")):
+                raise ValueError(f"projection {self.name!r}: {path!r} is not a field path")
         if self.table and not self.table.isidentifier():
             raise ValueError(f"table name {self.table!r} must be an identifier")
         object.__setattr__(self, "table", self.table or self.name)
         ktable_topic = self.ktable_topic or f"eventfold.ktable.{self.name}"
         object.__setattr__(self, "ktable_topic", ktable_topic)
-
-    @property
-    def kind(self) -> str:
-        if self.apply is not None:
-            return "fold"
-        return "aggregation" if self.aggregates is not None else "stream"
-
-    @property
-    def has_state(self) -> bool:
-        return self.apply is not None or self.aggregates is not None
 
     @property
     def source_topics(self) -> list[str]:
@@ -197,12 +159,25 @@ class Projection:
     def handles(self, event_type: str) -> bool:
         return self.event_types is None or event_type in self.event_types
 
+    def fold_key(self, stream_id: str, data: Mapping[str, Any]) -> str | None:
+        """The key an event folds into: its aggregate id, or the ``key_by`` field as text
+        (None: the event has no such field)."""
+        if self.key_by is None:
+            return stream_id
+        return key_text(path_value(data, self.key_by))
+
+    def lookup_key(self, data: Mapping[str, Any]) -> str | None:
+        """The key of the looked-up row an event joins with (None: no lookup, or no key)."""
+        if self.lookup is None:
+            return None
+        return key_text(path_value(data, self.lookup.on))
+
     @property
     def json_columns(self) -> frozenset[str]:
         return frozenset(n for n, t in self.columns.items() if isinstance(t, JSON))
 
-    def spark_type(self, column: str) -> str:
-        """The Spark SQL type an aggregated column is computed in."""
+    def sql_type(self, column: str) -> str:
+        """The Spark SQL type a column is computed in (one of ``fields.SQL_TYPES``)."""
         col_type = self.columns[column]
         if isinstance(col_type, Boolean):
             return "boolean"
@@ -211,6 +186,100 @@ class Projection:
         if isinstance(col_type, Integer):
             return "bigint"
         return "string"
+
+
+@dataclass(frozen=True)
+class FoldProjection(Projection):
+    """A per-key fold in Python: ``apply(state, event) -> state | None`` (None deletes)."""
+
+    apply: Fold = field(kw_only=True)
+    kind: ClassVar[Kind] = Kind.FOLD
+
+
+@dataclass(frozen=True)
+class AggregationProjection(Projection):
+    """Columns computed natively per key: ``{"total": Sum("value"), "sales": Count()}``."""
+
+    aggregates: Mapping[str, AggregateFunction] = field(kw_only=True)
+    kind: ClassVar[Kind] = Kind.AGGREGATION
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if set(self.aggregates) != set(self.columns):
+            raise ValueError(f"projection {self.name!r}: declare one column per aggregate")
+        for column, function in self.aggregates.items():
+            if not isinstance(function, AggregateFunction):
+                raise TypeError(f"projection {self.name!r}: column {column!r} needs an "
+                                f"AggregateFunction (Sum, Count...), not {function!r}")
+        if self.lookup is not None:
+            raise ValueError(f"projection {self.name!r}: an aggregation cannot look up rows")
+
+
+@dataclass(frozen=True)
+class StreamProjection(Projection):
+    """No state: each event becomes zero or more derived events (filter, map, flat-map)."""
+
+    kind: ClassVar[Kind] = Kind.STREAM
+    has_state: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.derive is None:
+            raise ValueError(f"stream {self.name!r} needs a transform")
+
+
+class TypedEvent(Protocol):
+    """An event class a fold can dispatch on (``write_model.DomainEvent`` is one)."""
+
+    event_type: ClassVar[str]
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Any: ...
+
+
+Handler = Callable[[State | None, Any], State | None]
+
+
+class Dispatch:
+    """A fold made of one handler per event type, by event class or by type name.
+
+    A handler registered for a class gets the event as an instance of it (built from its
+    data); one registered for a type name gets the ``Event``. Events with no handler leave the
+    state as it is. Pass a ``Dispatch`` where a fold goes; its types become the projection's
+    ``event_types`` unless they are given::
+
+        levels = Dispatch()
+
+        @levels.on(ItemAdded)
+        def added(state: State | None, event: ItemAdded) -> State:
+            return {"quantity": (state or {}).get("quantity", 0) + event.quantity}
+    """
+
+    def __init__(self) -> None:
+        self._handlers: dict[str, tuple[Handler, Callable[[Mapping[str, Any]], Any] | None]] = {}
+
+    def on(self, *event_types: type[TypedEvent] | str) -> Callable[[Handler], Handler]:
+        def register(handler: Handler) -> Handler:
+            for event_type in event_types:
+                name = event_type if isinstance(event_type, str) else event_type.event_type
+                if name in self._handlers:
+                    raise ValueError(f"event type {name!r} already has a handler")
+                build = None if isinstance(event_type, str) else event_type.from_data
+                self._handlers[name] = (handler, build)
+            return handler
+
+        return register
+
+    @property
+    def event_types(self) -> frozenset[str]:
+        return frozenset(self._handlers)
+
+    def __call__(self, state: State | None, event: Event) -> State | None:
+        entry = self._handlers.get(event.type)
+        if entry is None:
+            return state
+        handler, build = entry
+        return handler(state, event if build is None else build(event.data))
 
 
 def _options(sources: Iterable[str], event_types: Iterable[str] | None) -> dict[str, Any]:
@@ -223,28 +292,32 @@ def projection(
     event_types: Iterable[str] | None = None, key_by: str | None = None,
     lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
     ktable_topic: str = "", indexes: Iterable[str] = (),
-) -> Callable[[Fold], Projection]:
-    """Decorator: turn a fold function into a Projection. ``indexes`` are the columns the read
-    model indexes (the read API sorts on them and on the key)."""
+) -> Callable[[Fold], FoldProjection]:
+    """Decorator: turn a fold function (or a ``Dispatch``) into a projection. ``indexes`` are
+    the columns the read model indexes (the read API sorts on them and on the key)."""
 
-    def wrap(fold: Fold) -> Projection:
-        return Projection(
+    def wrap(fold: Fold) -> FoldProjection:
+        if event_types is None and isinstance(fold, Dispatch):
+            handled: Iterable[str] | None = fold.event_types
+        else:
+            handled = event_types
+        return FoldProjection(
             name=name, columns=dict(columns), apply=fold, key_by=key_by, lookup=lookup,
             derive=derive, table=table, ktable_topic=ktable_topic, indexes=tuple(indexes),
-            description=(fold.__doc__ or "").strip(), **_options(sources, event_types),
+            description=(fold.__doc__ or "").strip(), **_options(sources, handled),
         )
 
     return wrap
 
 
 def aggregation(
-    name: str, *, sources: Iterable[str], aggregates: Mapping[str, Aggregate],
+    name: str, *, sources: Iterable[str], aggregates: Mapping[str, AggregateFunction],
     columns: Mapping[str, TypeEngine[Any]], event_types: Iterable[str] | None = None,
     key_by: str | None = None, table: str = "", description: str = "",
     indexes: Iterable[str] = (),
-) -> Projection:
+) -> AggregationProjection:
     """A projection Spark computes natively: ``{"total": Sum("value"), "sales": Count()}``."""
-    return Projection(name=name, columns=dict(columns), aggregates=dict(aggregates),
+    return AggregationProjection(name=name, columns=dict(columns), aggregates=dict(aggregates),
                       key_by=key_by, table=table, description=description,
                       indexes=tuple(indexes),
                       **_options(sources, event_types))
@@ -252,14 +325,15 @@ def aggregation(
 
 def stream(
     name: str, *, sources: Iterable[str], event_types: Iterable[str] | None = None,
-) -> Callable[[Callable[[Event], Iterable[Derived]]], Projection]:
+) -> Callable[[Callable[[Event], Iterable[Derived]]], StreamProjection]:
     """Decorator: a stateless stream of derived events (filter, map, flat-map)."""
 
-    def wrap(transform: Callable[[Event], Iterable[Derived]]) -> Projection:
+    def wrap(transform: Callable[[Event], Iterable[Derived]]) -> StreamProjection:
         def derive(event: Event, _before: State | None, _after: State | None) -> Iterable[Derived]:
             return transform(event)
 
-        return Projection(name=name, derive=derive, description=(transform.__doc__ or "").strip(),
-                          **_options(sources, event_types))
+        return StreamProjection(name=name, derive=derive,
+                                description=(transform.__doc__ or "").strip(),
+                                **_options(sources, event_types))
 
     return wrap

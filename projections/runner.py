@@ -24,9 +24,7 @@ from eventfold.outbox.kafka import GroupProgress, OffsetPlanner, flatten_offsets
 from eventfold.outbox.topics import Replication
 from eventfold.projections.engine import (
     BatchContext,
-    KeySplitAcrossPartitions,
     SourceSlice,
-    folds_in_place,
     read_events,
     run_aggregation,
     run_aggregation_in_place,
@@ -36,9 +34,11 @@ from eventfold.projections.engine import (
 from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.limits import STREAMING_MAX_ROWS
+from eventfold.projections.plan import Pipeline, compile_projection
 from eventfold.projections.projection import Projection
 from eventfold.projections.sinks import ReadModelStore, TopicSink
 from eventfold.projections.store_source import STORE_PARTITION, store_slices
+from eventfold.projections.task_output import KeySplitAcrossPartitions
 from eventfold.projections.versions import ProjectionVersions
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
@@ -91,6 +91,7 @@ class ProjectionRunner:
                  progress: Progress | None = None) -> None:
         self.spark = spark
         self.projection = projection
+        self.plan = compile_projection(projection)
         self.settings = settings
         self.versions = ProjectionVersions(settings.database_url)
         active = self.versions.register(projection.name)
@@ -253,7 +254,7 @@ class ProjectionRunner:
         clock = _PhaseClock()
         emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
                      else None)
-        context = BatchContext(self.projection, self.version, self.settings.database_url,
+        context = BatchContext(self.plan, self.version, self.settings.database_url,
                                emit_from, committed)
         outcome = self._fold(batch_id, slices, context)
         clock.lap("fold")
@@ -275,24 +276,26 @@ class ProjectionRunner:
 
     def _fold(self, batch_id: int, slices: Sequence[SourceSlice],
               context: BatchContext) -> FoldOutcome:
-        projection = self.projection
-        if folds_in_place(projection):
+        plan = context.plan
+        pipeline: Pipeline | None = plan.pipeline
+        if pipeline is Pipeline.FOLD_IN_PLACE:
             try:
                 return run_fold_in_place(self.spark, slices, context)
             except KeySplitAcrossPartitions as split:
                 # Some producer put a key into two partitions: fold this batch after a shuffle.
                 log.warning("projection %s batch %d: key %r is in more than one partition; "
-                            "folding the batch after a shuffle", projection.name, batch_id,
-                            str(split))
-        elif projection.kind == "aggregation":
+                            "folding the batch after a shuffle", plan.name, batch_id, str(split))
+                pipeline = plan.fallback
+        elif pipeline is Pipeline.AGGREGATE_IN_PLACE:
             outcome = run_aggregation_in_place(self.spark, slices, context)
             if outcome is not None:
                 return outcome
             log.warning("projection %s batch %d: a stream is in more than one partition; "
-                        "aggregating the batch after a shuffle", projection.name, batch_id)
+                        "aggregating the batch after a shuffle", plan.name, batch_id)
+            pipeline = plan.fallback
         events = read_events(self.spark, slices, context)
-        if projection.kind == "aggregation":
-            return run_aggregation(events, projection)
+        if pipeline is Pipeline.AGGREGATE_AFTER_SHUFFLE:
+            return run_aggregation(events, plan)
         return run_fold(events, context)
 
     def _batch_end(self, batch_id: int) -> dict[PartitionKey, int]:

@@ -23,6 +23,7 @@ from eventfold.outbox.kafka import flatten_offsets, nest_offsets
 from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, Replication
 from eventfold.projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
 from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState
+from eventfold.projections.plan import compile_projection
 from eventfold.projections.projection import Projection
 from eventfold.projections.schema import migrate, sources_table, state_table
 from psycopg import sql
@@ -61,6 +62,7 @@ class ReadModelStore:
 
     def __init__(self, database_url: str, projection: Projection, version: int) -> None:
         self.projection = projection
+        self.plan = compile_projection(projection)
         self.version = version
         self.database_url = database_url
         self.conn = psycopg.connect(libpq_url(database_url))
@@ -244,7 +246,7 @@ class ReadModelStore:
             for key, key_state in changed.items():
                 copy.write_row(self._row(key, key_state))
         updates: sql.Composable
-        if self.projection.aggregates is None:
+        if not self.plan.aggregates:
             # The guard: a stale or replayed state never overwrites a newer one.
             updates = sql.SQL(", ").join(
                 sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c))
@@ -261,27 +263,18 @@ class ReadModelStore:
             ON CONFLICT (key) DO UPDATE SET {updates}, _updated_at = now() {tail}
         """).format(table=self._table, stage=stage, columns=_names(all_columns),
                     updates=updates, tail=tail))
-        if self.projection.aggregates is None:
+        if not self.plan.aggregates:
             return dict(changed)
         return {key: KeyState(dict(zip(self._columns, values, strict=True)), version, position)
                 for key, version, position, *values in rows}
 
     def _merge_updates(self) -> sql.Composable:
         """How a batch's partial aggregate merges into the stored one, per column."""
-        merges = {
-            "sum": "coalesce({t}.{c}, 0) + coalesce(excluded.{c}, 0)",
-            "count": "{t}.{c} + excluded.{c}",
-            "min": "least({t}.{c}, excluded.{c})",
-            "max": "greatest({t}.{c}, excluded.{c})",
-            "latest": "CASE WHEN excluded._position > {t}._position AND excluded.{c} IS NOT NULL "
-                      "THEN excluded.{c} ELSE {t}.{c} END",
-        }
-        assert self.projection.aggregates is not None
-        parts = [sql.SQL("{c} = " + merges[agg.function]).format(
+        parts = [sql.SQL("{c} = " + function.sql_merge).format(
             c=sql.Identifier(column), t=self._table)
-            for column, agg in self.projection.aggregates.items()]
-        version = ("greatest({t}._version, excluded._version)" if self.projection.key_by is None
-                   else "{t}._version + excluded._version")
+            for column, function in self.plan.aggregates.items()]
+        version = ("{t}._version + excluded._version" if self.plan.rekeyed
+                   else "greatest({t}._version, excluded._version)")
         parts.append(sql.SQL("_version = " + version).format(t=self._table))
         parts.append(sql.SQL("_position = greatest({t}._position, excluded._position)").format(
             t=self._table))

@@ -52,9 +52,7 @@ class AsyncEventStore:
 
     One commit at a time by default: one event loop does all of a process's Python work, so
     a second batch in flight mostly splits the batches it would have filled, or runs beside
-    the first for the same callers. Measured with 8 concurrent callers, one commit slot did
-    1.1-1.5x the commands/s of two in every paired run, in-process and over HTTP (2 cores,
-    Postgres on the same machine).
+    the first for the same callers (docs/benchmarks.md, "One commit slot").
     """
 
     def __init__(self, conninfo: str, pool_size: int = 10, max_batch: int = 256,

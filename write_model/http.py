@@ -150,11 +150,7 @@ def document_commands(app: FastAPI, specs: list[HandlerSpec[Any, Any]], secured:
     bodies and headers.
 
     Why: FastAPI's per-request solving of a body model, three headers and a dependency was the
-    largest cost of the HTTP layer. Measured with one worker, wrk and 8 connections: with a stub
-    bus, a FastAPI route parsing the bytes itself served about 1.5x the requests/s of declared
-    parameters, and a plain Starlette route 5,900-8,600 req/s against that route's 4,400-6,100;
-    with the real bus, interleaved runs gave the Starlette route 1,856-1,982 req/s against
-    1,354-1,776 where the machine was steady.
+    largest cost of the HTTP layer (docs/benchmarks.md, "Commands bypass FastAPI").
     """
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         (spec.command, "validation") for spec in specs]
@@ -227,11 +223,10 @@ class CommandDispatch:
     """Hands ``POST /commands/<name>`` of a registered command straight to its endpoint; all
     else goes on to the app's router. Errors get the app's exception handlers, as on a route.
 
-    Why: a command request is the API's hot path. py-spy, with wrk posting commands, put 19%
-    of the server's samples between the body limit and the endpoint (Starlette's exception
-    middleware, router, route and request wrappers); without them, the server's CPU per
-    command fell from 0.33-0.35 ms to 0.28-0.33 ms. Middleware added to the app still wraps
-    command requests, as does the body limit.
+    Why: a command request is the API's hot path, and Starlette's exception middleware,
+    router, route and request wrappers were a large share of it (docs/benchmarks.md,
+    "Commands skip the router"). Middleware added to the app still wraps command requests, as
+    does the body limit.
     """
 
     def __init__(self, app: ASGIApp, endpoints: Mapping[str, Endpoint],

@@ -2,10 +2,9 @@
 
 0006's function joined the batch's units to ``command_log``. The planner guesses 100 rows for
 any ``jsonb_array_elements``, so while the log held up to some 20,000 commands it hashed the
-whole log on every call: with 5,400 rows that scan took 1.9-2.5 ms of each call (auto_explain),
-and it grows with every command until the plan flips. Planning both statements afresh on
-every call cost about as much again: the server's CPU per one-unit call was 0.92-0.97 ms with
-fresh plans and 0.40-0.49 ms with one generic plan. The function now looks each command id up
+whole log on every call, a cost that grows with every command until the plan flips; planning
+both statements afresh on every call cost about as much again (docs/benchmarks.md, "Group
+commit's generic plan"). The function now looks each command id up
 by the log's key (``= ANY``) and keeps one generic plan per connection; the planner cannot see
 into the JSON, so a fresh plan per call bought nothing. Behaviour is unchanged.
 

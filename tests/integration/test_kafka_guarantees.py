@@ -21,7 +21,7 @@ from eventfold.outbox.topics import (
     ReplicationUnavailable,
     TopicConfigMismatch,
 )
-from eventfold.projections import Projection
+from eventfold.projections import FoldProjection
 from eventfold.projections.runner import SourceDataLost
 from eventfold.projections.sinks import DeliveryFailed, ensure_projection_topics
 from eventfold.read_api.ktables import KTableView
@@ -49,7 +49,7 @@ def publish(settings, aggregate_type: str, events: list[tuple[str, str, dict]]) 
         produce(settings.kafka, topic, key, value)
 
 
-def counter(unique: str, **options) -> Projection:
+def counter(unique: str, **options) -> FoldProjection:
     """Per stream: how many ``Counted`` events, the last note; ``Dropped`` deletes the key."""
 
     def fold(state, event):
@@ -57,17 +57,17 @@ def counter(unique: str, **options) -> Projection:
             return None
         return {"count": (state or {"count": 0})["count"] + 1, "note": event.data["note"]}
 
-    return Projection(name=f"counter_{unique}", sources=(f"Counted{unique}",),
+    return FoldProjection(name=f"counter_{unique}", sources=(f"Counted{unique}",),
                       columns={"count": BigInteger(), "note": Text()}, apply=fold, **options)
 
 
-def rows(settings, projection: Projection) -> dict[str, dict]:
+def rows(settings, projection: FoldProjection) -> dict[str, dict]:
     with psycopg.connect(libpq_url(settings.database_url)) as conn:
         return {key: {"count": count, "note": note} for key, count, note in conn.execute(
             f'SELECT key, count, note FROM "{projection.table}"').fetchall()}
 
 
-def catch_up(spark, settings, projection: Projection, **overrides) -> None:
+def catch_up(spark, settings, projection: FoldProjection, **overrides) -> None:
     runner = make_runner(spark, settings, projection, **overrides)
     try:
         runner.catch_up(timeout_s=300)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from eventfold.projections import Event, Projection, State
+from eventfold.projections import Event, FoldProjection, State
 from eventfold.projections.schema import SchemaNeedsReplay, migrate, state_table
 from eventfold.projections.sinks import ReadModelStore
 from sqlalchemy import (
@@ -38,7 +38,7 @@ def engine(stack_settings):
     engine.dispose()
 
 
-def ensure(stack_settings, projection: Projection) -> None:
+def ensure(stack_settings, projection: FoldProjection) -> None:
     store = ReadModelStore(stack_settings.database_url, projection, 1)
     try:
         store.ensure_schema()
@@ -48,7 +48,7 @@ def ensure(stack_settings, projection: Projection) -> None:
 
 def test_tables_are_created_grow_columns_and_indexes_and_drop_undeclared_indexes(
         stack_settings, engine, unique) -> None:
-    base = Projection(name=f"schema_{unique}", sources=("Thing",), apply=keep,
+    base = FoldProjection(name=f"schema_{unique}", sources=("Thing",), apply=keep,
                       columns={"total": BigInteger()})
     ensure(stack_settings, base)
     table = state_table(base, 1)
@@ -70,7 +70,7 @@ def test_tables_are_created_grow_columns_and_indexes_and_drop_undeclared_indexes
 
 
 def test_a_removed_or_retyped_column_asks_for_a_replay(stack_settings, engine, unique) -> None:
-    base = Projection(name=f"schema_{unique}", sources=("Thing",), apply=keep,
+    base = FoldProjection(name=f"schema_{unique}", sources=("Thing",), apply=keep,
                       columns={"total": BigInteger(), "label": String()})
     ensure(stack_settings, base)
     without_label = dataclasses.replace(base, columns={"total": BigInteger()})

@@ -15,7 +15,7 @@ import psycopg
 import pytest
 import requests
 from eventfold.local_stack.process import free_port
-from eventfold.projections import Projection
+from eventfold.projections import FoldProjection
 from eventfold.projections.catalog import READER_ROLE
 from eventfold.projections.sinks import ReadModelStore
 from eventfold.projections.versions import ProjectionVersions
@@ -33,8 +33,8 @@ COLUMNS = {"name": String(), "price": Numeric(10, 2), "stock": Integer(), "ratin
            "active": Boolean(), "tags": JSON(), "listed_at": DateTime(timezone=True)}
 
 
-def catalog_projection(unique: str) -> Projection:
-    return Projection(name=f"catalog_{unique}", sources=("Catalog",), columns=COLUMNS,
+def catalog_projection(unique: str) -> FoldProjection:
+    return FoldProjection(name=f"catalog_{unique}", sources=("Catalog",), columns=COLUMNS,
                       apply=lambda state, event: event.data,
                       indexes=("name", "price", "stock", "listed_at"))
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 from eventfold.outbox import EventEnvelope
-from eventfold.projections import Count, Latest, Sum, aggregation
+from eventfold.projections import Count, Latest, Sum, aggregation, compile_projection
 from eventfold.projections.decode import (
     EVENT_FIELDS,
     _decode_columnar,
@@ -25,13 +25,13 @@ from sqlalchemy import BigInteger, Float, String
 
 TOPIC = "eventfold.events.Sale"
 
-per_store = aggregation(
+per_store = compile_projection(aggregation(
     "per_store", sources=["Sale"], key_by="store",
     aggregates={"revenue": Sum("total"), "sales": Count(), "last_city": Latest("city"),
                 "avg_basket": Sum("basket")},
     columns={"revenue": BigInteger(), "sales": BigInteger(), "last_city": String(),
              "avg_basket": Float()},
-    event_types=["SaleRecorded"])
+    event_types=["SaleRecorded"]))
 
 
 def envelope(offset: int, data: dict[str, Any], event_type: str = "SaleRecorded") -> str:

@@ -26,7 +26,7 @@ from eventfold.projections.partial import (
     partial_schema,
     stream_marks,
 )
-from eventfold.projections.projection import Projection
+from eventfold.projections.plan import Plan, compile_projection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import BigInteger, String
@@ -36,10 +36,10 @@ AGGREGATES = {"revenue": Sum("total"), "sales": Count(), "smallest": Min("total"
               "largest": Max("total"), "last_city": Latest("city")}
 COLUMNS = {"revenue": BigInteger(), "sales": BigInteger(), "smallest": BigInteger(),
            "largest": BigInteger(), "last_city": String()}
-per_stream = aggregation("per_stream", sources=["Sale"], aggregates=AGGREGATES,
-                         columns=COLUMNS)
-per_store = aggregation("per_store", sources=["Sale"], key_by="store", aggregates=AGGREGATES,
-                        columns=COLUMNS)
+per_stream = compile_projection(aggregation("per_stream", sources=["Sale"],
+                                           aggregates=AGGREGATES, columns=COLUMNS))
+per_store = compile_projection(aggregation("per_store", sources=["Sale"], key_by="store",
+                                          aggregates=AGGREGATES, columns=COLUMNS))
 
 sale = st.fixed_dictionaries({"store": st.sampled_from(["north", "south"])}, optional={
     "total": st.integers(-10**9, 10**9), "city": st.text(alphabet="xyz", max_size=3)})
@@ -67,7 +67,7 @@ def partitioned_records(draw: st.DrawFn) -> list[list[SourceRecord]]:
     return [records for records in partitions if records]
 
 
-def task_partials(projection: Projection, records: list[SourceRecord],
+def task_partials(projection: Plan, records: list[SourceRecord],
                   chunk: int = 1_000) -> pa.Table:
     """What a task hands over for one partition, read ``chunk`` records at a time."""
     partition = PartitionAggregate(projection,
@@ -78,7 +78,7 @@ def task_partials(projection: Projection, records: list[SourceRecord],
     return partition.result()
 
 
-def merged_states(projection: Projection, partitions: list[list[SourceRecord]], chunk: int
+def merged_states(projection: Plan, partitions: list[list[SourceRecord]], chunk: int
                   ) -> tuple[dict[str, Any], int, dict[str, int]]:
     partials = pa.concat_tables(task_partials(projection, p, chunk) for p in partitions)
     merged = merge_partials(partials, projection)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-from eventfold.projections import Projection
+from eventfold.projections import FoldProjection
 from eventfold.read_api.ktables import KTableEntry, KTableStore
 from eventfold.read_api.query import (
     decode_cursor,
@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sqlalchemy import JSON, DateTime, Integer, Numeric, String
 
-SCHEMA = ReadModelSchema.of(Projection(
+SCHEMA = ReadModelSchema.of(FoldProjection(
     name="items", sources=("Item",), apply=lambda s, e: s, indexes=("total", "name"),
     columns={"total": Integer(), "name": String(), "price": Numeric(10, 2), "meta": JSON(),
              "seen": DateTime(timezone=True)}))

@@ -1,0 +1,141 @@
+"""Compiling a projection's definition into the plan its batches run.
+
+``compile_projection`` is the one place that looks at what kind of projection it is, whether
+it re-keys and what it looks up; everything after it (the Python fold, the Arrow decoder and
+partial aggregates, the Spark jobs, the store's merge) reads the ``Plan``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from math import isfinite
+from types import MappingProxyType
+from typing import Any
+
+from eventfold.projections.aggregates import AggregateFunction
+from eventfold.projections.fields import coerce, path_value
+from eventfold.projections.projection import (
+    AggregationProjection,
+    Event,
+    FoldProjection,
+    Projection,
+    State,
+)
+
+StateStep = Callable[[State | None, Event], State | None]
+
+
+class Pipeline(StrEnum):
+    """How a batch runs on Spark."""
+
+    FOLD_IN_PLACE = "fold in place"
+    """The task that reads a source partition folds it: the key is the aggregate id and there
+    is one source topic, so every event of a key is in one partition (no shuffle)."""
+    FOLD_AFTER_SHUFFLE = "fold after a shuffle"
+    """Decode, shuffle by key, fold each key's events in position order."""
+    AGGREGATE_IN_PLACE = "aggregate in place"
+    """Each reading task aggregates its partition in Arrow; the driver merges the partials."""
+    AGGREGATE_AFTER_SHUFFLE = "aggregate after a shuffle"
+    """Decode, shuffle by key, aggregate in Spark."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A compiled projection: picklable, what every executor task gets."""
+
+    projection: Projection
+    pipeline: Pipeline
+    fallback: Pipeline | None
+    """Where a batch goes when the pipeline's assumption fails (a key in two partitions)."""
+    step: StateStep | None
+    """One event onto a key's state (None: no state, a stream)."""
+    aggregates: Mapping[str, AggregateFunction] = field(default_factory=dict)
+    payload_fields: Mapping[str, str] = field(default_factory=dict)
+    """Payload paths decoded into columns of their own, with their SQL types."""
+
+    @property
+    def name(self) -> str:
+        return self.projection.name
+
+    @property
+    def rekeyed(self) -> bool:
+        """Keys gather the events of many streams: a key's version counts its events, and
+        duplicates are told apart per stream instead of per key."""
+        return self.projection.key_by is not None
+
+    @property
+    def stateful(self) -> bool:
+        return self.step is not None
+
+    @property
+    def emits(self) -> bool:
+        return self.projection.derive is not None
+
+
+def compile_projection(projection: Projection) -> Plan:
+    """The plan of ``projection``'s batches."""
+    if isinstance(projection, AggregationProjection):
+        return Plan(projection, Pipeline.AGGREGATE_IN_PLACE, Pipeline.AGGREGATE_AFTER_SHUFFLE,
+                    aggregate_step(projection.aggregates, projection.sql_type),
+                    MappingProxyType(dict(projection.aggregates)),
+                    MappingProxyType({f.field: projection.sql_type(column)
+                                      for column, f in projection.aggregates.items()
+                                      if f.field is not None}))
+    step = checked_fold(projection) if isinstance(projection, FoldProjection) else None
+    if projection.key_by is None and len(projection.sources) == 1:
+        return Plan(projection, Pipeline.FOLD_IN_PLACE, Pipeline.FOLD_AFTER_SHUFFLE, step)
+    return Plan(projection, Pipeline.FOLD_AFTER_SHUFFLE, None, step)
+
+
+def as_plan(definition: Projection | Plan) -> Plan:
+    return definition if isinstance(definition, Plan) else compile_projection(definition)
+
+
+def aggregate_step(aggregates: Mapping[str, AggregateFunction],
+                   sql_type: Callable[[str], str]) -> StateStep:
+    """The aggregation's columns stepped one event at a time: the reference the Arrow and
+    Spark forms are held to."""
+    columns = [(column, f, f.field, sql_type(column)) for column, f in aggregates.items()]
+
+    def step(state: State | None, event: Event) -> State:
+        current = state or {}
+        return {column: f.step(current.get(column), None if path is None
+                               else coerce(path_value(event.data, path), kind))
+                for column, f, path, kind in columns}
+
+    return step
+
+
+def checked_fold(projection: FoldProjection) -> StateStep:
+    """``projection.apply`` with its result checked, the column names looked up once."""
+    fold, columns = projection.apply, frozenset(projection.columns)
+
+    def step(state: State | None, event: Event) -> State | None:
+        after = fold(state, event)
+        if after is not None:
+            if type(after) is not dict or not after.keys() <= columns:
+                check_state(projection, after)  # raises, with the reason
+            for value in after.values():
+                if type(value) is float and not isfinite(value):
+                    check_state(projection, after)
+        return after
+
+    return step
+
+
+def check_state(projection: Projection, state: Any) -> None:
+    if state is None:
+        return
+    if not isinstance(state, dict):
+        raise TypeError(f"fold returned {type(state).__name__}, expected dict or None")
+    if not state.keys() <= projection.columns.keys():
+        unknown = sorted(set(state) - set(projection.columns))
+        raise ValueError(f"state fields {unknown} are not read model columns")
+    # Not JSON: a KTable record must parse, and the read model would hold a value no
+    # reader can take.
+    not_finite = sorted(column for column, value in state.items()
+                        if isinstance(value, float) and not isfinite(value))
+    if not_finite:
+        raise ValueError(f"state fields {not_finite} are not finite numbers")
