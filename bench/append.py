@@ -210,7 +210,7 @@ def start_command_api(database_url: str, workers: int) -> tuple[subprocess.Popen
 def load_time_ms(database_url: str) -> tuple[float, float]:
     """Median load of a 1,000-event Product: with its snapshot, and by full replay."""
     from eventfold.write_model import EventStore, Repository
-    from eventfold.write_model.events import NewEvent
+    from eventfold.write_model.domain.events import NewEvent
 
     from examples.inventory import Product
 

@@ -19,17 +19,18 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
 from eventfold.local_stack import LocalStack
-from eventfold.outbox import ConnectClient, ConnectorOperations, OutboxConnectorSpec, TopicAdmin
-from eventfold.outbox import event_topic as topic_of
 from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import OffsetPlanner, consume_available, consumer_config, read_messages
-from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
+from eventfold.outbox.operations import ConnectorOperations
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.outbox.verify import LoggedEvent, verify_topic
 from eventfold.write_model import EventStore
-from eventfold.write_model.events import NewEvent
+from eventfold.write_model.domain.events import NewEvent
 
 from bench.common import percentile
 from eventfold import migrations
+from eventfold.contract import event_topic as topic_of
 
 TOPIC = topic_of("Product")
 

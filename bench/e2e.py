@@ -19,13 +19,13 @@ import psycopg
 import requests
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from eventfold.local_stack.process import free_port
-from eventfold.outbox import ConnectClient, event_topic
+from eventfold.outbox.connector import ConnectClient
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 
 from bench.common import own_stack, percentile
 from eventfold.config import Settings
-from eventfold.contract import libpq_url
+from eventfold.contract import event_topic, libpq_url
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, app, inventory_totals
 

@@ -30,10 +30,9 @@ from pathlib import Path
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
 from eventfold.local_stack import LocalStack
-from eventfold.outbox import EventEnvelope, TopicAdmin, event_topic
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config
-from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
 from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
@@ -44,7 +43,7 @@ from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory
 from eventfold import migrations
-from eventfold.contract import libpq_url
+from eventfold.contract import EventEnvelope, event_topic, libpq_url
 
 SOURCE = "BenchSale"
 TARGETS = {"streaming": 150_000, "replay_aggregation": 250_000, "replay_python_fold": 150_000,

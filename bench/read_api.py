@@ -28,7 +28,7 @@ from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
 from eventfold.projections.spark import spark_session
 from eventfold.write_model import EventStore, StreamAppend
-from eventfold.write_model.store import NewEvent
+from eventfold.write_model.persistence.store import NewEvent
 
 from bench.common import WrkResult, own_stack, run_wrk
 from eventfold.config import Settings

@@ -20,18 +20,12 @@ from fastapi import Depends, FastAPI
 
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
-from eventfold.outbox import (
-    ConnectClient,
-    ConnectorOperations,
-    LogReport,
-    OutboxConnectorSpec,
-    TopicAdmin,
-    event_topic,
-    verify_topic,
-)
+from eventfold.contract import event_topic
+from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import read_messages
-from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, parse_topic_config
-from eventfold.outbox.verify import LoggedEvent
+from eventfold.outbox.operations import ConnectorOperations
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
+from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
 from eventfold.projections.replay import ReplayResult, ReplaySource, replay
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings

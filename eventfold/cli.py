@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from eventfold.app import Eventfold
-    from eventfold.outbox import ConnectorStatus
+    from eventfold.outbox.operations import ConnectorStatus
 
 log = logging.getLogger("eventfold")
 
@@ -143,12 +143,12 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
     database answers, else version 1's names."""
     import psycopg
 
+    from eventfold.projections.catalog import ProjectionCatalog
     from eventfold.projections.status import projection_outputs
-    from eventfold.projections.versions import ProjectionVersions
 
-    versions: ProjectionVersions | None = None
+    versions: ProjectionCatalog | None = None
     try:
-        versions = ProjectionVersions(settings.with_local_stack().database_url)
+        versions = ProjectionCatalog(settings.with_local_stack().database_url)
         versions.outputs("")  # reachable?
     except (ConfigError, psycopg.Error) as exc:
         print(f"(database not reachable, showing version 1: {str(exc).splitlines()[0]})",

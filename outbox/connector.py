@@ -9,9 +9,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
-from eventfold.outbox.topics import DEFAULT_TOPIC_PREFIX
-from eventfold.write_model.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION, OUTBOX_TABLE
+from eventfold.write_model.persistence.schema import (
+    HEARTBEAT_TABLE,
+    OUTBOX_PUBLICATION,
+    OUTBOX_TABLE,
+)
 from sqlalchemy.engine import make_url
+
+from eventfold.contract import DEFAULT_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import psycopg
-from eventfold.write_model.schema import EVENTS_TABLE
+from eventfold.write_model.persistence.schema import EVENTS_TABLE
 from psycopg import sql
 
 STORE_TOPIC = "eventfold.event-store"

@@ -21,20 +21,6 @@ from eventfold.contract import PartitionKey
 
 log = logging.getLogger(__name__)
 
-NestedOffsets = dict[str, dict[str, int]]
-
-
-def nest_offsets(flat: Mapping[PartitionKey, int]) -> NestedOffsets:
-    """{(topic, partition): offset} as {topic: {"partition": offset}}: the JSON form kept in
-    Spark's offset log and in projection checkpoints."""
-    nested: NestedOffsets = {}
-    for (topic, partition), offset in sorted(flat.items()):
-        nested.setdefault(topic, {})[str(partition)] = int(offset)
-    return nested
-
-
-def flatten_offsets(nested: Mapping[str, Mapping[str, int]]) -> dict[PartitionKey, int]:
-    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
 
 
 RANGE_READ_FETCH_WAIT_MS = 10

@@ -21,7 +21,6 @@ from eventfold.outbox.connection import KafkaConnection, parse_key_values
 
 log = logging.getLogger(__name__)
 
-DEFAULT_TOPIC_PREFIX = "eventfold.events."
 # The event log is the source of truth for replays from offset 0: keep it forever.
 EVENT_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": "-1", "retention.bytes": "-1"}
 COMPACTED_TOPIC_CONFIG = {"cleanup.policy": "compact", "retention.ms": "-1",
@@ -96,11 +95,6 @@ class TopicConfigMismatch(RuntimeError):
 def parse_topic_config(text: str) -> dict[str, str]:
     """``"segment.ms=600000,min.cleanable.dirty.ratio=0.1"`` as a dict; '' is {}."""
     return parse_key_values(text, "topic config")
-
-
-def event_topic(aggregate_type: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
-    """The topic that carries every event of one aggregate type, keyed by aggregate id."""
-    return f"{prefix}{aggregate_type}"
 
 
 class TopicAdmin:

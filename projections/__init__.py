@@ -1,14 +1,24 @@
 """Projections: fold event topics into KTables and SQL read models, on Spark.
 
-Owns: projection definitions (a per-key fold plus its read model columns), the fold engine
-(plain Python, also used by tests), decoding records in Arrow, the Spark plan, the sources (the
-Kafka data source, and the event store for replays), the streaming runner, the read model
-schemas (migrated through Alembic), the sinks (Postgres read model with checkpoint, KTable,
-dead-letter and derived-event topics), versions and replay.
+Three layers, each importing only those above it:
 
-May import: ``outbox`` (topic names, the event envelope, Kafka readers),
-``eventfold.contract``, pyspark, confluent-kafka, psycopg, SQLAlchemy types. Never
-``write_model`` or ``read_api``.
+- **definition** (what a projection is; plain Python, no engine): ``projection`` (the three
+  kinds, fold, aggregation and stream, with re-keying, lookups and derived events, and typed
+  event dispatch), ``aggregates`` (aggregate functions, each with every form the engine runs
+  it in), ``fields`` (how keys and fields are read out of a payload);
+- **plan**: ``plan.compile_projection`` turns a definition into the ``Plan`` its batches run,
+  the one place that branches on kind, re-keying and lookups;
+- **execution**: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
+  task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
+  columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs),
+  ``task_output`` (what tasks hand the driver), the sources (``kafka_source``,
+  ``store_source``), ``sinks`` (read model, KTable, dead letters, derived events), ``catalog``
+  (versions, checkpoints, emission marks: the only code touching those tables), ``runner``,
+  ``replay`` and ``status``.
+
+May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
+pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types. Never ``write_model`` or
+``read_api``.
 """
 
 from eventfold.projections.aggregates import AggregateFunction, Count, Latest, Max, Min, Sum

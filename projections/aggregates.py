@@ -41,6 +41,15 @@ class AggregateFunction(ABC):
     ``excluded.{c}`` (the batch's), where ``excluded._position`` is the batch's last position."""
     newest_wins: ClassVar[bool] = False
     """The value of the newest event that has one wins: partials carry its position."""
+    reads_field: ClassVar[bool] = True
+    """Whether the function aggregates a payload field (``Count`` does not)."""
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.reads_field and not self.field:
+            raise TypeError(f"{name} needs the payload field it aggregates, e.g. {name}('value')")
+        if not self.reads_field and self.field is not None:
+            raise TypeError(f"{name} counts events and takes no field")
 
     @abstractmethod
     def step(self, current: Any, value: Any) -> Any:
@@ -61,9 +70,6 @@ class Sum(AggregateFunction):
     sql_merge = ("CASE WHEN excluded.{c} IS NULL THEN {t}.{c} "
                  "ELSE coalesce({t}.{c}, 0) + excluded.{c} END")
 
-    def __init__(self, field: str) -> None:
-        object.__setattr__(self, "field", field)
-
     def step(self, current: Any, value: Any) -> Any:
         return current if value is None else (current or 0) + value
 
@@ -74,12 +80,10 @@ class Sum(AggregateFunction):
 class Count(AggregateFunction):
     """The number of events (of the handled types) per key."""
 
+    reads_field = False
     arrow_partial = "count"
     arrow_merge = "sum"
     sql_merge = "{t}.{c} + excluded.{c}"
-
-    def __init__(self) -> None:
-        object.__setattr__(self, "field", None)
 
     def step(self, current: Any, value: Any) -> Any:
         return (current or 0) + 1
@@ -96,9 +100,6 @@ class Min(AggregateFunction):
     arrow_merge = "min"
     sql_merge = "least({t}.{c}, excluded.{c})"
 
-    def __init__(self, field: str) -> None:
-        object.__setattr__(self, "field", field)
-
     def step(self, current: Any, value: Any) -> Any:
         return current if value is None else value if current is None else min(current, value)
 
@@ -110,9 +111,6 @@ class Max(AggregateFunction):
     arrow_partial = "max"
     arrow_merge = "max"
     sql_merge = "greatest({t}.{c}, excluded.{c})"
-
-    def __init__(self, field: str) -> None:
-        object.__setattr__(self, "field", field)
 
     def step(self, current: Any, value: Any) -> Any:
         return current if value is None else value if current is None else max(current, value)
@@ -129,9 +127,6 @@ class Latest(AggregateFunction):
     sql_merge = ("CASE WHEN excluded._position > {t}._position AND excluded.{c} IS NOT NULL "
                  "THEN excluded.{c} ELSE {t}.{c} END")
     newest_wins = True
-
-    def __init__(self, field: str) -> None:
-        object.__setattr__(self, "field", field)
 
     def step(self, current: Any, value: Any) -> Any:
         return current if value is None else value

@@ -11,13 +11,12 @@ reason in ``reason`` and becomes a dead letter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from eventfold.outbox import EventEnvelope, MalformedEvent
 from eventfold.projections.fields import coerce, path_value
 from eventfold.projections.fold import (
     KEY_NOT_UTF8,
@@ -30,6 +29,8 @@ from eventfold.projections.fold import (
 from eventfold.projections.plan import Plan
 from eventfold.projections.projection import Event
 from pyarrow import json as pa_json
+
+from eventfold.contract import EventEnvelope, MalformedEvent
 
 RECORDS_ARROW = pa.schema([
     ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
@@ -253,15 +254,3 @@ def decoded_event(topic: str, partition: int, offset: int, key: str, value: str 
         return record, None, "event payload is not a JSON object"
     return record, Event(event_type, data, key, version, event_id, position,
                          recorded_at or ""), None
-
-
-def drop_below(events: pa.Table, marks: Mapping[str, int]) -> pa.Table:
-    """Drop events at or below the version ``marks`` holds for their stream (they were
-    applied, or met, before); dead letters pass."""
-    if not marks:
-        return events
-    at = pc.index_in(events.column("key"), value_set=pa.array(list(marks), pa.string()))
-    mark = pc.fill_null(pc.take(pa.array(list(marks.values()), pa.int64()), at), 0)
-    keep = pc.or_(pc.is_valid(events.column("reason")),
-                  pc.greater(events.column("streamVersion"), mark))
-    return events.filter(pc.fill_null(keep, True))

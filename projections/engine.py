@@ -33,7 +33,6 @@ from eventfold.projections.decode import (
     decode_events,
     decoded_event,
     decoded_schema,
-    drop_below,
     field_column,
     records_table,
     spark_ddl,
@@ -49,6 +48,7 @@ from eventfold.projections.fold import (
     joined,
     lookup_keys,
 )
+from eventfold.projections.guard import EVENT_IDENTITY, drop_applied
 from eventfold.projections.partial import (
     DEAD_LETTER_COLUMNS,
     PartitionAggregate,
@@ -147,7 +147,7 @@ def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
         for source_slice in _slices_of_task(batches, tasks):
             for records in _chunks(source_slice):
                 events = decode_events(records, context.plan)
-                yield from drop_applied(events, store).to_batches()
+                yield from drop_applied(events, store.watermarks).to_batches()
 
 
 @contextmanager
@@ -162,13 +162,6 @@ def paused_gc() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
-
-
-def drop_applied(events: pa.Table, store: ReadModelStore) -> pa.Table:
-    """Drop events at or below their stream's watermark (applied by an earlier batch, and
-    delivered again); dead letters pass. The watermarks of this chunk's streams only."""
-    streams = pc.unique(events.column("key").drop_null())
-    return drop_below(events, store.watermarks(streams.to_pylist()) if len(streams) else {})
 
 
 # -- fold projections --------------------------------------------------------------------------
@@ -336,7 +329,8 @@ def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: Bat
         for source_slice in _slices_of_task(batches, tasks):
             partition = PartitionAggregate(context.plan, schema)
             for records in _chunks(source_slice):
-                partition.add(drop_applied(decode_events(records, context.plan), store))
+                partition.add(drop_applied(decode_events(records, context.plan),
+                                           store.watermarks))
             yield from partition.result().to_batches()
 
 
@@ -372,7 +366,7 @@ def run_aggregation(events: DataFrame, plan: Plan) -> FoldOutcome:
     # own. Both copies of an event have one key, so one shuffle by group serves the dedupe and
     # the aggregation.
     partial = (events.withColumn("_group", group).repartition("_group")
-               .dropDuplicates(["_group", "key", "streamVersion"])
+               .dropDuplicates(["_group", *EVENT_IDENTITY])
                .groupBy("_group").agg(
                    *columns, version.alias("_version"),
                    F.max("globalPosition").alias("_position"),

@@ -14,6 +14,7 @@ import orjson
 
 SQL_TYPES = ("bigint", "double", "boolean", "string")
 """The Spark SQL types an aggregated field is computed in."""
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def path_value(data: Mapping[str, Any], path: str) -> Any:
@@ -45,4 +46,7 @@ def coerce(value: Any, sql_type: str) -> Any:
         return value if isinstance(value, bool) else None
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if sql_type == "double" else int(value)
+    if sql_type == "double":
+        return float(value)
+    whole = int(value)
+    return whole if _INT64_MIN <= whole <= _INT64_MAX else None  # a BIGINT cannot hold it

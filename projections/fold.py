@@ -22,11 +22,10 @@ from types import MappingProxyType
 from typing import NamedTuple
 
 import orjson
-from eventfold.outbox import EventEnvelope, MalformedEvent
 from eventfold.projections.plan import Plan, as_plan
 from eventfold.projections.projection import Derived, Event, Projection, State
 
-from eventfold.contract import PartitionKey
+from eventfold.contract import EventEnvelope, MalformedEvent, PartitionKey
 
 log = logging.getLogger(__name__)
 

@@ -25,13 +25,7 @@ from typing import Any, cast
 import pyarrow as pa
 from confluent_kafka import Consumer, Message
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import (
-    OffsetPlanner,
-    consumer_config,
-    flatten_offsets,
-    iter_range,
-    nest_offsets,
-)
+from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 from eventfold.projections.decode import text_column
 from eventfold.projections.fold import RawRecords
 from pyspark.sql.datasource import (
@@ -55,7 +49,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from eventfold.contract import PartitionKey
+from eventfold.contract import PartitionKey, flatten_offsets, nest_offsets
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([

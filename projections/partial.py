@@ -19,13 +19,13 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 from eventfold.projections.aggregates import AggregateFunction
-from eventfold.projections.decode import drop_below, field_column
+from eventfold.projections.decode import field_column
 from eventfold.projections.fold import SourceRecord
+from eventfold.projections.guard import dedupe, drop_below
 from eventfold.projections.plan import Plan
 
 GROUP = "fold_key"
 DEAD_LETTER_COLUMNS = (*SourceRecord._fields, "reason")
-_FIRST_ROW = pa.array([True])
 
 
 def partial_schema(plan: Plan, decoded: pa.Schema) -> pa.Schema:
@@ -65,7 +65,7 @@ def partial_aggregate(events: pa.Table, plan: Plan, schema: pa.Schema) -> pa.Tab
     """One task's decoded events (the watermark guard applied) as partials per key, the last
     version of each stream it met, and its dead letters."""
     letters = events.filter(pc.is_valid(events.column("reason")))
-    good = _dedupe(events.filter(pc.is_null(events.column("reason"))))
+    good = dedupe(events.filter(pc.is_null(events.column("reason"))))
     good = good.take(pc.sort_indices(good.column("globalPosition")))  # "newest" needs order
     specs = _Specs()
     specs.add("_version", "streamVersion", "max")
@@ -170,20 +170,6 @@ def _newest(rows: pa.Table, keys: pa.ChunkedArray, name: str) -> pa.Array:
     newest = ordered.group_by(GROUP, use_threads=False).aggregate([(name, "last")])
     at = pc.index_in(keys, value_set=newest.column(GROUP))
     return pc.take(newest.column(f"{name}_last"), at)
-
-
-def _dedupe(events: pa.Table) -> pa.Table:
-    """One row per (stream, version): a copy delivered twice counts once."""
-    if events.num_rows < 2:
-        return events
-    ordered = events.take(pc.sort_indices(events, [("key", "ascending"),
-                                                   ("streamVersion", "ascending")]))
-    keys, versions = ordered.column("key"), ordered.column("streamVersion")
-    count = ordered.num_rows
-    repeat = pc.and_(pc.equal(keys.slice(1), keys.slice(0, count - 1)),
-                     pc.equal(versions.slice(1), versions.slice(0, count - 1)))
-    keep = pa.chunked_array([_FIRST_ROW, *pc.invert(repeat).chunks], pa.bool_())
-    return ordered.filter(keep)
 
 
 def _rows(schema: pa.Schema, kind: str, columns: dict[str, pa.ChunkedArray | pa.Array],

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from eventfold.outbox import event_topic
-from eventfold.outbox.topics import DEFAULT_TOPIC_PREFIX
 from eventfold.projections.aggregates import AggregateFunction
 from eventfold.projections.fields import key_text, path_value
 from sqlalchemy.types import JSON, Boolean, Float, Integer, Numeric, TypeEngine
+
+from eventfold.contract import DEFAULT_TOPIC_PREFIX, event_topic
 
 State = dict[str, Any]
 
@@ -207,10 +207,19 @@ class AggregationProjection(Projection):
         super().__post_init__()
         if set(self.aggregates) != set(self.columns):
             raise ValueError(f"projection {self.name!r}: declare one column per aggregate")
+        field_types: dict[str, str] = {}
         for column, function in self.aggregates.items():
             if not isinstance(function, AggregateFunction):
                 raise TypeError(f"projection {self.name!r}: column {column!r} needs an "
                                 f"AggregateFunction (Sum, Count...), not {function!r}")
+            if function.field is None:
+                continue
+            # A field is decoded once, as one type: its columns must agree on it.
+            kind = field_types.setdefault(function.field, self.sql_type(column))
+            if kind != self.sql_type(column):
+                raise ValueError(f"projection {self.name!r}: field {function.field!r} is "
+                                 f"aggregated as {kind} and as {self.sql_type(column)}; "
+                                 f"give its columns one SQL type")
         if self.lookup is not None:
             raise ValueError(f"projection {self.name!r}: an aggregation cannot look up rows")
 

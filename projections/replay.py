@@ -21,14 +21,14 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from eventfold.outbox import TopicAdmin
 from eventfold.outbox.history import count_events, head_position
 from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.outbox.topics import TopicAdmin
+from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.projection import Projection
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
 from eventfold.projections.sinks import ReadModelStore
-from eventfold.projections.versions import ProjectionVersions
 from pyspark.sql import SparkSession
 
 from eventfold.contract import PartitionKey
@@ -74,7 +74,7 @@ ReplaySource = Literal["auto", "kafka", "store"]
 def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings,
            source: ReplaySource = "auto") -> ReplayResult:
     started = time.monotonic()
-    versions = ProjectionVersions(settings.database_url)
+    versions = ProjectionCatalog(settings.database_url)
     old = versions.register(projection.name)
     new = versions.begin_build(projection.name)
     live = ReadModelStore(settings.database_url, projection, old)

@@ -20,8 +20,9 @@ from typing import Protocol
 
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.history import count_events
-from eventfold.outbox.kafka import GroupProgress, OffsetPlanner, flatten_offsets, nest_offsets
+from eventfold.outbox.kafka import GroupProgress, OffsetPlanner
 from eventfold.outbox.topics import Replication
+from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.engine import (
     BatchContext,
     SourceSlice,
@@ -39,11 +40,10 @@ from eventfold.projections.projection import Projection
 from eventfold.projections.sinks import ReadModelStore, TopicSink
 from eventfold.projections.store_source import STORE_PARTITION, store_slices
 from eventfold.projections.task_output import KeySplitAcrossPartitions
-from eventfold.projections.versions import ProjectionVersions
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
-from eventfold.contract import PartitionKey
+from eventfold.contract import PartitionKey, flatten_offsets, nest_offsets
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class ProjectionRunner:
         self.projection = projection
         self.plan = compile_projection(projection)
         self.settings = settings
-        self.versions = ProjectionVersions(settings.database_url)
+        self.versions = ProjectionCatalog(settings.database_url)
         active = self.versions.register(projection.name)
         self.version = version or active
         self.is_active = self.version == active
@@ -245,7 +245,7 @@ class ProjectionRunner:
 
     def _next_batch_id(self) -> int:
         checkpoint = self.store.checkpoint()
-        return int(checkpoint["batch_id"]) + 1 if checkpoint else 0
+        return checkpoint.batch_id + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
                end: dict[PartitionKey, int], slices: Sequence[SourceSlice],

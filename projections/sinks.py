@@ -17,11 +17,21 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import KafkaError, Message, Producer
-from eventfold.outbox import TopicAdmin
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import flatten_offsets, nest_offsets
-from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, Replication
-from eventfold.projections.catalog import CHECKPOINTS_TABLE, READER_ROLE, VERSIONS_TABLE
+from eventfold.outbox.topics import (
+    COMPACTED_TOPIC_CONFIG,
+    EVENT_TOPIC_CONFIG,
+    Replication,
+    TopicAdmin,
+)
+from eventfold.projections.catalog import (
+    READER_ROLE,
+    Checkpoint,
+    claim_batch,
+    delete_checkpoint,
+    read_checkpoint,
+    save_checkpoint,
+)
 from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState
 from eventfold.projections.plan import compile_projection
 from eventfold.projections.projection import Projection
@@ -47,10 +57,6 @@ Publish = Callable[[Mapping[str, KeyState]], None]
 class DeliveryFailed(RuntimeError):
     """A KTable row, dead letter or derived event was refused by the broker: the batch must
     not commit."""
-
-
-class VersionSwitched(RuntimeError):
-    """A replay made another version of this projection the active one."""
 
 
 def _names(names: Iterable[str]) -> sql.Composable:
@@ -101,8 +107,7 @@ class ReadModelStore:
 
     def drop(self, conn: psycopg.Connection) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._table, self._sources))
-        conn.execute(sql.SQL("DELETE FROM {} WHERE projection = %s AND version = %s").format(
-            sql.Identifier(CHECKPOINTS_TABLE)), (self.projection.name, self.version))
+        delete_checkpoint(conn, self.projection.name, self.version)
 
     # -- reads ------------------------------------------------------------------------------
     def load(self, keys: Iterable[str]) -> dict[str, KeyState]:
@@ -144,20 +149,10 @@ class ReadModelStore:
 
     def committed_offsets(self) -> dict[PartitionKey, int]:
         checkpoint = self.checkpoint()
-        return flatten_offsets(checkpoint["offsets"]) if checkpoint else {}
+        return checkpoint.offsets if checkpoint else {}
 
-    def checkpoint(self) -> dict[str, Any] | None:
-        with self.conn.transaction():
-            row = self.conn.execute(
-                sql.SQL("SELECT batch_id, offsets, events_applied, dead_letters, updated_at "
-                        "FROM {} WHERE projection = %s AND version = %s").format(
-                    sql.Identifier(CHECKPOINTS_TABLE)),
-                (self.projection.name, self.version),
-            ).fetchone()
-        if row is None:
-            return None
-        return dict(zip(("batch_id", "offsets", "events_applied", "dead_letters", "updated_at"),
-                        row, strict=True))
+    def checkpoint(self) -> Checkpoint | None:
+        return read_checkpoint(self.conn, self.projection.name, self.version)
 
     # -- the batch commit -------------------------------------------------------------------
     def commit(self, batch_id: int, outcome: FoldOutcome,
@@ -166,56 +161,17 @@ class ReadModelStore:
         states (KTable) before it commits, so a crash re-runs the batch instead of losing them.
         """
         offsets = {**previous_offsets, **outcome.next_offsets}
+        name = self.projection.name
         with self.conn.transaction():
-            self._claim(offsets)
+            claim_batch(self.conn, name, self.version, offsets)
             final: Mapping[str, KeyState] = {}
             if outcome.changed:
                 final = self._upsert(outcome.changed)
             if outcome.watermarks:
                 self._save_watermarks(outcome.watermarks)
             publish(final)
-            self._save_checkpoint(batch_id, offsets, outcome)
-
-    def _claim(self, offsets: Mapping[PartitionKey, int]) -> None:
-        """The active version locks its registry row (a switch waits for the batch) and moves
-        the emission mark; a replay's version only checks that it is still the one building."""
-        versions = sql.Identifier(VERSIONS_TABLE)
-        query = sql.SQL("SELECT active_version, building_version, emitted_offsets FROM {} "
-                        "WHERE projection = %s").format(versions)
-        row = self.conn.execute(query, (self.projection.name,)).fetchone()
-        if row is not None and row[0] == self.version:
-            row = self.conn.execute(query + sql.SQL(" FOR UPDATE"),
-                                    (self.projection.name,)).fetchone()
-        if row is None:
-            raise VersionSwitched(f"projection {self.projection.name!r} is not registered")
-        active, building, emitted = row
-        if active == self.version:
-            merged = flatten_offsets(emitted)
-            for key, offset in offsets.items():
-                merged[key] = max(merged.get(key, 0), offset)
-            self.conn.execute(sql.SQL("UPDATE {} SET emitted_offsets = %s WHERE projection = %s")
-                              .format(versions), (Jsonb(nest_offsets(merged)),
-                                                  self.projection.name))
-        elif building != self.version:
-            raise VersionSwitched(f"projection {self.projection.name!r} v{self.version} is no "
-                                  f"longer active or building (active: v{active})")
-
-    def _save_checkpoint(self, batch_id: int, offsets: Mapping[PartitionKey, int],
-                         outcome: FoldOutcome) -> None:
-        self.conn.execute(
-            sql.SQL("""
-                INSERT INTO {table} (projection, version, batch_id, offsets, events_applied,
-                                     dead_letters, updated_at)
-                VALUES (%s, %s, %s, %s, %s, %s, now())
-                ON CONFLICT (projection, version) DO UPDATE SET
-                    batch_id = excluded.batch_id, offsets = excluded.offsets,
-                    events_applied = {table}.events_applied + excluded.events_applied,
-                    dead_letters = {table}.dead_letters + excluded.dead_letters,
-                    updated_at = now()
-            """).format(table=sql.Identifier(CHECKPOINTS_TABLE)),
-            (self.projection.name, self.version, batch_id, Jsonb(nest_offsets(offsets)),
-             outcome.applied, len(outcome.dead_letters)),
-        )
+            save_checkpoint(self.conn, name, self.version, batch_id, offsets, outcome.applied,
+                            len(outcome.dead_letters))
 
     def _save_watermarks(self, watermarks: Mapping[str, int]) -> None:
         stage = sql.Identifier(f"stage_sources_{self.projection.name}")

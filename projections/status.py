@@ -7,9 +7,9 @@ from datetime import datetime
 
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.projection import Projection
 from eventfold.projections.sinks import ReadModelStore
-from eventfold.projections.versions import ProjectionVersions
 
 
 @dataclass(frozen=True)
@@ -56,14 +56,14 @@ class ProjectionStatus:
 
 def projection_status(projection: Projection, database_url: str,
                       kafka: KafkaConnection) -> ProjectionStatus:
-    versions = ProjectionVersions(database_url)
+    versions = ProjectionCatalog(database_url)
     try:
         version, derived = versions.outputs(projection.name)  # never ran: v1, all lag
     finally:
         versions.close()
     with ReadModelStore(database_url, projection, version) as store:
         checkpoint = store.checkpoint()
-        committed = store.committed_offsets()
+        committed = checkpoint.offsets if checkpoint else {}
         rows = store.live_rows()
     planner = OffsetPlanner(kafka)
     try:
@@ -74,10 +74,10 @@ def projection_status(projection: Projection, database_url: str,
     return ProjectionStatus(
         name=projection.name,
         version=version,
-        batch_id=checkpoint["batch_id"] if checkpoint else None,
-        events_applied=checkpoint["events_applied"] if checkpoint else 0,
-        dead_letters=checkpoint["dead_letters"] if checkpoint else 0,
-        last_batch_at=checkpoint["updated_at"] if checkpoint else None,
+        batch_id=checkpoint.batch_id if checkpoint else None,
+        events_applied=checkpoint.events_applied if checkpoint else 0,
+        dead_letters=checkpoint.dead_letters if checkpoint else 0,
+        last_batch_at=checkpoint.updated_at if checkpoint else None,
         rows=rows,
         partitions=[PartitionLag(t, p, committed.get((t, p), 0), ends[(t, p)])
                     for t, p in partitions],

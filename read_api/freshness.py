@@ -18,12 +18,11 @@ from typing import Any
 
 import psycopg
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import OffsetPlanner, flatten_offsets
+from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import Projection
-from eventfold.projections.catalog import CHECKPOINTS_TABLE, VERSIONS_TABLE
+from eventfold.projections.catalog import active_checkpoints
 from eventfold.projections.status import projection_outputs
 from eventfold.read_api.read_models import reader_session
-from psycopg import sql
 
 from eventfold.contract import PartitionKey, libpq_url
 
@@ -115,24 +114,19 @@ class FreshnessMonitor:
 
     def poll(self, conn: psycopg.Connection, planner: OffsetPlanner) -> None:
         """One round: registry and checkpoints, end offsets when due, then listeners."""
-        rows = conn.execute(sql.SQL("""
-            SELECT v.projection, v.active_version, c.batch_id, c.offsets, c.updated_at,
-                   v.output_topics
-            FROM {versions} v LEFT JOIN {checkpoints} c
-              ON c.projection = v.projection AND c.version = v.active_version
-            WHERE v.projection = ANY(%s)
-        """).format(versions=sql.Identifier(VERSIONS_TABLE),
-                    checkpoints=sql.Identifier(CHECKPOINTS_TABLE)),
-            (list(self.projections),)).fetchall()
+        rows = active_checkpoints(conn, list(self.projections))
         if time.monotonic() >= self._ends_at:
             self._end_offsets = self._source_end_offsets(planner)
             self._ends_at = time.monotonic() + self.end_offsets_every_s
         now = datetime.now(UTC)
-        for name, version, batch_id, offsets, updated_at, derived in rows:
-            self._derived_topics[name] = list(derived)
-            applied = flatten_offsets(offsets) if offsets else {}
-            self._snapshots[name] = Freshness(version, batch_id, updated_at, applied,
-                                              self._lag(self.projections[name], applied), now)
+        for row in rows:
+            name, version, checkpoint = row.projection, row.version, row.checkpoint
+            self._derived_topics[name] = row.derived_topics
+            applied = checkpoint.offsets if checkpoint else {}
+            self._snapshots[name] = Freshness(
+                version, checkpoint.batch_id if checkpoint else None,
+                checkpoint.updated_at if checkpoint else None, applied,
+                self._lag(self.projections[name], applied), now)
             for listener in self._listeners:
                 listener(name, version)
         self._polled.set()

@@ -1,7 +1,7 @@
 """Which KTable topics this read API instance has open, told to the database as a heartbeat.
 
 A replay deletes a replaced version's KTable topic only once no instance has it open
-(``projections.versions.ProjectionVersions.delete_retired_topics``), so that no reader
+(``projections.catalog.ProjectionCatalog.delete_retired_topics``), so that no reader
 serves from a topic being deleted under it. An instance registers a topic
 before its consumer assigns it, renews its rows every few seconds, and removes a topic's row
 once its consumer has closed; the rows of an instance that died simply go stale.
@@ -11,19 +11,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
 import psycopg
-from eventfold.projections.catalog import KTABLE_READERS_TABLE, READER_HEARTBEAT_S
+from eventfold.projections.catalog import READER_HEARTBEAT_S, forget_reader, note_reader
 from eventfold.read_api.freshness import connect_as_reader
-from psycopg import sql
 
 log = logging.getLogger(__name__)
-
-_TABLE = sql.Identifier(KTABLE_READERS_TABLE)
-_UPSERT = sql.SQL("""
-    INSERT INTO {} (instance_id, topic, projection, version) VALUES (%s, %s, %s, %s)
-    ON CONFLICT (instance_id, topic) DO UPDATE SET seen_at = now()
-""").format(_TABLE)
 
 
 class ReaderPresence:
@@ -45,22 +39,20 @@ class ReaderPresence:
         """Call before a consumer assigns ``topic``: from now on no replay deletes it."""
         with self._lock:
             self._open[topic] = (projection, version)
-            self._execute(_UPSERT, (self.instance_id, topic, projection, version))
+            self._execute(note_reader, self.instance_id, topic, projection, version)
 
     def closed(self, topic: str) -> None:
         """Call once the consumer of ``topic`` has closed."""
         with self._lock:
             self._open.pop(topic, None)
-            self._execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s AND topic = %s")
-                          .format(_TABLE), (self.instance_id, topic))
+            self._execute(forget_reader, self.instance_id, topic)
 
     def stop(self) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=10)
         with self._lock:
-            self._execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s").format(_TABLE),
-                          (self.instance_id,))
+            self._execute(forget_reader, self.instance_id)
             if self._conn is not None:
                 self._conn.close()
 
@@ -68,16 +60,16 @@ class ReaderPresence:
         while not self._stop.wait(READER_HEARTBEAT_S):
             with self._lock:
                 for topic, (projection, version) in self._open.items():
-                    if not self._execute(_UPSERT, (self.instance_id, topic, projection,
-                                                   version)):
+                    if not self._execute(note_reader, self.instance_id, topic, projection,
+                                         version):
                         break
 
-    def _execute(self, statement: sql.SQL | sql.Composed, params: tuple[object, ...]) -> bool:
-        """Run one statement; a database error is logged (the next beat tries again)."""
+    def _execute(self, write: Callable[..., None], *args: object) -> bool:
+        """Run one catalog write; a database error is logged (the next beat tries again)."""
         try:
             if self._conn is None or self._conn.closed:
                 self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
-            self._conn.execute(statement, params)
+            write(self._conn, *args)
             return True
         except psycopg.Error as exc:
             log.warning("ktable presence: %s (will retry)", exc)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eventfold.outbox import EventEnvelope
+import pyarrow as pa
 from eventfold.projections import (
     Count,
     Derived,
@@ -32,9 +32,14 @@ from eventfold.projections import (
     projection,
     stream,
 )
+from eventfold.projections.aggregates import AggregateFunction
 from eventfold.projections.fold import FoldOutcome
 from hypothesis import strategies as st
+from pyspark.sql import Column
+from pyspark.sql import functions as F
 from sqlalchemy import JSON, BigInteger, String
+
+from eventfold.contract import EventEnvelope
 
 TOPIC = "eventfold.events.Till"
 PARTITIONS = 2
@@ -143,12 +148,30 @@ def _big_sale(event: Event) -> Iterator[Derived]:
                       {"amount": _amount(event), "from": event.event_id})
 
 
+class CountValues(AggregateFunction):
+    """A user's own aggregate function: the events whose field has a value."""
+
+    arrow_partial = "count"
+    arrow_merge = "sum"
+    sql_merge = "{t}.{c} + excluded.{c}"
+
+    def step(self, current: Any, value: Any) -> Any:
+        return (current or 0) + (value is not None)
+
+    def spark(self, value: Column, position: Column) -> Column:
+        return F.count(value)
+
+    def partial_type(self, field_type: pa.DataType) -> pa.DataType:
+        return pa.int64()
+
+
 def kinds(suffix: str = "") -> dict[str, Projection]:
     """One projection of each kind over ``TOPIC`` (named with ``suffix`` to be unique)."""
     aggregates = {"total": Sum("amount"), "events": Count(), "low": Min("amount"),
-                  "high": Max("amount"), "city": Latest("city")}
+                  "high": Max("amount"), "city": Latest("city"),
+                  "with_amount": CountValues("amount")}
     aggregate_columns = {"total": BigInteger(), "events": BigInteger(), "low": BigInteger(),
-                         "high": BigInteger(), "city": String()}
+                         "high": BigInteger(), "city": String(), "with_amount": BigInteger()}
     return {
         "fold": projection(
             f"till_totals{suffix}", sources=["Till"], event_types=["Sold", "Closed"],

@@ -6,9 +6,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from eventfold.outbox import event_topic
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
 
+from eventfold.contract import event_topic
 from tests.kafka_helpers import read_topic
 
 
@@ -57,11 +57,11 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
     """Write ``states`` as one committed batch of ``projection`` through its real sinks (read
     model table + view + KTable topic), as the engine would; the i-th key gets stream version
     ``first_stream_version + i``."""
+    from eventfold.projections.catalog import ProjectionCatalog
     from eventfold.projections.fold import FoldOutcome, KeyState
     from eventfold.projections.sinks import ReadModelStore, TopicSink
-    from eventfold.projections.versions import ProjectionVersions
 
-    versions = ProjectionVersions(settings.database_url)
+    versions = ProjectionCatalog(settings.database_url)
     versions.register(projection.name)
     versions.close()
     store = ReadModelStore(settings.database_url, projection, version)

@@ -1,16 +1,18 @@
 """Write model: the domain side users build on, and the event store it persists to.
 
-Owns: domain events and their registry, the aggregate base, repositories, the Postgres event
-store (events and their outbox rows appended in ONE transaction), commands and the HTTP
-command API.
+Three layers, each importing only those before it:
+
+- ``domain``: aggregates, domain events and their registry, value checks, ids;
+- ``persistence``: the Postgres event store (events and their outbox rows appended in ONE
+  transaction), group commit, repositories;
+- ``commands`` (the application: commands, handlers, the command bus) and ``http`` (the
+  command API, a transport over the bus).
 
 May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI and
 ``eventfold.contract``. It imports no other Eventfold package: everything downstream (outbox,
 projections, read_api) depends on it, never the reverse.
 """
 
-from eventfold.write_model.aggregate import Aggregate, DomainError
-from eventfold.write_model.async_store import AsyncEventStore
 from eventfold.write_model.commands import (
     AsyncCommandBus,
     Command,
@@ -18,15 +20,17 @@ from eventfold.write_model.commands import (
     CommandRegistry,
     CommandResult,
 )
-from eventfold.write_model.events import (
+from eventfold.write_model.domain.aggregate import Aggregate, DomainError
+from eventfold.write_model.domain.events import (
     DomainEvent,
     EventRegistry,
     NewEvent,
     RecordedEvent,
     default_registry,
 )
-from eventfold.write_model.repository import AsyncRepository, Repository
-from eventfold.write_model.store import (
+from eventfold.write_model.persistence.async_store import AsyncEventStore
+from eventfold.write_model.persistence.repository import AsyncRepository, Repository
+from eventfold.write_model.persistence.store import (
     AppendResult,
     CommandIdReused,
     ConcurrencyError,

@@ -15,16 +15,16 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-from eventfold.write_model.aggregate import Aggregate
-from eventfold.write_model.repository import AggregateCache, AsyncRepository, Repository
-from eventfold.write_model.store import (
+from eventfold.write_model.domain.aggregate import Aggregate
+from eventfold.write_model.domain.values import storable_problem
+from eventfold.write_model.persistence.repository import AggregateCache, AsyncRepository, Repository
+from eventfold.write_model.persistence.store import (
     AppendResult,
     CommandIdReused,
     ConcurrencyError,
     DuplicateCommand,
     StreamNotFound,
 )
-from eventfold.write_model.values import storable_problem
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 

@@ -17,16 +17,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Any, cast
 
-from eventfold.write_model.aggregate import DomainError
 from eventfold.write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
-from eventfold.write_model.store import (
+from eventfold.write_model.domain.aggregate import DomainError
+from eventfold.write_model.domain.values import storable_problem, text_problem
+from eventfold.write_model.persistence.store import (
     CommandIdReused,
     ConcurrencyError,
     StoreUnavailable,
     StreamNotFound,
     StreamOwnedByAnotherType,
 )
-from eventfold.write_model.values import storable_problem, text_problem
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse

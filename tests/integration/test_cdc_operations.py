@@ -13,22 +13,17 @@ from collections.abc import Iterator
 import psycopg
 import pytest
 from eventfold.local_stack import LocalStack
-from eventfold.outbox import (
-    ConnectClient,
-    ConnectorOperations,
-    ConnectorStatus,
-    OutboxConnectorSpec,
-    TopicAdmin,
-)
-from eventfold.outbox import event_topic as topic_of
 from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import read_messages
-from eventfold.outbox.topics import EVENT_TOPIC_CONFIG
+from eventfold.outbox.operations import ConnectorOperations, ConnectorStatus
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.write_model import EventStore, StoreUnavailable
-from eventfold.write_model.events import NewEvent
+from eventfold.write_model.domain.events import NewEvent
 
 from eventfold import migrations
+from eventfold.contract import event_topic as topic_of
 from eventfold.contract import libpq_url
 
 TOPIC = topic_of("Product")

@@ -15,8 +15,8 @@ import pytest
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
 from eventfold.outbox.connection import KafkaConnection
+from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.status import projection_status
-from eventfold.projections.versions import ProjectionVersions
 
 from eventfold.contract import libpq_url
 
@@ -192,7 +192,7 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
             rows = dict(conn.execute("SELECT key, total FROM sales_totals WHERE key LIKE %s",
                                      (f"{unique}-%",)).fetchall())
-        active = ProjectionVersions(stack_settings.database_url).active(totals.name)
+        active = ProjectionCatalog(stack_settings.database_url).active(totals.name)
         ktable = {k: v["total"] for k, v in read_table(
             stack_settings.kafka, totals.ktable_topic_for(active)).items()
             if k.startswith(unique)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from eventfold.write_model import CommandBus, ConcurrencyError, EventStore, Repository
-from eventfold.write_model.events import NewEvent
+from eventfold.write_model.domain.events import NewEvent
 from sqlalchemy import text
 
 from examples.inventory import Product, ReceiveStock

@@ -8,12 +8,12 @@ import json
 import threading
 
 import pytest
-from eventfold.outbox import EventEnvelope, event_topic
 from eventfold.projections import Lookup, Projection
+from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.replay import replay
-from eventfold.projections.versions import ProjectionVersions
 from sqlalchemy import create_engine, text
 
+from eventfold.contract import EventEnvelope, event_topic
 from examples import orders, point_of_sale, sales
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
@@ -108,7 +108,7 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
         if query.isActive:
             query.stop()
         live.close()
-    assert ProjectionVersions(stack_settings.database_url).outputs(totals.name) == (
+    assert ProjectionCatalog(stack_settings.database_url).outputs(totals.name) == (
         2, [sales.NOTIFICATIONS_TOPIC])
 
     catch_up(spark, stack_settings, totals)
@@ -157,6 +157,10 @@ def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
     list_payload = list_payload.replace('"payload": "{}"', '"payload": "[1, 2]"')
     produce(stack_settings.kafka, topic, f"{unique}-garbled", "{not json")
     produce(stack_settings.kafka, topic, f"{unique}-list", list_payload)
+    # Each of these, handed to Arrow's JSON reader, would kill the Python worker.
+    produce(stack_settings.kafka, topic, f"{unique}-null", "null")
+    produce(stack_settings.kafka, topic, f"{unique}-null-payload",
+            list_payload.replace('"payload": "[1, 2]"', '"payload": "null"'))
     latin1 = EventEnvelope(event_id=f"{unique}-y", event_type="SaleRecorded",
                            stream_id=f"{unique}-latin1", stream_version=1, global_position=2,
                            recorded_at="", data={"product": f"{unique}-a", "value": 100}
@@ -164,14 +168,16 @@ def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
     produce(stack_settings.kafka, topic, f"{unique}-latin1", latin1.encode("latin-1"))
     for value in (5, 7):
         bus.execute(sales.RecordSale(product=f"{unique}-a", value=value))
-    wait_until_in_topic(stack_settings, "ProductSales", unique, 5)
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 7)
     catch_up(spark, stack_settings, stats)
 
     assert rows(engine, stats.table, unique, "revenue") == {f"{unique}-a": 12}
     letters = {letter["key"]: letter for letter in (
         json.loads(r["value"]) for r in read_topic(stack_settings.kafka,
                                                     stats.dead_letter_topic))}
-    assert set(letters) == {f"{unique}-garbled", f"{unique}-list", f"{unique}-latin1"}
+    assert set(letters) == {f"{unique}-garbled", f"{unique}-list", f"{unique}-latin1",
+                            f"{unique}-null", f"{unique}-null-payload"}
+    assert letters[f"{unique}-null-payload"]["error"] == "event payload is not a JSON object"
     assert letters[f"{unique}-garbled"]["value"] == "{not json"
     assert "undecodable" in letters[f"{unique}-garbled"]["error"]
     assert letters[f"{unique}-list"]["error"] == "event payload is not a JSON object"

@@ -19,8 +19,13 @@ from eventfold.write_model import (
     EventStore,
     StreamAppend,
 )
-from eventfold.write_model.events import NewEvent
-from eventfold.write_model.store import APPEND_UNITS, DuplicateCommand, UnitOfWork, encode_units
+from eventfold.write_model.domain.events import NewEvent
+from eventfold.write_model.persistence.store import (
+    APPEND_UNITS,
+    DuplicateCommand,
+    UnitOfWork,
+    encode_units,
+)
 
 from examples.inventory import Product, ReceiveStock, StockReceived
 from tests.concurrency import run_together

@@ -109,7 +109,7 @@ def test_a_stream_belongs_to_the_aggregate_type_that_created_it(orders_client, s
 def test_the_append_itself_refuses_another_types_stream(store, unique) -> None:
     """Also without the aggregate load in front (a racing writer, or another service)."""
     from eventfold.write_model import NewEvent
-    from eventfold.write_model.store import StreamOwnedByAnotherType
+    from eventfold.write_model.persistence.store import StreamOwnedByAnotherType
 
     from examples.orders import OrderPlaced
 

@@ -13,12 +13,12 @@ import psycopg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
-from eventfold.outbox import EventEnvelope, TopicAdmin, event_topic
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.topics import (
     COMPACTED_TOPIC_CONFIG,
     Replication,
     ReplicationUnavailable,
+    TopicAdmin,
     TopicConfigMismatch,
 )
 from eventfold.projections import FoldProjection
@@ -27,7 +27,7 @@ from eventfold.projections.sinks import DeliveryFailed, ensure_projection_topics
 from eventfold.read_api.ktables import KTableView
 from sqlalchemy import BigInteger, Text
 
-from eventfold.contract import libpq_url
+from eventfold.contract import EventEnvelope, event_topic, libpq_url
 from tests.kafka_helpers import produce, read_table
 from tests.pipeline_helpers import make_runner, wait_for
 

@@ -18,6 +18,7 @@ from itertools import count
 import psycopg
 import pytest
 from eventfold.projections import Pipeline, Plan, compile_projection, fold_records
+from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.engine import (
     BatchContext,
     read_events,
@@ -28,13 +29,12 @@ from eventfold.projections.engine import (
 )
 from eventfold.projections.fold import FoldOutcome, KeyState, RawRecords, SourceRecord, by_partition
 from eventfold.projections.sinks import ReadModelStore
-from eventfold.projections.versions import ProjectionVersions
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
 from eventfold import migrations
 from eventfold.contract import PartitionKey, libpq_url
-from tests.parity import LOOKUP_ROWS, comparable, kinds, logs, records_of
+from tests.parity import LOOKUP_ROWS, Step, comparable, kinds, logs, records_of
 
 _examples = count()
 EXAMPLES = int(os.environ.get("EVENTFOLD_PARITY_EXAMPLES", "3"))
@@ -80,17 +80,17 @@ def create_lookup_table(database_url: str, name: str) -> None:
 
 
 def fold_in_two_batches(spark, database_url: str, plan: Plan, pipeline: Pipeline,
-                        records: list[SourceRecord]) -> tuple[dict[str, KeyState], FoldOutcome]:
-    """Fold ``records`` in two batches on Spark, each committed to the store; the stored
-    rows, and the batches' emissions and dead letters together."""
-    versions = ProjectionVersions(database_url)
+                        log: list[Step]) -> tuple[dict[str, KeyState], FoldOutcome]:
+    """Fold the log's records in two batches on Spark, each committed to the store; the
+    stored rows, and the batches' emissions and dead letters together."""
+    versions = ProjectionCatalog(database_url)
     versions.register(plan.name)
     versions.close()
     both = FoldOutcome()
     committed: dict[PartitionKey, int] = {}
     with ReadModelStore(database_url, plan.projection, 1) as store:
         store.ensure_schema()
-        for batch_id, half in enumerate(_halves(records)):
+        for batch_id, half in enumerate(_in_two_batches(log)):
             context = BatchContext(plan, 1, database_url, {}, dict(committed))
             slices = [MemorySlice(tuple(run)) for run in _partitions(half)]
             outcome = run_pipeline(spark, pipeline, slices, context)
@@ -105,14 +105,17 @@ def fold_in_two_batches(spark, database_url: str, plan: Plan, pipeline: Pipeline
     return rows, both
 
 
-def _halves(records: list[SourceRecord]) -> list[list[SourceRecord]]:
-    """Each partition's first half, then the rest: two batches as a stream reads them."""
-    first, second = [], []
-    for run in _partitions(records):
-        middle = len(run) // 2
-        first += run[:middle]
-        second += run[middle:]
-    return [first, second]
+def _in_two_batches(log: list[Step]) -> list[list[SourceRecord]]:
+    """The log's records as two batches in the order they were appended: what a stream
+    reads in its first batch, then the rest. (Halves of each partition would not do: a key
+    that gathers several partitions' events would see them in another order than appended.)"""
+    first = records_of(log[:len(log) // 2])
+    return [first, _after(records_of(log), first)]
+
+
+def _after(records: list[SourceRecord], first: list[SourceRecord]) -> list[SourceRecord]:
+    done = set(first)
+    return [record for record in records if record not in done]
 
 
 def _partitions(records: list[SourceRecord]) -> list[list[SourceRecord]]:
@@ -146,7 +149,7 @@ def test_spark_pipelines_fold_as_the_python_harness(spark, stack_settings, kind:
         plan = compile_projection(definition)
         records = records_of(log)
         reference = comparable(fold_records(plan, {}, records, lookup_rows=LOOKUP_ROWS))
-        rows, outcome = fold_in_two_batches(spark, database_url, plan, pipeline, records)
+        rows, outcome = fold_in_two_batches(spark, database_url, plan, pipeline, log)
         got = comparable(FoldOutcome(changed=rows, emissions=outcome.emissions,
                                      dead_letters=outcome.dead_letters))
         assert got["changed"] == reference["changed"]

@@ -10,11 +10,11 @@ import shutil
 import pytest
 import requests
 from eventfold.local_stack.process import free_port
-from eventfold.outbox import event_topic
 from eventfold.projections.runner import stop_gracefully
 from eventfold.projections.status import projection_status
 from sqlalchemy import create_engine, text
 
+from eventfold.contract import event_topic
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, inventory_totals
 from tests.kafka_helpers import produce, read_table, read_topic

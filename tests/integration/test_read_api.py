@@ -16,9 +16,8 @@ import pytest
 import requests
 from eventfold.local_stack.process import free_port
 from eventfold.projections import FoldProjection
-from eventfold.projections.catalog import READER_ROLE
+from eventfold.projections.catalog import READER_ROLE, ProjectionCatalog
 from eventfold.projections.sinks import ReadModelStore
-from eventfold.projections.versions import ProjectionVersions
 from eventfold.read_api import ReadApiOptions, create_read_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -320,13 +319,13 @@ def test_a_version_switch_moves_reads_to_the_new_table_and_topic(inventory_app, 
     materialize(stack_settings, projection, {"a": {"stock": 1}})
     server = read_api([projection], stack_settings, "switch")
     try:
-        versions = ProjectionVersions(stack_settings.database_url)
+        versions = ProjectionCatalog(stack_settings.database_url)
         assert versions.begin_build(projection.name) == 2
         materialize(stack_settings, projection, {"a": {"stock": 2}}, version=2)
         store = ReadModelStore(stack_settings.database_url, projection, 2)
         with versions.locked(projection.name) as conn:
             store.publish_view(conn)
-            ProjectionVersions.activate(conn, projection.name, 2, {})
+            ProjectionCatalog.activate(conn, projection.name, 2, {})
         store.close()
         versions.close()
         row = f"/read-models/{projection.name}/rows/a"

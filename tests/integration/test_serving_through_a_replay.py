@@ -20,7 +20,7 @@ import httpx
 import psycopg
 from confluent_kafka.admin import AdminClient
 from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.projections.versions import ProjectionVersions
+from eventfold.projections.catalog import ProjectionCatalog
 
 from eventfold.contract import libpq_url
 from tests.integration.test_cli import stack_env
@@ -153,14 +153,14 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
         for thread in threads:
             thread.start()
 
-        active_before = ProjectionVersions(stack_settings.database_url).active(
+        active_before = ProjectionCatalog(stack_settings.database_url).active(
             inventory_totals.name)
         replay = subprocess.run(
             [sys.executable, "-m", "eventfold.cli", "projection", "replay", "inventory_totals"],
             env=env, stdout=subprocess.PIPE, stderr=logs["replay"].open("w"), text=True,
             timeout=400, check=False)
         assert replay.returncode == 0, tails()
-        active = ProjectionVersions(stack_settings.database_url).active(inventory_totals.name)
+        active = ProjectionCatalog(stack_settings.database_url).active(inventory_totals.name)
         assert active == active_before + 1
 
         # The run continues on the new version: commands sent now land in it.

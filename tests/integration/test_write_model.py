@@ -19,7 +19,7 @@ from eventfold.write_model import (
     StreamAppend,
     default_registry,
 )
-from eventfold.write_model.events import NewEvent
+from eventfold.write_model.domain.events import NewEvent
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text

@@ -1,6 +1,6 @@
 import pytest
-from eventfold.outbox import OutboxConnectorSpec, config_diff
-from eventfold.outbox.operations import describe_diff
+from eventfold.outbox.connector import OutboxConnectorSpec
+from eventfold.outbox.operations import config_diff, describe_diff
 
 SECRET_REF = "${file:/etc/kafka/secrets.properties:shop.password}"
 

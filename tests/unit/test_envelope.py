@@ -1,7 +1,8 @@
 import json
 
 import pytest
-from eventfold.outbox import EventEnvelope, MalformedEvent
+
+from eventfold.contract import EventEnvelope, MalformedEvent
 
 
 def test_decodes_what_the_event_router_writes() -> None:

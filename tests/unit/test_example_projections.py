@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from eventfold.outbox import EventEnvelope
 from eventfold.projections import SourceRecord, fold_in_memory, fold_records
 
+from eventfold.contract import EventEnvelope
 from examples import orders, point_of_sale, sales
 
 _positions = itertools.count(1)

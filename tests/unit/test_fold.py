@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-from eventfold.outbox import EventEnvelope
 from eventfold.projections import KeyState, SourceRecord, fold_in_memory, fold_records, projection
 from eventfold.projections.fold import BatchFold, RawRecords
 from sqlalchemy import BigInteger
 
+from eventfold.contract import EventEnvelope
 from examples.inventory import inventory_totals
 
 TOPIC = "eventfold.events.Product"

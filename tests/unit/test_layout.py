@@ -53,6 +53,35 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
         f"{package} imports {sorted(imported - ALLOWED[package])}")
 
 
+LAYERS = {
+    "write_model/domain": {"write_model.persistence", "write_model.commands", "write_model.http"},
+    "write_model/persistence": {"write_model.commands", "write_model.http"},
+    "projections/projection.py": {f"projections.{m}" for m in (
+        "plan", "fold", "decode", "partial", "engine", "runner", "sinks", "replay", "catalog",
+        "kafka_source", "store_source", "spark", "task_output")},
+}
+"""Inside a package, what a layer must not import: write_model's domain knows nothing of
+storage or transport; a projection's definition nothing of how it runs."""
+
+
+def _modules_imported(path: Path) -> set[str]:
+    found: set[str] = set()
+    files = path.rglob("*.py") if path.is_dir() else [path]
+    for source in files:
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                found.add(node.module.removeprefix("eventfold."))
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(LAYERS))
+def test_layers_inside_packages_import_one_way(layer: str) -> None:
+    imported = _modules_imported(ROOT / layer)
+    forbidden = {m for m in imported if any(m == f or m.startswith(f"{f}.")
+                                            for f in LAYERS[layer])}
+    assert not forbidden, f"{layer} imports {sorted(forbidden)}"
+
+
 def test_the_packages_load_under_the_eventfold_namespace_only() -> None:
     code = ("import sys, eventfold.app, eventfold.cli, eventfold.read_api.http, "
             "eventfold.projections.runner, eventfold.local_stack, eventfold.migrations; "
@@ -75,6 +104,21 @@ def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
     assert {n.split("/")[0] for n in names} == {"eventfold", f"eventfold-{version}.dist-info"}
     for expected in ("eventfold/py.typed", "eventfold/migrations/script.py.mako",
                      "eventfold/migrations/versions/0001_event_store.py",
-                     "eventfold/local_stack/pom.xml", "eventfold/outbox/__init__.py"):
+                     "eventfold/local_stack/pom.xml", "eventfold/outbox/__init__.py",
+                     "eventfold/write_model/domain/events.py",
+                     "eventfold/write_model/persistence/store.py",
+                     "eventfold/projections/aggregates.py"):
         assert expected in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+
+
+def test_a_spark_worker_loads_no_connector_side() -> None:
+    """What a projection's Python worker imports leaves out the Connect client and requests:
+    seconds of start-up for code it never runs."""
+    code = ("import sys, eventfold.projections.engine, eventfold.projections.kafka_source; "
+            "print(sorted(n for n in sys.modules if n == 'requests' "
+            "or n.startswith(('eventfold.outbox.connector', 'eventfold.outbox.operations', "
+            "'eventfold.write_model.commands', 'eventfold.write_model.http'))))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, cwd=ROOT).stdout.strip()
+    assert loaded == "[]"

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from eventfold.outbox import EventEnvelope
 from eventfold.projections import (
     Count,
     Latest,
@@ -30,6 +29,8 @@ from eventfold.projections.plan import Plan, compile_projection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import BigInteger, String
+
+from eventfold.contract import EventEnvelope
 
 TOPIC = "eventfold.events.Sale"
 AGGREGATES = {"revenue": Sum("total"), "sales": Count(), "smallest": Min("total"),

@@ -1,5 +1,3 @@
-from eventfold.outbox.kafka import flatten_offsets as _flatten
-from eventfold.outbox.kafka import nest_offsets as _to_offsets
 from eventfold.projections.engine import share_out
 from eventfold.projections.kafka_source import KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
@@ -7,6 +5,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from eventfold.config import Settings
+from eventfold.contract import flatten_offsets as _flatten
+from eventfold.contract import nest_offsets as _to_offsets
 
 
 def test_the_configuration_defaults_are_the_engine_defaults() -> None:

@@ -1,5 +1,4 @@
-from eventfold.outbox import compare
-from eventfold.outbox.verify import LoggedEvent
+from eventfold.outbox.verify import LoggedEvent, compare
 
 
 def ev(stream: str, version: int) -> LoggedEvent:

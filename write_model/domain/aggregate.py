@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, ClassVar, Self
 
-from eventfold.write_model.events import DomainEvent
+from eventfold.write_model.domain.events import DomainEvent
 
 
 class DomainError(ValueError):

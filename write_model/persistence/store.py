@@ -21,8 +21,8 @@ from typing import Any, cast
 
 import orjson
 import psycopg
-from eventfold.write_model.events import NewEvent, RecordedEvent
-from eventfold.write_model.group_commit import GroupCommit
+from eventfold.write_model.domain.events import NewEvent, RecordedEvent
+from eventfold.write_model.persistence.group_commit import GroupCommit
 from psycopg import errors
 from sqlalchemy import Engine, create_engine
 

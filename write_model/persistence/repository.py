@@ -14,9 +14,9 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from eventfold.write_model.aggregate import Aggregate
-from eventfold.write_model.events import EventRegistry, NewEvent, default_registry
-from eventfold.write_model.store import (
+from eventfold.write_model.domain.aggregate import Aggregate
+from eventfold.write_model.domain.events import EventRegistry, NewEvent, default_registry
+from eventfold.write_model.persistence.store import (
     AppendResult,
     EventStore,
     Snapshot,
@@ -25,7 +25,7 @@ from eventfold.write_model.store import (
 )
 
 if TYPE_CHECKING:
-    from eventfold.write_model.async_store import AsyncEventStore
+    from eventfold.write_model.persistence.async_store import AsyncEventStore
 
 A = TypeVar("A", bound=Aggregate)
 

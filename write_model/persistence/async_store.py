@@ -18,9 +18,9 @@ from typing import Any, Self
 
 import orjson
 import psycopg
-from eventfold.write_model.events import NewEvent
-from eventfold.write_model.group_commit import AsyncGroupCommit
-from eventfold.write_model.store import (
+from eventfold.write_model.domain.events import NewEvent
+from eventfold.write_model.persistence.group_commit import AsyncGroupCommit
+from eventfold.write_model.persistence.store import (
     APPEND_UNITS,
     COMMAND_RESULT,
     LOAD_EVENTS,

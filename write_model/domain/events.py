@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Self
 
-from eventfold.write_model.ids import uuid7
+from eventfold.write_model.domain.ids import uuid7
 
 EventData = dict[str, Any]
 Upcaster = Callable[[EventData], EventData]

@@ -1,0 +1,73 @@
+"""The contract every layer shares: the names, record formats and small conversions that the
+write side, the outbox, the projections and the read API must agree on, declared once.
+
+- event topics: their names (``event_topic``) and the envelope of their messages
+  (``EventEnvelope``, in ``envelope``);
+- Kafka partitions and offsets: ``PartitionKey`` and the JSON form of offsets that Spark's
+  offset log and projection checkpoints keep;
+- KTable record headers;
+- the database URL in libpq form.
+
+Unlike the composition root beside it (app, CLI, configuration), any package of Eventfold may
+import this package, Spark tasks included: it needs only the standard library, orjson and
+SQLAlchemy's URL parser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from sqlalchemy.engine import make_url
+
+from eventfold.contract.envelope import EventEnvelope, MalformedEvent
+
+__all__ = [
+    "DEFAULT_TOPIC_PREFIX",
+    "KTABLE_POSITION_HEADER",
+    "KTABLE_VERSION_HEADER",
+    "EventEnvelope",
+    "MalformedEvent",
+    "NestedOffsets",
+    "PartitionKey",
+    "event_topic",
+    "flatten_offsets",
+    "libpq_url",
+    "nest_offsets",
+]
+
+DEFAULT_TOPIC_PREFIX = "eventfold.events."
+
+
+def event_topic(aggregate_type: str, prefix: str = DEFAULT_TOPIC_PREFIX) -> str:
+    """The topic that carries every event of one aggregate type, keyed by aggregate id."""
+    return f"{prefix}{aggregate_type}"
+
+
+PartitionKey = tuple[str, int]
+"""A Kafka partition: (topic, partition)."""
+NestedOffsets = dict[str, dict[str, int]]
+
+
+def nest_offsets(flat: Mapping[PartitionKey, int]) -> NestedOffsets:
+    """{(topic, partition): offset} as {topic: {"partition": offset}}: the JSON form kept in
+    Spark's offset log and in projection checkpoints."""
+    nested: NestedOffsets = {}
+    for (topic, partition), offset in sorted(flat.items()):
+        nested.setdefault(topic, {})[str(partition)] = int(offset)
+    return nested
+
+
+def flatten_offsets(nested: Mapping[str, Mapping[str, int]]) -> dict[PartitionKey, int]:
+    return {(t, int(p)): int(o) for t, parts in nested.items() for p, o in parts.items()}
+
+KTABLE_VERSION_HEADER = "eventfold.version"
+"""KTable record header: the stream version of the last event folded into the state."""
+KTABLE_POSITION_HEADER = "eventfold.position"
+"""KTable record header: that event's global position in the event store."""
+
+
+def libpq_url(database_url: str) -> str:
+    """A database URL in SQLAlchemy form (``postgresql+psycopg://...``) or libpq form, as a
+    libpq connection string (password included: it is for connecting, never for printing)."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(
+        hide_password=False)

@@ -1,0 +1,116 @@
+"""Projection definitions: checked when defined, compiled into one plan."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+from eventfold.projections import (
+    Count,
+    Dispatch,
+    Event,
+    FoldProjection,
+    Latest,
+    Lookup,
+    Pipeline,
+    Projection,
+    Sum,
+    aggregation,
+    compile_projection,
+    projection,
+    stream,
+)
+from eventfold.projections.fields import coerce, key_text, path_value
+from sqlalchemy import BigInteger, String
+
+
+def event(event_type: str, **data: object) -> Event:
+    return Event(event_type, data, "s1", 1, "e1", 1)
+
+
+@dataclass(frozen=True)
+class ItemAdded:
+    """Shaped as a write_model DomainEvent is: a type name and ``from_data``."""
+
+    quantity: int
+    event_type = "ItemAdded"
+
+    @classmethod
+    def from_data(cls, data: dict) -> ItemAdded:
+        return cls(**data)
+
+
+def test_the_base_type_is_not_a_projection_of_its_own() -> None:
+    with pytest.raises(TypeError, match="projection\\(\\), aggregation\\(\\) or stream\\(\\)"):
+        Projection(name="p", sources=("A",))
+
+
+def test_an_aggregation_needs_aggregate_functions_of_one_type_per_field() -> None:
+    with pytest.raises(TypeError, match="needs an AggregateFunction"):
+        aggregation("p", sources=["A"], aggregates={"n": "count"},  # type: ignore[dict-item]
+                    columns={"n": BigInteger()})
+    with pytest.raises(ValueError, match="field 'value' is aggregated as bigint and as string"):
+        aggregation("p", sources=["A"], aggregates={"n": Sum("value"), "s": Latest("value")},
+                    columns={"n": BigInteger(), "s": String()})
+    with pytest.raises(ValueError, match="one column per aggregate"):
+        aggregation("p", sources=["A"], aggregates={"n": Count()}, columns={})
+
+
+def test_paths_must_be_paths() -> None:
+    with pytest.raises(ValueError, match=r"'a\.\.b' is not a field path"):
+        projection("p", sources=["A"], columns={}, key_by="a..b")(lambda s, e: s)
+
+
+def test_dispatch_by_class_and_by_name() -> None:
+    levels = Dispatch()
+
+    @levels.on(ItemAdded)
+    def added(state, added: ItemAdded):
+        return {"quantity": (state or {"quantity": 0})["quantity"] + added.quantity}
+
+    @levels.on("ItemRemoved")
+    def removed(state, removed: Event):
+        return None
+
+    defined = projection("levels", sources=["Item"], columns={"quantity": BigInteger()})(levels)
+    assert defined.event_types == {"ItemAdded", "ItemRemoved"}
+    assert levels({"quantity": 1}, event("ItemAdded", quantity=2)) == {"quantity": 3}
+    assert levels({"quantity": 1}, event("ItemRemoved")) is None
+    assert levels({"quantity": 1}, event("Other")) == {"quantity": 1}
+    with pytest.raises(ValueError, match="already has a handler"):
+        levels.on("ItemAdded")(removed)
+
+
+@pytest.mark.parametrize(("definition", "pipeline", "fallback"), [
+    (projection("a", sources=["A"], columns={})(lambda s, e: s),
+     Pipeline.FOLD_IN_PLACE, Pipeline.FOLD_AFTER_SHUFFLE),
+    (projection("b", sources=["A"], columns={}, key_by="x")(lambda s, e: s),
+     Pipeline.FOLD_AFTER_SHUFFLE, None),
+    (projection("c", sources=["A", "B"], columns={})(lambda s, e: s),
+     Pipeline.FOLD_AFTER_SHUFFLE, None),
+    (aggregation("d", sources=["A"], aggregates={"n": Count()}, columns={"n": BigInteger()}),
+     Pipeline.AGGREGATE_IN_PLACE, Pipeline.AGGREGATE_AFTER_SHUFFLE),
+    (stream("e", sources=["A"])(lambda e: []), Pipeline.FOLD_IN_PLACE,
+     Pipeline.FOLD_AFTER_SHUFFLE),
+])
+def test_the_plan_of_each_kind(definition: Projection, pipeline: Pipeline,
+                               fallback: Pipeline | None) -> None:
+    plan = compile_projection(definition)
+    assert (plan.pipeline, plan.fallback) == (pipeline, fallback)
+    assert plan.stateful == definition.has_state
+    assert isinstance(definition, FoldProjection) == (definition.kind == "fold")
+
+
+def test_keys_and_fields_read_the_same_in_every_engine() -> None:
+    data = {"where": {"store": 7}, "where.store": "flat", "ok": True}
+    assert path_value(data, "where.store") == 7  # a path, never the dotted name
+    assert path_value(data, "where.store.deeper") is None
+    assert [key_text(v) for v in (7, True, 1.5, {"a": 1}, "x", None)] == [
+        "7", "true", "1.5", '{"a":1}', "x", None]
+    assert [coerce(v, "bigint") for v in (3, 2.0, True, "3", None, 2**63, -(2**63))] == [
+        3, 2, None, None, None, None, -(2**63)]
+    assert [coerce(v, "double") for v in (3, 2.5, False)] == [3.0, 2.5, None]
+    looked_up = projection("p", sources=["A"], columns={},
+                           lookup=Lookup("other", on="where.store"))(lambda s, e: s)
+    assert looked_up.lookup_key(data) == "7"
+    assert looked_up.lookup_key({}) is None  # no key: no join, rather than a row keyed "None"
