@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -49,6 +50,7 @@ EVENT_FIELDS = RECORD_FIELDS + list(zip(ENVELOPE_ARROW.names, ENVELOPE_ARROW.typ
                                         strict=True))
 _JSON_READ = pa_json.ReadOptions(use_threads=False)  # a task has its core; threads only contend
 _NEWLINE, _NOTHING = pa.scalar("\n"), pa.scalar("")
+_LF, _CR = ord("\n"), ord("\r")
 _ARROW_TYPES = {"bigint": pa.int64(), "double": pa.float64(), "boolean": pa.bool_(),
                 "string": pa.string()}
 _SPARK_DDL = {pa.string(): "STRING", pa.int32(): "INT", pa.int64(): "BIGINT",
@@ -126,28 +128,25 @@ def decode_events(records: pa.Table, plan: Plan) -> pa.Table:
 
 
 def _read_lines(lines: pa.ChunkedArray, schema: pa.Schema) -> pa.Table | None:
-    """Each line a JSON object, read with an explicit schema; None when any line is not (a
-    line with a newline of its own, too: the row count gives it away)."""
+    """Each line a JSON object, read with an explicit schema; None when any line is not one
+    object's text on a line of its own, which the per-record decoder then takes. Arrow's
+    reader must not see such a line: a line ``null`` crashes the process (pyarrow 26), and a
+    line break inside a value would shift the rows."""
     if len(lines) == 0:
         return schema.empty_table()
-    if not _one_object_each(lines):
+    if not pc.all(pc.and_(pc.starts_with(lines, "{"), pc.ends_with(lines, "}"))).as_py():
+        return None
+    text = _newline_ended(lines)
+    raw = np.frombuffer(text, np.uint8)  # the bytes in place: no copy
+    if np.count_nonzero(raw == _LF) != len(lines) or np.count_nonzero(raw == _CR):
         return None
     options = pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore")
     try:
-        parsed = pa_json.read_json(pa.BufferReader(_newline_ended(lines)),
-                                   read_options=_JSON_READ, parse_options=options)
+        parsed = pa_json.read_json(pa.BufferReader(text), read_options=_JSON_READ,
+                                   parse_options=options)
     except pa.ArrowInvalid:
         return None
     return parsed if parsed.num_rows == len(lines) else None
-
-
-def _one_object_each(lines: pa.ChunkedArray) -> bool:
-    """Every line is one object's text, with no line break inside: anything else is left to
-    the per-record decoder. Arrow's reader must not see it: a line ``null`` crashes the
-    process (pyarrow 26), and a break inside a value would shift the rows."""
-    objects = pc.and_(pc.starts_with(lines, "{"), pc.ends_with(lines, "}"))
-    breaks = pc.or_(pc.match_substring(lines, "\n"), pc.match_substring(lines, "\r"))
-    return bool(pc.all(pc.and_not(objects, breaks)).as_py())
 
 
 def _newline_ended(lines: pa.ChunkedArray) -> pa.Buffer:
