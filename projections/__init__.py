@@ -21,7 +21,16 @@ pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types. Never ``write_mode
 ``read_api``.
 """
 
-from eventfold.projections.aggregates import AggregateFunction, Count, Latest, Max, Min, Sum
+from eventfold.projections.aggregates import (
+    AggregateFunction,
+    Avg,
+    CompositeAggregate,
+    Count,
+    Latest,
+    Max,
+    Min,
+    Sum,
+)
 from eventfold.projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records
 from eventfold.projections.plan import Pipeline, Plan, compile_projection
 from eventfold.projections.projection import (
@@ -45,6 +54,8 @@ from eventfold.projections.registry import ProjectionRegistry
 __all__ = [
     "AggregateFunction",
     "AggregationProjection",
+    "Avg",
+    "CompositeAggregate",
     "Count",
     "Derived",
     "Dispatch",

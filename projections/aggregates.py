@@ -10,12 +10,15 @@ random batches through all of them.
 A function fits when a batch's partial is one value per key that merges associatively with
 the stored one (sum, count, min, max), or one value whose newest occurrence wins (latest:
 set ``newest_wins`` and the engine tracks the position of each value). Add one by subclassing
-``AggregateFunction``; ``Avg`` is ``Sum`` and ``Count`` columns divided when read.
+``AggregateFunction``. A column computed from several such values (``Avg``: a sum and a
+count) is a ``CompositeAggregate``: its components are stored beside it, in hidden columns,
+and it is finished from them in Python and in SQL.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -41,15 +44,13 @@ class AggregateFunction(ABC):
     ``excluded.{c}`` (the batch's), where ``excluded._position`` is the batch's last position."""
     newest_wins: ClassVar[bool] = False
     """The value of the newest event that has one wins: partials carry its position."""
-    reads_field: ClassVar[bool] = True
-    """Whether the function aggregates a payload field (``Count`` does not)."""
+    needs_field: ClassVar[bool] = True
+    """Whether the function must be given a payload field (``Count`` need not)."""
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        if self.reads_field and not self.field:
+        if self.needs_field and not self.field:
             raise TypeError(f"{name} needs the payload field it aggregates, e.g. {name}('value')")
-        if not self.reads_field and self.field is not None:
-            raise TypeError(f"{name} counts events and takes no field")
 
     @abstractmethod
     def step(self, current: Any, value: Any) -> Any:
@@ -61,6 +62,10 @@ class AggregateFunction(ABC):
 
     def partial_type(self, field_type: pa.DataType) -> pa.DataType:
         """The Arrow type of the partial, given the field's decoded type."""
+        return field_type
+
+    def result_type(self, field_type: str) -> str:
+        """The SQL type (``fields.SQL_TYPES``) of the value, given the field's."""
         return field_type
 
 
@@ -78,21 +83,25 @@ class Sum(AggregateFunction):
 
 
 class Count(AggregateFunction):
-    """The number of events (of the handled types) per key."""
+    """``Count()``: the events (of the handled types) per key; ``Count("field")``: those whose
+    field has a value (of the column's type), as SQL's ``count(field)``."""
 
-    reads_field = False
+    needs_field = False
     arrow_partial = "count"
     arrow_merge = "sum"
     sql_merge = "{t}.{c} + excluded.{c}"
 
     def step(self, current: Any, value: Any) -> Any:
-        return (current or 0) + 1
+        return (current or 0) + (self.field is None or value is not None)
 
     def spark(self, value: Column, position: Column) -> Column:
-        return F.count(F.lit(1))
+        return F.count(value)
 
     def partial_type(self, field_type: pa.DataType) -> pa.DataType:
         return pa.int64()
+
+    def result_type(self, field_type: str) -> str:
+        return "bigint"
 
 
 class Min(AggregateFunction):
@@ -133,3 +142,38 @@ class Latest(AggregateFunction):
 
     def spark(self, value: Column, position: Column) -> Column:
         return F.max_by(value, F.when(value.isNotNull(), position))
+
+
+@dataclass(frozen=True, slots=True)
+class CompositeAggregate(ABC):
+    """A column finished from the values of other aggregate functions, its components, which
+    are stored beside it (hidden from readers) so that every batch merges into them."""
+
+    field: str
+
+    result_type: ClassVar[str]
+    """The SQL type its column must have (``fields.SQL_TYPES``)."""
+    finish_sql: ClassVar[str]
+    """The column from its components' values: SQL with one ``{name}`` per component."""
+
+    @abstractmethod
+    def components(self) -> Mapping[str, AggregateFunction]:
+        """The functions it is finished from, by name."""
+
+    @abstractmethod
+    def finish(self, parts: Mapping[str, Any]) -> Any:
+        """The column from its components' values, in Python."""
+
+
+class Avg(CompositeAggregate):
+    """The mean of the field's values per key (a Float column); null before any value."""
+
+    result_type = "double"
+    finish_sql = "CASE WHEN {count} > 0 THEN CAST({sum} AS double precision) / {count} END"
+
+    def components(self) -> Mapping[str, AggregateFunction]:
+        return {"sum": Sum(self.field), "count": Count(self.field)}
+
+    def finish(self, parts: Mapping[str, Any]) -> Any:
+        count = parts["count"]
+        return parts["sum"] / count if count else None

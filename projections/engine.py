@@ -54,6 +54,7 @@ from eventfold.projections.partial import (
     PartitionAggregate,
     merge_partials,
     partial_schema,
+    slot,
     stream_marks,
 )
 from eventfold.projections.plan import Plan
@@ -344,7 +345,7 @@ def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,
             SourceRecord(*(row[c] for c in RECORD_COLUMNS)), row["reason"]))
     for row in groups:
         outcome.changed[row["fold_key"]] = KeyState(
-            {name: row[name] for name in plan.aggregates}, row["_version"],
+            plan.finish({name: row[slot(name)] for name in plan.aggregates}), row["_version"],
             row["_position"])
         outcome.applied += row["_events"]
     for stream, version in marks.items():
@@ -359,7 +360,7 @@ def run_aggregation(events: DataFrame, plan: Plan) -> FoldOutcome:
     group = F.when(letter, F.concat_ws("/", F.lit("\u0000dlq"), "topic", "partition", "offset")
                    ).otherwise(F.col("fold_key"))
     position = F.col("globalPosition")
-    columns = [function.spark(_value(function), position).alias(name)
+    columns = [function.spark(_value(function), position).alias(slot(name))
                for name, function in plan.aggregates.items()]
     version = F.count(F.lit(1)) if plan.rekeyed else F.max("streamVersion")
     # A (stream, version) twice in one batch counts once; every dead letter is a group of its

@@ -410,4 +410,6 @@ def fold_in_memory(projection: Projection, records: Iterable[SourceRecord],
                    lookup_rows: Mapping[str, State] | None = None) -> dict[str, State]:
     """A reference fold of ``records`` from empty state: the live keys and their states."""
     outcome = fold_records(projection, {}, records, lookup_rows=lookup_rows)
-    return {key: ks.state for key, ks in outcome.changed.items() if ks.state is not None}
+    declared = projection.columns
+    return {key: {c: v for c, v in ks.state.items() if c in declared}
+            for key, ks in outcome.changed.items() if ks.state is not None}

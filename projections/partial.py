@@ -37,7 +37,7 @@ def partial_schema(plan: Plan, decoded: pa.Schema) -> pa.Schema:
               *(decoded.field(name) for name in DEAD_LETTER_COLUMNS)]
     for name, function in plan.aggregates.items():
         source = decoded.field(_source(function)).type
-        fields.append(pa.field(name, function.partial_type(source)))
+        fields.append(pa.field(slot(name), function.partial_type(source)))
         if function.newest_wins:
             fields.append(pa.field(_value_position(name), pa.int64()))
     return pa.schema(fields)
@@ -73,7 +73,7 @@ def partial_aggregate(events: pa.Table, plan: Plan, schema: pa.Schema) -> pa.Tab
     specs.add("_position", "globalPosition", "max")
     for name, function in plan.aggregates.items():
         column = _source(function)
-        specs.add(name, column, function.arrow_partial)
+        specs.add(slot(name), column, function.arrow_partial)
         if function.newest_wins:
             good = good.append_column(_value_position(name), pc.if_else(
                 pc.is_valid(good.column(column)), good.column("globalPosition"),
@@ -146,11 +146,11 @@ def _merge_rows(rows: pa.Table, plan: Plan) -> dict[str, pa.ChunkedArray]:
         if function.newest_wins:  # its value is the newest partial's that has one (below)
             specs.add(_value_position(name), _value_position(name), "max")
         else:
-            specs.add(name, name, function.arrow_merge)
+            specs.add(slot(name), slot(name), function.arrow_merge)
     merged = specs.apply(rows)
     for name, function in plan.aggregates.items():
         if function.newest_wins:
-            merged[name] = _newest(rows, merged[GROUP], name)
+            merged[slot(name)] = _newest(rows, merged[GROUP], name)
     return merged
 
 
@@ -167,9 +167,9 @@ def _newest(rows: pa.Table, keys: pa.ChunkedArray, name: str) -> pa.Array:
     position = _value_position(name)
     ordered = rows.filter(pc.is_valid(rows.column(position)))
     ordered = ordered.take(pc.sort_indices(ordered.column(position)))
-    newest = ordered.group_by(GROUP, use_threads=False).aggregate([(name, "last")])
+    newest = ordered.group_by(GROUP, use_threads=False).aggregate([(slot(name), "last")])
     at = pc.index_in(keys, value_set=newest.column(GROUP))
-    return pc.take(newest.column(f"{name}_last"), at)
+    return pc.take(newest.column(f"{slot(name)}_last"), at)
 
 
 def _rows(schema: pa.Schema, kind: str, columns: dict[str, pa.ChunkedArray | pa.Array],
@@ -193,6 +193,12 @@ def _source(function: AggregateFunction) -> str:
     return "globalPosition" if function.field is None else field_column(function.field)
 
 
+def slot(name: str) -> str:
+    """The column of aggregate column ``name`` in partials: apart from the columns partials
+    carry themselves, whatever the user named it (``value``, ``kind``...)."""
+    return f"agg:{name}"
+
+
 def _value_position(name: str) -> str:
     """The column holding the position of a ``newest_wins`` partial's value."""
-    return f"_{name}_position"
+    return f"position:{name}"

@@ -8,13 +8,13 @@ partial aggregates, the Spark jobs, the store's merge) reads the ``Plan``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from math import isfinite
 from types import MappingProxyType
 from typing import Any
 
-from eventfold.projections.aggregates import AggregateFunction
+from eventfold.projections.aggregates import AggregateFunction, CompositeAggregate
 from eventfold.projections.fields import coerce, path_value
 from eventfold.projections.projection import (
     AggregationProjection,
@@ -22,6 +22,7 @@ from eventfold.projections.projection import (
     FoldProjection,
     Projection,
     State,
+    component_column,
 )
 
 StateStep = Callable[[State | None, Event], State | None]
@@ -52,8 +53,20 @@ class Plan:
     step: StateStep | None
     """One event onto a key's state (None: no state, a stream)."""
     aggregates: Mapping[str, AggregateFunction] = field(default_factory=dict)
+    """The functions whose values are stored, by stored column (composites' components under
+    their hidden columns)."""
     payload_fields: Mapping[str, str] = field(default_factory=dict)
     """Payload paths decoded into columns of their own, with their SQL types."""
+    composites: Mapping[str, tuple[CompositeAggregate, Mapping[str, str]]] = field(
+        default_factory=dict)
+    """Composite columns: each function, and its components' stored columns by name."""
+
+    def finish(self, values: dict[str, Any]) -> dict[str, Any]:
+        """``values`` of the stored columns with the composite columns finished from them."""
+        for column, (function, parts) in self.composites.items():
+            values[column] = function.finish({part: values[stored]
+                                              for part, stored in parts.items()})
+        return values
 
     @property
     def name(self) -> str:
@@ -77,12 +90,7 @@ class Plan:
 def compile_projection(projection: Projection) -> Plan:
     """The plan of ``projection``'s batches."""
     if isinstance(projection, AggregationProjection):
-        return Plan(projection, Pipeline.AGGREGATE_IN_PLACE, Pipeline.AGGREGATE_AFTER_SHUFFLE,
-                    aggregate_step(projection.aggregates, projection.sql_type),
-                    MappingProxyType(dict(projection.aggregates)),
-                    MappingProxyType({f.field: projection.sql_type(column)
-                                      for column, f in projection.aggregates.items()
-                                      if f.field is not None}))
+        return _aggregation_plan(projection)
     step = checked_fold(projection) if isinstance(projection, FoldProjection) else None
     if projection.key_by is None and len(projection.sources) == 1:
         return Plan(projection, Pipeline.FOLD_IN_PLACE, Pipeline.FOLD_AFTER_SHUFFLE, step)
@@ -93,17 +101,31 @@ def as_plan(definition: Projection | Plan) -> Plan:
     return definition if isinstance(definition, Plan) else compile_projection(definition)
 
 
-def aggregate_step(aggregates: Mapping[str, AggregateFunction],
-                   sql_type: Callable[[str], str]) -> StateStep:
+def _aggregation_plan(projection: AggregationProjection) -> Plan:
+    stored = projection.stored_functions()
+    composites = {column: (function, MappingProxyType({
+        part: component_column(column, part) for part in function.components()}))
+        for column, function in projection.aggregates.items()
+        if isinstance(function, CompositeAggregate)}
+    plan = Plan(projection, Pipeline.AGGREGATE_IN_PLACE, Pipeline.AGGREGATE_AFTER_SHUFFLE,
+                None, MappingProxyType({column: f for column, (f, _) in stored.items()}),
+                MappingProxyType({f.field: kind for f, kind in stored.values()
+                                  if f.field is not None}),
+                MappingProxyType(composites))
+    return replace(plan, step=aggregate_step(plan, stored))
+
+
+def aggregate_step(plan: Plan, stored: Mapping[str, tuple[AggregateFunction, str]]
+                   ) -> StateStep:
     """The aggregation's columns stepped one event at a time: the reference the Arrow and
     Spark forms are held to."""
-    columns = [(column, f, f.field, sql_type(column)) for column, f in aggregates.items()]
+    columns = [(column, f, f.field, kind) for column, (f, kind) in stored.items()]
 
     def step(state: State | None, event: Event) -> State:
         current = state or {}
-        return {column: f.step(current.get(column), None if path is None
-                               else coerce(path_value(event.data, path), kind))
-                for column, f, path, kind in columns}
+        return plan.finish({column: f.step(current.get(column), None if path is None
+                                           else coerce(path_value(event.data, path), kind))
+                            for column, f, path, kind in columns})
 
     return step
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from eventfold.projections.aggregates import AggregateFunction
+from eventfold.projections.aggregates import AggregateFunction, CompositeAggregate
 from eventfold.projections.fields import key_text, path_value
-from sqlalchemy.types import JSON, Boolean, Float, Integer, Numeric, TypeEngine
+from sqlalchemy.types import JSON, BigInteger, Boolean, Float, Integer, Numeric, Text, TypeEngine
 
 from eventfold.contract import DEFAULT_TOPIC_PREFIX, event_topic
 
@@ -173,6 +173,11 @@ class Projection:
         return key_text(path_value(data, self.lookup.on))
 
     @property
+    def stored_columns(self) -> Mapping[str, TypeEngine[Any]]:
+        """The columns the read model table stores: the declared ones, and any of ours."""
+        return self.columns
+
+    @property
     def json_columns(self) -> frozenset[str]:
         return frozenset(n for n, t in self.columns.items() if isinstance(t, JSON))
 
@@ -200,28 +205,62 @@ class FoldProjection(Projection):
 class AggregationProjection(Projection):
     """Columns computed natively per key: ``{"total": Sum("value"), "sales": Count()}``."""
 
-    aggregates: Mapping[str, AggregateFunction] = field(kw_only=True)
+    aggregates: Mapping[str, AggregateFunction | CompositeAggregate] = field(kw_only=True)
     kind: ClassVar[Kind] = Kind.AGGREGATION
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if set(self.aggregates) != set(self.columns):
             raise ValueError(f"projection {self.name!r}: declare one column per aggregate")
-        field_types: dict[str, str] = {}
+        if self.lookup is not None:
+            raise ValueError(f"projection {self.name!r}: an aggregation cannot look up rows")
         for column, function in self.aggregates.items():
-            if not isinstance(function, AggregateFunction):
+            if not isinstance(function, AggregateFunction | CompositeAggregate):
                 raise TypeError(f"projection {self.name!r}: column {column!r} needs an "
                                 f"AggregateFunction (Sum, Count...), not {function!r}")
+            if (isinstance(function, CompositeAggregate)
+                    and self.sql_type(column) != function.result_type):
+                raise ValueError(f"projection {self.name!r}: {type(function).__name__} column "
+                                 f"{column!r} must be of a {function.result_type} type")
+        self.stored_functions()  # checks that each field is read as one type
+
+    def stored_functions(self) -> dict[str, tuple[AggregateFunction, str]]:
+        """Every function whose value is stored, by stored column, with the SQL type its field
+        is read as: the declared columns, and the components of composite ones (hidden)."""
+        stored: dict[str, tuple[AggregateFunction, str]] = {}
+        for column, function in self.aggregates.items():
+            kind = self.sql_type(column)
+            if isinstance(function, CompositeAggregate):
+                for part, component in function.components().items():
+                    stored[component_column(column, part)] = (component, kind)
+            else:
+                stored[column] = (function, kind)
+        field_types: dict[str, str] = {}
+        for function, kind in stored.values():
             if function.field is None:
                 continue
             # A field is decoded once, as one type: its columns must agree on it.
-            kind = field_types.setdefault(function.field, self.sql_type(column))
-            if kind != self.sql_type(column):
+            if field_types.setdefault(function.field, kind) != kind:
                 raise ValueError(f"projection {self.name!r}: field {function.field!r} is "
-                                 f"aggregated as {kind} and as {self.sql_type(column)}; "
+                                 f"aggregated as {field_types[function.field]} and as {kind}; "
                                  f"give its columns one SQL type")
-        if self.lookup is not None:
-            raise ValueError(f"projection {self.name!r}: an aggregation cannot look up rows")
+        return stored
+
+    @property
+    def stored_columns(self) -> Mapping[str, TypeEngine[Any]]:
+        hidden = {column: _COLUMN_TYPES[function.result_type(kind)]
+                  for column, (function, kind) in self.stored_functions().items()
+                  if column not in self.columns}
+        return {**self.columns, **hidden}
+
+
+def component_column(column: str, part: str) -> str:
+    """The hidden column holding one component of a composite aggregate's column."""
+    return f"_{column}__{part}"
+
+
+_COLUMN_TYPES: dict[str, TypeEngine[Any]] = {
+    "bigint": BigInteger(), "double": Float(), "boolean": Boolean(), "string": Text()}
 
 
 @dataclass(frozen=True)

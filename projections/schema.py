@@ -62,7 +62,7 @@ def version_metadata(projection: Projection, version: int) -> MetaData:
         Table(name, metadata,
               Column("key", Text, primary_key=True),
               *(Column(column, column_type) for column, column_type
-                in projection.columns.items()),
+                in projection.stored_columns.items()),
               Column("_version", BigInteger, nullable=False),
               Column("_position", BigInteger, nullable=False),
               Column("_deleted", Boolean, nullable=False, server_default=text("false")),

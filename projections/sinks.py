@@ -72,7 +72,7 @@ class ReadModelStore:
         self.version = version
         self.database_url = database_url
         self.conn = psycopg.connect(libpq_url(database_url))
-        self._columns = list(projection.columns)
+        self._columns = list(projection.stored_columns)  # declared, and hidden components
         self._table = sql.Identifier(state_table(projection, version))
         self._sources = sql.Identifier(sources_table(projection, version))
 
@@ -102,7 +102,7 @@ class ReadModelStore:
         conn.execute(sql.SQL("""
             CREATE VIEW {view} AS SELECT key, {columns}, _version, _position, _updated_at
             FROM {table} WHERE NOT _deleted
-        """).format(view=view, table=self._table, columns=_names(self._columns)))
+        """).format(view=view, table=self._table, columns=_names(self.projection.columns)))
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(view, sql.Identifier(READER_ROLE)))
 
     def drop(self, conn: psycopg.Connection) -> None:
@@ -221,14 +221,24 @@ class ReadModelStore:
                     updates=updates, tail=tail))
         if not self.plan.aggregates:
             return dict(changed)
-        return {key: KeyState(dict(zip(self._columns, values, strict=True)), version, position)
+        declared = self.projection.columns
+        return {key: KeyState({c: v for c, v in zip(self._columns, values, strict=True)
+                               if c in declared}, version, position)
                 for key, version, position, *values in rows}
 
     def _merge_updates(self) -> sql.Composable:
         """How a batch's partial aggregate merges into the stored one, per column."""
-        parts = [sql.SQL("{c} = " + function.sql_merge).format(
-            c=sql.Identifier(column), t=self._table)
-            for column, function in self.plan.aggregates.items()]
+        merges = {column: sql.SQL(function.sql_merge).format(c=sql.Identifier(column),
+                                                              t=self._table)
+                  for column, function in self.plan.aggregates.items()}
+        parts = [sql.SQL("{} = {}").format(sql.Identifier(column), merge)
+                 for column, merge in merges.items()]
+        # A composite column is finished from its components' merged values (SET expressions
+        # read the row as it was, so the merges are spelled out again).
+        parts += [sql.SQL("{} = {}").format(sql.Identifier(column), sql.SQL(
+            function.finish_sql).format(**{part: sql.SQL("({})").format(merges[stored])
+                                           for part, stored in stored_parts.items()}))
+                  for column, (function, stored_parts) in self.plan.composites.items()]
         version = ("{t}._version + excluded._version" if self.plan.rekeyed
                    else "greatest({t}._version, excluded._version)")
         parts.append(sql.SQL("_version = " + version).format(t=self._table))

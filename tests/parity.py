@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow as pa
 from eventfold.projections import (
+    Avg,
     Count,
     Derived,
     Event,
@@ -37,7 +37,7 @@ from eventfold.projections.fold import FoldOutcome
 from hypothesis import strategies as st
 from pyspark.sql import Column
 from pyspark.sql import functions as F
-from sqlalchemy import JSON, BigInteger, String
+from sqlalchemy import JSON, BigInteger, Boolean, Float, String
 
 from eventfold.contract import EventEnvelope
 
@@ -59,6 +59,10 @@ def payloads(draw: st.DrawFn) -> dict[str, Any]:
     data: dict[str, Any] = {}
     if draw(st.integers(0, 4)):
         data["amount"] = draw(amounts)
+    if draw(st.booleans()):
+        data["price"] = draw(st.one_of(st.integers(-50, 50), st.none(), st.just("x")))
+    if draw(st.booleans()):
+        data["vip"] = draw(st.one_of(st.booleans(), st.none(), st.just("yes")))
     if draw(st.booleans()):
         data["city"] = draw(st.sampled_from(["north", "7", "nowhere", None]))
     where = draw(st.sampled_from(["nested", "nested", "nested", "flat", "none",
@@ -94,6 +98,8 @@ steps = st.one_of(
               broken=st.sampled_from([b"{not json", b"\xff\xfe", "null", '{"eventId": 1}'])),
 )
 logs = st.lists(steps, min_size=1, max_size=40)
+long_logs = st.lists(steps, min_size=30, max_size=80)
+"""For Spark, where an example costs a few jobs whatever its size: each one long."""
 
 
 def records_of(plan: list[Step]) -> list[SourceRecord]:
@@ -148,30 +154,33 @@ def _big_sale(event: Event) -> Iterator[Derived]:
                       {"amount": _amount(event), "from": event.event_id})
 
 
-class CountValues(AggregateFunction):
-    """A user's own aggregate function: the events whose field has a value."""
+class AnyTrue(AggregateFunction):
+    """A user's own aggregate function: whether any event's field was true (null before any
+    boolean)."""
 
-    arrow_partial = "count"
-    arrow_merge = "sum"
-    sql_merge = "{t}.{c} + excluded.{c}"
+    arrow_partial = "any"
+    arrow_merge = "any"
+    sql_merge = ("CASE WHEN excluded.{c} IS NULL THEN {t}.{c} WHEN {t}.{c} IS NULL "
+                 "THEN excluded.{c} ELSE {t}.{c} OR excluded.{c} END")
 
     def step(self, current: Any, value: Any) -> Any:
-        return (current or 0) + (value is not None)
+        if value is None:
+            return current
+        return value if current is None else current or value
 
     def spark(self, value: Column, position: Column) -> Column:
-        return F.count(value)
-
-    def partial_type(self, field_type: pa.DataType) -> pa.DataType:
-        return pa.int64()
+        return F.bool_or(value)
 
 
 def kinds(suffix: str = "") -> dict[str, Projection]:
     """One projection of each kind over ``TOPIC`` (named with ``suffix`` to be unique)."""
     aggregates = {"total": Sum("amount"), "events": Count(), "low": Min("amount"),
                   "high": Max("amount"), "city": Latest("city"),
-                  "with_amount": CountValues("amount")}
+                  "with_amount": Count("amount"), "mean_price": Avg("price"),
+                  "any_vip": AnyTrue("vip")}
     aggregate_columns = {"total": BigInteger(), "events": BigInteger(), "low": BigInteger(),
-                         "high": BigInteger(), "city": String(), "with_amount": BigInteger()}
+                         "high": BigInteger(), "city": String(), "with_amount": BigInteger(),
+                         "mean_price": Float(), "any_vip": Boolean()}
     return {
         "fold": projection(
             f"till_totals{suffix}", sources=["Till"], event_types=["Sold", "Closed"],

@@ -34,7 +34,7 @@ from psycopg import sql
 
 from eventfold import migrations
 from eventfold.contract import PartitionKey, libpq_url
-from tests.parity import LOOKUP_ROWS, Step, comparable, kinds, logs, records_of
+from tests.parity import LOOKUP_ROWS, Step, comparable, kinds, long_logs, records_of
 
 _examples = count()
 EXAMPLES = int(os.environ.get("EVENTFOLD_PARITY_EXAMPLES", "3"))
@@ -140,7 +140,7 @@ def test_spark_pipelines_fold_as_the_python_harness(spark, stack_settings, kind:
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-    @given(log=logs)
+    @given(log=long_logs)
     def check(log) -> None:
         suffix = f"_{uuid.uuid4().hex[:8]}_{next(_examples)}"
         definition = kinds(suffix)[kind]

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 from eventfold.projections import (
+    Avg,
     Count,
     Dispatch,
     Event,
@@ -21,7 +22,7 @@ from eventfold.projections import (
     stream,
 )
 from eventfold.projections.fields import coerce, key_text, path_value
-from sqlalchemy import BigInteger, String
+from sqlalchemy import BigInteger, Float, String
 
 
 def event(event_type: str, **data: object) -> Event:
@@ -54,6 +55,23 @@ def test_an_aggregation_needs_aggregate_functions_of_one_type_per_field() -> Non
                     columns={"n": BigInteger(), "s": String()})
     with pytest.raises(ValueError, match="one column per aggregate"):
         aggregation("p", sources=["A"], aggregates={"n": Count()}, columns={})
+
+
+def test_a_composite_column_has_its_type_and_hidden_components() -> None:
+    with pytest.raises(ValueError, match="Avg column 'mean' must be of a double type"):
+        aggregation("p", sources=["A"], aggregates={"mean": Avg("price")},
+                    columns={"mean": BigInteger()})
+    stats = aggregation("p", sources=["A"], columns={"mean": Float(), "n": BigInteger()},
+                        aggregates={"mean": Avg("price"), "n": Count()})
+    assert list(stats.stored_columns) == ["mean", "n", "_mean__sum", "_mean__count"]
+    plan = compile_projection(stats)
+    assert plan.payload_fields == {"price": "double"}
+    step = plan.step
+    assert step is not None
+    state = None
+    for price in (3, None, "x", 4):
+        state = step(state, event("Sold", price=price))
+    assert state == {"mean": 3.5, "n": 4, "_mean__sum": 7.0, "_mean__count": 2}
 
 
 def test_paths_must_be_paths() -> None:

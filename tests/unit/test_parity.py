@@ -12,14 +12,25 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
-from eventfold.projections import Plan, compile_projection, fold_records
+from eventfold.projections import (
+    Avg,
+    Count,
+    Latest,
+    Max,
+    Plan,
+    Sum,
+    aggregation,
+    compile_projection,
+    fold_records,
+)
 from eventfold.projections.decode import decode_events, decoded_schema, records_table
 from eventfold.projections.engine import aggregation_outcome, columns, decoded_rows, fold_keyed
 from eventfold.projections.fold import FoldOutcome, SourceRecord, by_partition
 from eventfold.projections.partial import PartitionAggregate, partial_schema
 from hypothesis import HealthCheck, given, settings
+from sqlalchemy import BigInteger, Float, String
 
-from tests.parity import LOOKUP_ROWS, comparable, kinds, logs, records_of
+from tests.parity import LOOKUP_ROWS, Step, comparable, kinds, logs, records_of
 
 PROJECTIONS = kinds()
 
@@ -55,3 +66,24 @@ def test_python_and_arrow_paths_agree(kind: str, log) -> None:
     records = records_of(log)
     reference = comparable(fold_records(plan, {}, records, lookup_rows=LOOKUP_ROWS))
     assert comparable(arrow_outcome(plan, records)) == reference
+
+
+def test_columns_named_like_the_engines_own_fold_right() -> None:
+    """Partials and Spark's aggregate carry columns of their own (kind, value, reason...);
+    a read model may use those names too."""
+    named = aggregation(
+        "named", sources=["Till"], aggregates={
+            "value": Sum("amount"), "kind": Count(), "reason": Latest("city"),
+            "fold_key": Max("amount"), "offset": Avg("price")},
+        columns={"value": BigInteger(), "kind": BigInteger(), "reason": String(),
+                 "fold_key": BigInteger(), "offset": Float()})
+    log = [Step("event", stream, "Sold", {"amount": amount, "city": city, "price": amount})
+           for stream, amount, city in [("s1", 5, "north"), ("s2", 7, None), ("s1", 9, "7"),
+                                        ("s3", 1, "x")]]
+    plan = compile_projection(named)
+    records = records_of(log)
+    reference = comparable(fold_records(plan, {}, records))
+    assert comparable(arrow_outcome(plan, records)) == reference
+    assert reference["changed"]["s1"][0] == {
+        "value": 14, "kind": 2, "reason": "7", "fold_key": 9, "offset": 7.0,
+        "_offset__sum": 14.0, "_offset__count": 2}

@@ -23,6 +23,7 @@ from eventfold.projections.partial import (
     PartitionAggregate,
     merge_partials,
     partial_schema,
+    slot,
     stream_marks,
 )
 from eventfold.projections.plan import Plan, compile_projection
@@ -84,7 +85,7 @@ def merged_states(projection: Plan, partitions: list[list[SourceRecord]], chunk:
     partials = pa.concat_tables(task_partials(projection, p, chunk) for p in partitions)
     merged = merge_partials(partials, projection)
     assert merged is not None
-    states = {row["fold_key"]: ({name: row[name] for name in AGGREGATES}, row["_version"],
+    states = {row["fold_key"]: ({name: row[slot(name)] for name in AGGREGATES}, row["_version"],
                                 row["_position"]) for row in merged.to_pylist()}
     letters = sum(1 for kind in partials.column("kind").to_pylist() if kind == "dlq")
     return states, letters, stream_marks(partials, projection)
