@@ -104,28 +104,32 @@ class Count(AggregateFunction):
         return "bigint"
 
 
-class Min(AggregateFunction):
+class _Extreme(AggregateFunction):
+    """The smallest or largest value: the same in every form but for which one wins."""
+
+    smallest: ClassVar[bool]
+
+    def step(self, current: Any, value: Any) -> Any:
+        if value is None or current is None:
+            return current if value is None else value
+        return min(current, value) if self.smallest else max(current, value)
+
+    def spark(self, value: Column, position: Column) -> Column:
+        return F.min(value) if self.smallest else F.max(value)
+
+
+class Min(_Extreme):
     arrow_partial = "min"
     arrow_merge = "min"
     sql_merge = "least({t}.{c}, excluded.{c})"
-
-    def step(self, current: Any, value: Any) -> Any:
-        return current if value is None else value if current is None else min(current, value)
-
-    def spark(self, value: Column, position: Column) -> Column:
-        return F.min(value)
+    smallest = True
 
 
-class Max(AggregateFunction):
+class Max(_Extreme):
     arrow_partial = "max"
     arrow_merge = "max"
     sql_merge = "greatest({t}.{c}, excluded.{c})"
-
-    def step(self, current: Any, value: Any) -> Any:
-        return current if value is None else value if current is None else max(current, value)
-
-    def spark(self, value: Column, position: Column) -> Column:
-        return F.max(value)
+    smallest = False
 
 
 class Latest(AggregateFunction):
