@@ -45,7 +45,6 @@ from eventfold.projections.fold import (
     KeyState,
     RawRecords,
     SourceRecord,
-    joined,
     lookup_keys,
 )
 from eventfold.projections.guard import EVENT_IDENTITY, drop_applied
@@ -203,10 +202,7 @@ def fold_keyed(plan: Plan, keyed: Sequence[tuple[str, tuple[SourceRecord, Event]
     joined with the looked-up ``rows``."""
     folder = KeyFolder(plan, outcome, emit_from)
     for key, group in groupby(keyed, key=itemgetter(0)):
-        items = [item for _, item in group]
-        if plan.projection.lookup is not None:
-            items = [(record, joined(plan.projection, event, rows)) for record, event in items]
-        folder.fold(key, stored.get(key), items)
+        folder.fold(key, stored.get(key), [item for _, item in group], rows)
 
 
 def _store(context: BatchContext) -> ReadModelStore:

@@ -128,14 +128,19 @@ class KeyFolder:
         self._seen: set[tuple[str, int]] = set()
 
     def fold(self, key: str, stored: KeyState | None,
-             items: Iterable[tuple[SourceRecord, Event]]) -> None:
-        """Fold ``items`` (in position order) onto the key's state.
+             items: Iterable[tuple[SourceRecord, Event]],
+             lookup_rows: Mapping[str, State] | None = None) -> None:
+        """Fold ``items`` (in position order) onto the key's state, each event joined with its
+        row of ``lookup_rows`` when the projection looks one up.
 
         A (stream, version) met twice counts once. When the key is the aggregate id, its
         stream's versions rise with position, so that takes one comparison with the last
         version; a re-keyed key gathers many streams and remembers each event it met."""
         # The per-event loop of every fold: lookups are hoisted into locals on purpose.
         plan, outcome, seen = self.plan, self.outcome, self._seen
+        if plan.projection.lookup is not None:
+            rows = lookup_rows or {}
+            items = [(record, joined(plan.projection, event, rows)) for record, event in items]
         marks, step, rekeyed = outcome.watermarks, plan.step, plan.rekeyed
         derive = self._derive if plan.emits and self.emit_from is not None else None
         state = stored.state if stored else None
@@ -345,10 +350,8 @@ class BatchFold:
         for key, items in self._pending.items():
             if key in self._unsorted:
                 items.sort(key=_by_position)
-            if self.plan.projection.lookup is not None:
-                items = [(record, joined(self.plan.projection, event, lookup_rows or {}))
-                         for record, event in items]
-            self.folder.fold(key, outcome.changed.get(key) or stored.get(key), items)
+            self.folder.fold(key, outcome.changed.get(key) or stored.get(key), items,
+                             lookup_rows)
         self._pending, self._unsorted = {}, set()
         return outcome
 
