@@ -94,10 +94,13 @@ def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> dict[int, tupl
 
 
 class PeakMemory:
-    """Samples the RSS of this process's tree (minus ``exclude``) in the background."""
+    """Samples the RSS of this process's tree (minus ``exclude``, plus the trees of ``also``:
+    a Spark cluster's master and workers, whose executors are theirs) in the background."""
 
-    def __init__(self, exclude: frozenset[int] = frozenset(), interval_s: float = 0.25) -> None:
+    def __init__(self, exclude: frozenset[int] = frozenset(), interval_s: float = 0.25,
+                 also: frozenset[int] = frozenset()) -> None:
         self.exclude, self.interval_s, self.peak = exclude, interval_s, 0
+        self.also = also
         self.at_peak: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -113,6 +116,8 @@ class PeakMemory:
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
             sample = tree_rss(os.getpid(), self.exclude)
+            for root in self.also:
+                sample.update(tree_rss(root, self.exclude))
             total = sum(rss for _, rss in sample.values())
             if total > self.peak:
                 self.peak, self.at_peak = total, sample

@@ -16,6 +16,7 @@ Prints figures, then one JSON line.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import multiprocessing as mp
@@ -43,6 +44,8 @@ from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory
 from eventfold import migrations
+from eventfold.app import spark_conf
+from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
 
 SOURCE = "BenchSale"
@@ -200,6 +203,12 @@ def streaming(spark, settings: RunnerSettings, definition: Projection, events: i
     return clock.steady_rate()
 
 
+def on_spark_kafka(definition: Projection) -> Projection:
+    """The benchmark's projection under a name of its own, for Spark's Kafka source."""
+    return dataclasses.replace(definition, name=f"{definition.name}_spark_kafka", table="",
+                               ktable_topic="")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -207,6 +216,11 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--max-rows-per-batch", type=int, default=STREAMING_MAX_ROWS)
     parser.add_argument("--replay-max-rows-per-batch", type=int, default=REPLAY_MAX_ROWS)
+    parser.add_argument("--master", default="local[2]",
+                        help="Spark master: local[2], or a cluster's spark://host:port")
+    parser.add_argument("--cluster", action="store_true",
+                        help="start a Spark standalone master and two workers (1 core each) "
+                             "beside the stack and run on them (the master given is ignored)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -215,19 +229,23 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="eventfold-bench-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")
-        endpoints = stack.up()
+        endpoints = stack.up(spark_cluster=args.cluster)
         try:
             migrations.upgrade(endpoints.database_url)
             stack_pids = frozenset({endpoints.postgres_pid, endpoints.broker_pid,
                                     endpoints.connect_pid})
+            cluster = stack.spark.state()
+            if cluster is not None:
+                args.master = cluster.master_url
             run(args, endpoints.database_url, KafkaConnection.of(endpoints.kafka_bootstrap),
-                Path(tmp), stack_pids)
+                Path(tmp), stack_pids,
+                frozenset(node.pid for node in cluster.nodes) if cluster else frozenset())
         finally:
             stack.down()
 
 
 def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
-        stack_pids: frozenset[int]) -> None:
+        stack_pids: frozenset[int], cluster_pids: frozenset[int]) -> None:
     produce_rate = produce_events(kafka, args.events, args.keys, args.partitions)
     print(f"produced {args.events:,} events ({args.keys:,} keys, {args.partitions} partitions) "
           f"at {produce_rate:,.0f} events/s", flush=True)
@@ -246,15 +264,24 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                               max_rows_per_batch=args.max_rows_per_batch)
     replay_settings = RunnerSettings(**{**settings.__dict__,
                                         "max_rows_per_batch": args.replay_max_rows_per_batch})
-    with PeakMemory(exclude=stack_pids) as memory:
-        spark = spark_session("local[2]", app_name="eventfold-bench")
+    with PeakMemory(exclude=stack_pids, also=cluster_pids) as memory:
+        spark = spark_session(args.master, app_name="eventfold-bench",
+                              extra_conf=spark_conf(Settings.from_env()))
         stream_rate = streaming(spark, settings, bench_totals, args.events)
         print(f"streaming Python fold into Postgres + KTable, steady state: "
               f"{stream_rate:,.0f} events/s", flush=True)
+        spark_kafka = dataclasses.replace(settings, source="kafka")
+        stream_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_totals),
+                                       args.events)
+        print(f"the same through Spark's Kafka source: {stream_spark_kafka:,.0f} events/s "
+              f"({stream_spark_kafka / stream_rate:.2f}x ours)", flush=True)
         fold_replay = replay(spark, bench_totals, replay_settings)
         report_replay("Python fold", fold_replay)
         agg_stream = streaming(spark, settings, bench_stats, args.events)
         print(f"streaming Spark aggregation, steady state: {agg_stream:,.0f} events/s", flush=True)
+        agg_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_stats), args.events)
+        print(f"the same through Spark's Kafka source: {agg_spark_kafka:,.0f} events/s "
+              f"({agg_spark_kafka / agg_stream:.2f}x ours)", flush=True)
         agg_replay = replay(spark, bench_stats, replay_settings)
         report_replay("Spark aggregation", agg_replay)
         history_rate = write_history(database_url, args.events, args.keys)
@@ -267,11 +294,15 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
               f"events/s of history", flush=True)
         spark.stop()
     peak_mb = memory.peak / 2**20
-    print(f"peak RSS of this process tree (driver, Spark JVM, Python workers): {peak_mb:,.0f} MB"
+    print(f"peak RSS of this process tree (driver, Spark JVM, Python workers"
+          f"{'; the cluster master, workers and executors' if cluster_pids else ''}): "
+          f"{peak_mb:,.0f} MB"
           f" ({memory.describe_peak()})")
     figures = {
         "streaming_events_per_s": round(stream_rate),
         "streaming_aggregation_events_per_s": round(agg_stream),
+        "streaming_spark_kafka_source_events_per_s": round(stream_spark_kafka),
+        "streaming_aggregation_spark_kafka_source_events_per_s": round(agg_spark_kafka),
         "replay_aggregation_events_per_s": round(agg_replay.events_per_s),
         "replay_python_fold_events_per_s": round(fold_replay.events_per_s),
         "plain_python_fold_events_per_s": round(plain),
@@ -286,7 +317,11 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     print(json.dumps({**figures, "streaming_vs_plain_python_ratio": round(stream_rate / plain, 2),
                       "streaming_vs_plain_python_2_processes_ratio": round(
                           stream_rate / plain_two, 2),
-                      "events": args.events, "keys": args.keys}))
+                      "spark_kafka_source_vs_ours_fold_ratio": round(
+                          stream_spark_kafka / stream_rate, 2),
+                      "spark_kafka_source_vs_ours_aggregation_ratio": round(
+                          agg_spark_kafka / agg_stream, 2),
+                      "master": args.master, "events": args.events, "keys": args.keys}))
 
 
 def report_replay(kind: str, result: ReplayResult) -> None:

@@ -14,13 +14,14 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from fastapi import Depends, FastAPI
 
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic
+from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.operations import ConnectorOperations
@@ -28,7 +29,7 @@ from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
 from eventfold.projections.replay import ReplayResult, ReplaySource, replay
-from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.runner import KafkaSource, ProjectionRunner, RunnerSettings
 from eventfold.projections.sinks import ensure_projection_topics
 from eventfold.read_api import ReadApiOptions, create_read_app
 from eventfold.request_log import RequestLog
@@ -145,7 +146,8 @@ class Eventfold:
     def _spark(settings: Settings, name: str) -> SparkSession:
         from eventfold.projections.spark import spark_session
 
-        return spark_session(settings.spark_master, app_name=f"eventfold-{name}")
+        return spark_session(settings.spark_master, app_name=f"eventfold-{name}",
+                             extra_conf=spark_conf(settings))
 
     @staticmethod
     def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
@@ -159,7 +161,18 @@ class Eventfold:
             ktable_topic_config=_ktable_topic_config(settings),
             allow_data_loss=settings.allow_data_loss,
             replication=settings.replication,
+            source=cast(KafkaSource, settings.spark_source),
         )
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """``EVENTFOLD_SPARK_CONF``, and Spark's Kafka source from the jars setup fetched when
+    the settings name no jars or packages of their own."""
+    conf = dict(settings.spark_settings)
+    local_jars = spark_kafka_jars()
+    if local_jars and not {"spark.jars", "spark.jars.packages"} & conf.keys():
+        conf["spark.jars"] = ",".join(str(jar) for jar in local_jars)
+    return conf
 
 
 def _ktable_topic_config(settings: Settings) -> dict[str, str]:

@@ -41,13 +41,16 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
     if args.action in ("up", "restart"):
         if args.action == "restart" and not args.component:
             raise ConfigError("stack restart needs a COMPONENT: postgres, broker or connect")
-        endpoints = stack.restart(args.component) if args.action == "restart" else stack.up()
+        endpoints = (stack.restart(args.component) if args.action == "restart"
+                     else stack.up(spark_cluster=args.cluster))
         print(f"stack running in {stack.data_dir}")
         if stack.auth.sasl:
             print(f"broker: {stack.auth.protocol}, {stack.auth.mechanism} user "
                   f"{stack.auth.username} (from EVENTFOLD_KAFKA_CONFIG)")
         for name, value in endpoints.as_env().items():
             print(f"export {name}={value}")
+        if spark := stack.spark.state():
+            print(f"export EVENTFOLD_SPARK_MASTER={spark.master_url}")
     elif args.action == "down":
         print("stack stopped (data kept; `eventfold stack reset` deletes it)" if stack.down()
               else f"no stack running in {stack.data_dir}; nothing to stop")
@@ -372,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
     stack.add_argument("action", choices=["up", "down", "restart", "reset", "status"])
     stack.add_argument("component", nargs="?", choices=["postgres", "broker", "connect"],
                        help="restart: which component")
+    stack.add_argument("--cluster", action="store_true",
+                       help="up: also a Spark standalone master and two workers (1 core, 3 GiB "
+                            "each), for projections with EVENTFOLD_SPARK_MASTER=spark://...")
     stack.set_defaults(run=_stack)
 
     commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)

@@ -26,6 +26,9 @@ class ConfigError(RuntimeError):
 
 
 DEFAULT_STACK_DIR = Path(".eventfold/stack")
+SPARK_SOURCES = ("eventfold", "kafka")
+"""How projections read Kafka: Eventfold's own source (``projections.kafka_source``), or Spark's
+built-in Kafka source (``spark-sql-kafka-0-10``)."""
 
 
 def find_stack_dir(start: Path) -> Path:
@@ -52,6 +55,8 @@ class Settings:
     connect_database_password: str = ""
     connector_name: str = "eventfold-outbox"
     spark_master: str = "local[2]"
+    spark_conf: str = ""
+    spark_source: str = "eventfold"
     stack_dir: Path = DEFAULT_STACK_DIR
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
@@ -104,11 +109,14 @@ class Settings:
     def check(self) -> None:
         """Parse the structured settings once, so that a bad value fails at start, naming
         its variable."""
-        for name in ("kafka_client_settings", "replication"):
+        for name in ("kafka_client_settings", "replication", "spark_settings"):
             try:
                 getattr(self, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.spark_source not in SPARK_SOURCES:
+            raise ConfigError(f"EVENTFOLD_SPARK_SOURCE is one of {', '.join(SPARK_SOURCES)}, "
+                              f"not {self.spark_source!r}")
         password = self.connect_database_password
         if password and not is_provider_reference(password):
             raise ConfigError(
@@ -119,6 +127,11 @@ class Settings:
     @cached_property
     def kafka_client_settings(self) -> dict[str, str]:
         return parse_key_values(self.kafka_config, "EVENTFOLD_KAFKA_CONFIG entry")
+
+    @cached_property
+    def spark_settings(self) -> dict[str, str]:
+        """Spark settings of projection processes (spark-submit's own ``--conf`` win)."""
+        return parse_key_values(self.spark_conf, "EVENTFOLD_SPARK_CONF entry")
 
     @cached_property
     def kafka(self) -> KafkaConnection:

@@ -11,6 +11,7 @@ from pathlib import Path
 from eventfold.local_stack.process import StackError
 
 JARS_DIR = Path(__file__).resolve().parent / "jars"
+SPARK_KAFKA_JARS_DIR = Path(__file__).resolve().parent / "spark_kafka" / "jars"
 
 LOG4J2_TEMPLATE = """\
 status = warn
@@ -38,6 +39,12 @@ def classpath() -> str:
             "`mvn -f local_stack/pom.xml dependency:copy-dependencies` (or set "
             "EVENTFOLD_JARS_DIR)")
     return ":".join(str(j) for j in jars)
+
+
+def spark_kafka_jars() -> list[Path]:
+    """The jars of Spark's Kafka source that setup fetched (``spark_kafka/pom.xml``), for
+    ``spark.jars``; none when it did not run."""
+    return sorted(SPARK_KAFKA_JARS_DIR.glob("*.jar"))
 
 
 def java_binary() -> str:

@@ -30,6 +30,7 @@ from eventfold.local_stack.process import (
     stop_pid,
     wait_port_closed,
 )
+from eventfold.local_stack.spark_cluster import SparkCluster
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,7 @@ class LocalStack:
     def __init__(self, data_dir: Path, auth: ClientAuth | None = None) -> None:
         self.data_dir = data_dir.resolve()
         self.auth = auth or ClientAuth()
+        self.spark = SparkCluster(self.data_dir / "spark")
 
     @property
     def state_path(self) -> Path:
@@ -75,8 +77,15 @@ class LocalStack:
     def logs(self) -> Path:
         return self.data_dir / "logs"
 
-    def up(self) -> StackEndpoints:
-        """Start every component that is not running, keeping all data."""
+    def up(self, spark_cluster: bool = False) -> StackEndpoints:
+        """Start every component that is not running, keeping all data; with
+        ``spark_cluster``, a Spark standalone master and two workers too."""
+        endpoints = self._up()
+        if spark_cluster:
+            self.spark.up()
+        return endpoints
+
+    def _up(self) -> StackEndpoints:
         running = self.endpoints()
         if running and self._all_alive(running):
             log.info("stack already running in %s", self.data_dir)
@@ -160,6 +169,7 @@ class LocalStack:
 
     def down(self) -> bool:
         """Stop every component; False if nothing was running. The data stays."""
+        self.spark.down()
         endpoints = self.endpoints()
         if endpoints is None:
             log.info("no stack running in %s; nothing to stop", self.data_dir)
@@ -195,7 +205,13 @@ class LocalStack:
         if endpoints is None:
             return {"running": False, "data_dir": str(self.data_dir),
                     "data": self._initialized()}
+        spark = self.spark.state()
         return {
+            **({"spark": {"master_url": spark.master_url, "alive_workers":
+                          self.spark.alive_workers(spark), "nodes": {
+                              node.name: {"pid": node.pid, "alive": node.alive,
+                                          "port": node.port, "web_ui": node.web_port}
+                              for node in spark.nodes}}} if spark else {}),
             "running": self._all_alive(endpoints),
             "data_dir": str(self.data_dir),
             "components": {

@@ -89,25 +89,46 @@ def records_table(raw: RawRecords) -> pa.Table:
     """``raw`` as ``RECORDS_ARROW`` columns. Keys and values are checked as UTF-8 by Arrow, in
     C; one that is not keeps its text with replacement characters, and the reason."""
     count = len(raw.offsets)
-    keys, bad_keys = text_column(raw.keys)
-    values, bad_values = text_column(raw.values)
-    reasons: pa.Array = pa.nulls(count, pa.string())
+    return _records(pa.array([raw.topic] * count, pa.string()),
+                    pa.array([raw.partition] * count, pa.int32()),
+                    pa.array(raw.offsets, pa.int64()),
+                    pa.array(raw.keys, pa.binary()), pa.array(raw.values, pa.binary()))
+
+
+def spark_records_table(batch: pa.RecordBatch) -> pa.Table:
+    """Records as Spark's Kafka source hands them over (``topic, partition, offset`` and
+    binary ``key, value``), as ``RECORDS_ARROW`` columns."""
+    return _records(*(batch.column(name) for name in
+                      ("topic", "partition", "offset", "key", "value")))
+
+
+def _records(topics: pa.Array, partitions: pa.Array, offsets: pa.Array, keys: pa.Array,
+             values: pa.Array) -> pa.Table:
+    key_text, bad_keys = binary_text(keys)
+    value_text, bad_values = binary_text(values)
+    reasons: pa.Array = pa.nulls(len(offsets), pa.string())
     if bad_keys or bad_values:
         reasons = pa.array([KEY_NOT_UTF8 if i in bad_keys else VALUE_NOT_UTF8
-                            if i in bad_values else None for i in range(count)], pa.string())
-    return pa.table([pa.array([raw.topic] * count, pa.string()),
-                     pa.array([raw.partition] * count, pa.int32()),
-                     pa.array(raw.offsets, pa.int64()), keys, values, reasons],
+                            if i in bad_values else None for i in range(len(offsets))],
+                           pa.string())
+    return pa.table([topics, partitions, offsets, key_text, value_text, reasons],
                     schema=RECORDS_ARROW)
 
 
 def text_column(items: Sequence[str | bytes | None]) -> tuple[pa.Array, set[int]]:
     """``items`` as a string column, and the indexes of those that were not UTF-8."""
+    return binary_text(pa.array(items, pa.binary()))
+
+
+def binary_text(column: pa.Array) -> tuple[pa.Array, set[int]]:
+    """A binary column as text, and the indexes of the values that were not UTF-8 (kept with
+    replacement characters)."""
     try:
-        return pa.array(items, pa.binary()).cast(pa.string()), set()
+        return column.cast(pa.string()), set()
     except pa.ArrowInvalid:
-        bad = {i for i, item in enumerate(items) if isinstance(item, bytes) and not is_utf8(item)}
-        return pa.array([item.decode("utf-8", "replace") if isinstance(item, bytes) else item
+        items = column.to_pylist()
+        bad = {i for i, item in enumerate(items) if item is not None and not is_utf8(item)}
+        return pa.array([None if item is None else item.decode("utf-8", "replace")
                          for item in items], pa.string()), bad
 
 

@@ -36,6 +36,7 @@ from eventfold.projections.decode import (
     field_column,
     records_table,
     spark_ddl,
+    spark_records_table,
 )
 from eventfold.projections.fold import (
     BatchFold,
@@ -148,6 +149,37 @@ def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
             for records in _chunks(source_slice):
                 events = decode_events(records, context.plan)
                 yield from drop_applied(events, store.watermarks).to_batches()
+
+
+def decode_records(records: DataFrame, context: BatchContext) -> DataFrame:
+    """Records another reader gave Spark (its own Kafka source: ``topic, partition, offset``,
+    binary ``key, value``), decoded like ``read_events``' and guarded the same way, less what
+    the store committed before (a batch run again after a crash)."""
+    columns = records.select("topic", "partition", "offset", "key", "value")
+    return columns.mapInArrow(lambda batches: decode_records_task(batches, context),
+                              spark_ddl(decoded_schema(context.plan)))
+
+
+def decode_records_task(batches: Iterator[pa.RecordBatch],
+                        context: BatchContext) -> Iterator[pa.RecordBatch]:
+    with paused_gc(), _store(context) as store:
+        for batch in batches:
+            records = unapplied(spark_records_table(batch), context.committed)
+            if records.num_rows:
+                events = decode_events(records, context.plan)
+                yield from drop_applied(events, store.watermarks).to_batches()
+
+
+def unapplied(records: pa.Table, committed: Mapping[PartitionKey, int]) -> pa.Table:
+    """The records at or after the offset the store committed for their partition."""
+    if not committed:
+        return records
+    names = [f"{topic}\x00{partition}" for topic, partition in committed]
+    at = pc.index_in(pc.binary_join_element_wise(
+        records.column("topic"), pc.cast(records.column("partition"), pa.string()), "\x00"),
+        value_set=pa.array(names, pa.string()))
+    first = pc.fill_null(pc.take(pa.array(list(committed.values()), pa.int64()), at), 0)
+    return records.filter(pc.greater_equal(records.column("offset"), first))
 
 
 @contextmanager

@@ -8,6 +8,10 @@ Format name ``eventfold-kafka``. Options:
 - ``starting_offsets``: ``earliest`` (default), ``latest``, or offsets as JSON
 - ``ending_offsets``: offsets as JSON at which an ``availableNow`` run stops (a replay catching
   up to the live version's position); partitions not named are read to their end
+- ``rows``: ``records`` (default): one row per message; ``ranges``: the source is an offset
+  planner, one row per planned input partition (``topic, partition, start, end``), and the
+  reader of the batch reads the ranges itself (the projection runner: its tasks read and fold
+  a range in one pass, where rows handed over by Spark would cross into the JVM and back)
 
 Each micro-batch covers one offset range per partition, and each range is one Spark input
 partition. Offsets are ``{"topic": {"partition": next_offset}}``; Spark keeps them in its
@@ -18,7 +22,7 @@ checkpoint, so a restarted query resumes where the last committed batch ended. B
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,6 +32,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 from eventfold.projections.decode import text_column
 from eventfold.projections.fold import RawRecords
+from pyspark.sql import Row
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -67,6 +72,18 @@ ARROW_SCHEMA = pa.schema([
     pa.field("key", pa.string()),
     pa.field("value", pa.string()),
     pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+])
+RANGE_SCHEMA = StructType([
+    StructField("topic", StringType(), False),
+    StructField("partition", IntegerType(), False),
+    StructField("start", LongType(), False),
+    StructField("end", LongType(), False),
+])
+RANGE_ARROW_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("start", pa.int64(), nullable=False),
+    pa.field("end", pa.int64(), nullable=False),
 ])
 READ_CHUNK = 5_000
 READ_TIMEOUT_S = 120.0
@@ -140,6 +157,24 @@ def _consumer(kafka: KafkaConnection) -> Consumer:
     return consumer
 
 
+def read_partition(kafka: KafkaConnection, partition: InputPartition,
+                   ranges: bool) -> Iterator[pa.RecordBatch]:
+    """An input partition's rows: its range itself, or the range's messages."""
+    assert isinstance(partition, OffsetRange)
+    if not ranges:
+        return read_range(kafka, partition)
+    if partition.end <= partition.start:
+        return iter(())
+    return iter([pa.RecordBatch.from_pylist(
+        [{"topic": partition.topic, "partition": partition.partition,
+          "start": partition.start, "end": partition.end}], schema=RANGE_ARROW_SCHEMA)])
+
+
+def planned_ranges(rows: Iterable[Row]) -> list[OffsetRange]:
+    """The ranges a ``rows=ranges`` batch's DataFrame holds, collected."""
+    return [OffsetRange(r["topic"], r["partition"], r["start"], r["end"]) for r in rows]
+
+
 def read_range(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[pa.RecordBatch]:
     """Every message of ``rng`` as Arrow batches."""
     for messages in _messages(kafka, rng):
@@ -181,7 +216,14 @@ class KafkaDataSource(DataSource):
         return FORMAT_NAME
 
     def schema(self) -> StructType:
-        return SCHEMA
+        return RANGE_SCHEMA if self._ranges() else SCHEMA
+
+    def _ranges(self) -> bool:
+        rows = str(self.options.get("rows", "records"))
+        if rows not in ("records", "ranges"):
+            raise ValueError(f"the {FORMAT_NAME} source's option rows is 'records' or "
+                             f"'ranges', not {rows!r}")
+        return rows == "ranges"
 
     def _required(self, key: str) -> str:
         value = self.options.get(key)
@@ -204,16 +246,18 @@ class KafkaDataSource(DataSource):
             max_rows_per_batch=int(self.options.get("max_rows_per_batch", 0)),
             starting_offsets=str(self.options.get("starting_offsets", "earliest")),
             ending_offsets=flatten_offsets(json.loads(self.options.get("ending_offsets", "{}"))),
+            ranges=self._ranges(),
         )
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return KafkaBatchReader(self._connection(), self._topics())
+        return KafkaBatchReader(self._connection(), self._topics(), self._ranges())
 
 
 class KafkaBatchReader(DataSourceReader):
-    def __init__(self, kafka: KafkaConnection, topics: list[str]) -> None:
+    def __init__(self, kafka: KafkaConnection, topics: list[str], ranges: bool = False) -> None:
         self.kafka = kafka
         self.topics = topics
+        self.ranges = ranges
 
     def partitions(self) -> list[InputPartition]:
         planner = OffsetPlanner(self.kafka)
@@ -226,16 +270,17 @@ class KafkaBatchReader(DataSourceReader):
         return [r for r in ranges if r.end > r.start] or [OffsetRange("", 0, 0, 0)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, OffsetRange)
-        return read_range(self.kafka, partition)
+        return read_partition(self.kafka, partition, self.ranges)
 
 
 class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(
         self, kafka: KafkaConnection, topics: list[str], max_rows_per_batch: int,
         starting_offsets: str, ending_offsets: Mapping[PartitionKey, int] | None = None,
+        ranges: bool = False,
     ) -> None:
         self.kafka = kafka
+        self.ranges = ranges
         self.topics = topics
         self.max_rows_per_batch = max_rows_per_batch
         self.starting_offsets = starting_offsets
@@ -290,8 +335,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return [r for r in ranges if r.end > r.start]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, OffsetRange)
-        return read_range(self.kafka, partition)
+        return read_partition(self.kafka, partition, self.ranges)
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a pickled copy for read(); the planner's consumer stays on the driver.

@@ -73,6 +73,15 @@ class Plan:
         return self.projection.name
 
     @property
+    def for_rows(self) -> Pipeline | None:
+        """The pipeline of a batch that arrives as rows another reader read (Spark's Kafka
+        source), not as partitions a task reads itself: the in-place pipelines need the
+        latter."""
+        if self.pipeline in (Pipeline.FOLD_IN_PLACE, Pipeline.AGGREGATE_IN_PLACE):
+            return self.fallback
+        return self.pipeline
+
+    @property
     def rekeyed(self) -> bool:
         """Keys gather the events of many streams: a key's version counts its events, and
         duplicates are told apart per stream instead of per key."""

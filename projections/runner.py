@@ -13,10 +13,10 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.history import count_events
@@ -26,6 +26,7 @@ from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.engine import (
     BatchContext,
     SourceSlice,
+    decode_records,
     read_events,
     run_aggregation,
     run_aggregation_in_place,
@@ -33,7 +34,13 @@ from eventfold.projections.engine import (
     run_fold_in_place,
 )
 from eventfold.projections.fold import FoldOutcome
-from eventfold.projections.kafka_source import FORMAT_NAME, KafkaSlice, OffsetRange, cap_rows
+from eventfold.projections.kafka_source import (
+    FORMAT_NAME,
+    KafkaSlice,
+    OffsetRange,
+    cap_rows,
+    planned_ranges,
+)
 from eventfold.projections.limits import STREAMING_MAX_ROWS
 from eventfold.projections.plan import Pipeline, compile_projection
 from eventfold.projections.projection import Projection
@@ -41,14 +48,19 @@ from eventfold.projections.sinks import ReadModelStore, TopicSink
 from eventfold.projections.store_source import STORE_PARTITION, store_slices
 from eventfold.projections.task_output import KeySplitAcrossPartitions
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from eventfold.contract import PartitionKey, flatten_offsets, nest_offsets
+from eventfold.contract import PartitionKey, nest_offsets
 
 log = logging.getLogger(__name__)
 
 _CLEANUP_EVERY_S = 30.0
 """How often an active runner deletes retired KTable topics that readers have left."""
+
+
+KafkaSource = Literal["eventfold", "kafka"]
+KAFKA_SOURCES: tuple[KafkaSource, ...] = get_args(KafkaSource)
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,9 @@ class RunnerSettings:
     creates."""
     allow_data_loss: bool = False
     """Go on when retention deleted events this projection never read (else it stops)."""
+    source: KafkaSource = "eventfold"
+    """Which Spark source reads the topics of a streaming run: ``eventfold`` (ours, an offset
+    planner whose tasks read and fold their ranges in one pass) or ``kafka`` (Spark's)."""
     retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
@@ -112,7 +127,10 @@ class ProjectionRunner:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}"
+        """Spark's checkpoint of the query: one per source, as neither resumes the other's
+        (the store's own checkpoint is where a new query starts)."""
+        suffix = "" if self.settings.source == "eventfold" else f".{self.settings.source}"
+        return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}{suffix}"
 
     def prepare(self) -> None:
         """Tables, topics and (the active version) the view: once per runner, as a replay's
@@ -126,53 +144,100 @@ class ProjectionRunner:
                 self.store.publish_view(self.store.conn)
         self._prepared = True
 
-    def start(self, once: bool = False,
-              ending_offsets: dict[PartitionKey, int] | None = None) -> StreamingQuery:
-        """Start the query: ``once`` catches up with what is there now (or up to
-        ``ending_offsets``) and stops."""
+    def start(self, once: bool = False) -> StreamingQuery:
+        """Start the query: ``once`` catches up with what is there now and stops."""
         self.prepare()
         committed = self.store.committed_offsets()
         self._check_retained(committed)
-        starting = json.dumps(nest_offsets(committed)) if committed else "earliest"
-        source = (
-            self.spark.readStream.format(FORMAT_NAME)
-            .options(**self.settings.kafka.spark_options())
-            .option("topics", ",".join(self.projection.source_topics))
-            .option("max_rows_per_batch", str(self.settings.max_rows_per_batch))
-            .option("starting_offsets", starting)
-            .option("ending_offsets", json.dumps(nest_offsets(ending_offsets or {})))
-            .load()
-        )
+        if self.settings.source == "kafka":
+            source, process = self._spark_kafka_source(committed), self.process_records
+        else:
+            source, process = self._eventfold_source(committed), self.process_batch
         writer = (
             source.writeStream.queryName(f"{self.projection.name}_v{self.version}")
             .option("checkpointLocation", str(self.checkpoint_dir))
-            .foreachBatch(self.process_batch)
+            .foreachBatch(process)
         )
         writer = writer.trigger(availableNow=True) if once else writer.trigger(
             processingTime=self.settings.trigger_interval)
-        log.info("projection %s v%d: %s from %s", self.projection.name, self.version,
-                 "catching up" if once else "streaming", ", ".join(self.projection.source_topics))
+        log.info("projection %s v%d: %s from %s (%s source)", self.projection.name,
+                 self.version, "catching up" if once else "streaming",
+                 ", ".join(self.projection.source_topics), self.settings.source)
         return writer.start()
 
-    def catch_up(self, ending_offsets: dict[PartitionKey, int] | None = None,
-                 timeout_s: float = 3600) -> None:
-        query = self.start(once=True, ending_offsets=ending_offsets)
+    def _eventfold_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
+        """Ours, as an offset planner: each batch's rows are its offset ranges."""
+        return (
+            self.spark.readStream.format(FORMAT_NAME)
+            .options(**self.settings.kafka.spark_options())
+            .option("topics", ",".join(self.projection.source_topics))
+            .option("rows", "ranges")
+            .option("max_rows_per_batch", str(self.settings.max_rows_per_batch))
+            .option("starting_offsets",
+                    json.dumps(nest_offsets(committed)) if committed else "earliest")
+            .load()
+        )
+
+    def _spark_kafka_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
+        """Spark's built-in Kafka source (``spark-sql-kafka-0-10`` on the classpath): each
+        batch's rows are its records."""
+        kafka = self.settings.kafka
+        planner = OffsetPlanner(kafka)
+        try:
+            partitions = planner.partitions(self.projection.source_topics)
+        finally:
+            planner.close()
+        # Spark wants every partition named: -2 is "earliest" in its offsets JSON.
+        starting = nest_offsets({key: committed.get(key, -2) for key in partitions})
+        return (
+            self.spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+            .options(**{f"kafka.{k}": v for k, v in kafka.java_config().items()})
+            .option("subscribe", ",".join(self.projection.source_topics))
+            .option("startingOffsets", json.dumps(starting))
+            .option("maxOffsetsPerTrigger", str(self.settings.max_rows_per_batch))
+            .option("failOnDataLoss", str(not self.settings.allow_data_loss).lower())
+            .load()
+        )
+
+    def catch_up(self, timeout_s: float = 3600) -> None:
+        query = self.start(once=True)
         query.awaitTermination(int(timeout_s))
         if query.exception() is not None:
             raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
                                f"{query.exception()}")
 
+    def process_records(self, batch: DataFrame, batch_id: int) -> None:
+        """One micro-batch of Spark's Kafka source: ``batch`` holds its records. They are
+        kept in memory while the batch runs, as its end offsets are computed from them."""
+        batch.persist()
+        try:
+            committed = self.store.committed_offsets()
+            last = batch.groupBy("topic", "partition").agg(F.max("offset").alias("last"))
+            end = {(row["topic"], row["partition"]): row["last"] + 1 for row in last.collect()}
+            records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
+            if records == 0:
+                return  # a re-run of a batch the store already committed
+            self._apply(batch_id, committed, end,
+                        lambda context: self._fold_rows(decode_records(batch, context), context),
+                        records)
+        finally:
+            batch.unpersist()
+
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch. Spark planned its offset ranges (and logged them before calling);
-        ``batch`` is left unread: the tasks read their partitions' ranges themselves."""
+        """One micro-batch. ``batch`` holds the offset ranges Spark planned, one row per
+        partition with new records; the tasks read their ranges themselves."""
+        planned = planned_ranges(batch.collect())
         committed = self.store.committed_offsets()
-        end = self._batch_end(batch_id)
-        records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
-        if records == 0:
+        unread = [OffsetRange(r.topic, r.partition,
+                              max(r.start, committed.get((r.topic, r.partition), 0)), r.end)
+                  for r in planned]
+        slices = [KafkaSlice(self.settings.kafka, r) for r in unread if r.end > r.start]
+        if not slices:
             return  # a re-run of a batch the store already committed
-        slices = [KafkaSlice(self.settings.kafka, r)
-                  for r in _unread_ranges(committed, end)]
-        self._apply(batch_id, committed, end, slices, records)
+        end = {(r.topic, r.partition): r.end for r in planned}
+        self._apply(batch_id, committed, end, self._slices_fold(batch_id, slices),
+                    sum(s.rows for s in slices))
 
     # -- bounded catch-ups (a replay): plain Spark jobs, no streaming query --------------------
     # The store's checkpoint is the only one they need, so they skip the query's start-up and
@@ -193,7 +258,7 @@ class ProjectionRunner:
                 return
             slices = [KafkaSlice(self.settings.kafka, r)
                       for r in _unread_ranges(committed, end)]
-            self._apply(batch_id, committed, end, slices, records)
+            self._apply(batch_id, committed, end, self._slices_fold(batch_id, slices), records)
             batch_id += 1
 
     def fold_store_up_to(self, upto: int, buckets: int) -> None:
@@ -212,7 +277,8 @@ class ProjectionRunner:
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
             slices = store_slices(self.settings.database_url, sources, after, end, buckets)
-            self._apply(batch_id, committed, {STORE_PARTITION: end}, slices, records)
+            self._apply(batch_id, committed, {STORE_PARTITION: end},
+                        self._slices_fold(batch_id, slices), records)
             batch_id += 1
 
     def _check_retained(self, committed: Mapping[PartitionKey, int]) -> None:
@@ -248,15 +314,15 @@ class ProjectionRunner:
         return checkpoint.batch_id + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
-               end: dict[PartitionKey, int], slices: Sequence[SourceSlice],
+               end: dict[PartitionKey, int], fold: Callable[[BatchContext], FoldOutcome],
                records: int) -> None:
-        """Fold the slices, produce dead letters and derived events, commit up to ``end``."""
+        """Fold the batch, produce dead letters and derived events, commit up to ``end``."""
         clock = _PhaseClock()
         emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
                      else None)
         context = BatchContext(self.plan, self.version, self.settings.database_url,
                                emit_from, committed)
-        outcome = self._fold(batch_id, slices, context)
+        outcome = fold(context)
         clock.lap("fold")
         outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
         if new_outputs := self.topics.write_events(outcome):
@@ -273,6 +339,13 @@ class ProjectionRunner:
         if self.is_active and time.monotonic() >= self._next_cleanup:
             self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
             self.versions.delete_retired_topics(self.topics.delete_topics)
+
+    def _slices_fold(self, batch_id: int, slices: Sequence[SourceSlice]
+                     ) -> Callable[[BatchContext], FoldOutcome]:
+        return lambda context: self._fold(batch_id, slices, context)
+
+    def _fold_rows(self, events: DataFrame, context: BatchContext) -> FoldOutcome:
+        return self._fold_events(events, context, context.plan.for_rows)
 
     def _fold(self, batch_id: int, slices: Sequence[SourceSlice],
               context: BatchContext) -> FoldOutcome:
@@ -293,17 +366,14 @@ class ProjectionRunner:
             log.warning("projection %s batch %d: a stream is in more than one partition; "
                         "aggregating the batch after a shuffle", plan.name, batch_id)
             pipeline = plan.fallback
-        events = read_events(self.spark, slices, context)
-        if pipeline is Pipeline.AGGREGATE_AFTER_SHUFFLE:
-            return run_aggregation(events, plan)
-        return run_fold(events, context)
+        return self._fold_events(read_events(self.spark, slices, context), context, pipeline)
 
-    def _batch_end(self, batch_id: int) -> dict[PartitionKey, int]:
-        """The batch's end offsets, from Spark's offset log (written before the batch runs):
-        exact, and free, where computing them from the rows would read the source again."""
-        text = _read_text(self.spark, f"{self.checkpoint_dir}/offsets/{batch_id}")
-        source_offsets = text.strip().splitlines()[2]
-        return flatten_offsets(json.loads(source_offsets))
+    @staticmethod
+    def _fold_events(events: DataFrame, context: BatchContext,
+                     pipeline: Pipeline | None) -> FoldOutcome:
+        if pipeline is Pipeline.AGGREGATE_AFTER_SHUFFLE:
+            return run_aggregation(events, context.plan)
+        return run_fold(events, context)
 
     def close(self) -> None:
         self.topics.close()
@@ -319,22 +389,6 @@ def _unread_ranges(committed: Mapping[PartitionKey, int],
     ranges = [OffsetRange(topic, partition, committed.get((topic, partition), 0), offset)
               for (topic, partition), offset in sorted(end.items())]
     return [r for r in ranges if r.end > r.start]
-
-
-def _read_text(spark: SparkSession, path: str) -> str:
-    """A small file of the checkpoint location: local, or any Hadoop file system (cluster)."""
-    local = Path(path.removeprefix("file:"))
-    if "://" not in path or path.startswith("file:"):
-        return local.read_text()
-    jvm = spark._jvm
-    assert jvm is not None
-    hadoop_path = jvm.org.apache.hadoop.fs.Path(path)
-    fs = hadoop_path.getFileSystem(spark._jsc.hadoopConfiguration())
-    stream = fs.open(hadoop_path)
-    try:
-        return str(jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
-    finally:
-        stream.close()
 
 
 class _PhaseClock:

@@ -1,35 +1,100 @@
-"""The SparkSession for projection jobs: any master, our Kafka data source registered."""
+"""The SparkSession for projection jobs: any master, our Kafka data source registered.
+
+Where a setting comes from, strongest first:
+
+1. how Spark was launched: ``spark-submit --master ... --conf k=v`` and ``spark-defaults.conf``;
+2. what the caller passes (``EVENTFOLD_SPARK_MASTER``, ``EVENTFOLD_SPARK_CONF``);
+3. ``DEFAULTS`` below.
+
+So a team tunes Spark the way it tunes any Spark application, and none of our defaults is
+fixed.
+"""
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 from eventfold.projections.kafka_source import KafkaDataSource
+from pyspark import SparkConf, SparkContext
+from pyspark.find_spark_home import _find_spark_home as find_spark_home
 from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: Mapping[str, str] = {
+    # The projection process has its own status and metrics; a team that wants Spark's UI
+    # turns it on.
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    # Shuffles happen only on fallback paths (a key in two partitions, re-keying) and carry
+    # one row per key: a few partitions suffice.
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.python.worker.reuse": "true",
+    "spark.sql.streaming.stopTimeout": "30s",
+    # Kafka client options (kafka.sasl.jaas.config...) and database URLs are masked wherever
+    # Spark prints a plan's options (UI, logs); Spark's default masks only "url".
+    "spark.sql.redaction.options.regex": "(?i)url|jaas|password|secret|token|sasl",
+}
+
+
+def launch_conf() -> dict[str, str]:
+    """The settings Spark is launched with, before any of ours: under spark-submit, all of
+    them (``--master``, ``--conf``, ``--name``, ``spark-defaults.conf``); in a plain Python
+    process, ``spark-defaults.conf`` (the JVM starts with the builder's settings, so that
+    ``spark.jars`` and driver options still apply)."""
+    if "PYSPARK_GATEWAY_PORT" in os.environ:  # spark-submit started this process and its JVM
+        SparkContext._ensure_initialized()
+        return dict(SparkConf().getAll())
+    return spark_defaults()
+
+
+def spark_defaults() -> dict[str, str]:
+    """``spark-defaults.conf`` of ``SPARK_CONF_DIR`` (or of the Spark home's ``conf``)."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or str(Path(find_spark_home()) / "conf")
+    path = Path(conf_dir) / "spark-defaults.conf"
+    if not path.is_file():
+        return {}
+    settings: dict[str, str] = {}
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            key, *value = re.split(r"\s*[=\s]\s*", line.strip(), maxsplit=1)
+            settings[key] = value[0] if value else ""
+    return settings
+
+
+def session_conf(master: str, extra_conf: Mapping[str, str], launched: Mapping[str, str],
+                 app_name: str = "") -> dict[str, str]:
+    """What the builder sets: ours, less what the launch already decided."""
+    wanted = {**DEFAULTS, "spark.master": master, **extra_conf}
+    if app_name:
+        wanted.setdefault("spark.app.name", app_name)
+    return {k: v for k, v in wanted.items() if k not in launched}
 
 
 def spark_session(master: str = "local[2]", app_name: str = "eventfold",
-                  extra_conf: dict[str, str] | None = None,
+                  extra_conf: Mapping[str, str] | None = None,
                   log_level: str = "ERROR") -> SparkSession:
-    """Build (or get) the session. Under spark-submit the submitted master wins."""
-    # Executors must run the interpreter that has Eventfold and its dependencies installed.
+    """Build (or get) the session. The launch's settings win over ``master``, ``extra_conf``
+    and ``DEFAULTS``, in this order."""
+    # Executors must run the interpreter that has Eventfold and its dependencies installed,
+    # unless the cluster says which (spark.pyspark.python, PYSPARK_PYTHON on its hosts).
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    builder = (
-        SparkSession.builder.master(master).appName(app_name)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "4")
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.python.worker.reuse", "true")
-        .config("spark.sql.streaming.stopTimeout", "30s")
-    )
-    for key, value in (extra_conf or {}).items():
+    launched = launch_conf()
+    builder = SparkSession.builder
+    for key, value in session_conf(master, extra_conf or {}, launched, app_name).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
+    log.info("Spark master %s%s", session.sparkContext.master,
+             f"; kept from the launch: {', '.join(sorted(launched))}" if launched else "")
     session.sparkContext.setLogLevel(log_level)
     session.dataSource.register(KafkaDataSource)
     return session

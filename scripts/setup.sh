@@ -30,6 +30,14 @@ if [ ! -f "$jars/.complete" ] || [ local_stack/pom.xml -nt "$jars/.complete" ]; 
     -DoutputDirectory="$PWD/$jars" -DincludeScope=runtime
   touch "$jars/.complete"
 fi
+spark_jars=local_stack/spark_kafka/jars
+if [ ! -f "$spark_jars/.complete" ] || [ local_stack/spark_kafka/pom.xml -nt "$spark_jars/.complete" ]; then
+  echo "setup: fetching Spark's Kafka source (local_stack/spark_kafka/pom.xml)"
+  rm -rf "$spark_jars"
+  mvn -q -B -f local_stack/spark_kafka/pom.xml dependency:copy-dependencies \
+    -DoutputDirectory="$PWD/$spark_jars" -DincludeScope=runtime
+  touch "$spark_jars/.complete"
+fi
 
 python_bin="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

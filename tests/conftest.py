@@ -51,7 +51,10 @@ def inventory_app(stack_settings: Settings):
 def spark(stack_settings: Settings):
     from eventfold.projections.spark import spark_session
 
-    session = spark_session("local[2]", app_name="eventfold-tests")
+    from eventfold.app import spark_conf
+
+    session = spark_session("local[2]", app_name="eventfold-tests",
+                            extra_conf=spark_conf(stack_settings))
     yield session
     session.stop()
 

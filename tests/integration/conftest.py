@@ -1,4 +1,13 @@
 import pytest
+from sqlalchemy import create_engine
+
+
+@pytest.fixture(scope="session")
+def engine(stack_settings):
+    """An SQLAlchemy engine on the stack's database."""
+    engine = create_engine(stack_settings.database_url)
+    yield engine
+    engine.dispose()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

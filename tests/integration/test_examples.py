@@ -7,11 +7,10 @@ import dataclasses
 import json
 import threading
 
-import pytest
 from eventfold.projections import Lookup, Projection
 from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.replay import replay
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from eventfold.contract import EventEnvelope, event_topic
 from examples import orders, point_of_sale, sales
@@ -23,11 +22,6 @@ from tests.pipeline_helpers import (
     wait_for,
     wait_until_in_topic,
 )
-
-
-@pytest.fixture(scope="module")
-def engine(stack_settings):
-    return create_engine(stack_settings.database_url)
 
 
 def renamed(projection: Projection, unique: str, **changes) -> Projection:

@@ -7,12 +7,11 @@ import dataclasses
 import json
 import shutil
 
-import pytest
 import requests
 from eventfold.local_stack.process import free_port
 from eventfold.projections.runner import stop_gracefully
 from eventfold.projections.status import projection_status
-from sqlalchemy import create_engine, text
+from sqlalchemy import text
 
 from eventfold.contract import event_topic
 from eventfold.serving import BackgroundServer
@@ -21,11 +20,6 @@ from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import catch_up, make_runner, wait_for, wait_until_in_topic
 
 PRODUCT_TOPIC = event_topic("Product")
-
-
-@pytest.fixture(scope="module")
-def engine(stack_settings):
-    return create_engine(stack_settings.database_url)
 
 
 def reference_totals(engine, prefix: str) -> dict[str, int]:

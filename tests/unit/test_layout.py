@@ -110,6 +110,13 @@ def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
                      "eventfold/projections/aggregates.py"):
         assert expected in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    # Every module of the source tree is in it (an editable install finds a package the
+    # wheel leaves out; a Spark executor importing the wheel does not).
+    for package in ("eventfold", *PACKAGES):
+        for module in (ROOT / package).rglob("*.py"):
+            inside = module.relative_to(ROOT / package).as_posix()
+            assert ("eventfold/" + inside if package == "eventfold"
+                    else f"eventfold/{package}/{inside}") in names
 
 
 def test_a_spark_worker_loads_no_connector_side() -> None:

@@ -1,0 +1,216 @@
+"""Projections on a Spark standalone cluster (a master and two workers of the installed pyspark):
+submitted with spark-submit, the application's code and Eventfold shipped to executors that do
+not have them, and a worker killed mid-stream without losing or double-counting an event."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import threading
+import time
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from eventfold.local_stack.spark_cluster import SparkCluster, SparkClusterState, spark_home
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
+
+from examples import sales
+from tests.integration.test_examples import rows
+from tests.kafka_helpers import read_table
+from tests.pipeline_helpers import wait_for, wait_until_in_topic
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_APP = '''\
+"""The sales example's running totals under a name of this test run's own."""
+import dataclasses
+import os
+
+from eventfold import Eventfold
+from examples import sales
+
+app = Eventfold("cluster")
+app.projections.add(dataclasses.replace(
+    sales.sales_totals, name=os.environ["CLUSTER_PROJECTION"], table="", ktable_topic=""))
+'''
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory) -> Iterator[tuple[SparkCluster, SparkClusterState]]:
+    spark_cluster = SparkCluster(tmp_path_factory.mktemp("spark"), workers=2, cores=1,
+                                 memory="2g")
+    state = spark_cluster.up()
+    try:
+        yield spark_cluster, state
+    finally:
+        spark_cluster.down()
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory) -> dict[str, Path]:
+    """What executors get: Eventfold as a zip (its wheel), the application as a zip, and a
+    Python that has Eventfold's dependencies but not Eventfold (its site-packages without
+    their .pth files, so the editable install is invisible)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "-q", "-w", str(out), str(ROOT)], check=True, timeout=300)
+    wheel = next(out.glob("eventfold-*.whl"))
+    eventfold_zip = out / "eventfold.zip"
+    shutil.copy(wheel, eventfold_zip)  # a pure-Python wheel is a zip Python imports from
+    app_zip = out / "app.zip"
+    with zipfile.ZipFile(app_zip, "w") as archive:
+        archive.writestr("cluster_app.py", CLUSTER_APP)
+        for path in (ROOT / "examples").glob("*.py"):
+            archive.write(path, f"examples/{path.name}")
+    python = out / "python-without-eventfold"
+    # On an executor (its worker sets SPARK_EXECUTOR_DIRS) the interpreter does not see the
+    # installed Eventfold; on the driver's host, which runs the CLI, it does.
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ -z "$SPARK_EXECUTOR_DIRS" ] && [ -z "$AS_EXECUTOR" ]; then '
+        f'exec {sys.executable} "$@"; fi\n'
+        f'PYTHONPATH="$PYTHONPATH:{sysconfig.get_paths()["purelib"]}" '
+        f'exec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    return {"eventfold": eventfold_zip, "app": app_zip, "python": python}
+
+
+def test_the_executors_python_lacks_eventfold_but_has_its_dependencies(shipped) -> None:
+    python = str(shipped["python"])
+    executor = {**os.environ, "AS_EXECUTOR": "1"}
+    missing = subprocess.run([python, "-c", "import eventfold"], capture_output=True,
+                             text=True, cwd="/", env=executor)
+    assert "No module named 'eventfold'" in missing.stderr
+    subprocess.run([python, "-c", "import pyspark, confluent_kafka, psycopg, pyarrow, orjson"],
+                   check=True, cwd="/", env=executor)
+
+
+def _environment(stack_settings, shipped, name: str, **extra: str) -> dict[str, str]:
+    return {**os.environ, **extra,
+            "EVENTFOLD_APP": "cluster_app:app", "CLUSTER_PROJECTION": name,
+            "EVENTFOLD_DATABASE_URL": stack_settings.database_url,
+            "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka.bootstrap_servers,
+            "EVENTFOLD_CONNECT_URL": stack_settings.connect_url,
+            "EVENTFOLD_CHECKPOINT_DIR": str(shipped["app"].parent / f"checkpoints-{name}"),
+            "PYSPARK_PYTHON": str(shipped["python"]),
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": str(shipped["app"])}
+
+
+def _record_sales(stack_settings, unique: str, count: int) -> None:
+    bus = sales.app.command_bus(stack_settings)
+    for n in range(count):
+        bus.execute(sales.RecordSale(product=f"{unique}-{n % 7}", value=n + 1))
+
+
+def _reference_totals(engine, unique: str) -> dict[str, int]:
+    """A fold of the event store itself."""
+    with engine.connect() as conn:
+        found = conn.execute(text(
+            "SELECT stream_id, sum((data->>'value')::bigint) FROM events "
+            "WHERE stream_type = 'ProductSales' AND stream_id LIKE :p GROUP BY stream_id"),
+            {"p": f"{unique}-%"}).all()
+    return {stream: int(total) for stream, total in found}
+
+
+def _ktable_totals(stack_settings, name: str, unique: str) -> dict[str, int]:
+    return {k: v["total"] for k, v in read_table(
+        stack_settings.kafka, f"eventfold.ktable.{name}").items() if k.startswith(unique)}
+
+
+def test_spark_submit_runs_a_projection_on_the_cluster_with_shipped_code(
+        stack_settings, engine, cluster, shipped, unique) -> None:
+    sales.app.setup(stack_settings)
+    _record_sales(stack_settings, unique, 40)
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 40)
+    name = f"cluster_totals_{unique}"
+    cli = importlib.import_module("eventfold.cli").__file__
+    _, state = cluster
+    submitted = subprocess.run(
+        [str(spark_home() / "bin" / "spark-submit"), "--master", state.master_url,
+         "--py-files", f"{shipped['eventfold']},{shipped['app']}",
+         "--conf", "spark.sql.shuffle.partitions=3", "--conf", "spark.executor.memory=1g",
+         str(cli), "projection", "run", name, "--once"],
+        env=_environment(stack_settings, shipped, name, SPARK_LOCAL_IP="127.0.0.1"),
+        capture_output=True, text=True, timeout=400, cwd=shipped["app"].parent)
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + "\n".join(
+        line for line in submitted.stderr.splitlines() if " INFO " not in line)[-3000:]
+    started = next(line for line in submitted.stdout.splitlines() if "Spark master" in line)
+    assert f"Spark master {state.master_url}" in started  # not EVENTFOLD_SPARK_MASTER's default
+    assert "spark.sql.shuffle.partitions" in started  # its --conf over our default
+    assert rows(engine, f"{name}__v1", unique, "total") == _reference_totals(engine, unique)
+    assert _ktable_totals(stack_settings, name, unique) == _reference_totals(engine, unique)
+
+
+def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
+        stack_settings, engine, cluster, shipped, unique) -> None:
+    spark_cluster, state = cluster
+    sales.app.setup(stack_settings)
+    name = f"cluster_stream_{unique}"
+    log_path = shipped["app"].parent / f"{name}.log"
+    with open(log_path, "wb") as log_file:
+        runner = subprocess.Popen(
+            [sys.executable, "-m", "eventfold.cli", "projection", "run", name],
+            env=_environment(
+                stack_settings, shipped, name, EVENTFOLD_SPARK_MASTER=state.master_url,
+                EVENTFOLD_SPARK_CONF=f"spark.submit.pyFiles={shipped['eventfold']}\\,"
+                                     f"{shipped['app']},spark.executor.memory=1g",
+                EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds"),
+            stdout=log_file, stderr=subprocess.STDOUT, cwd=shipped["app"].parent)
+    stop_commands = threading.Event()
+    sent = [0]
+
+    def keep_selling() -> None:
+        bus = sales.app.command_bus(stack_settings)
+        while not stop_commands.is_set():
+            bus.execute(sales.RecordSale(product=f"{unique}-{sent[0] % 7}", value=sent[0] + 1))
+            sent[0] += 1
+            time.sleep(0.01)
+
+    seller = threading.Thread(target=keep_selling, daemon=True)
+    try:
+        seller.start()
+        table = f"{name}__v1"
+        wait_for(lambda: _folded(engine, table, unique) > 0, "the first batch on the cluster",
+                 timeout_s=180)
+        killed = spark_cluster.kill_worker(0)
+        killed_at, folded_at_kill = time.monotonic(), _folded(engine, table, unique)
+        wait_for(lambda: _folded(engine, table, unique) > folded_at_kill,
+                 "a batch after the worker was killed", timeout_s=180)
+        recovered_s = time.monotonic() - killed_at
+        time.sleep(3)
+        stop_commands.set()
+        seller.join(timeout=30)
+        wait_until_in_topic(stack_settings, "ProductSales", unique, sent[0])
+        stopped_at = time.monotonic()
+        wait_for(lambda: rows(engine, table, unique, "total") == _reference_totals(engine, unique),
+                 "the read model to equal a fold of the event store", timeout_s=180)
+        caught_up_s = time.monotonic() - stopped_at
+        print(f"\nspark worker {killed.name} (pid {killed.pid}) SIGKILLed mid-stream: first batch "
+              f"committed {recovered_s:.1f} s later; {sent[0]} commands; read model equal to the "
+              f"event store's fold {caught_up_s:.1f} s after the last command")
+        assert runner.poll() is None, log_path.read_text()[-4000:]
+        assert _ktable_totals(stack_settings, name, unique) == _reference_totals(engine, unique)
+    finally:
+        stop_commands.set()
+        runner.send_signal(signal.SIGTERM)
+        try:
+            runner.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            runner.kill()
+            runner.wait()
+        spark_cluster.restart_worker(0)
+
+
+def _folded(engine, table: str, unique: str) -> int:
+    try:
+        return sum(int(v) for v in rows(engine, table, unique, "total").values())
+    except ProgrammingError:  # the table does not exist before the first batch
+        return 0

@@ -1,0 +1,50 @@
+"""Where a projection process's Spark settings come from: the launch first (spark-submit,
+spark-defaults.conf), then EVENTFOLD_SPARK_* settings, then our defaults."""
+
+from __future__ import annotations
+
+import pytest
+from eventfold.projections.runner import KAFKA_SOURCES
+from eventfold.projections.spark import DEFAULTS, session_conf, spark_defaults
+
+from eventfold.config import SPARK_SOURCES, ConfigError, Settings
+
+
+def test_the_launch_wins_over_settings_which_win_over_defaults() -> None:
+    conf = session_conf("spark://cluster:7077",
+                        {"spark.sql.shuffle.partitions": "16", "spark.ui.enabled": "true"},
+                        {"spark.master": "yarn", "spark.ui.enabled": "false"},
+                        app_name="eventfold-totals")
+    assert "spark.master" not in conf  # spark-submit --master yarn stays
+    assert "spark.ui.enabled" not in conf  # so does its --conf
+    assert conf["spark.sql.shuffle.partitions"] == "16"
+    assert conf["spark.app.name"] == "eventfold-totals"
+    assert conf["spark.python.worker.reuse"] == DEFAULTS["spark.python.worker.reuse"]
+
+
+def test_without_a_launch_the_settings_apply() -> None:
+    conf = session_conf("spark://cluster:7077", {}, {})
+    assert conf["spark.master"] == "spark://cluster:7077"
+    assert DEFAULTS.items() <= conf.items()
+
+
+def test_spark_defaults_file_is_read(tmp_path, monkeypatch) -> None:
+    (tmp_path / "spark-defaults.conf").write_text(
+        "# a comment\nspark.master  spark://h:7077\nspark.executor.memory=4g\n"
+        "spark.driver.extraJavaOptions -Da=1 -Db=2\n\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert spark_defaults() == {"spark.master": "spark://h:7077",
+                                "spark.executor.memory": "4g",
+                                "spark.driver.extraJavaOptions": "-Da=1 -Db=2"}
+
+
+def test_spark_settings_parse_and_fail_clearly() -> None:
+    settings = Settings.from_env({"EVENTFOLD_SPARK_CONF":
+                                  "spark.executor.memory=2g,spark.submit.pyFiles=a.zip\\,b.zip"})
+    assert settings.spark_settings == {"spark.executor.memory": "2g",
+                                       "spark.submit.pyFiles": "a.zip,b.zip"}
+    with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_CONF"):
+        Settings.from_env({"EVENTFOLD_SPARK_CONF": "spark.executor.memory"})
+    with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_SOURCE"):
+        Settings.from_env({"EVENTFOLD_SPARK_SOURCE": "kafak"})
+    assert SPARK_SOURCES == KAFKA_SOURCES
