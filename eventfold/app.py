@@ -20,7 +20,7 @@ from fastapi import Depends, FastAPI
 
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
-from eventfold.contract import event_topic
+from eventfold.contract import event_topic, split_password
 from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import read_messages
@@ -29,7 +29,12 @@ from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
 from eventfold.projections.replay import ReplayResult, ReplaySource, replay
-from eventfold.projections.runner import KafkaSource, ProjectionRunner, RunnerSettings
+from eventfold.projections.runner import (
+    EXECUTOR_PASSWORD,
+    KafkaSource,
+    ProjectionRunner,
+    RunnerSettings,
+)
 from eventfold.projections.sinks import ensure_projection_topics
 from eventfold.read_api import ReadApiOptions, create_read_app
 from eventfold.request_log import RequestLog
@@ -166,9 +171,14 @@ class Eventfold:
 
 
 def spark_conf(settings: Settings) -> dict[str, str]:
-    """``EVENTFOLD_SPARK_CONF``, and Spark's Kafka source from the jars setup fetched when
-    the settings name no jars or packages of their own."""
+    """``EVENTFOLD_SPARK_CONF``; the database password for executors in their environment
+    (``PGPASSWORD``, which libpq reads and Spark's UI masks), so that task closures carry the
+    URL without it; and Spark's Kafka source from the jars setup fetched, when the settings
+    name no jars or packages of their own."""
     conf = dict(settings.spark_settings)
+    _, password = split_password(settings.database_url) if settings.database_url else ("", "")
+    if password:
+        conf.setdefault(EXECUTOR_PASSWORD, password)
     local_jars = spark_kafka_jars()
     if local_jars and not {"spark.jars", "spark.jars.packages"} & conf.keys():
         conf["spark.jars"] = ",".join(str(jar) for jar in local_jars)

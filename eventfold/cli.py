@@ -37,12 +37,15 @@ def configure_logging(level: str) -> None:
 
 
 def _stack(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.local_stack.stack import CLUSTER
+
     stack = settings.local_stack()
     if args.action in ("up", "restart"):
         if args.action == "restart" and not args.component:
             raise ConfigError("stack restart needs a COMPONENT: postgres, broker or connect")
         endpoints = (stack.restart(args.component) if args.action == "restart"
-                     else stack.up(spark_cluster=args.cluster))
+                     else stack.up(CLUSTER if args.cluster else None,
+                                   spark_cluster=args.cluster))
         print(f"stack running in {stack.data_dir}")
         if stack.auth.sasl:
             print(f"broker: {stack.auth.protocol}, {stack.auth.mechanism} user "
@@ -373,11 +376,13 @@ def build_parser() -> argparse.ArgumentParser:
                     "restart COMPONENT: stop and start one; reset: stop and delete all data; "
                     "status: PIDs and endpoints")
     stack.add_argument("action", choices=["up", "down", "restart", "reset", "status"])
-    stack.add_argument("component", nargs="?", choices=["postgres", "broker", "connect"],
-                       help="restart: which component")
+    stack.add_argument("component", nargs="?",
+                       help="restart: which one (postgres, broker, connect; on a cluster "
+                            "stack also broker-2, broker-3, connect-2)")
     stack.add_argument("--cluster", action="store_true",
-                       help="up: also a Spark standalone master and two workers (1 core, 3 GiB "
-                            "each), for projections with EVENTFOLD_SPARK_MASTER=spark://...")
+                       help="up: three brokers (replication factor 3, min.insync.replicas 2), "
+                            "two Connect workers, and a Spark standalone master with two "
+                            "workers (1 core, 3 GiB each) for EVENTFOLD_SPARK_MASTER")
     stack.set_defaults(run=_stack)
 
     commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)

@@ -1,7 +1,9 @@
-"""A single-node Apache Kafka broker in KRaft mode (one process, controller and broker).
+"""Apache Kafka brokers in KRaft mode, each one process that is controller and broker: one
+node, or the three of a cluster (a static controller quorum of all three).
 
-Its log directory lives under the stack's data directory, so topics survive a restart; the
-storage is formatted once, on the first start. The jars come from ``local_stack.java``.
+A node's log directory lives under the stack's data directory, so topics survive a restart;
+the storage is formatted once, on the first start, every node with the cluster's one id. The
+jars come from ``local_stack.java``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ import base64
 import json
 import subprocess
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from eventfold.local_stack.auth import ClientAuth
@@ -25,13 +29,29 @@ HEAP = "-Xmx512m"
 AUTH_RECORD = "auth.json"
 
 
-def server_properties(data_dir: Path, port: int, controller_port: int,
+@dataclass(frozen=True)
+class Node:
+    """One node of the cluster: its id (from 1), client port and controller port."""
+
+    node_id: int
+    port: int
+    controller_port: int
+
+
+def quorum(nodes: Sequence[Node]) -> str:
+    return ",".join(f"{n.node_id}@127.0.0.1:{n.controller_port}" for n in nodes)
+
+
+def server_properties(data_dir: Path, node: Node, nodes: Sequence[Node],
                       auth: ClientAuth) -> dict[str, str]:
     listener = auth.protocol
+    port, controller_port = node.port, node.controller_port
+    replicas = str(min(len(nodes), 3))
+    min_isr = str(max(len(nodes) - 1, 1))
     return {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
+        "node.id": str(node.node_id),
+        "controller.quorum.voters": quorum(nodes),
         "listeners": f"{listener}://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
         "advertised.listeners": f"{listener}://127.0.0.1:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -39,12 +59,13 @@ def server_properties(data_dir: Path, port: int, controller_port: int,
         "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
         **(_sasl_properties(auth) if auth.sasl else {}),
         "log.dirs": str(data_dir / "logs"),
-        # One broker: every internal topic has one replica.
-        "offsets.topic.replication.factor": "1",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        # Internal topics on every node of a cluster (of up to three), one copy may be down.
+        "offsets.topic.replication.factor": replicas,
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": min_isr,
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": min_isr,
+        "default.replication.factor": replicas,
         "group.initial.rebalance.delay.ms": "0",
         "num.partitions": "1",
         # The log cleaner looks for work every second (the default is 15 s), so that
@@ -67,37 +88,57 @@ def _sasl_properties(auth: ClientAuth) -> dict[str, str]:
     }
 
 
-def start(data_dir: Path, port: int, controller_port: int, log_path: Path,
-          auth: ClientAuth, timeout_s: float = 90) -> int:
-    for taken in (port, controller_port):
+@dataclass(frozen=True)
+class StartingBroker:
+    """A broker process that has been started; ``wait`` for it to serve. The nodes of a
+    cluster start together, as none serves before a quorum of controllers runs."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    log_path: Path
+    log_offset: int
+
+    def wait(self, timeout_s: float = 90) -> int:
+        """Wait until the broker serves on its port; its PID."""
+        wait_until(lambda: port_is_open(self.port) and _started(self.log_path, self.log_offset),
+                   what=f"Kafka broker on port {self.port}", timeout_s=timeout_s,
+                   pid=self.process.pid, log_path=self.log_path, interval_s=0.2)
+        return self.process.pid
+
+
+def start(data_dir: Path, node: Node, nodes: Sequence[Node], cluster_id: str, log_path: Path,
+          auth: ClientAuth) -> StartingBroker:
+    """Start ``node`` of ``nodes``, formatting its storage for ``cluster_id`` the first time."""
+    port = node.port
+    for taken in (port, node.controller_port):
         if port_is_open(taken):
             raise StackError(f"port {taken} is already in use; cannot start the broker there")
     data_dir.mkdir(parents=True, exist_ok=True)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     config = data_dir / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in
-                              server_properties(data_dir, port, controller_port, auth).items()))
+                              server_properties(data_dir, node, nodes, auth).items()))
     log4j = log4j_config(data_dir / "log4j2.properties",
                          {"server": "kafka.server.KafkaRaftServer"})
     if not (data_dir / "logs" / "meta.properties").exists():
-        _format(config, log_path, auth)
+        _format(config, cluster_id, log_path, auth)
         (data_dir / AUTH_RECORD).write_text(json.dumps(auth.describe()))
     auth.check_matches(data_dir / AUTH_RECORD)
     already_logged = log_path.stat().st_size if log_path.exists() else 0
     process = spawn([java_binary(), HEAP, "-XX:+UseSerialGC", "-Djava.awt.headless=true",
                      f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath(), BROKER_MAIN,
                      str(config)], log_path, cwd=data_dir)
-    wait_until(lambda: port_is_open(port) and _started(log_path, already_logged),
-               what=f"Kafka broker on port {port}", timeout_s=timeout_s, pid=process.pid,
-               log_path=log_path, interval_s=0.2)
-    return process.pid
+    return StartingBroker(process, port, log_path, already_logged)
 
 
-def _format(config: Path, log_path: Path, auth: ClientAuth) -> None:
-    """Format the log directory for a new single-node cluster (KRaft needs a cluster id),
-    with the SCRAM user if clients authenticate (KIP-900: the credential is in the metadata
-    log before the broker first starts, so that it can authenticate to itself)."""
-    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def _format(config: Path, cluster_id: str, log_path: Path, auth: ClientAuth) -> None:
+    """Format a node's log directory (KRaft needs the cluster's id), with the SCRAM user if
+    clients authenticate (KIP-900: the credential is in the metadata log before the broker
+    first starts, so that it can authenticate to itself)."""
     scram = (["--add-scram", f"{auth.mechanism}=[name={auth.username},"
                              f"password={auth.password}]"] if auth.sasl else [])
     # "--cluster-id=" joined: one id in 64 starts with "-", which the tool took for an option.

@@ -19,7 +19,7 @@ POSTGRES_CONNECTOR = "io.debezium.connector.postgresql.PostgresConnector"
 
 
 def worker_properties(bootstrap: str, rest_port: int, group_id: str,
-                      auth: ClientAuth) -> dict[str, str]:
+                      auth: ClientAuth, replication: int = 1) -> dict[str, str]:
     return {
         **auth.worker_config(),
         "bootstrap.servers": bootstrap,
@@ -34,9 +34,9 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str,
         "config.storage.topic": f"{group_id}-configs",
         "offset.storage.topic": f"{group_id}-offsets",
         "status.storage.topic": f"{group_id}-status",
-        "config.storage.replication.factor": "1",
-        "offset.storage.replication.factor": "1",
-        "status.storage.replication.factor": "1",
+        "config.storage.replication.factor": str(replication),
+        "offset.storage.replication.factor": str(replication),
+        "status.storage.replication.factor": str(replication),
         "offset.storage.partitions": "1",
         "status.storage.partitions": "1",
         "offset.flush.interval.ms": "1000",
@@ -62,14 +62,14 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str,
 
 def start(
     work_dir: Path, bootstrap: str, rest_port: int, log_path: Path, auth: ClientAuth,
-    timeout_s: float = 120,
+    replication: int = 1, timeout_s: float = 120,
 ) -> int:
     if port_is_open(rest_port):
         raise StackError(f"port {rest_port} is already in use; cannot start Kafka Connect there")
     work_dir.mkdir(parents=True, exist_ok=True)
     props_path = work_dir / "worker.properties"
     # A fixed group: its configs and offsets topics are found again whatever port it gets.
-    props = worker_properties(bootstrap, rest_port, "eventfold-connect", auth)
+    props = worker_properties(bootstrap, rest_port, "eventfold-connect", auth, replication)
     props_path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
     log4j_path = log4j_config(work_dir / "log4j2.properties",
                               {"connect": "org.apache.kafka.connect", "debezium": "io.debezium"})

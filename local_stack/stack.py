@@ -17,7 +17,7 @@ import logging
 import shutil
 import signal
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from eventfold.local_stack import broker, connect, postgres
@@ -47,6 +47,8 @@ class StackEndpoints:
     postgres_pid: int
     broker_pid: int
     connect_pid: int
+    more_pids: dict[str, int] = field(default_factory=dict)
+    """The other nodes of a cluster stack: ``broker-2``, ``broker-3``, ``connect-2``."""
 
     def as_env(self) -> dict[str, str]:
         return {
@@ -56,8 +58,35 @@ class StackEndpoints:
         }
 
 
-COMPONENTS = ("postgres", "broker", "connect")
 PORTS_FILE = "ports.json"
+SHAPE_FILE = "shape.json"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How many brokers and Connect workers the stack runs: fixed when its data is made."""
+
+    brokers: int = 1
+    connect_workers: int = 1
+
+    @property
+    def brokers_names(self) -> list[str]:
+        return _numbered("broker", self.brokers)
+
+    @property
+    def nodes(self) -> list[str]:
+        """Every process, in start order."""
+        return ["postgres", *self.brokers_names, *_numbered("connect", self.connect_workers)]
+
+
+CLUSTER = Shape(brokers=3, connect_workers=2)
+"""``stack up --cluster``: three brokers (replication factor 3, ``min.insync.replicas=2``)
+and two Connect workers in one group."""
+
+
+def _numbered(kind: str, count: int) -> list[str]:
+    """``broker``, ``broker-2``, ...: the first node keeps the one-node stack's name."""
+    return [kind if index == 1 else f"{kind}-{index}" for index in range(1, count + 1)]
 
 
 class LocalStack:
@@ -68,6 +97,8 @@ class LocalStack:
         self.data_dir = data_dir.resolve()
         self.auth = auth or ClientAuth()
         self.spark = SparkCluster(self.data_dir / "spark")
+        path = self.data_dir / SHAPE_FILE
+        self.shape = Shape(**json.loads(path.read_text())) if path.exists() else Shape()
 
     @property
     def state_path(self) -> Path:
@@ -77,21 +108,36 @@ class LocalStack:
     def logs(self) -> Path:
         return self.data_dir / "logs"
 
-    def up(self, spark_cluster: bool = False) -> StackEndpoints:
-        """Start every component that is not running, keeping all data; with
-        ``spark_cluster``, a Spark standalone master and two workers too."""
+    def up(self, shape: Shape | None = None, spark_cluster: bool = False) -> StackEndpoints:
+        """Start every component that is not running, keeping all data. ``shape`` (default:
+        the one the data was made with, else one broker and one worker) cannot change once
+        the data exists; ``spark_cluster`` adds a Spark standalone master and two workers."""
+        self.shape = self._fix_shape(shape)
         endpoints = self._up()
         if spark_cluster:
             self.spark.up()
         return endpoints
+
+    def _fix_shape(self, wanted: Shape | None) -> Shape:
+        path = self.data_dir / SHAPE_FILE
+        recorded = Shape(**json.loads(path.read_text())) if path.exists() else (
+            Shape() if self._initialized() else None)
+        if recorded is not None and wanted is not None and recorded != wanted:
+            raise StackError(
+                f"the stack in {self.data_dir} was made with {recorded.brokers} broker(s) and "
+                f"{recorded.connect_workers} Connect worker(s); `eventfold stack reset` it (its "
+                "data goes) or use another EVENTFOLD_STACK_DIR for a cluster stack")
+        shape = recorded or wanted or Shape()
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(shape)))
+        return shape
 
     def _up(self) -> StackEndpoints:
         running = self.endpoints()
         if running and self._all_alive(running):
             log.info("stack already running in %s", self.data_dir)
             return running
-        self.data_dir.mkdir(parents=True, exist_ok=True)
-        dead = [name for name in COMPONENTS if running is None
+        dead = [name for name in self.shape.nodes if running is None
                 or not pid_alive(self._pid(running, name))]
         if running is not None:
             log.warning("stack in %s: %s not running; starting %s again, keeping the data",
@@ -100,52 +146,84 @@ class LocalStack:
 
     def restart(self, component: str) -> StackEndpoints:
         """Stop ``component`` (if it runs) and start it again on its port, keeping data."""
-        if component not in COMPONENTS:
-            raise StackError(f"unknown component {component!r}; one of {', '.join(COMPONENTS)}")
+        if component not in self.shape.nodes:
+            raise StackError(f"unknown component {component!r}; one of "
+                             f"{', '.join(self.shape.nodes)}")
         endpoints = self._require_endpoints()
         self._stop(endpoints, component, signal.SIGTERM)
         return self._start(endpoints, [component])
 
     def _start(self, running: StackEndpoints | None, names: list[str]) -> StackEndpoints:
         ports = self._ports()
-        pids = {name: (self._pid(running, name) if running else 0) for name in COMPONENTS}
+        pids = {name: (self._pid(running, name) if running else 0) for name in self.shape.nodes}
         started: list[tuple[str, int]] = []
         t0 = time.monotonic()
         try:
-            for name in COMPONENTS:
-                if name in names:
-                    ports[name] = self._usable_port(name, ports.get(name))
-                    if name == "broker":
-                        ports["controller"] = self._usable_port("controller",
-                                                                ports.get("controller"))
-                    pids[name] = self._start_component(name, ports)
+            for name in names:
+                ports[name] = self._usable_port(name, ports.get(name))
+                if name.startswith("broker"):
+                    key = _controller_key(name)
+                    ports[key] = self._usable_port(key, ports.get(key))
+            if "postgres" in names:
+                pids["postgres"] = self._start_postgres(ports["postgres"])
+                started.append(("postgres", pids["postgres"]))
+                self._ready("postgres", ports, t0)
+            brokers = [name for name in self.shape.brokers_names if name in names]
+            for name, pid in self._start_brokers(brokers, ports, started).items():
+                pids[name] = pid
+                self._ready(name, ports, t0)
+            for name in names:
+                if name.startswith("connect"):
+                    pids[name] = self._start_connect(name, ports)
                     started.append((name, pids[name]))
-                    log.info("%s ready on port %d (%.1f s)", name, ports[name],
-                             time.monotonic() - t0)
+                    self._ready(name, ports, t0)
         except BaseException:
             for what, pid in reversed(started):
                 stop_pid(pid, what=what)
             raise
         (self.data_dir / PORTS_FILE).write_text(json.dumps(ports))
+        first = {"postgres", "broker", "connect"}
         return self._save(StackEndpoints(
             database_url=postgres.dsn(ports["postgres"]).replace(
                 "postgresql://", "postgresql+psycopg://"),
-            kafka_bootstrap=f"127.0.0.1:{ports['broker']}",
+            kafka_bootstrap=self._bootstrap(ports),
             connect_url=f"http://127.0.0.1:{ports['connect']}",
             postgres_pid=pids["postgres"], broker_pid=pids["broker"],
-            connect_pid=pids["connect"]))
+            connect_pid=pids["connect"],
+            more_pids={name: pid for name, pid in pids.items() if name not in first}))
 
-    def _start_component(self, name: str, ports: dict[str, int]) -> int:
-        if name == "postgres":
-            data = self.data_dir / "postgres"
-            if not (data / "PG_VERSION").exists():
-                postgres.init_cluster(data, self.logs / "postgres.log")
-            return postgres.start(data, ports["postgres"], self.logs / "postgres.log")
-        if name == "broker":
-            return broker.start(self.data_dir / "kafka", ports["broker"], ports["controller"],
-                                self.logs / "broker.log", self.auth)
-        return connect.start(self.data_dir / "connect", f"127.0.0.1:{ports['broker']}",
-                             ports["connect"], self.logs / "connect.log", self.auth)
+    @staticmethod
+    def _ready(name: str, ports: dict[str, int], t0: float) -> None:
+        log.info("%s ready on port %d (%.1f s)", name, ports[name], time.monotonic() - t0)
+
+    def _bootstrap(self, ports: dict[str, int]) -> str:
+        return ",".join(f"127.0.0.1:{ports[name]}" for name in self.shape.brokers_names)
+
+    def _start_postgres(self, port: int) -> int:
+        data = self.data_dir / "postgres"
+        if not (data / "PG_VERSION").exists():
+            postgres.init_cluster(data, self.logs / "postgres.log")
+        return postgres.start(data, port, self.logs / "postgres.log")
+
+    def _start_brokers(self, names: list[str], ports: dict[str, int],
+                       started: list[tuple[str, int]]) -> dict[str, int]:
+        """Start the brokers ``names`` together (a cluster's nodes serve only once a quorum
+        of controllers runs), then wait for each."""
+        nodes = [broker.Node(index, ports[name], ports[_controller_key(name)])
+                 for index, name in enumerate(self.shape.brokers_names, start=1)]
+        cluster_id = broker.new_cluster_id()  # used by nodes whose storage is not formatted
+        starting = {}
+        for name in names:
+            node = nodes[self.shape.brokers_names.index(name)]
+            starting[name] = broker.start(self.data_dir / _kafka_dir(name), node, nodes,
+                                          cluster_id, self.logs / f"{name}.log", self.auth)
+            started.append((name, starting[name].process.pid))
+        return {name: process.wait() for name, process in starting.items()}
+
+    def _start_connect(self, name: str, ports: dict[str, int]) -> int:
+        return connect.start(self.data_dir / name, self._bootstrap(ports), ports[name],
+                             self.logs / f"{name}.log", self.auth,
+                             replication=min(self.shape.brokers, 3))
 
     def _usable_port(self, name: str, port: int | None) -> int:
         if port is None:
@@ -175,7 +253,7 @@ class LocalStack:
             log.info("no stack running in %s; nothing to stop", self.data_dir)
             return False
         # Connect first so that Debezium flushes its offsets while broker and database are up.
-        for name in reversed(COMPONENTS):
+        for name in reversed(self.shape.nodes):
             self._stop(endpoints, name, signal.SIGTERM)
         self.state_path.unlink(missing_ok=True)
         return True
@@ -198,7 +276,9 @@ class LocalStack:
 
     @staticmethod
     def _pid(endpoints: StackEndpoints, name: str) -> int:
-        return int(getattr(endpoints, f"{name}_pid"))
+        if name in endpoints.more_pids:
+            return endpoints.more_pids[name]
+        return int(getattr(endpoints, f"{name}_pid", 0))
 
     def status(self) -> dict[str, object]:
         endpoints = self.endpoints()
@@ -215,14 +295,27 @@ class LocalStack:
             "running": self._all_alive(endpoints),
             "data_dir": str(self.data_dir),
             "components": {
-                name: {"pid": pid, "alive": pid_alive(pid), "endpoint": endpoint}
-                for name, pid, endpoint in (
-                    ("postgres", endpoints.postgres_pid, endpoints.database_url),
-                    ("broker", endpoints.broker_pid, endpoints.kafka_bootstrap),
-                    ("connect", endpoints.connect_pid, endpoints.connect_url),
-                )
+                name: {"pid": self._pid(endpoints, name),
+                       "alive": pid_alive(self._pid(endpoints, name)),
+                       "endpoint": self._endpoint(endpoints, name)}
+                for name in self.shape.nodes
             },
         }
+
+    def pid_of(self, name: str) -> int:
+        """The PID of node ``name`` (``broker-2``...), for tests that kill it."""
+        return self._pid(self._require_endpoints(), name)
+
+    def node_listening_on(self, port: int) -> str:
+        """The node whose (client or REST) port is ``port``."""
+        ports = self._ports()
+        return next(name for name in self.shape.nodes if ports.get(name) == port)
+
+    def _endpoint(self, endpoints: StackEndpoints, name: str) -> str:
+        if name == "postgres":
+            return endpoints.database_url
+        port = self._ports().get(name, 0)
+        return f"http://127.0.0.1:{port}" if name.startswith("connect") else f"127.0.0.1:{port}"
 
     def restart_connect(self, sig: int = signal.SIGTERM) -> StackEndpoints:
         """Stop the Connect worker with ``sig`` (SIGKILL to simulate a crash) and start it again
@@ -255,9 +348,18 @@ class LocalStack:
         except FileNotFoundError:
             return None
 
-    @staticmethod
-    def _all_alive(endpoints: StackEndpoints) -> bool:
-        return all(pid_alive(LocalStack._pid(endpoints, name)) for name in COMPONENTS)
+    def _all_alive(self, endpoints: StackEndpoints) -> bool:
+        return all(pid_alive(self._pid(endpoints, name)) for name in self.shape.nodes)
 
 
-__all__ = ["LocalStack", "StackEndpoints", "StackError"]
+
+def _controller_key(broker_name: str) -> str:
+    """The ports file's name of a broker's controller port (``controller`` for the first)."""
+    return broker_name.replace("broker", "controller")
+
+
+def _kafka_dir(broker_name: str) -> str:
+    return broker_name.replace("broker", "kafka")
+
+
+__all__ = ["CLUSTER", "LocalStack", "Shape", "StackEndpoints", "StackError"]

@@ -51,13 +51,19 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from eventfold.contract import PartitionKey, nest_offsets
+from eventfold.contract import PartitionKey, nest_offsets, split_password
 
 log = logging.getLogger(__name__)
 
 _CLEANUP_EVERY_S = 30.0
 """How often an active runner deletes retired KTable topics that readers have left."""
 
+
+EXECUTOR_PASSWORD = "spark.executorEnv.PGPASSWORD"
+"""The Spark setting that gives executors the database password (libpq reads ``PGPASSWORD``);
+Spark masks it in its UI and logs."""
+_EXECUTOR_CREDENTIALS = (EXECUTOR_PASSWORD, "spark.executorEnv.PGPASSFILE",
+                         "spark.executorEnv.PGSERVICEFILE")
 
 KafkaSource = Literal["eventfold", "kafka"]
 KAFKA_SOURCES: tuple[KafkaSource, ...] = get_args(KafkaSource)
@@ -113,6 +119,7 @@ class ProjectionRunner:
         self.version = version or active
         self.is_active = self.version == active
         self.store = ReadModelStore(settings.database_url, projection, self.version)
+        self.executor_database_url = executor_database_url(spark, settings.database_url)
         self.topics = TopicSink(settings.kafka, projection, self.version,
                                 settings.ktable_topic_config, settings.replication)
         self.batches = 0
@@ -276,7 +283,7 @@ class ProjectionRunner:
             end = min(after + window, upto)
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
-            slices = store_slices(self.settings.database_url, sources, after, end, buckets)
+            slices = store_slices(self.executor_database_url, sources, after, end, buckets)
             self._apply(batch_id, committed, {STORE_PARTITION: end},
                         self._slices_fold(batch_id, slices), records)
             batch_id += 1
@@ -320,7 +327,7 @@ class ProjectionRunner:
         clock = _PhaseClock()
         emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
                      else None)
-        context = BatchContext(self.plan, self.version, self.settings.database_url,
+        context = BatchContext(self.plan, self.version, self.executor_database_url,
                                emit_from, committed)
         outcome = fold(context)
         clock.lap("fold")
@@ -381,6 +388,21 @@ class ProjectionRunner:
         self.versions.close()
         if self.group_progress is not None:
             self.group_progress.close()
+
+
+def executor_database_url(spark: SparkSession, database_url: str) -> str:
+    """The URL tasks connect with: without its password when executors get credentials from
+    their environment (``EXECUTOR_PASSWORD``, or a libpq password or service file), so that
+    the password is not inside every pickled task."""
+    url, password = split_password(database_url)
+    if not password:
+        return url
+    conf = spark.sparkContext.getConf()
+    if any(conf.contains(key) for key in _EXECUTOR_CREDENTIALS):
+        return url
+    log.warning("the database password reaches executors inside each task; set %s (the CLI "
+                "does) or a libpq password file on executor hosts", EXECUTOR_PASSWORD)
+    return database_url
 
 
 def _unread_ranges(committed: Mapping[PartitionKey, int],

@@ -33,6 +33,7 @@ __all__ = [
     "flatten_offsets",
     "libpq_url",
     "nest_offsets",
+    "split_password",
 ]
 
 DEFAULT_TOPIC_PREFIX = "eventfold.events."
@@ -71,3 +72,10 @@ def libpq_url(database_url: str) -> str:
     libpq connection string (password included: it is for connecting, never for printing)."""
     return make_url(database_url).set(drivername="postgresql").render_as_string(
         hide_password=False)
+
+
+def split_password(database_url: str) -> tuple[str, str]:
+    """``database_url`` without its password, and the password ('' if it has none): the URL
+    for a process that gets the password another way (libpq's ``PGPASSWORD``)."""
+    url = make_url(database_url)
+    return url._replace(password=None).render_as_string(hide_password=False), url.password or ""

@@ -91,6 +91,25 @@ def _check(client: httpx.Client, url: str, watch: Watch, values) -> None:
 
 def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stack_settings,
                                                              tmp_path, unique) -> None:
+    through_a_replay(inventory_app, stack_settings, tmp_path, unique)
+
+
+def test_the_same_on_the_cluster_stack(cluster_stack, tmp_path, unique) -> None:
+    """Three brokers, two Connect workers, and the run and the replay each on one core of the
+    Spark standalone cluster."""
+    from examples.inventory import app
+
+    stack, settings = cluster_stack
+    app.setup(settings)
+    spark = stack.spark.state()
+    assert spark is not None
+    through_a_replay(app, settings, tmp_path, unique,
+                     EVENTFOLD_SPARK_MASTER=spark.master_url,
+                     EVENTFOLD_SPARK_CONF="spark.cores.max=1,spark.executor.memory=1g")
+
+
+def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str,
+                     **spark_env: str) -> None:
     from examples.inventory import ReceiveStock, inventory_totals
 
     bus = inventory_app.command_bus(stack_settings)
@@ -98,7 +117,8 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
     for product in products:
         bus.execute(ReceiveStock(product=product, quantity=1))
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.inventory:app",
-                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds", EVENTFOLD_REQUEST_LOG="false")
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds", EVENTFOLD_REQUEST_LOG="false",
+                    **spark_env)
     ports = [free_port(), free_port()]
     processes: dict[str, subprocess.Popen] = {}
     logs = {name: tmp_path / f"{name}.log" for name in ("run", "reads0", "reads1", "replay")}

@@ -14,7 +14,6 @@ import sysconfig
 import threading
 import time
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,32 +24,17 @@ from sqlalchemy.exc import ProgrammingError
 from examples import sales
 from tests.integration.test_examples import rows
 from tests.kafka_helpers import read_table
+from tests.packaging import ROOT, build_wheel
 from tests.pipeline_helpers import wait_for, wait_until_in_topic
-
-ROOT = Path(__file__).resolve().parents[2]
-CLUSTER_APP = '''\
-"""The sales example's running totals under a name of this test run's own."""
-import dataclasses
-import os
-
-from eventfold import Eventfold
-from examples import sales
-
-app = Eventfold("cluster")
-app.projections.add(dataclasses.replace(
-    sales.sales_totals, name=os.environ["CLUSTER_PROJECTION"], table="", ktable_topic=""))
-'''
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Iterator[tuple[SparkCluster, SparkClusterState]]:
-    spark_cluster = SparkCluster(tmp_path_factory.mktemp("spark"), workers=2, cores=1,
-                                 memory="2g")
-    state = spark_cluster.up()
-    try:
-        yield spark_cluster, state
-    finally:
-        spark_cluster.down()
+def cluster(cluster_stack) -> tuple[SparkCluster, SparkClusterState]:
+    """The cluster stack's Spark standalone master and two workers."""
+    spark = cluster_stack[0].spark
+    state = spark.state()
+    assert state is not None
+    return spark, state
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +43,14 @@ def shipped(tmp_path_factory) -> dict[str, Path]:
     Python that has Eventfold's dependencies but not Eventfold (its site-packages without
     their .pth files, so the editable install is invisible)."""
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(out), str(ROOT)], check=True, timeout=300)
-    wheel = next(out.glob("eventfold-*.whl"))
+    wheel = build_wheel(out)
     eventfold_zip = out / "eventfold.zip"
     shutil.copy(wheel, eventfold_zip)  # a pure-Python wheel is a zip Python imports from
     app_zip = out / "app.zip"
     with zipfile.ZipFile(app_zip, "w") as archive:
-        archive.writestr("cluster_app.py", CLUSTER_APP)
-        for path in (ROOT / "examples").glob("*.py"):
-            archive.write(path, f"examples/{path.name}")
+        for package in ("examples", "tests"):
+            for path in (ROOT / package).glob("*.py"):
+                archive.write(path, f"{package}/{path.name}")
     python = out / "python-without-eventfold"
     # On an executor (its worker sets SPARK_EXECUTOR_DIRS) the interpreter does not see the
     # installed Eventfold; on the driver's host, which runs the CLI, it does.
@@ -94,7 +76,7 @@ def test_the_executors_python_lacks_eventfold_but_has_its_dependencies(shipped) 
 
 def _environment(stack_settings, shipped, name: str, **extra: str) -> dict[str, str]:
     return {**os.environ, **extra,
-            "EVENTFOLD_APP": "cluster_app:app", "CLUSTER_PROJECTION": name,
+            "EVENTFOLD_APP": "tests.renamed_app:app", "EVENTFOLD_TEST_PROJECTION": name,
             "EVENTFOLD_DATABASE_URL": stack_settings.database_url,
             "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka.bootstrap_servers,
             "EVENTFOLD_CONNECT_URL": stack_settings.connect_url,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from tests.packaging import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("write_model", "outbox", "projections", "read_api", "migrations", "local_stack")
@@ -92,13 +93,7 @@ def test_the_packages_load_under_the_eventfold_namespace_only() -> None:
 
 
 def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
-    # Built from a copy: setuptools leaves build/ and egg-info beside the sources it builds.
-    source = tmp_path / "source"
-    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv", ".eventfold", "jars", "build", "*.egg-info", "__pycache__"))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(tmp_path), str(source)], check=True, capture_output=True)
-    [wheel] = tmp_path.glob("eventfold-*.whl")
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     version = wheel.name.split("-")[1]
     assert {n.split("/")[0] for n in names} == {"eventfold", f"eventfold-{version}.dist-info"}

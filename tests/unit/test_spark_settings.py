@@ -4,10 +4,12 @@ spark-defaults.conf), then EVENTFOLD_SPARK_* settings, then our defaults."""
 from __future__ import annotations
 
 import pytest
-from eventfold.projections.runner import KAFKA_SOURCES
+from eventfold.projections.runner import EXECUTOR_PASSWORD, KAFKA_SOURCES
 from eventfold.projections.spark import DEFAULTS, session_conf, spark_defaults
 
+from eventfold.app import spark_conf
 from eventfold.config import SPARK_SOURCES, ConfigError, Settings
+from eventfold.contract import split_password
 
 
 def test_the_launch_wins_over_settings_which_win_over_defaults() -> None:
@@ -48,3 +50,12 @@ def test_spark_settings_parse_and_fail_clearly() -> None:
     with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_SOURCE"):
         Settings.from_env({"EVENTFOLD_SPARK_SOURCE": "kafak"})
     assert SPARK_SOURCES == KAFKA_SOURCES
+
+
+def test_executors_get_the_database_password_from_their_environment() -> None:
+    url = "postgresql+psycopg://app:s3cret@db.internal:5432/events"
+    assert split_password(url) == ("postgresql+psycopg://app@db.internal:5432/events", "s3cret")
+    assert spark_conf(Settings(database_url=url))[EXECUTOR_PASSWORD] == "s3cret"
+    assert EXECUTOR_PASSWORD not in spark_conf(Settings(database_url=url.replace(":s3cret", "")))
+    given = Settings(database_url=url, spark_conf="spark.executorEnv.PGPASSWORD=other")
+    assert spark_conf(given)[EXECUTOR_PASSWORD] == "other"

@@ -1,0 +1,184 @@
+"""A node of each distributed part dies while commands flow and a projection streams, on the
+cluster stack (three brokers with replication factor 3 and min.insync.replicas 2, two Connect
+workers): the broker leading the busiest partition, then the Connect worker running the
+outbox connector's task. After each: no event lost, none counted twice (the read model and the
+KTable equal a fold of the event store), and the time to recover is printed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import requests
+from confluent_kafka.admin import AdminClient
+from eventfold.local_stack.process import stop_pid
+from sqlalchemy import create_engine, text
+from sqlalchemy.exc import ProgrammingError
+
+from eventfold.config import Settings
+from eventfold.contract import event_topic
+from examples import sales
+from tests.integration.test_cli import stack_env
+from tests.integration.test_examples import rows
+from tests.kafka_helpers import read_table
+from tests.packaging import ROOT
+from tests.pipeline_helpers import wait_for, wait_until_in_topic
+
+TOPIC = event_topic("ProductSales")
+
+
+@pytest.fixture(scope="module")
+def cluster_engine(cluster_stack):
+    engine = create_engine(cluster_stack[1].database_url)
+    yield engine
+    engine.dispose()
+
+
+def _reference_totals(engine, unique: str) -> dict[str, int]:
+    """A fold of the event store itself."""
+    with engine.connect() as conn:
+        found = conn.execute(text(
+            "SELECT stream_id, sum((data->>'value')::bigint) FROM events "
+            "WHERE stream_type = 'ProductSales' AND stream_id LIKE :p GROUP BY stream_id"),
+            {"p": f"{unique}-%"}).all()
+    return {stream: int(total) for stream, total in found}
+
+
+def _folded(engine, table: str, unique: str) -> int:
+    try:
+        return sum(int(v) for v in rows(engine, table, unique, "total").values())
+    except ProgrammingError:  # the table does not exist before the first batch
+        return 0
+
+
+@contextmanager
+def _selling(settings: Settings, unique: str) -> Iterator[Callable[[], int]]:
+    """Commands flowing, one every ~10 ms, until the block ends; yields how many were sent."""
+    stop, sent = threading.Event(), [0]
+
+    def sell() -> None:
+        bus = sales.app.command_bus(settings)
+        while not stop.is_set():
+            bus.execute(sales.RecordSale(product=f"{unique}-{sent[0] % 7}", value=sent[0] + 1))
+            sent[0] += 1
+            time.sleep(0.01)
+
+    seller = threading.Thread(target=sell, daemon=True)
+    seller.start()
+    try:
+        yield lambda: sent[0]
+    finally:
+        stop.set()
+        seller.join(timeout=30)
+
+
+def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
+              kill: Callable[[], str]) -> None:
+    """Stream a projection in a CLI process (as a team runs it: a failed query is started
+    again from the last commit) while commands flow, ``kill`` a node, check the outcome."""
+    stack, settings = cluster_stack
+    name = f"sales_totals_{unique}"
+    table = f"{name}__v1"
+    log_path = tmp_path / "run.log"
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "eventfold.cli", "projection", "run", name],
+        env=stack_env(settings, tmp_path, EVENTFOLD_APP="tests.renamed_app:app",
+                      EVENTFOLD_TEST_PROJECTION=name,
+                      EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds"),
+        stdout=log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    try:
+        with _selling(settings, unique) as sent:
+            wait_for(lambda: _folded(engine, table, unique) > 0, "the first batch",
+                     timeout_s=180)
+            time.sleep(1)
+            victim = kill()
+            killed_at = time.monotonic()
+            commands_at_kill = sent()
+            # Recovered: an event of a command sent after the kill reaches the read model
+            # (the n-th command sells for n, so the first n commands total n(n+1)/2).
+            before_kill = commands_at_kill * (commands_at_kill + 1) // 2
+            try:
+                wait_for(lambda: _folded(engine, table, unique) > before_kill,
+                         "events sent after the kill to be folded", timeout_s=180)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; {_diagnosis(settings, unique)}\n"
+                                     f"{log_path.read_text()[-3000:]}") from None
+            recovered_s = time.monotonic() - killed_at
+            time.sleep(2)
+        wait_until_in_topic(settings, "ProductSales", unique, sent())
+        stopped_at = time.monotonic()
+        wait_for(lambda: rows(engine, table, unique, "total")
+                 == _reference_totals(engine, unique),
+                 "the read model to equal a fold of the event store", timeout_s=180)
+        assert runner.poll() is None, log_path.read_text()[-3000:]
+        print(f"\n{what} {victim} SIGKILLed mid-stream: events sent after it folded "
+              f"{recovered_s:.1f} s later; {sent()} commands; read model equal to the event "
+              f"store's fold {time.monotonic() - stopped_at:.1f} s after the last command")
+        ktable = {k: v["total"] for k, v in read_table(
+            settings.kafka, f"eventfold.ktable.{name}").items() if k.startswith(unique)}
+        assert ktable == _reference_totals(engine, unique)
+    finally:
+        stop_pid(runner.pid, what="projection run", timeout_s=90)
+        stack.up()  # the killed node again, over its data
+
+
+def test_the_broker_leading_the_busiest_partition_dies(cluster_stack, cluster_engine, tmp_path,
+                                                       unique) -> None:
+    stack, settings = cluster_stack
+
+    def kill_leader() -> str:
+        admin = AdminClient(settings.kafka.client_config())
+        partitions = admin.list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
+        busiest = max(partitions.values(), key=lambda p: _end_offset(settings, p.id))
+        name = "broker" if busiest.leader == 1 else f"broker-{busiest.leader}"
+        os.kill(stack.pid_of(name), signal.SIGKILL)
+        return f"{name} (leader of partition {busiest.id})"
+
+    _survives(cluster_stack, cluster_engine, tmp_path, unique, "broker", kill_leader)
+
+
+def test_the_connect_worker_running_the_outbox_task_dies(cluster_stack, cluster_engine,
+                                                         tmp_path, unique) -> None:
+    stack, settings = cluster_stack
+
+    def kill_task_worker() -> str:
+        status = requests.get(f"{settings.connect_url}/connectors/"
+                              f"{settings.connector_name}/status", timeout=10).json()
+        worker = status["tasks"][0]["worker_id"]  # host:port of its REST listener
+        name = stack.node_listening_on(int(worker.rsplit(":", 1)[1]))
+        os.kill(stack.pid_of(name), signal.SIGKILL)
+        return f"{name} ({worker}, running the outbox task)"
+
+    _survives(cluster_stack, cluster_engine, tmp_path, unique, "Connect worker",
+              kill_task_worker)
+
+
+def _diagnosis(settings: Settings, unique: str) -> str:
+    from tests.kafka_helpers import read_topic
+
+    try:
+        connector = requests.get(f"{settings.connect_url}/connectors/"
+                                 f"{settings.connector_name}/status", timeout=5).json()
+    except requests.RequestException as exc:
+        connector = f"unreachable: {exc}"
+    published = sum(1 for r in read_topic(settings.kafka, TOPIC)
+                    if (r["key"] or "").startswith(unique))
+    return f"connector {connector}; {published} events of this test on {TOPIC}"
+
+
+def _end_offset(settings: Settings, partition: int) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({**settings.kafka.client_config(), "group.id": "probe"})
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(TOPIC, partition),
+                                                  timeout=10)[1])
+    finally:
+        consumer.close()
