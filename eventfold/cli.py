@@ -275,10 +275,11 @@ def _await_query(query: StreamingQuery, stop_requested: threading.Event,
 
 
 def _stop_on_signal(requested: threading.Event) -> None:
-    """SIGTERM and SIGINT (Ctrl-C) set ``requested``; the caller stops between batches."""
+    """SIGTERM and SIGINT (Ctrl-C) set ``requested``; the caller stops at its next step (a
+    projection between batches)."""
 
     def handle(signum: int, _: FrameType | None) -> None:
-        log.info("signal %d: stopping after the current batch", signum)
+        log.info("signal %d: stopping", signum)
         requested.set()
 
     signal.signal(signal.SIGTERM, handle)
@@ -319,6 +320,11 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
         print(f"{name}: RUNNING")
     elif args.action == "restart":
         print(json.dumps(operations.restart(only_failed=not args.all), indent=2))
+    elif args.action == "supervise":
+        stop = threading.Event()
+        _stop_on_signal(stop)
+        log.info("supervising connector %s: FAILED tasks are restarted", name)
+        operations.supervise(stop)
     else:
         deleted = operations.delete(keep_slot=args.keep_slot)
         print(f"{name}: {'deleted' if deleted else 'not found'}"
@@ -410,7 +416,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     connector = commands.add_parser("connector", help="operate the Debezium outbox connector")
     connector.add_argument("action", choices=["apply", "diff", "validate", "status", "pause",
-                                              "resume", "restart", "delete"])
+                                              "resume", "restart", "supervise", "delete"],
+                           help="supervise: run until SIGTERM, restarting FAILED tasks")
     connector.add_argument("--all", action="store_true",
                            help="restart: every task, not only FAILED ones")
     connector.add_argument("--keep-slot", action="store_true",

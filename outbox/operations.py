@@ -4,6 +4,7 @@ slot's retained WAL, pause/resume/restart, delete (and drop its slot)."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,18 @@ class ConnectorStatus:
                                  for t in self.tasks):
             return True
         return self.running and self.slot is not None and not self.slot.active
+
+
+def _failed_parts(raw: dict[str, Any] | None) -> list[str]:
+    if raw is None:
+        return []
+    parts = ["connector"] if raw["connector"]["state"] == "FAILED" else []
+    return parts + [f"task {t['id']}" for t in raw["tasks"] if t["state"] == "FAILED"]
+
+
+def _first_trace_line(raw: dict[str, Any] | None) -> str:
+    traces = [part.get("trace", "") for part in [raw["connector"], *raw["tasks"]]] if raw else []
+    return next((trace.splitlines()[0][:300] for trace in traces if trace), "no trace")
 
 
 @dataclass(frozen=True)
@@ -161,6 +174,35 @@ class ConnectorOperations:
 
     def restart(self, only_failed: bool = True) -> dict[str, Any]:
         return self.client.restart(self.spec.name, only_failed=only_failed)
+
+    def supervise(self, stop: threading.Event, interval_s: float = 5.0,
+                  max_pause_s: float = 300.0) -> None:
+        """Until ``stop`` is set: restart the connector's FAILED tasks (and the connector).
+        Kafka Connect never restarts a failed task itself, and some failures are transient:
+        after a broker dies, fencing a task's zombie producers can time out while partition
+        leadership moves, and the task stays FAILED. Restarts of a task that fails again wait
+        longer each time, up to ``max_pause_s``."""
+        pause, failed_in_a_row = interval_s, 0
+        while not stop.wait(pause):
+            try:
+                raw = self.client.status(self.spec.name)
+            except ConnectError as exc:
+                log.warning("connector %s: status unavailable (%s)", self.spec.name, exc)
+                pause = interval_s
+                continue
+            failed = _failed_parts(raw)
+            if not failed:
+                pause, failed_in_a_row = interval_s, 0
+                continue
+            failed_in_a_row += 1
+            log.warning("connector %s: %s FAILED (%s); restarting them (attempt %d)",
+                        self.spec.name, ", ".join(failed), _first_trace_line(raw),
+                        failed_in_a_row)
+            try:
+                self.restart(only_failed=True)
+            except ConnectError as exc:
+                log.warning("connector %s: restart refused (%s)", self.spec.name, exc)
+            pause = min(interval_s * 2 ** (failed_in_a_row - 1), max_pause_s)
 
     def delete(self, keep_slot: bool = False, timeout_s: float = 60) -> bool:
         """Delete the connector and, unless ``keep_slot``, drop its replication slot (an

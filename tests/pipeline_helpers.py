@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
 
 from eventfold.contract import event_topic
-from tests.kafka_helpers import read_topic
+from tests.kafka_helpers import read_table, read_topic
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
@@ -81,3 +85,67 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
     finally:
         sink.close()
         store.close()
+
+
+def rows(engine, table: str, prefix: str, column: str) -> dict[str, object]:
+    """``column`` of a read model table by key, for the keys starting with ``prefix``."""
+    with engine.connect() as conn:
+        found = conn.execute(text(f'SELECT key, "{column}" FROM "{table}" WHERE key LIKE :p'),
+                             {"p": f"{prefix}%"}).all()
+    return dict(found)
+
+
+def store_totals(engine, stream_type: str, field: str, prefix: str) -> dict[str, int]:
+    """A reference fold of the event store itself: the sum of ``field`` per stream of
+    ``stream_type`` whose id starts with ``prefix``."""
+    with engine.connect() as conn:
+        found = conn.execute(text(
+            "SELECT stream_id, sum((data->>:field)::bigint) FROM events "
+            "WHERE stream_type = :type AND stream_id LIKE :p GROUP BY stream_id"),
+            {"field": field, "type": stream_type, "p": f"{prefix}%"}).all()
+    return {stream: int(total) for stream, total in found}
+
+
+def sales_totals_of_the_store(engine, prefix: str) -> dict[str, int]:
+    """The sales example's running totals of products ``{prefix}-...``, from the store."""
+    return store_totals(engine, "ProductSales", "value", f"{prefix}-")
+
+
+def folded_total(engine, table: str, prefix: str) -> int:
+    """The sum of a sales totals table's keys starting with ``prefix``; 0 before the table
+    exists (the projection's first batch creates it)."""
+    try:
+        return sum(int(v) for v in rows(engine, table, prefix, "total").values())
+    except ProgrammingError:
+        return 0
+
+
+def ktable_totals(settings, name: str, prefix: str) -> dict[str, int]:
+    """The sales totals in projection ``name``'s first KTable topic, keys starting with
+    ``prefix``."""
+    return {k: v["total"] for k, v in read_table(
+        settings.kafka, f"eventfold.ktable.{name}").items() if k.startswith(prefix)}
+
+
+@contextmanager
+def selling(settings, prefix: str) -> Iterator[Callable[[], int]]:
+    """Sales commands flowing (the n-th sells product ``{prefix}-{n % 7}`` for n), one every
+    ~10 ms, until the block ends; yields how many were sent."""
+    from examples import sales
+
+    stop, sent = threading.Event(), [0]
+
+    def sell() -> None:
+        bus = sales.app.command_bus(settings)
+        while not stop.is_set():
+            bus.execute(sales.RecordSale(product=f"{prefix}-{sent[0] % 7}", value=sent[0] + 1))
+            sent[0] += 1
+            time.sleep(0.01)
+
+    seller = threading.Thread(target=sell, daemon=True)
+    seller.start()
+    try:
+        yield lambda: sent[0]
+    finally:
+        stop.set()
+        seller.join(timeout=30)

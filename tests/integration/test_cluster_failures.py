@@ -10,26 +10,28 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import pytest
 import requests
 from confluent_kafka.admin import AdminClient
 from eventfold.local_stack.process import stop_pid
-from sqlalchemy import create_engine, text
-from sqlalchemy.exc import ProgrammingError
+from sqlalchemy import create_engine
 
 from eventfold.config import Settings
 from eventfold.contract import event_topic
-from examples import sales
 from tests.integration.test_cli import stack_env
-from tests.integration.test_examples import rows
-from tests.kafka_helpers import read_table
 from tests.packaging import ROOT
-from tests.pipeline_helpers import wait_for, wait_until_in_topic
+from tests.pipeline_helpers import (
+    folded_total,
+    ktable_totals,
+    rows,
+    sales_totals_of_the_store,
+    selling,
+    wait_for,
+    wait_until_in_topic,
+)
 
 TOPIC = event_topic("ProductSales")
 
@@ -41,42 +43,8 @@ def cluster_engine(cluster_stack):
     engine.dispose()
 
 
-def _reference_totals(engine, unique: str) -> dict[str, int]:
-    """A fold of the event store itself."""
-    with engine.connect() as conn:
-        found = conn.execute(text(
-            "SELECT stream_id, sum((data->>'value')::bigint) FROM events "
-            "WHERE stream_type = 'ProductSales' AND stream_id LIKE :p GROUP BY stream_id"),
-            {"p": f"{unique}-%"}).all()
-    return {stream: int(total) for stream, total in found}
 
 
-def _folded(engine, table: str, unique: str) -> int:
-    try:
-        return sum(int(v) for v in rows(engine, table, unique, "total").values())
-    except ProgrammingError:  # the table does not exist before the first batch
-        return 0
-
-
-@contextmanager
-def _selling(settings: Settings, unique: str) -> Iterator[Callable[[], int]]:
-    """Commands flowing, one every ~10 ms, until the block ends; yields how many were sent."""
-    stop, sent = threading.Event(), [0]
-
-    def sell() -> None:
-        bus = sales.app.command_bus(settings)
-        while not stop.is_set():
-            bus.execute(sales.RecordSale(product=f"{unique}-{sent[0] % 7}", value=sent[0] + 1))
-            sent[0] += 1
-            time.sleep(0.01)
-
-    seller = threading.Thread(target=sell, daemon=True)
-    seller.start()
-    try:
-        yield lambda: sent[0]
-    finally:
-        stop.set()
-        seller.join(timeout=30)
 
 
 def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
@@ -86,16 +54,22 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
     stack, settings = cluster_stack
     name = f"sales_totals_{unique}"
     table = f"{name}__v1"
-    log_path = tmp_path / "run.log"
+    log_path, supervisor_log = tmp_path / "run.log", tmp_path / "supervise.log"
+    env = stack_env(settings, tmp_path, EVENTFOLD_APP="tests.renamed_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
     runner = subprocess.Popen(
         [sys.executable, "-m", "eventfold.cli", "projection", "run", name],
-        env=stack_env(settings, tmp_path, EVENTFOLD_APP="tests.renamed_app:app",
-                      EVENTFOLD_TEST_PROJECTION=name,
-                      EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds"),
-        stdout=log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+        env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT, cwd=ROOT)
+    # As in production, a supervisor restarts FAILED connector tasks (through the second
+    # worker's REST API: the first may be the one killed).
+    second_worker = stack.status()["components"]["connect-2"]["endpoint"]  # type: ignore[index]
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "eventfold.cli", "connector", "supervise"],
+        env={**env, "EVENTFOLD_CONNECT_URL": second_worker}, stdout=supervisor_log.open("wb"),
+        stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        with _selling(settings, unique) as sent:
-            wait_for(lambda: _folded(engine, table, unique) > 0, "the first batch",
+        with selling(settings, unique) as sent:
+            wait_for(lambda: folded_total(engine, table, unique) > 0, "the first batch",
                      timeout_s=180)
             time.sleep(1)
             victim = kill()
@@ -105,27 +79,29 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
             # (the n-th command sells for n, so the first n commands total n(n+1)/2).
             before_kill = commands_at_kill * (commands_at_kill + 1) // 2
             try:
-                wait_for(lambda: _folded(engine, table, unique) > before_kill,
+                wait_for(lambda: folded_total(engine, table, unique) > before_kill,
                          "events sent after the kill to be folded", timeout_s=180)
             except AssertionError as exc:
                 raise AssertionError(f"{exc}; {_diagnosis(settings, unique)}\n"
-                                     f"{log_path.read_text()[-3000:]}") from None
+                                     f"{log_path.read_text()[-3000:]}\n"
+                                     f"{supervisor_log.read_text()[-2000:]}") from None
             recovered_s = time.monotonic() - killed_at
             time.sleep(2)
         wait_until_in_topic(settings, "ProductSales", unique, sent())
         stopped_at = time.monotonic()
         wait_for(lambda: rows(engine, table, unique, "total")
-                 == _reference_totals(engine, unique),
+                 == sales_totals_of_the_store(engine, unique),
                  "the read model to equal a fold of the event store", timeout_s=180)
         assert runner.poll() is None, log_path.read_text()[-3000:]
+        restarts = supervisor_log.read_text().count("restarting them")
         print(f"\n{what} {victim} SIGKILLed mid-stream: events sent after it folded "
               f"{recovered_s:.1f} s later; {sent()} commands; read model equal to the event "
-              f"store's fold {time.monotonic() - stopped_at:.1f} s after the last command")
-        ktable = {k: v["total"] for k, v in read_table(
-            settings.kafka, f"eventfold.ktable.{name}").items() if k.startswith(unique)}
-        assert ktable == _reference_totals(engine, unique)
+              f"store's fold {time.monotonic() - stopped_at:.1f} s after the last command; "
+              f"the supervisor restarted FAILED connector tasks {restarts} time(s)")
+        assert ktable_totals(settings, name, unique) == sales_totals_of_the_store(engine, unique)
     finally:
         stop_pid(runner.pid, what="projection run", timeout_s=90)
+        stop_pid(supervisor.pid, what="connector supervise", timeout_s=30)
         stack.up()  # the killed node again, over its data
 
 

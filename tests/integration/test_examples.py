@@ -7,6 +7,7 @@ import dataclasses
 import json
 import threading
 
+import pytest
 from eventfold.projections import Lookup, Projection
 from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.replay import replay
@@ -18,6 +19,7 @@ from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
     catch_up,
     make_runner,
+    rows,
     runner_settings,
     wait_for,
     wait_until_in_topic,
@@ -28,13 +30,6 @@ def renamed(projection: Projection, unique: str, **changes) -> Projection:
     """The example's projection under a name of this test's own (tests share the stack)."""
     return dataclasses.replace(projection, name=f"{projection.name}_{unique}", table="",
                                ktable_topic="", **changes)
-
-
-def rows(engine, table: str, prefix: str, column: str) -> dict[str, object]:
-    with engine.connect() as conn:
-        found = conn.execute(text(f'SELECT key, "{column}" FROM "{table}" WHERE key LIKE :p'),
-                             {"p": f"{prefix}%"}).all()
-    return dict(found)
 
 
 def derived(settings, topic: str, prefix: str) -> list[dict]:
@@ -218,8 +213,10 @@ def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
     assert rows(engine, totals.table, unique, "total")[old1] == 1001
 
 
+@pytest.mark.parametrize("source", ["eventfold", "kafka"])
 def test_point_of_sale_shipments_loyalty_and_masked_analytics(
-        stack_settings, spark, engine, unique) -> None:
+        stack_settings, spark, engine, unique, source: str) -> None:
+    """Stream projections and a re-keyed fold, through either Kafka source."""
     point_of_sale.app.setup(stack_settings)
     bus = point_of_sale.app.command_bus(stack_settings)
     invoices = [("1", "S1", "C1", "PRIME", "HOME-DELIVERY", 100_000, 2),
@@ -236,7 +233,7 @@ def test_point_of_sale_shipments_loyalty_and_masked_analytics(
     wait_until_in_topic(stack_settings, "Store", unique, 3)
     for definition in (point_of_sale.shipments, point_of_sale.loyalty_points,
                        point_of_sale.invoice_analytics):
-        catch_up(spark, stack_settings, renamed(definition, unique))
+        catch_up(spark, stack_settings, renamed(definition, unique), source=source)
 
     shipped = derived(stack_settings, point_of_sale.SHIPMENTS_TOPIC, unique)
     assert sorted(e["data"]["invoice_no"] for e in shipped) == [f"{unique}-1", f"{unique}-3"]
@@ -250,8 +247,9 @@ def test_point_of_sale_shipments_loyalty_and_masked_analytics(
     assert all("Analytical" not in json.dumps(line) for line in lines)
 
 
+@pytest.mark.parametrize("source", ["eventfold", "kafka"])
 def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, engine,
-                                                       unique) -> None:
+                                                       unique, source: str) -> None:
     orders.app.setup(stack_settings)
     customers = renamed(orders.customers, unique)
     per_customer = renamed(orders.orders_per_customer, unique,
@@ -264,8 +262,8 @@ def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, en
                                       amount=10.0))
     wait_until_in_topic(stack_settings, "Customer", unique, 2)
     wait_until_in_topic(stack_settings, "Order", unique, 4)
-    catch_up(spark, stack_settings, customers)
-    catch_up(spark, stack_settings, per_customer)
+    catch_up(spark, stack_settings, customers, source=source)
+    catch_up(spark, stack_settings, per_customer, source=source)
     assert rows(engine, per_customer.table, unique, "orders") == {
         f"{unique}-c1": 2, f"{unique}-c2": 1, f"{unique}-ghost": 1}
     assert rows(engine, per_customer.table, unique, "customer_name") == {

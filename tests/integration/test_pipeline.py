@@ -17,19 +17,19 @@ from eventfold.contract import event_topic
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, inventory_totals
 from tests.kafka_helpers import produce, read_table, read_topic
-from tests.pipeline_helpers import catch_up, make_runner, wait_for, wait_until_in_topic
+from tests.pipeline_helpers import (
+    catch_up,
+    make_runner,
+    store_totals,
+    wait_for,
+    wait_until_in_topic,
+)
 
 PRODUCT_TOPIC = event_topic("Product")
 
 
 def reference_totals(engine, prefix: str) -> dict[str, int]:
-    """A reference fold of the event store itself."""
-    with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT stream_id, sum((data->>'quantity')::bigint) FROM events "
-            "WHERE stream_type = 'Product' AND stream_id LIKE :p GROUP BY stream_id"),
-            {"p": f"{prefix}%"}).all()
-    return {stream: int(total) for stream, total in rows}
+    return store_totals(engine, "Product", "quantity", prefix)
 
 
 def read_model_totals(engine, table: str, prefix: str) -> dict[str, int]:

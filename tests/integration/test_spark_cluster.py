@@ -7,25 +7,28 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import sysconfig
-import threading
 import time
 import zipfile
 from pathlib import Path
 
 import pytest
+from eventfold.local_stack.process import stop_pid
 from eventfold.local_stack.spark_cluster import SparkCluster, SparkClusterState, spark_home
-from sqlalchemy import text
-from sqlalchemy.exc import ProgrammingError
 
 from examples import sales
-from tests.integration.test_examples import rows
-from tests.kafka_helpers import read_table
 from tests.packaging import ROOT, build_wheel
-from tests.pipeline_helpers import wait_for, wait_until_in_topic
+from tests.pipeline_helpers import (
+    folded_total,
+    ktable_totals,
+    rows,
+    sales_totals_of_the_store,
+    selling,
+    wait_for,
+    wait_until_in_topic,
+)
 
 
 @pytest.fixture(scope="module")
@@ -92,19 +95,8 @@ def _record_sales(stack_settings, unique: str, count: int) -> None:
         bus.execute(sales.RecordSale(product=f"{unique}-{n % 7}", value=n + 1))
 
 
-def _reference_totals(engine, unique: str) -> dict[str, int]:
-    """A fold of the event store itself."""
-    with engine.connect() as conn:
-        found = conn.execute(text(
-            "SELECT stream_id, sum((data->>'value')::bigint) FROM events "
-            "WHERE stream_type = 'ProductSales' AND stream_id LIKE :p GROUP BY stream_id"),
-            {"p": f"{unique}-%"}).all()
-    return {stream: int(total) for stream, total in found}
 
 
-def _ktable_totals(stack_settings, name: str, unique: str) -> dict[str, int]:
-    return {k: v["total"] for k, v in read_table(
-        stack_settings.kafka, f"eventfold.ktable.{name}").items() if k.startswith(unique)}
 
 
 def test_spark_submit_runs_a_projection_on_the_cluster_with_shipped_code(
@@ -127,8 +119,9 @@ def test_spark_submit_runs_a_projection_on_the_cluster_with_shipped_code(
     started = next(line for line in submitted.stdout.splitlines() if "Spark master" in line)
     assert f"Spark master {state.master_url}" in started  # not EVENTFOLD_SPARK_MASTER's default
     assert "spark.sql.shuffle.partitions" in started  # its --conf over our default
-    assert rows(engine, f"{name}__v1", unique, "total") == _reference_totals(engine, unique)
-    assert _ktable_totals(stack_settings, name, unique) == _reference_totals(engine, unique)
+    expected = sales_totals_of_the_store(engine, unique)
+    assert rows(engine, f"{name}__v1", unique, "total") == expected
+    assert ktable_totals(stack_settings, name, unique) == expected
 
 
 def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
@@ -146,53 +139,30 @@ def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
                                      f"{shipped['app']},spark.executor.memory=1g",
                 EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds"),
             stdout=log_file, stderr=subprocess.STDOUT, cwd=shipped["app"].parent)
-    stop_commands = threading.Event()
-    sent = [0]
-
-    def keep_selling() -> None:
-        bus = sales.app.command_bus(stack_settings)
-        while not stop_commands.is_set():
-            bus.execute(sales.RecordSale(product=f"{unique}-{sent[0] % 7}", value=sent[0] + 1))
-            sent[0] += 1
-            time.sleep(0.01)
-
-    seller = threading.Thread(target=keep_selling, daemon=True)
     try:
-        seller.start()
         table = f"{name}__v1"
-        wait_for(lambda: _folded(engine, table, unique) > 0, "the first batch on the cluster",
-                 timeout_s=180)
-        killed = spark_cluster.kill_worker(0)
-        killed_at, folded_at_kill = time.monotonic(), _folded(engine, table, unique)
-        wait_for(lambda: _folded(engine, table, unique) > folded_at_kill,
-                 "a batch after the worker was killed", timeout_s=180)
-        recovered_s = time.monotonic() - killed_at
-        time.sleep(3)
-        stop_commands.set()
-        seller.join(timeout=30)
-        wait_until_in_topic(stack_settings, "ProductSales", unique, sent[0])
+        with selling(stack_settings, unique) as sent:
+            wait_for(lambda: folded_total(engine, table, unique) > 0,
+                     "the first batch on the cluster", timeout_s=180)
+            killed = spark_cluster.kill_worker(0)
+            killed_at, folded_at_kill = time.monotonic(), folded_total(engine, table, unique)
+            wait_for(lambda: folded_total(engine, table, unique) > folded_at_kill,
+                     "a batch after the worker was killed", timeout_s=180)
+            recovered_s = time.monotonic() - killed_at
+            time.sleep(3)
+        wait_until_in_topic(stack_settings, "ProductSales", unique, sent())
         stopped_at = time.monotonic()
-        wait_for(lambda: rows(engine, table, unique, "total") == _reference_totals(engine, unique),
+        wait_for(lambda: rows(engine, table, unique, "total")
+                 == sales_totals_of_the_store(engine, unique),
                  "the read model to equal a fold of the event store", timeout_s=180)
         caught_up_s = time.monotonic() - stopped_at
         print(f"\nspark worker {killed.name} (pid {killed.pid}) SIGKILLed mid-stream: first batch "
-              f"committed {recovered_s:.1f} s later; {sent[0]} commands; read model equal to the "
+              f"committed {recovered_s:.1f} s later; {sent()} commands; read model equal to the "
               f"event store's fold {caught_up_s:.1f} s after the last command")
         assert runner.poll() is None, log_path.read_text()[-4000:]
-        assert _ktable_totals(stack_settings, name, unique) == _reference_totals(engine, unique)
+        assert ktable_totals(stack_settings, name, unique) == sales_totals_of_the_store(
+            engine, unique)
     finally:
-        stop_commands.set()
-        runner.send_signal(signal.SIGTERM)
-        try:
-            runner.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            runner.kill()
-            runner.wait()
+        stop_pid(runner.pid, what="projection run", timeout_s=90)
         spark_cluster.restart_worker(0)
 
-
-def _folded(engine, table: str, unique: str) -> int:
-    try:
-        return sum(int(v) for v in rows(engine, table, unique, "total").values())
-    except ProgrammingError:  # the table does not exist before the first batch
-        return 0

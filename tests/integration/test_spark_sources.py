@@ -8,9 +8,9 @@ from eventfold.projections import Projection
 
 from eventfold.contract import event_topic
 from examples import sales
-from tests.integration.test_examples import renamed, rows
+from tests.integration.test_examples import renamed
 from tests.kafka_helpers import produce, read_table, read_topic
-from tests.pipeline_helpers import catch_up, make_runner, wait_until_in_topic
+from tests.pipeline_helpers import catch_up, make_runner, rows, wait_until_in_topic
 
 SALES = [("a", 1500), ("b", 700), ("a", 1000), ("c", 300), ("b", 2000), ("a", 250)]
 
