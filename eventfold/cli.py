@@ -274,12 +274,13 @@ def _await_query(query: StreamingQuery, stop_requested: threading.Event,
             return
 
 
-def _stop_on_signal(requested: threading.Event) -> None:
+def _stop_on_signal(requested: threading.Event,
+                    stopping: str = "stopping after the current batch") -> None:
     """SIGTERM and SIGINT (Ctrl-C) set ``requested``; the caller stops at its next step (a
     projection between batches)."""
 
     def handle(signum: int, _: FrameType | None) -> None:
-        log.info("signal %d: stopping", signum)
+        log.info("signal %d: %s", signum, stopping)
         requested.set()
 
     signal.signal(signal.SIGTERM, handle)
@@ -322,7 +323,7 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(operations.restart(only_failed=not args.all), indent=2))
     elif args.action == "supervise":
         stop = threading.Event()
-        _stop_on_signal(stop)
+        _stop_on_signal(stop, "stopping")
         log.info("supervising connector %s: FAILED tasks are restarted", name)
         operations.supervise(stop)
     else:

@@ -94,20 +94,6 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
     through_a_replay(inventory_app, stack_settings, tmp_path, unique)
 
 
-def test_the_same_on_the_cluster_stack(cluster_stack, tmp_path, unique) -> None:
-    """Three brokers, two Connect workers, and the run and the replay each on one core of the
-    Spark standalone cluster."""
-    from examples.inventory import app
-
-    stack, settings = cluster_stack
-    app.setup(settings)
-    spark = stack.spark.state()
-    assert spark is not None
-    through_a_replay(app, settings, tmp_path, unique,
-                     EVENTFOLD_SPARK_MASTER=spark.master_url,
-                     EVENTFOLD_SPARK_CONF="spark.cores.max=1,spark.executor.memory=1g")
-
-
 def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str,
                      **spark_env: str) -> None:
     from examples.inventory import ReceiveStock, inventory_totals
