@@ -44,8 +44,8 @@ def test_spark_kafka_source_folds_like_ours(stack_settings, spark, engine, uniqu
     ours = renamed(definition, f"{unique}_ours")
     spark_kafka = renamed(definition, f"{unique}_spark")
     catch_up(spark, stack_settings, ours)
-    # Small batches: several of them, each merging into what the last one stored.
-    catch_up(spark, stack_settings, spark_kafka, source="kafka", max_rows_per_batch=4)
+    # Batches smaller than the shared topic: several, each merging into what the last stored.
+    catch_up(spark, stack_settings, spark_kafka, source="kafka", max_rows_per_batch=1000)
     columns = _columns(definition)
     expected = _state(engine, stack_settings, ours, columns, unique)
     assert expected[0][columns[0]][f"{unique}-a"] == 2750
