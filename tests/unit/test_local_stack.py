@@ -15,8 +15,9 @@ def test_port_in_use_is_reported(tmp_path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(StackError, match=f"port {port} is already in use"):
-            broker.start(tmp_path / "kafka", port, free_port(), tmp_path / "broker.log",
-                         ClientAuth())
+            node = broker.Node(1, port, free_port())
+            broker.start(tmp_path / "kafka", node, [node], broker.new_cluster_id(),
+                         tmp_path / "broker.log", ClientAuth())
 
 
 def test_missing_postgres_binaries_say_how_to_install(monkeypatch, tmp_path) -> None:
