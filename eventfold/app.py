@@ -22,6 +22,7 @@ from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic, split_password
 from eventfold.local_stack.java import spark_kafka_jars
+from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.operations import ConnectorOperations
@@ -37,6 +38,7 @@ from eventfold.projections.runner import (
 )
 from eventfold.projections.sinks import ensure_projection_topics
 from eventfold.read_api import ReadApiOptions, create_read_app
+from eventfold.read_api.metrics import KTABLES
 from eventfold.request_log import RequestLog
 from eventfold.write_model import (
     AsyncCommandBus,
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
+
+PROCESS_COLLECTORS.register(KTABLES)
 
 
 class Eventfold:
@@ -121,7 +125,7 @@ class Eventfold:
         app = create_command_app(self.async_command_bus(settings), title=f"{self.name} commands",
                                  api_token=settings.api_token or None,
                                  max_body_bytes=settings.max_body_bytes)
-        return app
+        return _with_observability(app, settings, "commands", request_log=False)
 
     def read_api(self, settings: Settings) -> FastAPI:
         """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
@@ -132,7 +136,7 @@ class Eventfold:
             title=f"{self.name} reads")
         app = create_read_app(self.projections, options,
                               dependencies=[Depends(bearer_auth(settings.api_token or None))])
-        return _with_request_log(app, settings)
+        return _with_observability(app, settings, "reads", request_log=settings.request_log)
 
     def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
         """The active version of projection ``name``, ready to start."""
@@ -192,9 +196,15 @@ def _ktable_topic_config(settings: Settings) -> dict[str, str]:
         raise ConfigError(f"EVENTFOLD_KTABLE_TOPIC_CONFIG: {exc}") from None
 
 
-def _with_request_log(app: FastAPI, settings: Settings) -> FastAPI:
-    if settings.request_log:
+def _with_observability(app: FastAPI, settings: Settings, api: str,
+                        request_log: bool) -> FastAPI:
+    """The request log, then Prometheus metrics at ``/metrics`` (``EVENTFOLD_METRICS``),
+    outermost so that they time everything."""
+    if request_log:
         app.add_middleware(RequestLog)
+    if settings.metrics:
+        app.add_route("/metrics", metrics_endpoint, include_in_schema=False)
+        app.add_middleware(HttpMetrics, api=api)
     return app
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from eventfold.app import Eventfold
     from eventfold.outbox.operations import ConnectorStatus
+    from eventfold.run_observer import RunObserver
 
 log = logging.getLogger("eventfold")
 
@@ -123,10 +124,16 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
             chosen = [app.projections.get(args.name)] if args.name else list(app.projections)
         except LookupError as exc:
             raise ConfigError(str(exc)) from None
+        from eventfold.status import STALE, projection_entry
+
+        stale = False
         for projection in chosen:
-            print(projection_status(projection, settings.database_url,
-                                    settings.kafka).describe())
-        return 0
+            found = projection_status(projection, settings.database_url, settings.kafka)
+            print(found.describe())
+            if reason := projection_entry(found, None, args.stale_after)["stale"]:
+                print(f"  STALE: {reason}")
+                stale = True
+        return STALE if stale else 0
     if not args.name:
         raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
                           "list`)")
@@ -136,7 +143,14 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     settings = settings.with_local_stack()
     if args.action == "replay":
-        result = app.replay(settings, args.name, args.source)
+        observer = _observer(app, settings, args.name, with_lag=False)
+        if observer is not None:
+            observer.replaying()
+        try:
+            result = app.replay(settings, args.name, args.source)
+        finally:
+            if observer is not None:
+                observer.close()
         print(f"replayed {result.projection}: v{result.new_version} active, "
               f"{result.events:,} events in {result.seconds:.1f} s "
               f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
@@ -174,10 +188,29 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
 
 
 def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -> int:
+    observer = _observer(app, settings, name)
+    try:
+        return _run_and_start_again(app, settings, name, once, observer)
+    finally:
+        if observer is not None:
+            observer.close()
+
+
+def _observer(app: Eventfold, settings: Settings, name: str,
+              with_lag: bool = True) -> RunObserver | None:
+    if not settings.metrics or not settings.metrics_port:
+        return None
+    from eventfold.run_observer import RunObserver
+
+    return RunObserver(app, settings, name, with_lag)
+
+
+def _run_and_start_again(app: Eventfold, settings: Settings, name: str, once: bool,
+                         observer: RunObserver | None) -> int:
     stop_requested = threading.Event()
     failures, batches = 0, 0
     while True:
-        outcome = _run_until_it_ends(app, settings, name, once, stop_requested)
+        outcome = _run_until_it_ends(app, settings, name, once, stop_requested, observer)
         batches += outcome.batches
         if outcome.error is None or stop_requested.is_set():
             break
@@ -195,6 +228,8 @@ def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -
         pause = min(2.0 ** failures, 30.0)
         log.warning("projection %s failed: %s; starting again in %.0f s", name,
                     _gist(outcome.error), pause)
+        if observer is not None:
+            observer.stopped(f"failed, starting again in {pause:.0f} s")
         if stop_requested.wait(pause):
             break
     log.info("projection %s stopped after %d batches", name, batches)
@@ -226,7 +261,8 @@ def _needs_a_person() -> tuple[type[Exception], ...]:
 
 
 def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool,
-                       stop_requested: threading.Event) -> _RunOutcome:
+                       stop_requested: threading.Event,
+                       observer: RunObserver | None) -> _RunOutcome:
     from eventfold.projections.runner import stop_gracefully
 
     runner = None
@@ -236,6 +272,8 @@ def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool
         # cancels every job and raises KeyboardInterrupt wherever the main thread is.
         _stop_on_signal(stop_requested)
         query = runner.start(once=once)
+        if observer is not None:
+            observer.running(runner, query)
         # The signal handler only sets a flag: the main thread may be inside a py4j call,
         # which must not be re-entered from a handler. Wait in slices and stop from here.
         _await_query(query, stop_requested, stop_gracefully)
@@ -367,6 +405,21 @@ def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _status(settings: Settings, args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from eventfold.app import load_app
+    from eventfold.status import pipeline_status, render
+
+    status = pipeline_status(load_app(settings.app), settings.with_local_stack(),
+                             args.stale_after, args.wal_warning_bytes)
+    if args.json:
+        print(json.dumps(status.as_json(), indent=2, default=str))
+    else:
+        render(status, Console())
+    return status.exit_code
+
+
 def _demo(settings: Settings, _: argparse.Namespace) -> int:
     from eventfold.demo import run_demo
 
@@ -413,7 +466,26 @@ def build_parser() -> argparse.ArgumentParser:
                       default="auto",
                       help="replay: start from the topics, or from the event store and then the "
                            "topics; auto reads the store when a topic no longer starts at 0")
+    proj.add_argument("--stale-after", type=float, default=60, metavar="SECONDS",
+                      help="status: a projection with events waiting whose last batch is "
+                           "older than this is stale (exit code 5)")
     proj.set_defaults(run=_projection)
+
+    status = commands.add_parser(
+        "status", help="the whole pipeline on one screen; exit code says what is wrong",
+        description="Postgres, Kafka, the outbox connector and its slot, each projection's "
+                    "lag, last batch, dead letters and replay, and the read API instances. "
+                    "Exit codes: 0 healthy; 3 a component does not answer (Postgres, Kafka, "
+                    "Connect); 4 CDC not flowing (connector or task not RUNNING, slot "
+                    "inactive or retaining too much WAL); 5 a projection is stale (events "
+                    "wait, last batch older than --stale-after); 2 a configuration mistake.")
+    status.add_argument("--json", action="store_true", help="one JSON document, for scripts")
+    status.add_argument("--stale-after", type=float, default=60, metavar="SECONDS",
+                        help="a projection with events waiting whose last batch is older than "
+                             "this is stale")
+    status.add_argument("--wal-warning-bytes", type=int, default=1024**3,
+                        help="the slot retaining more WAL than this is unhealthy")
+    status.set_defaults(run=_status)
 
     connector = commands.add_parser("connector", help="operate the Debezium outbox connector")
     connector.add_argument("action", choices=["apply", "diff", "validate", "status", "pause",

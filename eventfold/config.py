@@ -75,6 +75,8 @@ class Settings:
     read_pool_size: int = 10
     instance_id: str = ""
     request_log: bool = True
+    metrics: bool = True
+    metrics_port: int = 0
     api_token: str = ""
     max_body_bytes: int = 1024 * 1024
     log_level: str = "INFO"

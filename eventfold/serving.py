@@ -6,14 +6,19 @@ from __future__ import annotations
 import importlib
 import logging
 import multiprocessing as mp
+import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+
+from eventfold.metrics import MULTIPROCESS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +86,19 @@ def _serve_worker(factory: str, host: str, port: int) -> None:
 
 
 def _supervise(factory: str, host: str, port: int, workers: int) -> None:
+    # Each worker writes its metric samples to files there; /metrics on any worker sums them.
+    own_metrics_dir = None
+    if not os.environ.get(MULTIPROCESS_DIR):
+        own_metrics_dir = tempfile.mkdtemp(prefix="eventfold-metrics-")
+        os.environ[MULTIPROCESS_DIR] = own_metrics_dir
+    try:
+        _run_workers(factory, host, port, workers)
+    finally:
+        if own_metrics_dir is not None:
+            shutil.rmtree(own_metrics_dir, ignore_errors=True)
+
+
+def _run_workers(factory: str, host: str, port: int, workers: int) -> None:
     context = mp.get_context("spawn")
     processes = [context.Process(target=_serve_worker, args=(factory, host, port),
                                  name=f"http-worker-{n}") for n in range(workers)]

@@ -50,6 +50,11 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str,
         "producer.linger.ms": "5",
         "producer.batch.size": "524288",
         "task.shutdown.graceful.timeout.ms": "10000",
+        # The worker's admin and consumers, above all its reads of the offsets topic to the
+        # end, give up on a dead partition leader after this and ask again with fresh
+        # metadata; at the default (60 s) a broker's death stalled the outbox task a minute.
+        "default.api.timeout.ms": "15000",
+        "request.timeout.ms": "10000",  # an admin client's must not exceed the above
         # Connector configs may name secrets instead of holding them:
         # ${file:/path/secrets.properties:key} or ${env:VARIABLE}, resolved by the worker.
         "config.providers": "file,env",

@@ -162,7 +162,9 @@ class ConnectClient:
                 response = self.session.request(
                     method, f"{self.url}{path}", timeout=self.timeout_s, **kwargs
                 )
-            except requests.ConnectionError as exc:
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                # A worker busy with a rebalance or a dead broker answers late: each call
+                # here is safe to repeat (PUT, restart, pause, resume, DELETE, GET).
                 if attempt == self.retries:
                     raise ConnectError(
                         f"Kafka Connect at {self.url} is unreachable: {exc}") from exc

@@ -17,7 +17,7 @@ Three layers, each importing only those above it:
   ``replay`` and ``status``.
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
-pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types. Never ``write_model`` or
+pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client. Never ``write_model`` or
 ``read_api``.
 """
 

@@ -292,3 +292,29 @@ def forget_reader(conn: psycopg.Connection, instance_id: str, topic: str | None 
     else:
         conn.execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s AND topic = %s")
                      .format(_READERS), (instance_id, topic))
+
+
+@dataclass(frozen=True)
+class LiveReader:
+    instance_id: str
+    projection: str
+    version: int
+    topic: str
+    seen_at: datetime
+
+
+def live_readers(conn: psycopg.Connection) -> list[LiveReader]:
+    """The KTable topics read API instances have open, by heartbeats younger than
+    ``READER_TTL_S``."""
+    rows = conn.execute(sql.SQL(
+        "SELECT instance_id, projection, version, topic, seen_at FROM {} "
+        "WHERE seen_at > now() - make_interval(secs => %s) ORDER BY instance_id, topic")
+        .format(_READERS), (READER_TTL_S,)).fetchall()
+    return [LiveReader(*row) for row in rows]
+
+
+def builds(conn: psycopg.Connection) -> dict[str, int]:
+    """The version a replay is building, per projection that has one under way."""
+    rows = conn.execute(sql.SQL("SELECT projection, building_version FROM {} "
+                                "WHERE building_version IS NOT NULL").format(_TABLE)).fetchall()
+    return {name: int(version) for name, version in rows}

@@ -24,6 +24,7 @@ from typing import Literal
 from eventfold.outbox.history import count_events, head_position
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin
+from eventfold.projections import metrics
 from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.projection import Projection
@@ -59,6 +60,7 @@ class ReplayProgress:
 
     def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
         self.done += records
+        metrics.replay_progress(self.name, self.done, self.total)
         elapsed = time.monotonic() - self.started
         rate = self.done / max(elapsed, 1e-9)
         share = min(self.done / self.total, 1.0)

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, get_args
@@ -22,6 +24,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.history import count_events
 from eventfold.outbox.kafka import GroupProgress, OffsetPlanner
 from eventfold.outbox.topics import Replication
+from eventfold.projections import metrics
 from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.engine import (
     BatchContext,
@@ -49,7 +52,7 @@ from eventfold.projections.store_source import STORE_PARTITION, store_slices
 from eventfold.projections.task_output import KeySplitAcrossPartitions
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from eventfold.contract import PartitionKey, nest_offsets, split_password
 
@@ -57,6 +60,8 @@ log = logging.getLogger(__name__)
 
 _CLEANUP_EVERY_S = 30.0
 """How often an active runner deletes retired KTable topics that readers have left."""
+_SLOW_PHASE_S = 15.0
+"""A phase of starting a query that takes longer than this is logged while it runs."""
 
 
 EXECUTOR_PASSWORD = "spark.executorEnv.PGPASSWORD"
@@ -123,6 +128,8 @@ class ProjectionRunner:
         self.topics = TopicSink(settings.kafka, projection, self.version,
                                 settings.ktable_topic_config, settings.replication)
         self.batches = 0
+        self.offsets: dict[PartitionKey, int] = {}
+        """What the store has committed, as of the last batch (or the start)."""
         self._prepared = False
         self._next_cleanup = 0.0
         # The active version's progress also shows in Kafka, as group
@@ -153,9 +160,22 @@ class ProjectionRunner:
 
     def start(self, once: bool = False) -> StreamingQuery:
         """Start the query: ``once`` catches up with what is there now and stops."""
-        self.prepare()
-        committed = self.store.committed_offsets()
-        self._check_retained(committed)
+        what = f"projection {self.projection.name} v{self.version}"
+        clock = _PhaseClock(watching=f"{what}: starting")
+        with clock.phase("tables, topics and view"):
+            self.prepare()
+        with clock.phase("checkpoint"):
+            committed = self.offsets = self.store.committed_offsets()
+        with clock.phase("retention check"):
+            self._check_retained(committed)
+        with clock.phase("query"):
+            query = self._writer(committed, once).start()
+        log.info("%s: %s from %s (%s source); started in %s", what,
+                 "catching up" if once else "streaming",
+                 ", ".join(self.projection.source_topics), self.settings.source, clock)
+        return query
+
+    def _writer(self, committed: Mapping[PartitionKey, int], once: bool) -> DataStreamWriter:
         if self.settings.source == "kafka":
             source, process = self._spark_kafka_source(committed), self.process_records
         else:
@@ -165,12 +185,8 @@ class ProjectionRunner:
             .option("checkpointLocation", str(self.checkpoint_dir))
             .foreachBatch(process)
         )
-        writer = writer.trigger(availableNow=True) if once else writer.trigger(
+        return writer.trigger(availableNow=True) if once else writer.trigger(
             processingTime=self.settings.trigger_interval)
-        log.info("projection %s v%d: %s from %s (%s source)", self.projection.name,
-                 self.version, "catching up" if once else "streaming",
-                 ", ".join(self.projection.source_topics), self.settings.source)
-        return writer.start()
 
     def _eventfold_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
         """Ours, as an offset planner: each batch's rows are its offset ranges."""
@@ -336,6 +352,9 @@ class ProjectionRunner:
             self.versions.note_outputs(self.projection.name, new_outputs)
         self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
         clock.lap("commit")
+        self.offsets = {**committed, **outcome.next_offsets}
+        metrics.batch_committed(self.projection.name, records, outcome.applied,
+                                outcome.duplicates, len(outcome.dead_letters), clock.total)
         log.debug("projection %s batch %d: %d records, %d keys changed; %s", self.projection.name,
                   batch_id, records, len(outcome.changed), clock)
         self.batches += 1
@@ -414,14 +433,38 @@ def _unread_ranges(committed: Mapping[PartitionKey, int],
 
 
 class _PhaseClock:
-    def __init__(self) -> None:
+    """How long each phase of a piece of work took. ``watching`` names the work to warn about
+    a phase still running after ``_SLOW_PHASE_S``: a start that hangs says where."""
+
+    def __init__(self, watching: str | None = None) -> None:
         self._last = time.perf_counter()
         self._laps: list[tuple[str, float]] = []
+        self._watching = watching
 
     def lap(self, name: str) -> None:
         now = time.perf_counter()
         self._laps.append((name, now - self._last))
         self._last = now
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self._last = time.perf_counter()
+        alarm = None
+        if self._watching is not None:
+            alarm = threading.Timer(_SLOW_PHASE_S, log.warning, (
+                "%s: %s still running after %.0f s", self._watching, name, _SLOW_PHASE_S))
+            alarm.daemon = True
+            alarm.start()
+        try:
+            yield
+        finally:
+            if alarm is not None:
+                alarm.cancel()
+            self.lap(name)
+
+    @property
+    def total(self) -> float:
+        return sum(seconds for _, seconds in self._laps)
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self._laps)

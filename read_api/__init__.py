@@ -5,7 +5,8 @@ role), KTables materialized by consuming their compacted topics from the beginni
 state stores, interactive queries), freshness and read-your-writes, and the HTTP app.
 
 May import: ``projections`` (definitions, table names), ``outbox.kafka`` (topic readers),
-``eventfold.contract``, SQLAlchemy (query building), psycopg, confluent-kafka, FastAPI.
+``eventfold.contract``, SQLAlchemy (query building), psycopg, confluent-kafka, FastAPI,
+prometheus-client.
 Nothing upstream imports it; it never imports ``write_model``.
 """
 

@@ -35,6 +35,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections import Projection
 from eventfold.read_api.freshness import FreshnessMonitor
 from eventfold.read_api.ktables import KTableEntry, KTableHost
+from eventfold.read_api.metrics import KTABLES, READ_YOUR_WRITES
 from eventfold.read_api.presence import ReaderPresence
 from eventfold.read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
 from eventfold.read_api.read_models import ReadModel, reader_pool
@@ -113,15 +114,20 @@ def _wait_deadline(request: Request) -> float:
 
 
 async def wait_until(probe: Callable[[], Awaitable[int | None]], min_version: int,
-                     deadline: float, what: str) -> None:
+                     deadline: float, what: str, kind: str) -> None:
     """Poll ``probe`` (the version applied so far) until it reaches ``min_version``; past the
-    deadline answer 504 with the version reached."""
+    deadline answer 504 with the version reached. ``kind`` (read_model, ktable) labels the
+    wait's metric."""
+    waited = False
     while True:
         current = await probe()
         if current is not None and current >= min_version:
+            READ_YOUR_WRITES.labels(kind, "waited" if waited else "at_once").inc()
             return
         if time.monotonic() >= deadline:
+            READ_YOUR_WRITES.labels(kind, "timed_out").inc()
             raise VersionNotReached(what, min_version, current)
+        waited = True
         await asyncio.sleep(_POLL_S)
 
 
@@ -164,10 +170,12 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
             version = monitor.active_version(p.name) or 1
             hosts[p.name] = KTableHost(options.kafka, p.name,
                                        p.ktable_topic_for(version), version, presence).start()
+        KTABLES.watch(instance_id, lambda: hosts)
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
         try:
             yield
         finally:
+            KTABLES.forget(instance_id)
             monitor.stop()
             for host in hosts.values():
                 host.stop()
@@ -262,7 +270,7 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                     version, stream or key)
 
             await wait_until(applied, min_version, _wait_deadline(request),
-                             f"{name} for stream {stream or key!r}")
+                             f"{name} for stream {stream or key!r}", "read_model")
         row = await read_model.get(key)
         if row is None:
             return json_response({"detail": f"no row with key {key!r} in {name}",
@@ -342,7 +350,7 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                 return entry.version if entry else None
 
             await wait_until(applied, min_version, _wait_deadline(request),
-                             f"KTable {name} key {key!r}")
+                             f"KTable {name} key {key!r}", "ktable")
         entry = host.view.get(key)
         if entry is None:
             return json_response({"detail": f"no value for key {key!r} in KTable {name}",

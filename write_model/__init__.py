@@ -8,8 +8,8 @@ Three layers, each importing only those before it:
 - ``commands`` (the application: commands, handlers, the command bus) and ``http`` (the
   command API, a transport over the bus).
 
-May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI and
-``eventfold.contract``. It imports no other Eventfold package: everything downstream (outbox,
+May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI, prometheus-client
+(``metrics``, a leaf every layer may import) and ``eventfold.contract``. It imports no other Eventfold package: everything downstream (outbox,
 projections, read_api) depends on it, never the reverse.
 """
 

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from eventfold.write_model.domain.aggregate import Aggregate
 from eventfold.write_model.domain.values import storable_problem
+from eventfold.write_model.metrics import CONFLICTS
 from eventfold.write_model.persistence.repository import AggregateCache, AsyncRepository, Repository
 from eventfold.write_model.persistence.store import (
     AppendResult,
@@ -192,7 +193,9 @@ class _Execution:
                 use_cache = False  # decide again on the aggregate as stored
             except ConcurrencyError:
                 if command.expected_version is not None or attempt == self.MAX_ATTEMPTS:
+                    CONFLICTS.labels(command.command_name, "rejected").inc()
                     raise
+                CONFLICTS.labels(command.command_name, "retried").inc()
                 use_cache = False
                 # Jitter, so that writers that collided do not collide again in lockstep.
                 yield _Pause(random.uniform(0, 0.002 * attempt))

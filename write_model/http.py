@@ -38,6 +38,7 @@ from starlette._utils import get_route_path, is_async_callable
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -234,13 +235,18 @@ class CommandDispatch:
         self.app = app
         self.endpoints = endpoints
         self.handlers = handlers
+        # What the router would put in the scope: middleware outside (metrics) reads the
+        # route's path from it.
+        self.routes = {path: Route(path, endpoint, methods=["POST"])
+                       for path, endpoint in endpoints.items()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        endpoint = (self.endpoints.get(get_route_path(scope))
-                    if scope["type"] == "http" and scope["method"] == "POST" else None)
+        path = get_route_path(scope) if scope["type"] == "http" else ""
+        endpoint = self.endpoints.get(path) if scope.get("method") == "POST" else None
         if endpoint is None:
             await self.app(scope, receive, send)
             return
+        scope["route"] = self.routes[path]
         request = Request(scope, receive)
         try:
             response = await endpoint(request)

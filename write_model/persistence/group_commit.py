@@ -23,6 +23,8 @@ from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
+from eventfold.write_model.metrics import GROUP_COMMIT_APPENDS
+
 U = TypeVar("U")
 R = TypeVar("R")
 Outcomes = Sequence["R | Exception"]
@@ -83,6 +85,8 @@ class BatchQueue(Generic[P]):
         kept.extend(self.waiting)
         self.waiting = kept
         self._in_flight.update(taken)
+        if batch:
+            GROUP_COMMIT_APPENDS.observe(len(batch))
         return batch
 
     def done(self, batch: Iterable[P]) -> None:

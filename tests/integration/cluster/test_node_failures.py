@@ -43,10 +43,6 @@ def cluster_engine(cluster_stack):
     engine.dispose()
 
 
-
-
-
-
 def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
               kill: Callable[[], str]) -> None:
     """Stream a projection in a CLI process (as a team runs it: a failed query is started
@@ -93,6 +89,7 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
                  == sales_totals_of_the_store(engine, unique),
                  "the read model to equal a fold of the event store", timeout_s=180)
         assert runner.poll() is None, log_path.read_text()[-3000:]
+        assert supervisor.poll() is None, supervisor_log.read_text()[-3000:]
         restarts = supervisor_log.read_text().count("restarting them")
         print(f"\n{what} {victim} SIGKILLed mid-stream: events sent after it folded "
               f"{recovered_s:.1f} s later; {sent()} commands; read model equal to the event "
