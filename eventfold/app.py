@@ -33,6 +33,7 @@ from eventfold.projections.replay import ReplayResult, ReplaySource, replay
 from eventfold.projections.runner import (
     EXECUTOR_PASSWORD,
     KafkaSource,
+    Progress,
     ProjectionRunner,
     RunnerSettings,
 )
@@ -138,10 +139,11 @@ class Eventfold:
                               dependencies=[Depends(bearer_auth(settings.api_token or None))])
         return _with_observability(app, settings, "reads", request_log=settings.request_log)
 
-    def projection_runner(self, settings: Settings, name: str) -> ProjectionRunner:
+    def projection_runner(self, settings: Settings, name: str,
+                          progress: Progress | None = None) -> ProjectionRunner:
         """The active version of projection ``name``, ready to start."""
         return ProjectionRunner(self._spark(settings, name), self.projections.get(name),
-                                self._runner_settings(settings))
+                                self._runner_settings(settings), progress=progress)
 
     def replay(self, settings: Settings, name: str,
                source: ReplaySource = "auto") -> ReplayResult:

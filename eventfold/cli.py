@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from eventfold.app import Eventfold
     from eventfold.outbox.operations import ConnectorStatus
+    from eventfold.projections.runner import Progress
     from eventfold.run_observer import RunObserver
 
 log = logging.getLogger("eventfold")
@@ -267,7 +268,8 @@ def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool
 
     runner = None
     try:
-        runner = app.projection_runner(settings, name)
+        runner = app.projection_runner(settings, name, _catch_up_bar(app, settings, name)
+                                       if once and sys.stderr.isatty() else None)
         # After Spark started: its SparkContext puts in a SIGINT handler of its own that
         # cancels every job and raises KeyboardInterrupt wherever the main thread is.
         _stop_on_signal(stop_requested)
@@ -292,6 +294,16 @@ def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool
                 runner.close()
             except Exception as exc:
                 log.warning("projection %s: closing the runner: %s", name, exc)
+
+
+def _catch_up_bar(app: Eventfold, settings: Settings, name: str) -> Progress:
+    """A live bar for ``--once`` on a terminal, its total the lag at the start."""
+    from eventfold.projections.replay import ReplayProgress
+    from eventfold.projections.status import projection_status
+
+    lag = projection_status(app.projections.get(name), settings.database_url,
+                            settings.kafka).lag
+    return ReplayProgress(name, lag, what="catching up", terminal=True)
 
 
 def _await_query(query: StreamingQuery, stop_requested: threading.Event,
@@ -428,6 +440,7 @@ def _demo(settings: Settings, _: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventfold", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"eventfold {_version()}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     stack = commands.add_parser(
@@ -435,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="up: start what is not running (data kept); down: stop (data kept); "
                     "restart COMPONENT: stop and start one; reset: stop and delete all data; "
                     "status: PIDs and endpoints")
-    stack.add_argument("action", choices=["up", "down", "restart", "reset", "status"])
+    stack.add_argument("action", choices=["up", "down", "restart", "reset", "status"],
+                       help="what to do with the stack (see above)")
     stack.add_argument("component", nargs="?",
                        help="restart: which one (postgres, broker, connect; on a cluster "
                             "stack also broker-2, broker-3, connect-2)")
@@ -454,12 +468,17 @@ def build_parser() -> argparse.ArgumentParser:
     setup.set_defaults(run=_setup)
 
     serve = commands.add_parser("serve", help="serve the command or read API over HTTP")
-    serve.add_argument("api", choices=["commands", "reads"])
+    serve.add_argument("api", choices=["commands", "reads"],
+                       help="commands: the command API (EVENTFOLD_COMMAND_API_PORT); reads: the "
+                            "read API (EVENTFOLD_READ_API_PORT)")
     serve.set_defaults(run=_serve)
 
     proj = commands.add_parser("projection", help="list, run, replay projections; status")
-    proj.add_argument("action", choices=["list", "run", "replay", "status"])
-    proj.add_argument("name", nargs="?")
+    proj.add_argument("action", choices=["list", "run", "replay", "status"],
+                      help="list: every projection and its outputs; run: stream (until "
+                           "SIGTERM, or --once); replay: rebuild beside the live version and "
+                           "switch; status: lag, last batch, dead letters (exit 5 when stale)")
+    proj.add_argument("name", nargs="?", help="the projection (run and replay need one)")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")
     proj.add_argument("--from", dest="source", choices=["auto", "kafka", "store"],
@@ -501,7 +520,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = commands.add_parser(
         "verify-log", help="compare the event store with an aggregate type's topic")
-    verify.add_argument("aggregate_type")
+    verify.add_argument("aggregate_type", help="e.g. Product: its events and its topic")
     verify.add_argument("--prefix", default="", help="only streams whose id starts so")
     verify.set_defaults(run=_verify_log)
 
@@ -509,6 +528,15 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="start the stack, run the inventory example end to end, stop the stack"
     ).set_defaults(run=_demo)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("eventfold")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, get_type_hints
+
+from pydantic import TypeAdapter, ValidationError
 
 from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
 from eventfold.outbox.topics import Replication
@@ -38,6 +41,38 @@ def find_stack_dir(start: Path) -> Path:
         if (directory / DEFAULT_STACK_DIR).is_dir():
             return directory / DEFAULT_STACK_DIR
     return start / DEFAULT_STACK_DIR
+
+
+def _config_file(env: Mapping[str, str]) -> tuple[dict[str, object], Path | None]:
+    """The settings of ``EVENTFOLD_CONFIG`` (which must exist) or of ``./eventfold.toml`` (if
+    it exists): top-level keys named as the fields, e.g. ``metrics_port = 9464``."""
+    named = env.get("EVENTFOLD_CONFIG")
+    path = Path(named) if named else Path("eventfold.toml")
+    if not path.is_file():
+        if named:
+            raise ConfigError(f"EVENTFOLD_CONFIG names {path}, which is not a file")
+        return {}, None
+    try:
+        values = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(values) - {f.name for f in fields(Settings)})
+    if unknown:
+        raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; the settings are "
+                          f"{', '.join(f.name for f in fields(Settings))}")
+    return values, path
+
+
+_KINDS = {bool: "true or false (also 1/0, yes/no, on/off)", int: "an integer",
+          Path: "a path", str: "text"}
+
+
+def _typed(kind: type, raw: object, where: str) -> object:
+    try:
+        return TypeAdapter(kind).validate_python(raw)
+    except ValidationError:
+        raise ConfigError(f"{where} must be {_KINDS.get(kind, kind.__name__)}, "
+                          f"not {raw!r}") from None
 
 
 @dataclass(frozen=True)
@@ -83,25 +118,21 @@ class Settings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """``EVENTFOLD_<FIELD>`` variables, over the optional ``eventfold.toml`` (or the file
+        ``EVENTFOLD_CONFIG`` names), over the defaults. A value of the wrong type is an error
+        naming where it came from, never a silent default."""
         env = os.environ if environ is None else environ
+        from_file, file_path = _config_file(env)
         values: dict[str, object] = {}
-        for f in fields(cls):
-            raw = env.get(f"EVENTFOLD_{f.name.upper()}")
+        for name, kind in get_type_hints(cls).items():
+            variable = f"EVENTFOLD_{name.upper()}"
+            raw: object = env.get(variable)
+            where = variable
             if raw is None or raw == "":
-                continue
-            default = f.default
-            if isinstance(default, bool):
-                values[f.name] = raw.lower() in ("1", "true", "yes")
-            elif isinstance(default, int):
-                try:
-                    values[f.name] = int(raw)
-                except ValueError:
-                    raise ConfigError(f"EVENTFOLD_{f.name.upper()} must be an integer, "
-                                      f"got {raw!r}") from None
-            elif isinstance(default, Path):
-                values[f.name] = Path(raw)
-            else:
-                values[f.name] = raw
+                if name not in from_file:
+                    continue
+                raw, where = from_file[name], f"{name} in {file_path}"
+            values[name] = _typed(kind, raw, where)
         if "stack_dir" not in values:
             values["stack_dir"] = find_stack_dir(Path.cwd())
         settings = cls(**values)  # type: ignore[arg-type]

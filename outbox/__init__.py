@@ -18,5 +18,6 @@ package exports nothing itself: a Spark worker that needs ``kafka`` loads neithe
 nor the connector's side.
 
 May import: ``write_model.persistence.schema`` (table and publication names),
-``eventfold.contract``, confluent-kafka, requests, prometheus-client. It never imports projections or read_api.
+``eventfold.contract``, confluent-kafka, requests, prometheus-client. It never imports
+projections or read_api.
 """

@@ -17,8 +17,8 @@ Three layers, each importing only those above it:
   ``replay`` and ``status``.
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
-pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client. Never ``write_model`` or
-``read_api``.
+pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client, rich (progress
+bars). Never ``write_model`` or ``read_api``.
 """
 
 from eventfold.projections.aggregates import (

@@ -17,6 +17,7 @@ a building version stays behind the live one, which emitted them.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -31,6 +32,15 @@ from eventfold.projections.projection import Projection
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
 from eventfold.projections.sinks import ReadModelStore
 from pyspark.sql import SparkSession
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as RichProgress
 
 from eventfold.contract import PartitionKey
 
@@ -51,23 +61,47 @@ class ReplayResult:
 
 
 class ReplayProgress:
-    """A progress bar per batch: done/total, events/s, ETA."""
+    """Progress of work with a known total (a replay, a catch-up): a live bar with events/s
+    and ETA on a terminal, else one log line every ``log_every_s`` and one at the end."""
 
-    def __init__(self, name: str, total: int, width: int = 30) -> None:
-        self.name, self.total, self.width = name, max(total, 1), width
+    def __init__(self, name: str, total: int, what: str = "replay",
+                 terminal: bool | None = None, log_every_s: float = 5.0) -> None:
+        self.name, self.total, self.what = name, max(total, 1), what
         self.done = 0
         self.started = time.monotonic()
+        self._log_every_s = log_every_s
+        self._logged_at = float("-inf")
+        self._bar: RichProgress | None = None
+        if sys.stderr.isatty() if terminal is None else terminal:
+            self._bar = RichProgress(
+                TextColumn("{task.description}"), BarColumn(), TaskProgressColumn(),
+                MofNCompleteColumn(), TextColumn("events"),
+                TextColumn("{task.fields[rate]} events/s"), TimeRemainingColumn(),
+                console=Console(stderr=True), transient=False)
+            self._task = self._bar.add_task(f"{what} {name}", total=self.total, rate="-")
+            self._bar.start()
 
     def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
         self.done += records
         metrics.replay_progress(self.name, self.done, self.total)
-        elapsed = time.monotonic() - self.started
-        rate = self.done / max(elapsed, 1e-9)
+        rate = self.done / max(time.monotonic() - self.started, 1e-9)
+        if self._bar is not None:
+            self._bar.update(self._task, completed=min(self.done, self.total),
+                             rate=f"{rate:,.0f}")
+            return
+        if time.monotonic() - self._logged_at < self._log_every_s and self.done < self.total:
+            return
+        self._logged_at = time.monotonic()
         share = min(self.done / self.total, 1.0)
-        bar = "#" * int(share * self.width) + "." * (self.width - int(share * self.width))
         eta = max(self.total - self.done, 0) / rate if rate else 0
-        log.info("replay %s [%s] %3.0f%% %s/%s events, %s events/s, ETA %.0f s", self.name, bar,
-                 share * 100, f"{self.done:,}", f"{self.total:,}", f"{rate:,.0f}", eta)
+        log.info("%s %s: %3.0f%%, %s of %s events, %s events/s, ETA %.0f s", self.what,
+                 self.name, share * 100, f"{self.done:,}", f"{self.total:,}", f"{rate:,.0f}",
+                 eta)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 ReplaySource = Literal["auto", "kafka", "store"]
@@ -80,6 +114,7 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
     old = versions.register(projection.name)
     new = versions.begin_build(projection.name)
     live = ReadModelStore(settings.database_url, projection, old)
+    progress = None
     try:
         plan = _plan(live, settings, projection, source)
         log.info("replay %s: building v%d beside live v%d, from %s", projection.name, new, old,
@@ -106,6 +141,8 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         versions.delete_retired_topics(TopicAdmin(settings.kafka).delete,
                                        settings.retire_wait_s)
     finally:
+        if progress is not None:
+            progress.close()
         live.close()
         versions.close()
     seconds = time.monotonic() - started

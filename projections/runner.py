@@ -104,6 +104,8 @@ class SourceDataLost(RuntimeError):
 class Progress(Protocol):
     def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None: ...
 
+    def close(self) -> None: ...
+
 
 class ProjectionRunner:
     """One version of one projection, one streaming query.
@@ -402,6 +404,7 @@ class ProjectionRunner:
         return run_fold(events, context)
 
     def close(self) -> None:
+        self.progress.close()
         self.topics.close()
         self.store.close()
         self.versions.close()
@@ -492,6 +495,9 @@ class ProgressLog:
                  "%d duplicates skipped, %d dead letters", self.name, batches, batch_id,
                  records, records / max(elapsed, 1e-6), applied, duplicates, dead)
         self._since, self._first, self._counts = time.monotonic(), False, [0, 0, 0, 0, 0]
+
+    def close(self) -> None:
+        """Nothing to let go: each line is complete when logged."""
 
 
 def stop_gracefully(query: StreamingQuery, timeout_s: float = 60) -> None:

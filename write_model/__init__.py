@@ -9,8 +9,9 @@ Three layers, each importing only those before it:
   command API, a transport over the bus).
 
 May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI, prometheus-client
-(``metrics``, a leaf every layer may import) and ``eventfold.contract``. It imports no other Eventfold package: everything downstream (outbox,
-projections, read_api) depends on it, never the reverse.
+(``metrics``, a leaf every layer may import) and ``eventfold.contract``. It imports no other
+Eventfold package: everything downstream (outbox, projections, read_api) depends on it, never
+the reverse.
 """
 
 from eventfold.write_model.commands import (

@@ -1,0 +1,29 @@
+"""The command line explains itself: help for every subcommand, positional and option, and
+``--version``."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import version
+
+import pytest
+
+from eventfold.cli import build_parser, main
+
+
+def test_every_subcommand_and_argument_says_what_it_is_for() -> None:
+    parser = build_parser()
+    [subcommands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    described = {choice.dest: choice.help for choice in subcommands._choices_actions}
+    for name, subparser in subcommands.choices.items():
+        assert described.get(name), f"`eventfold {name}` has no help"
+        for action in subparser._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"`eventfold {name}` {action.dest} has no help"
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.strip() == f"eventfold {version('eventfold')}"

@@ -1,0 +1,59 @@
+"""Settings from the environment and an optional eventfold.toml: a wrong value is an error
+that names where it came from, never a silent default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from eventfold.config import ConfigError, Settings
+
+
+@pytest.mark.parametrize(("variable", "value", "message"), [
+    ("EVENTFOLD_REQUEST_LOG", "ture", "EVENTFOLD_REQUEST_LOG must be true or false"),
+    ("EVENTFOLD_METRICS", "enabled", "EVENTFOLD_METRICS must be true or false"),
+    ("EVENTFOLD_HTTP_WORKERS", "two", "EVENTFOLD_HTTP_WORKERS must be an integer, not 'two'"),
+    ("EVENTFOLD_METRICS_PORT", "1e999", "EVENTFOLD_METRICS_PORT must be an integer"),
+])
+def test_a_wrong_value_is_an_error_naming_its_variable(variable: str, value: str,
+                                                       message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Settings.from_env({variable: value})
+
+
+@pytest.mark.parametrize(("value", "expected"), [("false", False), ("0", False), ("no", False),
+                                                 ("off", False), ("True", True), ("1", True)])
+def test_booleans_take_the_usual_spellings(value: str, expected: bool) -> None:
+    assert Settings.from_env({"EVENTFOLD_REQUEST_LOG": value}).request_log is expected
+
+
+def test_eventfold_toml_sets_what_the_environment_does_not(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "eventfold.toml").write_text(
+        'metrics_port = 9464\nrequest_log = false\nconnector_name = "orders-outbox"\n')
+    settings = Settings.from_env({"EVENTFOLD_CONNECTOR_NAME": "from-env"})
+    assert settings.metrics_port == 9464
+    assert settings.request_log is False
+    assert settings.connector_name == "from-env"  # the environment wins
+
+
+def test_a_mistake_in_the_file_names_the_file(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "eventfold.toml"
+    config.write_text('metrics_port = "soon"\n')
+    with pytest.raises(ConfigError, match=r"metrics_port in eventfold.toml must be an integer"):
+        Settings.from_env({})
+    config.write_text("request_logs = true\n")
+    with pytest.raises(ConfigError, match=r"unknown setting.*request_logs"):
+        Settings.from_env({})
+    config.write_text("request_log = \n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        Settings.from_env({})
+    other = tmp_path / "elsewhere.toml"
+    other.write_text("http_workers = 3\n")
+    assert Settings.from_env({"EVENTFOLD_CONFIG": str(other)}).http_workers == 3
+    with pytest.raises(ConfigError, match=r"EVENTFOLD_CONFIG names .*missing\.toml"):
+        Settings.from_env({"EVENTFOLD_CONFIG": str(tmp_path / "missing.toml")})
