@@ -22,6 +22,7 @@ from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic, split_password
 from eventfold.local_stack.java import spark_kafka_jars
+from eventfold.logs import CorrelationIds
 from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.kafka import read_messages
@@ -204,6 +205,7 @@ def _with_observability(app: FastAPI, settings: Settings, api: str,
     outermost so that they time everything."""
     if request_log:
         app.add_middleware(RequestLog)
+    app.add_middleware(CorrelationIds)
     if settings.metrics:
         app.add_route("/metrics", metrics_endpoint, include_in_schema=False)
         app.add_middleware(HttpMetrics, api=api)

@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
+from eventfold.logs import configure_logging
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -29,13 +30,6 @@ log = logging.getLogger("eventfold")
 MAX_FAILED_STARTS = 6
 """How often `projection run` starts again after failures with no batch in between (pauses
 of 2, 4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or database)."""
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(level=level.upper(), datefmt="%H:%M:%S",
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("alembic", "py4j", "httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _stack(settings: Settings, args: argparse.Namespace) -> int:
@@ -105,8 +99,11 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
     if port_is_open(port, "127.0.0.1" if host in ("0.0.0.0", "") else host):
         raise ConfigError(f"port {port} on {host} is already in use; stop what listens there "
                           f"or choose another port with {variable}")
-    print(f"serving the {args.api} API on http://{host}:{port} (OpenAPI docs at /docs)",
-          flush=True)
+    listening = f"serving the {args.api} API on http://{host}:{port} (OpenAPI docs at /docs)"
+    if settings.log_format == "json":
+        log.info(listening)  # every line of the process's output is then JSON
+    else:
+        print(listening, flush=True)
     serve_forever(factory, host, port, workers=settings.http_workers)
     return 0
 
@@ -543,7 +540,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = Settings.from_env()
-        configure_logging(settings.log_level)
+        configure_logging(settings.log_level, settings.log_format)
         return int(args.run(settings, args))
     except ConfigError as exc:
         print(f"eventfold: {exc}", file=sys.stderr)

@@ -115,6 +115,7 @@ class Settings:
     api_token: str = ""
     max_body_bytes: int = 1024 * 1024
     log_level: str = "INFO"
+    log_format: str = "text"
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
@@ -147,6 +148,8 @@ class Settings:
                 getattr(self, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"EVENTFOLD_LOG_FORMAT is text or json, not {self.log_format!r}")
         if self.spark_source not in SPARK_SOURCES:
             raise ConfigError(f"EVENTFOLD_SPARK_SOURCE is one of {', '.join(SPARK_SOURCES)}, "
                               f"not {self.spark_source!r}")

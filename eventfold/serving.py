@@ -18,6 +18,8 @@ from types import FrameType
 import uvicorn
 from fastapi import FastAPI
 
+from eventfold.config import Settings
+from eventfold.logs import configure_logging
 from eventfold.metrics import MULTIPROCESS_DIR
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,8 @@ def _note_stop_signal(signum: int, _: FrameType | None) -> None:
 
 def _serve_worker(factory: str, host: str, port: int) -> None:
     _return_after_stop_signal()
+    settings = Settings.from_env()  # a spawned worker configures its own logging
+    configure_logging(settings.log_level, settings.log_format)
     module_name, _, function = factory.partition(":")
     app = getattr(importlib.import_module(module_name), function)()
     # A socket made in this process: asyncio then sets TCP_NODELAY on accepted connections
@@ -80,8 +84,9 @@ def _serve_worker(factory: str, host: str, port: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=20,
-                            access_log=False)
+    # uvicorn's own loggers go through ours (text or JSON), not a config of its own.
+    config = uvicorn.Config(app, log_config=None, log_level="info",
+                            timeout_graceful_shutdown=20, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
 

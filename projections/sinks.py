@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import psycopg
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consumer_config, iter_range, offset_of
 from eventfold.outbox.topics import (
     COMPACTED_TOPIC_CONFIG,
     EVENT_TOPIC_CONFIG,
@@ -46,9 +47,14 @@ from eventfold.contract import (
     KTABLE_VERSION_HEADER,
     PartitionKey,
     libpq_url,
+    trace_of,
 )
 
 log = logging.getLogger(__name__)
+
+_MAX_ORIGINALS_SPAN = 100_000
+"""Dead letters of one partition further apart than this keep the values the fold rebuilt
+(reading the whole span back would cost more than the metadata is worth)."""
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
 Publish = Callable[[Mapping[str, KeyState]], None]
@@ -300,6 +306,7 @@ class TopicSink:
         self.ktable_config = dict(ktable_config or {})
         self.ktable_topic = projection.ktable_topic_for(version)
         self.version = version
+        self._kafka = kafka
         self.producer = Producer(kafka.client_config(**{
             "enable.idempotence": True,
             "linger.ms": 5,
@@ -320,8 +327,12 @@ class TopicSink:
     def write_events(self, outcome: FoldOutcome) -> set[str]:
         """Dead letters and derived events (output topics are created on first use); returns
         the output topics this sink had not written to before."""
+        originals = self._originals(outcome.dead_letters) if outcome.dead_letters else {}
         for letter in outcome.dead_letters:
-            self._dead_letter(letter)
+            record = letter.record
+            original = originals.get((record.topic, record.partition, record.offset))
+            self._dead_letter(letter if original is None else DeadLetter(
+                record._replace(value=original), letter.reason))
         new_topics = {e.topic for e in outcome.emissions} - self._output_topics
         if new_topics:
             self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
@@ -368,10 +379,42 @@ class TopicSink:
         # Spark's callback server keeps the runner alive; let the clients go now.
         del self.producer, self._admin
 
+    def _originals(self, letters: Sequence[DeadLetter]) -> dict[tuple[str, int, int], str]:
+        """The dead letters' messages as they are in their topics, metadata included (the
+        fold kept only what it decodes): one read per partition over the letters' offsets.
+        Best effort: what cannot be read keeps the value the fold rebuilt."""
+        spans: dict[PartitionKey, tuple[int, int]] = {}
+        for letter in letters:
+            key, offset = (letter.record.topic, letter.record.partition), letter.record.offset
+            low, high = spans.get(key, (offset, offset))
+            spans[key] = (min(low, offset), max(high, offset))
+        wanted = {(r.topic, r.partition, r.offset) for r in (letter.record for letter in letters)}
+        found: dict[tuple[str, int, int], str] = {}
+        consumer = Consumer(consumer_config(self._kafka))
+        try:
+            for (topic, partition), (low, high) in spans.items():
+                if high - low >= _MAX_ORIGINALS_SPAN:
+                    continue
+                for chunk in iter_range(consumer, (topic, partition), low, high + 1,
+                                        stuck_timeout_s=10):
+                    for message in chunk:
+                        where = (topic, partition, offset_of(message))
+                        if where in wanted and (value := message.value()) is not None:
+                            found[where] = value.decode("utf-8", "replace")
+        except (KafkaException, TimeoutError) as exc:
+            log.warning("projection %s: reading dead letters' messages back: %s",
+                        self.projection.name, exc)
+        finally:
+            consumer.close()
+        return found
+
     def _dead_letter(self, letter: DeadLetter) -> None:
         record = letter.record
+        event_id, correlation_id = trace_of(record.key, record.value)
         log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
-                    record.offset, letter.reason)
+                    record.offset, letter.reason, extra={
+                        "projection": self.projection.name, "event_id": event_id,
+                        "correlation_id": correlation_id})
         self._produce(
             self.projection.dead_letter_topic, record.key,
             json.dumps({

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 from sqlalchemy.engine import make_url
 
-from eventfold.contract.envelope import EventEnvelope, MalformedEvent
+from eventfold.contract.envelope import EventEnvelope, MalformedEvent, trace_of
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -34,6 +34,7 @@ __all__ = [
     "libpq_url",
     "nest_offsets",
     "split_password",
+    "trace_of",
 ]
 
 DEFAULT_TOPIC_PREFIX = "eventfold.events."

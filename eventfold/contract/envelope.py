@@ -88,3 +88,13 @@ def _json_object(value: Any) -> dict[str, Any]:
     if not isinstance(parsed, dict):
         raise ValueError("metadata is not a JSON object")
     return parsed
+
+
+def trace_of(key: str | bytes | None, value: str | bytes | None) -> tuple[str | None, str | None]:
+    """(event id, correlation id) of a message, as far as it can be read: for log lines about
+    a message that may be malformed (a dead letter)."""
+    try:
+        envelope = EventEnvelope.decode(key, value)
+    except MalformedEvent:
+        return None, None
+    return envelope.event_id, envelope.correlation_id

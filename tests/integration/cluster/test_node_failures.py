@@ -102,11 +102,6 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
         stack.up()  # the killed node again, over its data
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "open in #23: recovery did not come within the wait in 2 of 6 local runs (the outbox "
-    "task left FAILED, before `connector supervise`; a query run outside the CLI's retry "
-    "loop) and in 1 CI run (a restarted projection run making no progress for 180 s, not "
-    "yet explained)"))
 def test_the_broker_leading_the_busiest_partition_dies(cluster_stack, cluster_engine, tmp_path,
                                                        unique) -> None:
     stack, settings = cluster_stack

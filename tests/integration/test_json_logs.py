@@ -1,0 +1,76 @@
+"""JSON logs as a log pipeline reads them, across processes: a command sent with a
+correlation id whose event the projection cannot fold shows up, under that id, in the JSON
+line of the `projection run` process that dead-letters it; the command API's own lines are
+JSON too."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
+
+from tests.integration.test_cli import stack_env
+from tests.kafka_helpers import read_topic
+from tests.pipeline_helpers import wait_for
+
+
+def json_lines(log: Path) -> list[dict]:
+    """Our lines (Spark's JVM writes its own text lines to the same stream)."""
+    return [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+
+
+def test_a_commands_correlation_id_reaches_the_projections_log_line(
+        inventory_app, stack_settings, tmp_path, unique) -> None:
+    name = f"unlucky_{unique}"
+    port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_LOG_FORMAT="json",
+                    EVENTFOLD_COMMAND_API_PORT=str(port),
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    api_log, run_log = tmp_path / "commands.log", tmp_path / "run.log"
+    api = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "commands"],
+                           env=env, stdout=api_log.open("w"), stderr=subprocess.STDOUT)
+    run = None
+    try:
+        wait_until(lambda: port_is_open(port), what="command API", timeout_s=60, pid=api.pid)
+        correlation = f"checkout-{unique}"
+        for quantity in (2, 13, 3):
+            response = httpx.post(f"http://127.0.0.1:{port}/commands/ReceiveStock",
+                                  json={"product": f"{unique}-p", "quantity": quantity},
+                                  headers={"X-Correlation-ID": correlation if quantity == 13
+                                           else f"other-{unique}"}, timeout=30)
+            assert response.status_code == 201, response.text
+        run = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
+                                name], env=env, stdout=run_log.open("w"),
+                               stderr=subprocess.STDOUT)
+
+        def dead_lettered() -> list[dict]:
+            return [line for line in json_lines(run_log)
+                    if line["message"].startswith("dead-lettering")
+                    and line.get("projection") == name]
+        wait_for(lambda: bool(dead_lettered()), "the run to dead-letter the 13 units",
+                 timeout_s=240)
+        [line] = dead_lettered()
+        assert line["correlation_id"] == correlation, line
+        assert line["level"] == "WARNING" and "13 units: unlucky" in line["message"]
+        assert line["event_id"]
+        assert any("streaming from" in line["message"] for line in json_lines(run_log))
+        # The dead letter holds the message as it was published, metadata included.
+        [letter] = [json.loads(r["value"]) for r in read_topic(
+            stack_settings.kafka, f"eventfold.dlq.{name}")]
+        published = json.loads(letter["value"])
+        assert json.loads(published["metadata"])["correlation_id"] == correlation
+        assert published["eventId"] == line["event_id"]
+    finally:
+        for process, what in ((run, "projection run"), (api, "serve commands")):
+            if process is not None:
+                stop_pid(process.pid, what=what, timeout_s=90)
+    served = json_lines(api_log)
+    assert any(line["logger"].startswith("uvicorn") for line in served), api_log.read_text()
+    assert any("stopped cleanly" in line["message"] for line in served)
+    assert all(line.startswith("{") or not line.strip()
+               for line in api_log.read_text().splitlines()), api_log.read_text()[:2000]

@@ -1,0 +1,26 @@
+"""The inventory example's commands, and a projection (named by ``EVENTFOLD_TEST_PROJECTION``)
+whose fold fails on a delivery of 13 units: for tests that follow a poison event from the
+command that wrote it to the dead letter it becomes, in CLI processes."""
+
+from __future__ import annotations
+
+import os
+
+from eventfold.projections import Event, State, projection
+from sqlalchemy import BigInteger
+
+from eventfold import Eventfold
+from examples import inventory
+
+
+def _unlucky(state: State | None, event: Event) -> State | None:
+    if int(event.data["quantity"]) == 13:
+        raise ValueError("13 units: unlucky")
+    return {"quantity": (state or {"quantity": 0})["quantity"] + int(event.data["quantity"])}
+
+
+app = Eventfold("poisoned")
+app.commands = inventory.app.commands
+app.projections.add(projection(os.environ["EVENTFOLD_TEST_PROJECTION"], sources=["Product"],
+                               columns={"quantity": BigInteger()},
+                               event_types=["StockReceived"])(_unlucky))
