@@ -186,9 +186,11 @@ def run_clients(target, args: tuple, clients: int, seconds: float) -> float:  # 
     return total / seconds
 
 
-def start_command_api(database_url: str, workers: int) -> tuple[subprocess.Popen, int]:
+def start_command_api(database_url: str, workers: int,
+                      metrics: bool = True) -> tuple[subprocess.Popen, int]:
     port = free_port()
     env = {**os.environ, "EVENTFOLD_DATABASE_URL": database_url,
+           "EVENTFOLD_METRICS": str(metrics).lower(),
            "EVENTFOLD_KAFKA_BOOTSTRAP": "127.0.0.1:1", "EVENTFOLD_CONNECT_URL": "http://x",
            "EVENTFOLD_COMMAND_API_PORT": str(port), "EVENTFOLD_HTTP_WORKERS": str(workers),
            "EVENTFOLD_LOG_LEVEL": "WARNING"}
@@ -205,6 +207,22 @@ def start_command_api(database_url: str, workers: int) -> tuple[subprocess.Popen
 
     wait_until(ready, what="command API", timeout_s=60, pid=server.pid)
     return server, port
+
+
+def metrics_overhead(database_url: str, args: argparse.Namespace, work_dir: Path,
+                     clients: int = 8, rounds: int = 2) -> tuple[float, float]:
+    """HTTP commands/s with Prometheus metrics on and off (``EVENTFOLD_METRICS``), in
+    alternating rounds so that a drifting machine weighs on both alike."""
+    totals = {True: 0.0, False: 0.0}
+    for _ in range(rounds):
+        for metrics in (False, True):
+            server, port = start_command_api(database_url, args.http_workers, metrics)
+            try:
+                totals[metrics] += http_wrk(port, clients, args.seconds,
+                                            work_dir).requests_per_s
+            finally:
+                stop_pid(server.pid, what="command API")
+    return totals[True] / rounds, totals[False] / rounds
 
 
 def load_time_ms(database_url: str) -> tuple[float, float]:
@@ -301,6 +319,9 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         if spread > UNSTEADY_SPREAD:
             print(f"  WARNING: pgbench moved {spread:.0%} between before and after: the machine "
                   "was not steady, so these ratios are not a fair comparison", flush=True)
+    metrics_on, metrics_off = metrics_overhead(database_url, args, work_dir)
+    print(f"HTTP at 8 clients, metrics on / off (alternating rounds): {metrics_on:,.0f} / "
+          f"{metrics_off:,.0f} commands/s ({metrics_on / metrics_off:.3f}x)", flush=True)
     with_snapshot, replay = load_time_ms(database_url)
     print(f"load of a 1,000-event aggregate: {with_snapshot:.2f} ms with its snapshot, "
           f"{replay:.2f} ms by full replay")
@@ -316,6 +337,9 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         "pgbench_append_function_tps": round(eight["pgbench_function"]),
         "python_api_vs_pgbench_ratio": round(eight["python"] / eight["pgbench"], 3),
         "http_vs_pgbench_ratio": round(eight["http"] / eight["pgbench"], 3),
+        "http_metrics_on_commands_per_s": round(metrics_on),
+        "http_metrics_off_commands_per_s": round(metrics_off),
+        "http_metrics_on_vs_off_ratio": round(metrics_on / metrics_off, 3),
         "eventsourcing_commands_per_s": round(eight["eventsourcing"]),
         "python_api_vs_eventsourcing_ratio": round(eight["python"] / eight["eventsourcing"], 2),
         "load_1000_events_snapshot_ms": round(with_snapshot, 2),

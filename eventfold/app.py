@@ -21,6 +21,7 @@ from fastapi import Depends, FastAPI
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic, split_password
+from eventfold.dashboard import add_dashboard
 from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.logs import CorrelationIds
 from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
@@ -138,6 +139,7 @@ class Eventfold:
             title=f"{self.name} reads")
         app = create_read_app(self.projections, options,
                               dependencies=[Depends(bearer_auth(settings.api_token or None))])
+        add_dashboard(app, self, settings)
         return _with_observability(app, settings, "reads", request_log=settings.request_log)
 
     def projection_runner(self, settings: Settings, name: str,

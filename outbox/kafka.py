@@ -160,15 +160,18 @@ class OffsetPlanner:
 
 
 def read_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
-                  ) -> list[tuple[int, int, str | None, str | None]]:
-    """Every message on ``topic`` now, as (partition, offset, key, value), in offset order per
-    partition: what a consumer from the beginning sees."""
+                  last: int | None = None) -> list[tuple[int, int, str | None, str | None]]:
+    """Every message on ``topic`` now (with ``last``: only those among each partition's
+    ``last`` offsets), as (partition, offset, key, value), in offset order per partition: what
+    a consumer from the beginning sees."""
     planner = OffsetPlanner(kafka)
     try:
         partitions = planner.partitions([topic])
         begin, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
     finally:
         planner.close()
+    if last is not None:
+        begin = {key: max(first, end[key] - last) for key, first in begin.items()}
     messages: list[tuple[int, int, str | None, str | None]] = []
     consumer = Consumer(consumer_config(kafka))
     try:

@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# wrk drives bench/read_api.py
-apt_packages=(postgresql postgresql-contrib openjdk-17-jre-headless wrk)
+# wrk drives bench/read_api.py; Chromium and its driver, the dashboard's browser test
+apt_packages=(postgresql postgresql-contrib openjdk-17-jre-headless wrk chromium chromium-driver)
 command -v mvn >/dev/null || apt_packages+=(maven)
 missing=()
 for pkg in "${apt_packages[@]}"; do
