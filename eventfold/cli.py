@@ -429,6 +429,36 @@ def _status(settings: Settings, args: argparse.Namespace) -> int:
     return status.exit_code
 
 
+def _dlq(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import load_app
+    from eventfold.projections.dead_letters import read_dead_letters
+
+    try:
+        projection = load_app(settings.app).projections.get(args.name)
+    except LookupError as exc:
+        raise ConfigError(str(exc)) from None
+    settings = settings.with_local_stack()
+    if args.action == "list":
+        letters = read_dead_letters(settings.kafka, projection.dead_letter_topic, args.last)
+        if args.json:
+            print(json.dumps([letter.as_json() for letter in letters], indent=2))
+        for letter in [] if args.json else letters:
+            print(f"{letter.dead_letter_offset}\t{letter.source}\tkey={letter.key}\t"
+                  f"{letter.error}")
+        return 0
+    if args.offset is None:
+        raise ConfigError("dlq show needs the OFFSET of a dead letter (see `eventfold dlq "
+                          f"list {args.name}`)")
+    found = [letter for letter in read_dead_letters(settings.kafka,
+                                                    projection.dead_letter_topic)
+             if letter.dead_letter_offset == args.offset]
+    if not found:
+        raise ConfigError(f"no dead letter at offset {args.offset} of "
+                          f"{projection.dead_letter_topic}")
+    print(json.dumps(found[0].as_json(with_event=True), indent=2, default=str))
+    return 0
+
+
 def _demo(settings: Settings, _: argparse.Namespace) -> int:
     from eventfold.demo import run_demo
 
@@ -514,6 +544,19 @@ def build_parser() -> argparse.ArgumentParser:
     connector.add_argument("--wal-warning-bytes", type=int, default=1024**3,
                            help="status: warn when the slot retains more WAL than this")
     connector.set_defaults(run=_connector)
+
+    dlq = commands.add_parser(
+        "dlq", help="a projection's dead letters: what failed, and the event it failed on")
+    dlq.add_argument("action", choices=["list", "show"],
+                     help="list: offset, source position, key and error of each letter; "
+                          "show: one letter with its event decoded")
+    dlq.add_argument("name", help="the projection")
+    dlq.add_argument("offset", nargs="?", type=int,
+                     help="show: the letter's offset in the dead-letter topic (from list)")
+    dlq.add_argument("--last", type=int, default=None, metavar="N",
+                     help="list: only the newest N letters")
+    dlq.add_argument("--json", action="store_true", help="list: one JSON document")
+    dlq.set_defaults(run=_dlq)
 
     verify = commands.add_parser(
         "verify-log", help="compare the event store with an aggregate type's topic")

@@ -23,8 +23,9 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from eventfold.config import Settings
 from eventfold.contract import event_topic, libpq_url
-from eventfold.outbox.kafka import OffsetPlanner, read_messages
+from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.catalog import read_checkpoint
+from eventfold.projections.dead_letters import read_dead_letters
 from eventfold.status import pipeline_status
 
 if TYPE_CHECKING:
@@ -79,19 +80,9 @@ class PipelineSnapshots:
             planner.close()
 
     def _latest_dead_letters(self) -> dict[str, list[dict[str, Any]]]:
-        latest: dict[str, list[dict[str, Any]]] = {}
-        for projection in self.app.projections:
-            letters = []
-            tail = read_messages(self.settings.kafka, projection.dead_letter_topic,
-                                 timeout_s=10, last=LATEST_DEAD_LETTERS)
-            for _, offset, _, value in tail[-LATEST_DEAD_LETTERS:]:
-                letter = json.loads(value or "{}")
-                letters.append({"offset": offset, "error": letter.get("error"),
-                                "key": letter.get("key"),
-                                "source": f"{letter.get('topic')}[{letter.get('partition')}]"
-                                          f"@{letter.get('offset')}"})
-            latest[projection.name] = letters
-        return latest
+        return {projection.name: [letter.as_json() for letter in read_dead_letters(
+                    self.settings.kafka, projection.dead_letter_topic, LATEST_DEAD_LETTERS)]
+                for projection in self.app.projections}
 
     def _replays(self, projections: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """A building version's events applied so far, beside the live version's."""

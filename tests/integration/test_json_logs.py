@@ -1,7 +1,7 @@
 """JSON logs as a log pipeline reads them, across processes: a command sent with a
 correlation id whose event the projection cannot fold shows up, under that id, in the JSON
 line of the `projection run` process that dead-letters it; the command API's own lines are
-JSON too."""
+JSON too; `eventfold dlq list|show` finds the letter and its event."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 
-from tests.integration.test_cli import stack_env
+from tests.integration.test_cli import eventfold, stack_env
 from tests.kafka_helpers import read_topic
 from tests.pipeline_helpers import wait_for
 
@@ -65,6 +65,20 @@ def test_a_commands_correlation_id_reaches_the_projections_log_line(
         published = json.loads(letter["value"])
         assert json.loads(published["metadata"])["correlation_id"] == correlation
         assert published["eventId"] == line["event_id"]
+
+        # `eventfold dlq` lists it and shows its event.
+        listed = eventfold("dlq", "list", name, "--json", env=env, timeout=60)
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        [entry] = json.loads(listed.stdout)
+        assert "13 units: unlucky" in entry["error"] and entry["key"] == f"{unique}-p"
+        shown = eventfold("dlq", "show", name, str(entry["dead_letter_offset"]), env=env,
+                          timeout=60)
+        assert shown.returncode == 0, shown.stderr[-2000:]
+        event = json.loads(shown.stdout)["event"]
+        assert event["data"]["quantity"] == 13 and event["stream_version"] == 2
+        assert event["metadata"]["correlation_id"] == correlation
+        missing = eventfold("dlq", "show", name, "999", env=env, timeout=60)
+        assert missing.returncode == 2 and "no dead letter at offset 999" in missing.stderr
     finally:
         for process, what in ((run, "projection run"), (api, "serve commands")):
             if process is not None:

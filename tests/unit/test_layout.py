@@ -97,7 +97,8 @@ def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     version = wheel.name.split("-")[1]
     assert {n.split("/")[0] for n in names} == {"eventfold", f"eventfold-{version}.dist-info"}
-    for expected in ("eventfold/py.typed", "eventfold/dashboard.html", "eventfold/migrations/script.py.mako",
+    for expected in ("eventfold/py.typed", "eventfold/dashboard.html",
+                     "eventfold/migrations/script.py.mako",
                      "eventfold/migrations/versions/0001_event_store.py",
                      "eventfold/local_stack/pom.xml", "eventfold/outbox/__init__.py",
                      "eventfold/write_model/domain/events.py",
