@@ -22,6 +22,7 @@ clock starts, so the figures are steady state (aggregates cached, as in a runnin
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client
 import json
 import multiprocessing as mp
@@ -33,7 +34,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from eventfold.local_stack import postgres
 from eventfold.local_stack.process import free_port, stop_pid, wait_until
@@ -225,6 +228,36 @@ def metrics_overhead(database_url: str, args: argparse.Namespace, work_dir: Path
     return totals[True] / rounds, totals[False] / rounds
 
 
+def metrics_middleware_us(requests: int = 100_000) -> float:
+    """What the metrics middleware adds to one request, in process: a bare ASGI app timed with
+    and without it (the end-to-end on/off figures above move more than this between runs)."""
+    from starlette.routing import Route
+
+    from eventfold.metrics import HttpMetrics
+
+    async def bare(scope: dict[str, Any], receive: object,
+                   send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        await send({"type": "http.response.start", "status": 201, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def sent(message: dict[str, Any]) -> None:
+        return None
+
+    route = Route("/commands/ReceiveStock", bare, methods=["POST"])
+    scope = {"type": "http", "method": "POST", "path": "/commands/ReceiveStock",
+             "route": route}
+
+    async def timed(app: Any) -> float:
+        started = time.perf_counter()
+        for _ in range(requests):
+            await app(dict(scope), None, sent)
+        return time.perf_counter() - started
+
+    plain = min(asyncio.run(timed(bare)) for _ in range(3))
+    measured = min(asyncio.run(timed(HttpMetrics(bare, api="bench"))) for _ in range(3))
+    return (measured - plain) / requests * 1e6
+
+
 def load_time_ms(database_url: str) -> tuple[float, float]:
     """Median load of a 1,000-event Product: with its snapshot, and by full replay."""
     from eventfold.write_model import EventStore, Repository
@@ -326,6 +359,11 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
     print(f"load of a 1,000-event aggregate: {with_snapshot:.2f} ms with its snapshot, "
           f"{replay:.2f} ms by full replay")
     eight = figures[8]
+    middleware_us = metrics_middleware_us()
+    request_us = 1e6 / eight["http"]  # the server's time per command at 8 clients, 1 worker
+    print(f"the metrics middleware costs {middleware_us:.1f} us per request in process: "
+          f"{middleware_us / request_us:.1%} of a command's {request_us:,.0f} us at 8 clients",
+          flush=True)
     print(f"vs eventsourcing 9.5 at 8 clients: Python API "
           f"{eight['python'] / eight['eventsourcing']:.1f}x")
     print(json.dumps({
@@ -340,6 +378,8 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
         "http_metrics_on_commands_per_s": round(metrics_on),
         "http_metrics_off_commands_per_s": round(metrics_off),
         "http_metrics_on_vs_off_ratio": round(metrics_on / metrics_off, 3),
+        "http_metrics_middleware_us_per_request": round(middleware_us, 2),
+        "http_metrics_middleware_share_of_command": round(middleware_us / request_us, 4),
         "eventsourcing_commands_per_s": round(eight["eventsourcing"]),
         "python_api_vs_eventsourcing_ratio": round(eight["python"] / eight["eventsourcing"], 2),
         "load_1000_events_snapshot_ms": round(with_snapshot, 2),

@@ -21,6 +21,7 @@ import json
 import logging
 import multiprocessing as mp
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
 from eventfold.projections.fold import FoldOutcome
 from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.metrics import ProjectionLag
 from eventfold.projections.replay import ReplayResult, replay
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 from eventfold.projections.spark import spark_session
@@ -47,6 +49,7 @@ from eventfold import migrations
 from eventfold.app import spark_conf
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
+from eventfold.metrics import PROCESS_COLLECTORS, exposition
 
 SOURCE = "BenchSale"
 TARGETS = {"streaming": 150_000, "replay_aggregation": 250_000, "replay_python_fold": 150_000,
@@ -206,10 +209,42 @@ def streaming(spark, settings: RunnerSettings, definition: Projection, events: i
     return clock.steady_rate()
 
 
+def metrics_on_and_off(spark, settings: RunnerSettings, definition: Projection,  # noqa: ANN001
+                       events: int) -> tuple[float, float]:
+    """The streaming fold with Prometheus metrics off, then on (each batch recorded, the lag
+    collector registered and scraped every second, as Prometheus would), each under a fresh
+    name so that both fold every event."""
+    off = streaming(spark, dataclasses.replace(settings, metrics=False),
+                    renamed(definition, "metrics_off"), events)
+    on_definition = renamed(definition, "metrics_on")
+    # What the figure says is not checked here (the metrics test does): its cost is what
+    # counts, the same whatever the committed offsets.
+    lag = ProjectionLag(settings.kafka, on_definition.name, on_definition.source_topics, dict)
+    PROCESS_COLLECTORS.register(lag)
+    stop = threading.Event()
+
+    def scrape() -> None:
+        while not stop.wait(1.0):
+            exposition()
+    scraper = threading.Thread(target=scrape, daemon=True)
+    scraper.start()
+    try:
+        on = streaming(spark, settings, on_definition, events)
+    finally:
+        stop.set()
+        scraper.join()
+        PROCESS_COLLECTORS.unregister(lag)
+    return on, off
+
+
+def renamed(definition: Projection, suffix: str) -> Projection:
+    return dataclasses.replace(definition, name=f"{definition.name}_{suffix}", table="",
+                               ktable_topic="")
+
+
 def on_spark_kafka(definition: Projection) -> Projection:
     """The benchmark's projection under a name of its own, for Spark's Kafka source."""
-    return dataclasses.replace(definition, name=f"{definition.name}_spark_kafka", table="",
-                               ktable_topic="")
+    return renamed(definition, "spark_kafka")
 
 
 def main() -> None:
@@ -273,6 +308,11 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         stream_rate = streaming(spark, settings, bench_totals, args.events)
         print(f"streaming Python fold into Postgres + KTable, steady state: "
               f"{stream_rate:,.0f} events/s", flush=True)
+        metrics_on, metrics_off = metrics_on_and_off(spark, settings, bench_totals,
+                                                     args.events)
+        print(f"the same with Prometheus metrics off, then on (batches recorded, lag scraped "
+              f"every second): {metrics_off:,.0f} / {metrics_on:,.0f} events/s "
+              f"({metrics_on / metrics_off:.3f}x)", flush=True)
         spark_kafka = dataclasses.replace(settings, source="kafka")
         stream_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_totals),
                                        args.events)
@@ -318,6 +358,9 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         ratio = figures[key] / target
         print(f"  {key}: {figures[key]:,} vs target {target:,} = {ratio:.2f}x")
     print(json.dumps({**figures, "streaming_vs_plain_python_ratio": round(stream_rate / plain, 2),
+                      "streaming_metrics_on_events_per_s": round(metrics_on),
+                      "streaming_metrics_off_events_per_s": round(metrics_off),
+                      "streaming_metrics_on_vs_off_ratio": round(metrics_on / metrics_off, 3),
                       "streaming_vs_plain_python_2_processes_ratio": round(
                           stream_rate / plain_two, 2),
                       "spark_kafka_source_vs_ours_fold_ratio": round(

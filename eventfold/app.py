@@ -176,6 +176,7 @@ class Eventfold:
             allow_data_loss=settings.allow_data_loss,
             replication=settings.replication,
             source=cast(KafkaSource, settings.spark_source),
+            metrics=settings.metrics,
         )
 
 

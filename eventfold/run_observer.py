@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client.registry import Collector
 
-from eventfold.config import Settings
+from eventfold.config import ConfigError, Settings
 from eventfold.contract import PartitionKey
 from eventfold.metrics import PROCESS_COLLECTORS, MetricsServer
 from eventfold.outbox.metrics import ConnectorMetrics
@@ -36,10 +36,15 @@ class RunObserver:
         if with_lag:
             self._collectors.append(ProjectionLag(
                 settings.kafka, name, app.projections.get(name).source_topics, self._committed))
+        try:
+            self._server = MetricsServer(settings.http_host, settings.metrics_port,
+                                         self.health).start()
+        except OSError as exc:
+            raise ConfigError(f"EVENTFOLD_METRICS_PORT: cannot listen on {settings.http_host}:"
+                              f"{settings.metrics_port} ({exc.strerror}); another process "
+                              "may use it") from None
         for collector in self._collectors:
             PROCESS_COLLECTORS.register(collector)
-        self._server = MetricsServer(settings.http_host, settings.metrics_port,
-                                     self.health).start()
 
     @property
     def url(self) -> str:

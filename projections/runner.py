@@ -89,6 +89,8 @@ class RunnerSettings:
     creates."""
     allow_data_loss: bool = False
     """Go on when retention deleted events this projection never read (else it stops)."""
+    metrics: bool = True
+    """Record each batch in the Prometheus metrics (``projections.metrics``)."""
     source: KafkaSource = "eventfold"
     """Which Spark source reads the topics of a streaming run: ``eventfold`` (ours, an offset
     planner whose tasks read and fold their ranges in one pass) or ``kafka`` (Spark's)."""
@@ -355,8 +357,9 @@ class ProjectionRunner:
         self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
         clock.lap("commit")
         self.offsets = {**committed, **outcome.next_offsets}
-        metrics.batch_committed(self.projection.name, records, outcome.applied,
-                                outcome.duplicates, len(outcome.dead_letters), clock.total)
+        if self.settings.metrics:
+            metrics.batch_committed(self.projection.name, records, outcome.applied,
+                                    outcome.duplicates, len(outcome.dead_letters), clock.total)
         log.debug("projection %s batch %d: %d records, %d keys changed; %s", self.projection.name,
                   batch_id, records, len(outcome.changed), clock)
         self.batches += 1
