@@ -10,8 +10,10 @@ write_model -> outbox -> (Kafka) -> projections -> read_api.
 ``eventfold.contract`` holds what every layer must agree on (partition keys, KTable header
 names, database URL forms); any package may import it. This package's other modules are the
 composition root that wires the packages into one application: the configuration object
-(environment variables), the ``Eventfold`` application entry point and the ``eventfold`` CLI.
-They may import every subpackage; no subpackage imports them.
+(environment variables, ``eventfold.toml``), the ``Eventfold`` application entry point, the
+``eventfold`` CLI, HTTP serving, and what operators see: logs (``logs``), Prometheus
+exposition (``metrics``, ``run_observer``), ``eventfold status`` (``status``) and the
+dashboard (``dashboard``). They may import every subpackage; no subpackage imports them.
 """
 
 from __future__ import annotations

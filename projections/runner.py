@@ -229,7 +229,10 @@ class ProjectionRunner:
 
     def catch_up(self, timeout_s: float = 3600) -> None:
         query = self.start(once=True)
-        query.awaitTermination(int(timeout_s))
+        if not query.awaitTermination(int(timeout_s)):
+            query.stop()
+            raise TimeoutError(f"projection {self.projection.name} v{self.version} had not "
+                               f"caught up after {timeout_s:.0f} s")
         if query.exception() is not None:
             raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
                                f"{query.exception()}")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
+import httpx
 from fastapi import FastAPI
-from fastapi.testclient import TestClient
 
 from eventfold.logs import CorrelationFilter, CorrelationIds, JsonFormatter
 
@@ -27,11 +28,15 @@ def test_a_line_logged_while_a_request_runs_carries_its_correlation_id() -> None
         return {}
 
     app.add_middleware(CorrelationIds)
+
+    async def requests() -> None:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://test") as client:
+            await client.get("/work", headers={"X-Correlation-ID": "order-42"})
+            await client.get("/work", headers={"X-Request-ID": "req-7"})
+            await client.get("/work")
     try:
-        with TestClient(app) as client:
-            client.get("/work", headers={"X-Correlation-ID": "order-42"})
-            client.get("/work", headers={"X-Request-ID": "req-7"})
-            client.get("/work")
+        asyncio.run(requests())
     finally:
         log.removeHandler(handler)
     # Formatted after the requests ended: the filter kept each one's id on its record.
