@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eventfold.local_stack import LocalStack
+from eventfold.local_stack.process import process_tree
 
 from eventfold.config import Settings
 
@@ -50,19 +51,6 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(entry.name))
-    return tree
-
-
 def _rss_bytes(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -83,7 +71,7 @@ def _name(pid: int) -> str:
 def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> dict[int, tuple[str, int]]:
     """Name and RSS of ``root`` and each of its descendants, leaving out the subtrees of
     ``exclude``."""
-    tree, found, pending = _children(), {}, [root]
+    tree, found, pending = process_tree(), {}, [root]
     while pending:
         pid = pending.pop()
         if pid in exclude:

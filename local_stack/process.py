@@ -164,3 +164,26 @@ def stop_pid(pid: int, *, what: str, sig: int = signal.SIGTERM, timeout_s: float
         return
     while pid_alive(pid):
         time.sleep(0.05)
+
+
+def process_tree() -> dict[int, list[int]]:
+    """Each running process's children, from /proc."""
+    tree: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue  # it ended while we looked
+        tree.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    return tree
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (a Spark worker's executors, say)."""
+    tree = process_tree()
+    found, pending = [], list(tree.get(pid, []))
+    while pending:
+        child = pending.pop()
+        found.append(child)
+        pending.extend(tree.get(child, []))
+    return found

@@ -19,6 +19,7 @@ from pathlib import Path
 import requests
 from eventfold.local_stack.process import (
     StackError,
+    descendants,
     free_port,
     pid_alive,
     port_is_open,
@@ -123,7 +124,7 @@ class SparkCluster:
         if state is None:
             raise StackError(f"no Spark cluster running in {self.data_dir}")
         worker = state.workers[index]
-        for child in _descendants(worker.pid):
+        for child in descendants(worker.pid):
             _signal(child, sig)
         _signal(worker.pid, sig)
         return worker
@@ -191,23 +192,6 @@ def spark_home() -> Path:
     from pyspark.find_spark_home import _find_spark_home
 
     return Path(_find_spark_home())
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (a worker's executors), from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[-1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, pending = [], list(children.get(pid, []))
-    while pending:
-        child = pending.pop()
-        found.append(child)
-        pending.extend(children.get(child, []))
-    return found
 
 
 def _signal(pid: int, sig: int) -> None:
