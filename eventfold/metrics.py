@@ -38,6 +38,7 @@ the HTTP supervisor for its workers."""
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0)
 
+HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 REQUESTS = Counter("eventfold_http_requests", "HTTP requests answered, by API, route template "
                    "(unmatched: no route), method and status", ["api", "route", "method", "status"])
 REQUEST_SECONDS = Histogram("eventfold_http_request_duration_seconds",
@@ -70,7 +71,10 @@ class HttpMetrics:
             await self.app(scope, receive, send_with_status)
         finally:
             route = getattr(scope.get("route"), "path", None) or "unmatched"
-            REQUESTS.labels(self.api, route, scope["method"], str(status)).inc()
+            # A client picks the method: only the standard ones become label values, so that
+            # made-up methods cannot grow the series without bound.
+            method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
+            REQUESTS.labels(self.api, route, method, str(status)).inc()
             REQUEST_SECONDS.labels(self.api, route).observe(time.perf_counter() - started)
 
 
