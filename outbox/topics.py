@@ -16,6 +16,7 @@ from confluent_kafka.admin import (
     ConfigResource,
     NewTopic,
     ResourceType,
+    TopicMetadata,
 )
 from eventfold.outbox.connection import KafkaConnection, parse_key_values
 
@@ -55,11 +56,15 @@ class Replication:
     def for_kind(self, kind: TopicKind, brokers: int) -> tuple[int, int]:
         """(replication factor, min.insync.replicas) of a new topic of ``kind``."""
         factor = dict(self.factors).get(kind) or min(3, max(brokers, 1))
+        return factor, self.min_insync_for(kind, factor)
+
+    def min_insync_for(self, kind: TopicKind, factor: int) -> int:
+        """``min.insync.replicas`` of a topic of ``kind`` with ``factor`` replicas."""
         insync = dict(self.min_insync).get(kind) or max(1, factor - 1)
         if insync > factor:
             raise ReplicationUnavailable(f"{kind} topics: min.insync.replicas {insync} is more "
                                          f"than their replication factor {factor}")
-        return factor, insync
+        return insync
 
 
 def _per_kind(text: str, what: str) -> tuple[tuple[str, int], ...]:
@@ -116,13 +121,17 @@ class TopicAdmin:
         altered in place."""
         wanted = sorted(set(topics))
         metadata = self._admin.list_topics(timeout=self._timeout_s)
-        factor, insync = self._replication.for_kind(kind, len(metadata.brokers))
-        config = {**config, "min.insync.replicas": str(insync)}
-        missing = [t for t in wanted if t not in metadata.topics]
         if check:
-            self._check([t for t in wanted if t in metadata.topics], config, fix)
+            # What an existing topic needs follows from its own replicas, not from the brokers
+            # alive now: with one of three down, its min.insync.replicas is still 2.
+            existing = {t: metadata.topics[t] for t in wanted if t in metadata.topics}
+            self._check({t: {**config, "min.insync.replicas": self._insync_of(kind, described)}
+                         for t, described in existing.items()}, fix)
+        missing = [t for t in wanted if t not in metadata.topics]
         if not missing:
             return
+        factor, insync = self._replication.for_kind(kind, len(metadata.brokers))
+        config = {**config, "min.insync.replicas": str(insync)}
         if factor > len(metadata.brokers):
             raise ReplicationUnavailable(
                 f"cannot create {kind} topic(s) {', '.join(missing)} with replication factor "
@@ -142,14 +151,18 @@ class TopicAdmin:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
 
+    def _insync_of(self, kind: TopicKind, topic: TopicMetadata) -> str:
+        replicas = max((len(p.replicas) for p in topic.partitions.values()), default=1)
+        return str(self._replication.min_insync_for(kind, replicas))
+
     def configs(self, topic: str) -> dict[str, str]:
         resource = ConfigResource(ResourceType.TOPIC, topic)
         future = self._admin.describe_configs([resource])[resource]
         return {k: v.value for k, v in future.result(timeout=self._timeout_s).items()}
 
-    def _check(self, topics: list[str], config: Mapping[str, str], fix: bool) -> None:
+    def _check(self, wanted: Mapping[str, Mapping[str, str]], fix: bool) -> None:
         mismatches = [(topic, key, actual.get(key), value)
-                      for topic in topics for actual in [self.configs(topic)]
+                      for topic, config in wanted.items() for actual in [self.configs(topic)]
                       for key, value in config.items() if actual.get(key) != value]
         if not mismatches:
             return

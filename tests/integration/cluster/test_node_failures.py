@@ -17,6 +17,7 @@ import pytest
 import requests
 from confluent_kafka.admin import AdminClient
 from eventfold.local_stack.process import stop_pid
+from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, TopicAdmin
 from sqlalchemy import create_engine
 
 from eventfold.config import Settings
@@ -44,9 +45,10 @@ def cluster_engine(cluster_stack):
 
 
 def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
-              kill: Callable[[], str]) -> None:
+              kill: Callable[[], str], while_down: Callable[[str], None] | None = None) -> None:
     """Stream a projection in a CLI process (as a team runs it: a failed query is started
-    again from the last commit) while commands flow, ``kill`` a node, check the outcome."""
+    again from the last commit) while commands flow, ``kill`` a node, check the outcome;
+    ``while_down(projection)`` runs after the recovery, before the node is started again."""
     stack, settings = cluster_stack
     name = f"sales_totals_{unique}"
     table = f"{name}__v1"
@@ -82,6 +84,8 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
                                      f"{log_path.read_text()[-3000:]}\n"
                                      f"{supervisor_log.read_text()[-2000:]}") from None
             recovered_s = time.monotonic() - killed_at
+            if while_down is not None:
+                while_down(name)
             time.sleep(2)
         wait_until_in_topic(settings, "ProductSales", unique, sent())
         stopped_at = time.monotonic()
@@ -114,7 +118,19 @@ def test_the_broker_leading_the_busiest_partition_dies(cluster_stack, cluster_en
         os.kill(stack.pid_of(name), signal.SIGKILL)
         return f"{name} (leader of partition {busiest.id})"
 
-    _survives(cluster_stack, cluster_engine, tmp_path, unique, "broker", kill_leader)
+    def topics_still_pass_their_checks(projection: str) -> None:
+        # A projection (re)started while a broker is down checks its existing topics: they
+        # need the min.insync.replicas their three replicas imply, not the two brokers alive.
+        admin = AdminClient(settings.kafka.client_config())
+        wait_for(lambda: len(admin.list_topics(timeout=10).brokers) == 2,
+                 "the cluster to see two brokers", timeout_s=60)
+        topics = TopicAdmin(settings.kafka, settings.replication)
+        topics.ensure([TOPIC], EVENT_TOPIC_CONFIG, kind="events", check=True)
+        topics.ensure([f"eventfold.ktable.{projection}"], COMPACTED_TOPIC_CONFIG, kind="ktables",
+                      check=True)
+
+    _survives(cluster_stack, cluster_engine, tmp_path, unique, "broker", kill_leader,
+              while_down=topics_still_pass_their_checks)
 
 
 def test_the_connect_worker_running_the_outbox_task_dies(cluster_stack, cluster_engine,
