@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import logging
 import re
@@ -22,10 +23,20 @@ if TYPE_CHECKING:
 
     from eventfold.app import Eventfold
     from eventfold.outbox.operations import ConnectorStatus
+    from eventfold.projections.parking import Resolution
+    from eventfold.projections.projection import Projection
     from eventfold.projections.runner import Progress
     from eventfold.run_observer import RunObserver
 
 log = logging.getLogger("eventfold")
+
+
+def _user() -> str:
+    """Who runs this command, for the records of what was done with dead letters."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no login name (a container's arbitrary uid)
+        return "unknown"
 
 MAX_FAILED_STARTS = 6
 """How often `projection run` starts again after failures with no batch in between (pauses
@@ -431,7 +442,6 @@ def _status(settings: Settings, args: argparse.Namespace) -> int:
 
 def _dlq(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import load_app
-    from eventfold.projections.dead_letters import read_dead_letters
 
     try:
         projection = load_app(settings.app).projections.get(args.name)
@@ -439,23 +449,89 @@ def _dlq(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     settings = settings.with_local_stack()
     if args.action == "list":
-        letters = read_dead_letters(settings.kafka, projection.dead_letter_topic, args.last)
-        if args.json:
-            print(json.dumps([letter.as_json() for letter in letters], indent=2))
-        for letter in [] if args.json else letters:
-            print(f"{letter.dead_letter_offset}\t{letter.source}\tkey={letter.key}\t"
-                  f"{letter.error}")
-        return 0
-    if args.offset is None:
-        raise ConfigError("dlq show needs the OFFSET of a dead letter (see `eventfold dlq "
-                          f"list {args.name}`)")
+        return _dlq_list(settings, projection, args)
+    if args.target is None:
+        what = "KEY of a parked key" if args.action == "retry" else "OFFSET of a dead letter"
+        raise ConfigError(f"dlq {args.action} needs the {what} (see `eventfold dlq list "
+                          f"{args.name}`)")
+    if args.action == "retry":
+        return _dlq_retry(settings, projection, args.target, args.by)
+    offset = _letter_offset(args.target)
+    if args.action == "discard":
+        return _dlq_discard(settings, projection, offset, args)
+    from eventfold.projections.dead_letters import read_dead_letters
+
     found = [letter for letter in read_dead_letters(settings.kafka,
                                                     projection.dead_letter_topic)
-             if letter.dead_letter_offset == args.offset]
+             if letter.dead_letter_offset == offset]
     if not found:
-        raise ConfigError(f"no dead letter at offset {args.offset} of "
+        raise ConfigError(f"no dead letter at offset {offset} of "
                           f"{projection.dead_letter_topic}")
     print(json.dumps(found[0].as_json(with_event=True), indent=2, default=str))
+    return 0
+
+
+def _letter_offset(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"a dead letter's OFFSET is a whole number, not {text!r}") from None
+
+
+def _dlq_list(settings: Settings, projection: Projection, args: argparse.Namespace) -> int:
+    from eventfold.projections.dead_letters import read_dead_letters, resolutions_of
+
+    letters = read_dead_letters(settings.kafka, projection.dead_letter_topic, args.last)
+    done = resolutions_of(settings.database_url, projection.name)
+    if args.json:
+        print(json.dumps([{**letter.as_json(), "status": _status_of(done.get(
+            letter.dead_letter_offset))} for letter in letters], indent=2, default=str))
+        return 0
+    for letter in letters:
+        print(f"{letter.dead_letter_offset}\t{_status_of(done.get(letter.dead_letter_offset))}"
+              f"\t{letter.source}\tkey={letter.fold_key or letter.key}\t{letter.error}")
+    return 0
+
+
+def _status_of(resolution: Resolution | None) -> str:
+    if resolution is None:
+        return "pending"
+    return f"{resolution.action} by {resolution.resolved_by}" + (
+        f" ({resolution.reason})" if resolution.reason else "")
+
+
+def _dlq_retry(settings: Settings, projection: Projection, key: str, by: str) -> int:
+    from eventfold.projections.dead_letters import RetryFailed, retry_key
+
+    try:
+        result = retry_key(settings.database_url, settings.kafka, projection, key, by,
+                           settings.replication)
+    except RetryFailed as exc:
+        print(f"eventfold: {exc}", file=sys.stderr)
+        return 1
+    print(f"{projection.name} v{result.version} key {key!r}: {result.folded} event(s) folded "
+          f"in order from {len(result.letters)} dead letter(s); the key is no longer parked. "
+          f"State: {json.dumps(result.state, default=str)}")
+    return 0
+
+
+def _dlq_discard(settings: Settings, projection: Projection, offset: int,
+                 args: argparse.Namespace) -> int:
+    from eventfold.projections.dead_letters import discard
+
+    if not args.reason:
+        raise ConfigError("dlq discard needs --reason: why the event is never to be folded")
+    try:
+        done = discard(settings.database_url, settings.kafka, projection, offset, args.by,
+                       args.reason)
+    except LookupError as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"dead letter {offset} ({done.letter.source}) discarded by {args.by}: {args.reason}")
+    if done.key is not None and done.still_held:
+        print(f"key {done.key!r} still waits on {done.still_held} event(s): `eventfold dlq "
+              f"retry {projection.name} {done.key}` folds them in order")
+    elif done.key is not None:
+        print(f"key {done.key!r} waits on nothing more: it is no longer parked")
     return 0
 
 
@@ -546,16 +622,22 @@ def build_parser() -> argparse.ArgumentParser:
     connector.set_defaults(run=_connector)
 
     dlq = commands.add_parser(
-        "dlq", help="a projection's dead letters: what failed, and the event it failed on")
-    dlq.add_argument("action", choices=["list", "show"],
-                     help="list: offset, source position, key and error of each letter; "
-                          "show: one letter with its event decoded")
+        "dlq", help="a projection's dead letters: list, show, retry a parked key, discard")
+    dlq.add_argument("action", choices=["list", "show", "retry", "discard"],
+                     help="list: each letter's offset, status, source position, key and error; "
+                          "show: one letter with its event decoded; retry: fold a parked "
+                          "key's held events in order (after fixing the fold); discard: never "
+                          "fold a letter's event, recording who and why")
     dlq.add_argument("name", help="the projection")
-    dlq.add_argument("offset", nargs="?", type=int,
-                     help="show: the letter's offset in the dead-letter topic (from list)")
+    dlq.add_argument("target", nargs="?",
+                     help="show, discard: the letter's offset in the dead-letter topic (from "
+                          "list); retry: the parked key")
     dlq.add_argument("--last", type=int, default=None, metavar="N",
                      help="list: only the newest N letters")
     dlq.add_argument("--json", action="store_true", help="list: one JSON document")
+    dlq.add_argument("--reason", default="", help="discard: why (kept with the record)")
+    dlq.add_argument("--by", default=_user(),
+                     help="retry, discard: who acts (default: the login name)")
     dlq.set_defaults(run=_dlq)
 
     verify = commands.add_parser(

@@ -122,8 +122,7 @@ class ProjectionCatalog:
     def locked(self, name: str) -> Iterator[psycopg.Connection]:
         """A transaction holding the registry row: the active version cannot commit meanwhile."""
         with psycopg.connect(libpq_url(self.database_url)) as conn, conn.transaction():
-            conn.execute(sql.SQL("SELECT 1 FROM {} WHERE projection = %s FOR UPDATE")
-                         .format(_TABLE), (name,))
+            lock_registry(conn, name)
             yield conn
 
     @staticmethod
@@ -198,6 +197,14 @@ def read_checkpoint(conn: psycopg.Connection, name: str, version: int) -> Checkp
         return None
     batch_id, offsets, applied, dead_letters, updated_at = row
     return Checkpoint(batch_id, flatten_offsets(offsets), applied, dead_letters, updated_at)
+
+
+def lock_registry(conn: psycopg.Connection, name: str) -> int | None:
+    """In the caller's transaction: hold the projection's registry row, so that no batch of
+    its active version commits meanwhile; its active version (None: it never ran)."""
+    row = conn.execute(sql.SQL("SELECT active_version FROM {} WHERE projection = %s FOR UPDATE")
+                       .format(_TABLE), (name,)).fetchone()
+    return None if row is None else int(row[0])
 
 
 def claim_batch(conn: psycopg.Connection, name: str, version: int,

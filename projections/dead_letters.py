@@ -1,17 +1,46 @@
-"""Reading a projection's dead-letter topic back: what failed, where it came from, and the
-event as it was published. ``sinks.TopicSink`` writes each letter as one JSON object: the
-projection, the error, the source topic, partition, offset and key, and the message's value."""
+"""A projection's dead letters: reading them back (what failed, where it came from, the event
+as it was published), retrying a parked key once its fold is fixed, discarding a letter.
+
+``sinks.TopicSink`` writes each letter as one JSON object: the projection and version, the
+error, the source topic, partition, offset and key, the key it was folded by, and the
+message's value. Which letters hold a key back is in Postgres (``parking``), written with the
+batch that dead-lettered them."""
 
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
+import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.topics import Replication
+from eventfold.projections.catalog import ProjectionCatalog, lock_registry
+from eventfold.projections.fold import (
+    EMIT_ALL,
+    FoldOutcome,
+    KeyFolder,
+    SourceRecord,
+    event_from_envelope,
+    lookup_keys,
+)
+from eventfold.projections.parking import (
+    HeldEvent,
+    Resolution,
+    held_events,
+    release,
+    resolutions,
+    resolve,
+)
+from eventfold.projections.plan import compile_projection
+from eventfold.projections.projection import Event, Projection, State
+from eventfold.projections.sinks import ReadModelStore, TopicSink, lookup_rows
 
-from eventfold.contract import EventEnvelope, MalformedEvent
+from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -23,6 +52,9 @@ class DeadLetterRecord:
     offset: int
     key: str | None
     value: str | None
+    version: int | None = None
+    """The projection version that wrote it (None: a letter from before versions were kept)."""
+    fold_key: str | None = None
 
     @property
     def source(self) -> str:
@@ -59,5 +91,157 @@ def read_dead_letters(kafka: KafkaConnection, topic: str,
         letters.append(DeadLetterRecord(
             offset, str(body.get("error", "")), str(body.get("topic", "")),
             int(body.get("partition", -1)), int(body.get("offset", -1)), body.get("key"),
-            body.get("value")))
+            body.get("value"), body.get("version"), body.get("fold_key")))
     return letters
+
+
+# -- acting on them: retry a parked key, discard a letter ---------------------------------------
+
+class RetryFailed(RuntimeError):
+    """A retry that changed nothing: the fold still raises, or a letter cannot be folded."""
+
+
+@dataclass(frozen=True)
+class RetryResult:
+    key: str
+    version: int
+    folded: int
+    """Events folded onto the key's state, in order."""
+    letters: tuple[int, ...]
+    """The dead letters it resolved (offsets in the dead-letter topic)."""
+    state: State | None
+
+
+def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection, key: str,
+              by: str, replication: Replication | None = None) -> RetryResult:
+    """Fold the events ``key`` of ``projection``'s active version holds, in order, onto its
+    state; write the row and its KTable record, unpark the key and record the letters as
+    retried, all or nothing.
+
+    It holds the projection's registry row throughout, so no batch of the active version
+    commits meanwhile; a batch that held the key's events back while this ran folds again
+    (``ParkedKeysReleased``). Raises ``RetryFailed`` (and changes nothing) when the fold still
+    raises."""
+    if not compile_projection(projection).parks:
+        raise RetryFailed(f"projection {projection.name} does not park keys (only a fold "
+                          "projection with park_on_failure does): its letters were folded past; "
+                          "replay it after fixing the fold, or discard them")
+    catalog = ProjectionCatalog(database_url)
+    try:
+        version = catalog.active(projection.name)
+    finally:
+        catalog.close()
+    sink = TopicSink(kafka, projection, version, replication=replication)
+    try:
+        with (ReadModelStore(database_url, projection, version) as store,
+              store.conn.transaction()):
+            if lock_registry(store.conn, projection.name) != version:
+                raise RetryFailed(f"projection {projection.name} switched versions; "
+                                  "run the retry again")
+            return _retry(store, sink, key, by)
+    finally:
+        sink.close()
+
+
+def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str) -> RetryResult:
+    name, version = store.projection.name, store.version
+    held = held_events(store.conn, name, version, key)
+    if not held:
+        raise RetryFailed(f"key {key!r} of {name} v{version} is not parked")
+    letters = _letters_of(sink, held)
+    items = [(_source_record(copies[-1]), _event(copies[-1])) for copies in letters]
+    stored = store.load([key]).get(key)
+    outcome = FoldOutcome()
+    if stored is not None and not store.plan.rekeyed:
+        outcome.see(key, stored.version)  # what the row holds counts once, whatever happened
+    rows = lookup_rows(store.conn, store.projection.lookup.projection,
+                       lookup_keys(store.projection, (event for _, event in items))
+                       ) if store.projection.lookup is not None else None
+    KeyFolder(store.plan, outcome, EMIT_ALL).fold(key, stored, items, rows)
+    if outcome.dead_letters:
+        failed = outcome.dead_letters[0].record
+        raise RetryFailed(f"the fold still fails on {failed.topic}[{failed.partition}]"
+                          f"@{failed.offset}: {outcome.dead_letters[0].reason}; "
+                          "nothing was changed")
+    sink.ensure_outputs(outcome)
+    sink.write_events(outcome)
+    final = store.write_states(outcome.changed)
+    if outcome.watermarks:
+        store.save_watermarks(outcome.watermarks)
+    sink.write_states(final)
+    release(store.conn, name, version, [(h.topic, h.partition, h.offset) for h in held])
+    offsets = tuple(letter.dead_letter_offset for copies in letters for letter in copies)
+    resolve(store.conn, name, offsets, "retried", by)
+    log.info("dlq retry %s key %r: %d event(s) folded by %s", name, key, outcome.applied, by)
+    after = final.get(key) or stored
+    return RetryResult(key, version, outcome.applied, offsets,
+                       after.state if after is not None else None)
+
+
+def _letters_of(sink: TopicSink, held: list[HeldEvent]) -> list[list[DeadLetterRecord]]:
+    """The dead letters of each held event, in order (more than one when a batch that wrote
+    them ran again after a crash)."""
+    by_source: dict[tuple[str, int, int], list[DeadLetterRecord]] = {}
+    for letter in read_dead_letters(sink.kafka, sink.projection.dead_letter_topic):
+        if letter.version in (None, sink.version):
+            by_source.setdefault((letter.topic, letter.partition, letter.offset), []).append(
+                letter)
+    missing = [h for h in held if (h.topic, h.partition, h.offset) not in by_source]
+    if missing:
+        first = missing[0]
+        raise RetryFailed(f"{len(missing)} held event(s) have no dead letter left in "
+                          f"{sink.projection.dead_letter_topic} (first: {first.topic}"
+                          f"[{first.partition}]@{first.offset}); was the topic truncated?")
+    return [by_source[(h.topic, h.partition, h.offset)] for h in held]
+
+
+def _source_record(letter: DeadLetterRecord) -> SourceRecord:
+    return SourceRecord(letter.topic, letter.partition, letter.offset, letter.key, letter.value)
+
+
+def _event(letter: DeadLetterRecord) -> Event:
+    try:
+        return event_from_envelope(EventEnvelope.decode(letter.key, letter.value))
+    except MalformedEvent as exc:
+        raise RetryFailed(f"dead letter {letter.dead_letter_offset} holds no event it can fold "
+                          f"({exc}); discard it") from None
+
+
+@dataclass(frozen=True)
+class Discarded:
+    letter: DeadLetterRecord
+    key: str | None
+    """The key it was held for (None: it held no key back)."""
+    still_held: int
+    """Events the key still waits on (0: it is no longer parked)."""
+
+
+def discard(database_url: str, kafka: KafkaConnection, projection: Projection,
+            dead_letter_offset: int, by: str, reason: str) -> Discarded:
+    """Record that a letter will never be folded, by whom and why. A held event stops holding
+    its key; the key stays parked while it holds others (``retry_key`` folds them)."""
+    topic = projection.dead_letter_topic
+    found = [letter for letter in read_dead_letters(kafka, topic)
+             if letter.dead_letter_offset == dead_letter_offset]
+    if not found:
+        raise LookupError(f"no dead letter at offset {dead_letter_offset} of {topic}")
+    letter = found[0]
+    catalog = ProjectionCatalog(database_url)
+    try:
+        with catalog.locked(projection.name) as conn:
+            version = letter.version or catalog.active(projection.name)
+            key = release(conn, projection.name, version,
+                          [(letter.topic, letter.partition, letter.offset)])
+            resolve(conn, projection.name, [dead_letter_offset], "discarded", by, reason)
+            left = len(held_events(conn, projection.name, version, key)) if key else 0
+    finally:
+        catalog.close()
+    log.info("dlq discard %s letter %d by %s: %s", projection.name, dead_letter_offset, by,
+             reason)
+    return Discarded(letter, key, left)
+
+
+def resolutions_of(database_url: str, name: str) -> dict[int, Resolution]:
+    """What was done with ``name``'s dead letters, by dead-letter offset."""
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        return resolutions(conn, name)

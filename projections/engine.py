@@ -20,7 +20,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, Protocol
@@ -44,6 +44,7 @@ from eventfold.projections.fold import (
     FoldOutcome,
     KeyFolder,
     KeyState,
+    ParkedKey,
     RawRecords,
     SourceRecord,
     lookup_keys,
@@ -93,6 +94,8 @@ class BatchContext:
     database_url: str
     emit_from: Mapping[PartitionKey, int] | None
     committed: Mapping[PartitionKey, int]
+    parked: Mapping[str, ParkedKey] = field(default_factory=dict)
+    """Keys parked behind an event their fold could not apply: their events are held."""
 
 
 def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
@@ -223,16 +226,16 @@ def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.Record
         known = KnownKeys(store)
         known.load({key for key, _ in keyed}, with_watermarks=False)  # the decode task guarded
         known.load_lookups(lookup_keys(plan.projection, (event for _, (_, event) in keyed)))
-    fold_keyed(plan, keyed, known.stored, known.joined, context.emit_from, outcome)
+    fold_keyed(plan, keyed, known.stored, known.joined, context, outcome)
     return task_output.encode(outcome)
 
 
 def fold_keyed(plan: Plan, keyed: Sequence[tuple[str, tuple[SourceRecord, Event]]],
                stored: Mapping[str, KeyState], rows: Mapping[str, Any],
-               emit_from: Mapping[PartitionKey, int] | None, outcome: FoldOutcome) -> None:
+               context: BatchContext, outcome: FoldOutcome) -> None:
     """Fold events grouped by key (each key's events in position order) onto ``stored``,
     joined with the looked-up ``rows``."""
-    folder = KeyFolder(plan, outcome, emit_from)
+    folder = KeyFolder(plan, outcome, context.emit_from, context.parked)
     for key, group in groupby(keyed, key=itemgetter(0)):
         folder.fold(key, stored.get(key), [item for _, item in group], rows)
 
@@ -267,7 +270,7 @@ def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBat
     with _store(context) as store:
         known = KnownKeys(store)
         batch = BatchFold(context.plan, context.committed, known.watermarks,
-                          context.emit_from)
+                          context.emit_from, context.parked)
         for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
             known.load(records.stream_ids(), with_watermarks=True)
             batch.add(records)

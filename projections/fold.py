@@ -80,6 +80,32 @@ class KeyState:
 class DeadLetter:
     record: SourceRecord
     reason: str
+    fold_key: str | None = None
+    """The key it was folded by, when it had one (a re-keyed projection's differs from the
+    record's)."""
+    event_id: str | None = None
+    position: int | None = None
+    """The event's id and global position, when it decoded."""
+    parks: bool = False
+    """Its key is parked behind it or behind an earlier letter: it waits to be retried."""
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedKey:
+    """The first event a parked key could not fold: its later events wait behind it."""
+
+    topic: str
+    partition: int
+    offset: int
+    event_id: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.topic}[{self.partition}]@{self.offset} (event {self.event_id})"
+
+
+NO_PARKED_KEYS: Mapping[str, ParkedKey] = MappingProxyType({})
+PARKED_BEHIND = "parked behind "
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +125,11 @@ class FoldOutcome:
     emissions: list[Emission] = field(default_factory=list)
     watermarks: dict[str, int] = field(default_factory=dict)
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+    parked: dict[str, ParkedKey] = field(default_factory=dict)
+    """Keys this batch parked."""
+    held: set[str] = field(default_factory=set)
+    """Keys parked before this batch whose events it dead-lettered behind them: the batch
+    may commit only while they are still parked."""
     applied: int = 0
     duplicates: int = 0
     skipped: int = 0
@@ -121,10 +152,12 @@ class KeyFolder:
     """Folds the events of one key after another onto their stored states."""
 
     def __init__(self, plan: Plan, outcome: FoldOutcome,
-                 emit_from: Mapping[PartitionKey, int] | None) -> None:
+                 emit_from: Mapping[PartitionKey, int] | None,
+                 parked: Mapping[str, ParkedKey] = NO_PARKED_KEYS) -> None:
         self.plan = plan
         self.outcome = outcome
         self.emit_from = emit_from  # None: this run emits nothing (a replay behind the live one)
+        self.parked = parked  # keys parked before this batch
         self._seen: set[tuple[str, int]] = set()
 
     def fold(self, key: str, stored: KeyState | None,
@@ -149,6 +182,11 @@ class KeyFolder:
         last = 0 if rekeyed else marks.get(key, 0)  # the stream's last version met
         applied = 0
         had_state = False
+        head = self.parked.get(key)
+        if head is not None:
+            outcome.held.add(key)
+        else:
+            head = outcome.parked.get(key)  # parked by an earlier chunk of this batch
         for record, event in items:
             stream_version = event.stream_version
             if rekeyed:
@@ -164,12 +202,22 @@ class KeyFolder:
                 continue
             else:
                 last = stream_version
+            if head is not None:
+                outcome.dead_letters.append(DeadLetter(
+                    with_value(record, event), f"{PARKED_BEHIND}{head}", key, event.event_id,
+                    event.global_position, parks=True))
+                continue
             try:
                 after = step(state, event) if step is not None else None
                 emissions = derive(record, event, state, after) if derive else None
             except Exception as exc:  # a fold's bug must not stop the projection
-                outcome.dead_letters.append(DeadLetter(with_value(record, event),
-                                                       f"fold raised {exc!r}"))
+                reason = f"fold raised {exc!r}"
+                outcome.dead_letters.append(DeadLetter(
+                    with_value(record, event), reason, key, event.event_id,
+                    event.global_position, parks=plan.parks))
+                if plan.parks:
+                    head = outcome.parked[key] = ParkedKey(
+                        record.topic, record.partition, record.offset, event.event_id, reason)
                 continue
             version = version + 1 if rekeyed else stream_version
             position, state = event.global_position, after
@@ -270,9 +318,10 @@ class BatchFold:
     def __init__(self, definition: Plan | Projection,
                  committed_offsets: Mapping[PartitionKey, int] | None = None,
                  watermarks: Mapping[str, int] | None = None,
-                 emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL) -> None:
+                 emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
+                 parked: Mapping[str, ParkedKey] = NO_PARKED_KEYS) -> None:
         self.plan = as_plan(definition)
-        self.folder = KeyFolder(self.plan, FoldOutcome(), emit_from)
+        self.folder = KeyFolder(self.plan, FoldOutcome(), emit_from, parked)
         self.outcome = self.folder.outcome
         self.committed = committed_offsets or {}
         self.watermarks = watermarks if watermarks is not None else {}
@@ -388,18 +437,19 @@ def fold_records(
     watermarks: Mapping[str, int] | None = None,
     lookup_rows: Mapping[str, State] | None = None,
     emit_from: Mapping[PartitionKey, int] | None = EMIT_ALL,
+    parked: Mapping[str, ParkedKey] = NO_PARKED_KEYS,
 ) -> FoldOutcome:
     """Fold topic ``records`` onto ``stored`` states, exactly as one Spark batch would.
 
     ``watermarks`` are the source streams' last applied versions (by default the stored
     versions, which they equal unless the projection re-keys), ``lookup_rows`` the table a
     ``lookup`` joins with, ``emit_from`` the offsets from which derived events are emitted
-    (None: emit nothing).
+    (None: emit nothing), ``parked`` the keys parked before the batch.
     """
     plan = as_plan(projection)
     if watermarks is None and not plan.rekeyed:
         watermarks = {key: ks.version for key, ks in stored.items()}  # the same thing here
-    batch = BatchFold(plan, committed_offsets, watermarks, emit_from)
+    batch = BatchFold(plan, committed_offsets, watermarks, emit_from, parked)
     for run in by_partition(records):
         batch.add(run)
     return batch.fold(stored, lookup_rows)

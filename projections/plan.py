@@ -73,6 +73,12 @@ class Plan:
         return self.projection.name
 
     @property
+    def parks(self) -> bool:
+        """Whether a key whose event the fold could not apply waits for it (``FoldProjection``).
+        """
+        return isinstance(self.projection, FoldProjection) and self.projection.park_on_failure
+
+    @property
     def for_rows(self) -> Pipeline | None:
         """The pipeline of a batch that arrives as rows another reader read (Spark's Kafka
         source), not as partitions a task reads itself: the in-place pipelines need the

@@ -195,9 +195,15 @@ class Projection:
 
 @dataclass(frozen=True)
 class FoldProjection(Projection):
-    """A per-key fold in Python: ``apply(state, event) -> state | None`` (None deletes)."""
+    """A per-key fold in Python: ``apply(state, event) -> state | None`` (None deletes).
+
+    When ``apply`` (or ``derive``) raises, the event is dead-lettered and its key is parked:
+    the key's later events are dead-lettered behind it, unfolded, until ``eventfold dlq
+    retry`` folds them in order (or ``dlq discard`` drops the one that failed), so a key's
+    state never skips an event. ``park_on_failure=False`` folds them on instead."""
 
     apply: Fold = field(kw_only=True)
+    park_on_failure: bool = field(default=True, kw_only=True)
     kind: ClassVar[Kind] = Kind.FOLD
 
 
@@ -339,10 +345,11 @@ def projection(
     name: str, *, sources: Iterable[str], columns: Mapping[str, TypeEngine[Any]],
     event_types: Iterable[str] | None = None, key_by: str | None = None,
     lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
-    ktable_topic: str = "", indexes: Iterable[str] = (),
+    ktable_topic: str = "", indexes: Iterable[str] = (), park_on_failure: bool = True,
 ) -> Callable[[Fold], FoldProjection]:
     """Decorator: turn a fold function (or a ``Dispatch``) into a projection. ``indexes`` are
-    the columns the read model indexes (the read API sorts on them and on the key)."""
+    the columns the read model indexes (the read API sorts on them and on the key);
+    ``park_on_failure`` is ``FoldProjection``'s."""
 
     def wrap(fold: Fold) -> FoldProjection:
         if event_types is None and isinstance(fold, Dispatch):
@@ -352,7 +359,8 @@ def projection(
         return FoldProjection(
             name=name, columns=dict(columns), apply=fold, key_by=key_by, lookup=lookup,
             derive=derive, table=table, ktable_topic=ktable_topic, indexes=tuple(indexes),
-            description=(fold.__doc__ or "").strip(), **_options(sources, handled),
+            park_on_failure=park_on_failure, description=(fold.__doc__ or "").strip(),
+            **_options(sources, handled),
         )
 
     return wrap

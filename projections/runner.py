@@ -45,6 +45,7 @@ from eventfold.projections.kafka_source import (
     planned_ranges,
 )
 from eventfold.projections.limits import STREAMING_MAX_ROWS
+from eventfold.projections.parking import ParkedKeysReleased
 from eventfold.projections.plan import Pipeline, compile_projection
 from eventfold.projections.projection import Projection
 from eventfold.projections.sinks import ReadModelStore, TopicSink
@@ -350,14 +351,23 @@ class ProjectionRunner:
         clock = _PhaseClock()
         emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
                      else None)
-        context = BatchContext(self.plan, self.version, self.executor_database_url,
-                               emit_from, committed)
-        outcome = fold(context)
-        clock.lap("fold")
-        outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
-        if new_outputs := self.topics.write_events(outcome):
-            self.versions.note_outputs(self.projection.name, new_outputs)
-        self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states)
+        while True:
+            context = BatchContext(self.plan, self.version, self.executor_database_url,
+                                   emit_from, committed,
+                                   self.store.parked_keys() if self.plan.parks else {})
+            outcome = fold(context)
+            clock.lap("fold")
+            outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
+            if new_outputs := self.topics.ensure_outputs(outcome):
+                self.versions.note_outputs(self.projection.name, new_outputs)
+            try:
+                self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states,
+                                  produce=self.topics.write_events)
+                break
+            except ParkedKeysReleased as released:
+                log.info("projection %s batch %d: %s (%s); folding the batch again",
+                         self.projection.name, batch_id, released,
+                         ", ".join(sorted(released.keys)[:5]))
         clock.lap("commit")
         self.offsets = {**committed, **outcome.next_offsets}
         if self.settings.metrics:

@@ -4,8 +4,9 @@ Each version of a projection has a state table ``<table>__v<N>`` holding every k
 with its version, deleted keys included (``_deleted``), so the version guard survives a delete,
 and a watermark table ``<table>__v<N>_sources`` (last applied version per source stream, the
 duplicate guard). Users query the view named after the projection: live rows of the active
-version. A batch commits its rows, watermarks, offsets and batch id in one transaction, after
-its KTable rows, dead letters and derived events were produced and flushed.
+version. A batch commits its rows, watermarks, held (parked) events, offsets and batch id in
+one transaction, after its KTable rows, dead letters and derived events were produced and
+flushed inside it.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from eventfold.projections.catalog import (
     read_checkpoint,
     save_checkpoint,
 )
-from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState
+from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState, ParkedKey
+from eventfold.projections.parking import (
+    ParkedKeysReleased,
+    drop_parked,
+    park,
+    parked_keys,
+    still_parked,
+)
 from eventfold.projections.plan import compile_projection
 from eventfold.projections.projection import Projection
 from eventfold.projections.schema import migrate, sources_table, state_table
@@ -114,6 +122,7 @@ class ReadModelStore:
     def drop(self, conn: psycopg.Connection) -> None:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._table, self._sources))
         delete_checkpoint(conn, self.projection.name, self.version)
+        drop_parked(conn, self.projection.name, self.version)
 
     # -- reads ------------------------------------------------------------------------------
     def load(self, keys: Iterable[str]) -> dict[str, KeyState]:
@@ -160,26 +169,43 @@ class ReadModelStore:
     def checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.conn, self.projection.name, self.version)
 
+    def parked_keys(self) -> dict[str, ParkedKey]:
+        return parked_keys(self.conn, self.projection.name, self.version)
+
     # -- the batch commit -------------------------------------------------------------------
     def commit(self, batch_id: int, outcome: FoldOutcome,
-               previous_offsets: Mapping[PartitionKey, int], publish: Publish) -> None:
-        """Rows, watermarks and checkpoint in one transaction; ``publish`` produces the final
-        states (KTable) before it commits, so a crash re-runs the batch instead of losing them.
-        """
+               previous_offsets: Mapping[PartitionKey, int], publish: Publish,
+               produce: Callable[[FoldOutcome], None] = lambda _: None) -> None:
+        """Rows, watermarks, parked keys and checkpoint in one transaction. ``produce`` sends
+        the dead letters and derived events, ``publish`` the final states (KTable), both
+        before it commits, so a crash re-runs the batch instead of losing them.
+
+        Raises ``ParkedKeysReleased``, producing nothing, when a key whose events the batch
+        held back was retried meanwhile (the retry holds the registry row this claims)."""
         offsets = {**previous_offsets, **outcome.next_offsets}
         name = self.projection.name
         with self.conn.transaction():
             claim_batch(self.conn, name, self.version, offsets)
-            final: Mapping[str, KeyState] = {}
-            if outcome.changed:
-                final = self._upsert(outcome.changed)
+            if outcome.held:
+                released = outcome.held - still_parked(self.conn, name, self.version,
+                                                       outcome.held)
+                if released:
+                    raise ParkedKeysReleased(released)
+            produce(outcome)
+            final = self.write_states(outcome.changed)
             if outcome.watermarks:
-                self._save_watermarks(outcome.watermarks)
+                self.save_watermarks(outcome.watermarks)
+            if self.plan.parks and outcome.dead_letters:
+                park(self.conn, name, self.version, outcome.dead_letters)
             publish(final)
             save_checkpoint(self.conn, name, self.version, batch_id, offsets, outcome.applied,
                             len(outcome.dead_letters))
 
-    def _save_watermarks(self, watermarks: Mapping[str, int]) -> None:
+    def write_states(self, changed: Mapping[str, KeyState]) -> Mapping[str, KeyState]:
+        """In the caller's transaction: the keys' states, guarded; the rows as stored."""
+        return self._upsert(changed) if changed else {}
+
+    def save_watermarks(self, watermarks: Mapping[str, int]) -> None:
         stage = sql.Identifier(f"stage_sources_{self.projection.name}")
         self.conn.execute(sql.SQL(
             "CREATE TEMP TABLE IF NOT EXISTS {} (stream_id TEXT, version BIGINT) "
@@ -306,7 +332,7 @@ class TopicSink:
         self.ktable_config = dict(ktable_config or {})
         self.ktable_topic = projection.ktable_topic_for(version)
         self.version = version
-        self._kafka = kafka
+        self.kafka = kafka
         self.producer = Producer(kafka.client_config(**{
             "enable.idempotence": True,
             "linger.ms": 5,
@@ -324,22 +350,25 @@ class TopicSink:
     def delete_topics(self, topics: list[str]) -> None:
         self._admin.delete(topics)
 
-    def write_events(self, outcome: FoldOutcome) -> set[str]:
-        """Dead letters and derived events (output topics are created on first use); returns
-        the output topics this sink had not written to before."""
+    def ensure_outputs(self, outcome: FoldOutcome) -> set[str]:
+        """Create the derived-event topics ``outcome`` writes to on first use; returns those
+        this sink had not written to before."""
+        new_topics = {e.topic for e in outcome.emissions} - self._output_topics
+        if new_topics:
+            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
+            self._output_topics |= new_topics
+        return new_topics
+
+    def write_events(self, outcome: FoldOutcome) -> None:
+        """Dead letters and derived events (their topics made by ``ensure_outputs``)."""
         originals = self._originals(outcome.dead_letters) if outcome.dead_letters else {}
         for letter in outcome.dead_letters:
             record = letter.record
             original = originals.get((record.topic, record.partition, record.offset))
             self._dead_letter(letter if original is None else DeadLetter(
-                record._replace(value=original), letter.reason))
-        new_topics = {e.topic for e in outcome.emissions} - self._output_topics
-        if new_topics:
-            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
-            self._output_topics |= new_topics
+                record._replace(value=original), letter.reason, letter.fold_key))
         for emission in outcome.emissions:
             self._produce(emission.topic, emission.key, emission.value)
-        return new_topics
 
     def write_states(self, states: Mapping[str, KeyState]) -> None:
         """The KTable rows, then a flush of everything: the caller commits only after this."""
@@ -390,7 +419,7 @@ class TopicSink:
             spans[key] = (min(low, offset), max(high, offset))
         wanted = {(r.topic, r.partition, r.offset) for r in (letter.record for letter in letters)}
         found: dict[tuple[str, int, int], str] = {}
-        consumer = Consumer(consumer_config(self._kafka))
+        consumer = Consumer(consumer_config(self.kafka))
         try:
             for (topic, partition), (low, high) in spans.items():
                 if high - low >= _MAX_ORIGINALS_SPAN:
@@ -418,8 +447,9 @@ class TopicSink:
         self._produce(
             self.projection.dead_letter_topic, record.key,
             json.dumps({
-                "projection": self.projection.name, "error": letter.reason,
-                "topic": record.topic, "partition": record.partition, "offset": record.offset,
-                "key": record.key, "value": record.value,
+                "projection": self.projection.name, "version": self.version,
+                "error": letter.reason, "topic": record.topic, "partition": record.partition,
+                "offset": record.offset, "key": record.key, "fold_key": letter.fold_key,
+                "value": record.value,
             }),
         )

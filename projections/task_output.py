@@ -2,7 +2,8 @@
 
 A task's result crosses from a Python worker through the JVM to the driver as an Arrow table
 (``mapInArrow``), so its parts travel as rows of one schema, told apart by ``kind``: a key's
-new state, a dead letter, a derived event, a stream's watermark, and one row of counts.
+new state, a dead letter, a derived event, a stream's watermark, a key parked or held, and one
+row of counts.
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
-from eventfold.projections.fold import DeadLetter, Emission, FoldOutcome, KeyState, SourceRecord
+from eventfold.projections.fold import (
+    DeadLetter,
+    Emission,
+    FoldOutcome,
+    KeyState,
+    ParkedKey,
+    SourceRecord,
+)
 
 
 class Row(StrEnum):
@@ -21,6 +29,8 @@ class Row(StrEnum):
     DEAD_LETTER = "dlq"
     DERIVED = "derived"
     WATERMARK = "watermark"
+    PARKED = "parked"
+    HELD = "held"
     COUNTS = "counts"
 
 
@@ -29,6 +39,7 @@ SCHEMA = pa.schema([
     ("version", pa.int64()), ("position", pa.int64()), ("topic", pa.string()),
     ("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.string()),
     ("reason", pa.string()), ("applied", pa.int64()), ("duplicates", pa.int64()),
+    ("fold_key", pa.string()), ("event_id", pa.string()), ("parks", pa.bool_()),
 ])
 
 
@@ -49,12 +60,19 @@ def _rows(outcome: FoldOutcome) -> Iterator[dict[str, Any]]:
         r = letter.record
         yield {"kind": Row.DEAD_LETTER, "key": r.key, "topic": r.topic,
                "partition": r.partition, "offset": r.offset, "value": r.value,
-               "reason": letter.reason}
+               "reason": letter.reason, "fold_key": letter.fold_key,
+               "event_id": letter.event_id, "position": letter.position,
+               "parks": letter.parks}
     for emission in outcome.emissions:
         yield {"kind": Row.DERIVED, "topic": emission.topic, "key": emission.key,
                "value": emission.value}
     for stream_id, version in outcome.watermarks.items():
         yield {"kind": Row.WATERMARK, "key": stream_id, "version": version}
+    for key, head in outcome.parked.items():
+        yield {"kind": Row.PARKED, "key": key, "topic": head.topic, "partition": head.partition,
+               "offset": head.offset, "value": head.event_id, "reason": head.reason}
+    for key in outcome.held:
+        yield {"kind": Row.HELD, "key": key}
     yield {"kind": Row.COUNTS, "applied": outcome.applied, "duplicates": outcome.duplicates}
 
 
@@ -73,11 +91,17 @@ def decode(table: pa.Table) -> FoldOutcome:
         elif kind == Row.DEAD_LETTER:
             outcome.dead_letters.append(DeadLetter(SourceRecord(
                 row["topic"], row["partition"], row["offset"], key, row["value"]),
-                row["reason"]))
+                row["reason"], row["fold_key"], row["event_id"], row["position"],
+                bool(row["parks"])))
         elif kind == Row.DERIVED:
             outcome.emissions.append(Emission(row["topic"], key, row["value"]))
         elif kind == Row.WATERMARK:
             outcome.see(key, row["version"])
+        elif kind == Row.PARKED:
+            outcome.parked[key] = ParkedKey(row["topic"], row["partition"], row["offset"],
+                                            row["value"], row["reason"])
+        elif kind == Row.HELD:
+            outcome.held.add(key)
         else:
             outcome.applied += row["applied"]
             outcome.duplicates += row["duplicates"]

@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
-from eventfold.projections import KeyState, SourceRecord, fold_in_memory, fold_records, projection
-from eventfold.projections.fold import BatchFold, RawRecords
+import pyarrow as pa
+from eventfold.projections import (
+    KeyState,
+    SourceRecord,
+    fold_in_memory,
+    fold_records,
+    projection,
+    task_output,
+)
+from eventfold.projections.fold import PARKED_BEHIND, BatchFold, ParkedKey, RawRecords
 from sqlalchemy import BigInteger
 
 from eventfold.contract import EventEnvelope
@@ -62,17 +71,66 @@ def test_undecodable_record_is_dead_lettered_and_fold_continues() -> None:
     assert outcome.changed["a"].state == {"quantity": 5}
 
 
-def test_fold_that_raises_is_dead_lettered_with_its_event() -> None:
-    bad = stock("a", 1, 5, 0)
-    bad = SourceRecord(bad.topic, bad.partition, bad.offset, bad.key,
-                       bad.value.replace('\\"quantity\\": 5', '\\"quantity\\": \\"many\\"'))
-    outcome = fold_records(inventory_totals, {}, [bad, stock("a", 2, 1, 1)])
-    assert len(outcome.dead_letters) == 1
-    letter = outcome.dead_letters[0]
-    assert "fold raised" in letter.reason
-    assert EventEnvelope.decode(letter.record.key, letter.record.value) == EventEnvelope.decode(
+def poisoned(record: SourceRecord) -> SourceRecord:
+    """``record`` with a quantity the inventory fold cannot add."""
+    return record._replace(value=record.value.replace('\\"quantity\\": 5',
+                                                      '\\"quantity\\": \\"many\\"'))
+
+
+def test_fold_that_raises_is_dead_lettered_with_its_event_and_parks_its_key() -> None:
+    bad = poisoned(stock("a", 2, 5, 1))
+    outcome = fold_records(inventory_totals, {}, [stock("a", 1, 4, 0), bad, stock("a", 3, 1, 2),
+                                                  stock("b", 1, 5, 3)])
+    failed, parked = outcome.dead_letters
+    assert "fold raised" in failed.reason
+    assert EventEnvelope.decode(failed.record.key, failed.record.value) == EventEnvelope.decode(
         bad.key, bad.value, with_metadata=False)
+    assert parked.record.offset == 2
+    assert parked.reason == f"{PARKED_BEHIND}{TOPIC}[0]@1 (event a-2)"
+    assert (failed.fold_key, parked.fold_key) == ("a", "a")
+    assert outcome.parked == {"a": ParkedKey(TOPIC, 0, 1, "a-2", failed.reason)}
+    # The key keeps what it folded before the failure; other keys fold on.
+    assert outcome.changed["a"] == KeyState({"quantity": 4}, 1, 1)
+    assert outcome.changed["b"].state == {"quantity": 5}
+    assert outcome.watermarks["a"] == 3  # met: a redelivery is a duplicate, not a new letter
+
+
+def test_a_projection_that_opts_out_folds_on_after_a_failure() -> None:
+    folds_on = replace(inventory_totals, park_on_failure=False)
+    outcome = fold_records(folds_on, {}, [poisoned(stock("a", 1, 5, 0)), stock("a", 2, 1, 1)])
+    assert len(outcome.dead_letters) == 1
+    assert outcome.parked == {}
     assert outcome.changed["a"].state == {"quantity": 1}
+
+
+def test_events_of_a_key_parked_before_the_batch_wait_behind_it() -> None:
+    head = ParkedKey(TOPIC, 0, 0, "a-1", "fold raised ValueError()")
+    outcome = fold_records(inventory_totals, {}, [stock("a", 2, 1, 1), stock("b", 1, 2, 2)],
+                           parked={"a": head})
+    assert [(d.record.offset, d.reason) for d in outcome.dead_letters] == [
+        (1, f"{PARKED_BEHIND}{head}")]
+    assert outcome.held == {"a"}
+    assert outcome.parked == {}  # parked already: its head stays the first event
+    assert "a" not in outcome.changed and outcome.changed["b"].state == {"quantity": 2}
+
+
+def test_a_key_parked_in_one_chunk_stays_parked_in_the_next() -> None:
+    batch = BatchFold(inventory_totals)
+    for record in (poisoned(stock("a", 1, 5, 0)), stock("a", 2, 1, 1)):
+        batch.add(RawRecords(TOPIC, 0, [record.offset], [record.key], [record.value]))
+        batch.fold({})
+    assert [d.record.offset for d in batch.outcome.dead_letters] == [0, 1]
+    assert "a" not in batch.outcome.changed
+
+
+def test_parked_keys_and_fold_keys_cross_from_tasks_to_the_driver() -> None:
+    outcome = fold_records(inventory_totals, {}, [poisoned(stock("a", 1, 5, 0)),
+                                                  stock("a", 2, 1, 1), stock("c", 1, 1, 2)],
+                           parked={"c": ParkedKey(TOPIC, 0, 9, "c-0", "fold raised")})
+    decoded = task_output.decode(pa.Table.from_batches([task_output.encode(outcome)]))
+    assert decoded.parked == outcome.parked
+    assert decoded.held == outcome.held == {"c"}
+    assert decoded.dead_letters == outcome.dead_letters
 
 
 def test_envelopes_off_the_usual_shape_fold_like_the_usual_ones() -> None:

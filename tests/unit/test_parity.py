@@ -24,7 +24,13 @@ from eventfold.projections import (
     fold_records,
 )
 from eventfold.projections.decode import decode_events, decoded_schema, records_table
-from eventfold.projections.engine import aggregation_outcome, columns, decoded_rows, fold_keyed
+from eventfold.projections.engine import (
+    BatchContext,
+    aggregation_outcome,
+    columns,
+    decoded_rows,
+    fold_keyed,
+)
 from eventfold.projections.fold import FoldOutcome, SourceRecord, by_partition
 from eventfold.projections.partial import PartitionAggregate, partial_schema
 from hypothesis import HealthCheck, given, settings
@@ -54,7 +60,7 @@ def arrow_outcome(plan: Plan, records: list[SourceRecord]) -> FoldOutcome:
                                                   ("globalPosition", "ascending")]))
     outcome = FoldOutcome()
     keyed = list(decoded_rows(columns(events), outcome))
-    fold_keyed(plan, keyed, {}, LOOKUP_ROWS, {}, outcome)
+    fold_keyed(plan, keyed, {}, LOOKUP_ROWS, BatchContext(plan, 1, "", {}, {}), outcome)
     return outcome
 
 

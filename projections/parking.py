@@ -1,0 +1,148 @@
+"""Parked keys and dead-letter resolutions (migration 0009), and the only code that reads or
+writes their tables.
+
+A fold projection parks a key when its fold raises: the event is dead-lettered and so is every
+later event of the key, held until ``dead_letters.retry_key`` folds them in order (or the
+failing one is discarded). Batches read the parked keys when they start and hold new letters
+in their commit's transaction, so the table lists exactly the letters of committed batches; a
+batch that held back the events of a key unparked meanwhile does not commit
+(``ParkedKeysReleased``) and folds again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from eventfold.projections.fold import DeadLetter, ParkedKey
+from psycopg import sql
+
+PARKED_TABLE = "parked_events"
+RESOLUTIONS_TABLE = "dead_letter_resolutions"
+
+_PARKED = sql.Identifier(PARKED_TABLE)
+_RESOLUTIONS = sql.Identifier(RESOLUTIONS_TABLE)
+_OF_VERSION = sql.SQL("projection = %s AND version = %s")
+_SOURCE = ("source_topic", "source_partition", "source_offset")
+
+
+class ParkedKeysReleased(RuntimeError):
+    """Keys this batch held back as parked were unparked (retried) while it ran."""
+
+    def __init__(self, keys: set[str]) -> None:
+        self.keys = keys
+        super().__init__(f"{len(keys)} parked key(s) were retried while the batch ran")
+
+
+@dataclass(frozen=True)
+class HeldEvent:
+    """A dead-lettered event its key waits on, by where it is in its source topic."""
+
+    topic: str
+    partition: int
+    offset: int
+    event_id: str
+    position: int
+    reason: str
+
+
+def parked_keys(conn: psycopg.Connection, name: str, version: int) -> dict[str, ParkedKey]:
+    """The keys of ``name`` v``version`` parked now, each with the first event it waits on."""
+    query = sql.SQL("""
+        SELECT DISTINCT ON (key) key, source_topic, source_partition, source_offset, event_id,
+               reason
+        FROM {} WHERE {} ORDER BY key, global_position""").format(_PARKED, _OF_VERSION)
+    with conn.transaction():
+        return {key: ParkedKey(*head) for key, *head in conn.execute(query, (name, version))}
+
+
+def still_parked(conn: psycopg.Connection, name: str, version: int, keys: Iterable[str]
+                 ) -> set[str]:
+    rows = conn.execute(sql.SQL("SELECT DISTINCT key FROM {} WHERE {} AND key = ANY(%s)")
+                        .format(_PARKED, _OF_VERSION), (name, version, list(keys)))
+    return {key for (key,) in rows}
+
+
+def park(conn: psycopg.Connection, name: str, version: int,
+         letters: Iterable[DeadLetter]) -> None:
+    """In the batch's transaction: hold the letters that park their keys (a batch run again
+    after a crash holds the same ones once)."""
+    rows = [(name, version, letter.fold_key, letter.record.topic, letter.record.partition,
+             letter.record.offset, letter.event_id, letter.position, letter.reason)
+            for letter in letters if letter.parks]
+    if not rows:
+        return
+    with conn.cursor() as cursor:
+        cursor.executemany(sql.SQL(
+            "INSERT INTO {} (projection, version, key, source_topic, source_partition, "
+            "source_offset, event_id, global_position, reason) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(_PARKED),
+            rows)
+
+
+def held_events(conn: psycopg.Connection, name: str, version: int, key: str
+                ) -> list[HeldEvent]:
+    """In the caller's transaction: ``key``'s held events in position order, their rows
+    locked."""
+    rows = conn.execute(sql.SQL(
+        "SELECT source_topic, source_partition, source_offset, event_id, global_position, "
+        "reason FROM {} WHERE {} AND key = %s ORDER BY global_position FOR UPDATE")
+        .format(_PARKED, _OF_VERSION), (name, version, key))
+    return [HeldEvent(*row) for row in rows]
+
+
+def release(conn: psycopg.Connection, name: str, version: int,
+            sources: Iterable[tuple[str, int, int]]) -> str | None:
+    """In the caller's transaction: stop holding the events at ``sources``; the key they
+    were held for (None: none was held there)."""
+    keys = {key for (key,) in conn.execute(sql.SQL(
+        "DELETE FROM {} WHERE {} AND (source_topic, source_partition, source_offset) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[])) RETURNING key")
+        .format(_PARKED, _OF_VERSION), (name, version, *map(list, zip(*sources, strict=True))))}
+    return next(iter(keys), None)
+
+
+def drop_parked(conn: psycopg.Connection, name: str, version: int) -> None:
+    """A dropped version's parked keys go with it."""
+    conn.execute(sql.SQL("DELETE FROM {} WHERE {}").format(_PARKED, _OF_VERSION),
+                 (name, version))
+
+
+def parked_counts(conn: psycopg.Connection, versions: Mapping[str, int]
+                  ) -> dict[str, tuple[int, int]]:
+    """(parked keys, events held) of each projection's given version."""
+    if not versions:
+        return {}
+    rows = conn.execute(sql.SQL(
+        "SELECT projection, count(DISTINCT key), count(*) FROM {} "
+        "WHERE (projection, version) IN (SELECT * FROM unnest(%s::text[], %s::int[])) "
+        "GROUP BY projection").format(_PARKED), (list(versions), list(versions.values())))
+    return {name: (int(keys), int(events)) for name, keys, events in rows}
+
+
+@dataclass(frozen=True)
+class Resolution:
+    action: str  # retried | discarded
+    resolved_by: str
+    reason: str
+    resolved_at: datetime
+
+
+def resolve(conn: psycopg.Connection, name: str, dead_letter_offsets: Iterable[int],
+            action: str, by: str, reason: str = "") -> None:
+    """Record what was done with dead letters (the first resolution of a letter stands)."""
+    with conn.cursor() as cursor:
+        cursor.executemany(sql.SQL(
+            "INSERT INTO {} (projection, dead_letter_offset, action, resolved_by, reason) "
+            "VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(_RESOLUTIONS),
+            [(name, offset, action, by, reason) for offset in dead_letter_offsets])
+
+
+def resolutions(conn: psycopg.Connection, name: str) -> dict[int, Resolution]:
+    """What was done with ``name``'s dead letters, by dead-letter offset."""
+    query = sql.SQL("SELECT dead_letter_offset, action, resolved_by, reason, resolved_at "
+                    "FROM {} WHERE projection = %s").format(_RESOLUTIONS)
+    with conn.transaction():
+        return {offset: Resolution(*rest) for offset, *rest in conn.execute(query, (name,))}

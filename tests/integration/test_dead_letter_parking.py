@@ -1,0 +1,180 @@
+"""A poison event parks its key, and `eventfold dlq retry|discard` act on it, in CLI processes
+beside a streaming `projection run`, as a team works: the key's later events wait (they are
+dead-lettered behind it) while other keys fold on; after the fold is fixed, a retry folds the
+held events in order, while commands for the key keep coming, and the key folds on live
+again; a retry whose fold still fails changes nothing; a discarded event is never folded.
+The read model and KTable end equal to a fold of the event store with the fixed fold."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+
+import pytest
+from eventfold.local_stack.process import stop_pid
+from eventfold.projections import projection
+from eventfold.projections.catalog import ProjectionCatalog
+from eventfold.projections.fold import (
+    PARKED_BEHIND,
+    DeadLetter,
+    FoldOutcome,
+    ParkedKey,
+    SourceRecord,
+)
+from eventfold.projections.parking import ParkedKeysReleased, release
+from eventfold.projections.sinks import ReadModelStore
+from sqlalchemy import BigInteger, create_engine
+from sqlalchemy.exc import ProgrammingError
+
+from examples.inventory import ReceiveStock
+from tests.integration.test_cli import eventfold, stack_env
+from tests.kafka_helpers import read_table
+from tests.packaging import ROOT
+from tests.pipeline_helpers import rows, store_totals, wait_for
+
+
+def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
+        inventory_app, stack_settings, tmp_path, unique) -> None:
+    name = f"parking_{unique}"
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    fixed = {**env, "EVENTFOLD_TEST_FOLD_FIXED": "1"}
+    engine = create_engine(stack_settings.database_url)
+    bus = inventory_app.command_bus(stack_settings)
+    poisoned, discarded, hopeless, healthy = (f"{unique}-{k}" for k in ("x", "z", "w", "y"))
+
+    def receive(product: str, *quantities: int) -> None:
+        for quantity in quantities:
+            bus.execute(ReceiveStock(product=product, quantity=quantity))
+
+    def folded() -> dict[str, object]:
+        try:
+            return rows(engine, name, unique, "quantity")
+        except ProgrammingError:  # before the first batch made the table
+            return {}
+
+    def letters() -> list[dict]:
+        listed = eventfold("dlq", "list", name, "--json", env=env, timeout=60)
+        assert listed.returncode == 0, listed.stderr[-2000:]
+        return [e for e in json.loads(listed.stdout) if e["key"].startswith(unique)]
+
+    receive(poisoned, 5, 13, 7, 2)
+    receive(discarded, 13, 2)
+    receive(hopeless, 13, 1)
+    receive(healthy, 4)
+    log_path = tmp_path / "run.log"
+    run = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run", name],
+                           env=env, stdout=log_path.open("wb"), stderr=subprocess.STDOUT,
+                           cwd=ROOT)
+    try:
+        # The poison event parks its key: the state stays at what came before it, the key's
+        # later events are dead-lettered behind it, other keys fold on.
+        wait_for(lambda: folded().get(healthy) == 4 and len(letters()) == 7,
+                 "the healthy key folded and 7 letters written", timeout_s=240)
+        receive(poisoned, 1)  # parked too: it waits behind the poison event
+        wait_for(lambda: len(letters()) == 8, "the parked key's new event dead-lettered")
+        assert folded() == {poisoned: 5, healthy: 4}
+        mine = [e for e in letters() if e["key"] == poisoned]
+        assert [e["status"] for e in mine] == ["pending"] * 4
+        assert "13 units: unlucky" in mine[0]["error"]
+        assert all(e["error"].startswith("parked behind eventfold.events.Product[")
+                   for e in mine[1:]), mine
+
+        # A retry with the fold still broken changes nothing and says why.
+        failed = eventfold("dlq", "retry", name, hopeless, env=env, timeout=120)
+        assert failed.returncode == 1 and "still fails" in failed.stderr, failed.stderr[-2000:]
+        assert hopeless not in folded()
+
+        # The fold is fixed: the retry folds the held events in order while commands for the
+        # key keep coming (the live run holds them back or folds them after the retry).
+        stop = threading.Event()
+        sent_during: list[int] = []
+
+        def keep_receiving() -> None:
+            while not stop.is_set() and len(sent_during) < 40:
+                receive(poisoned, 1)
+                sent_during.append(1)
+                stop.wait(0.05)
+
+        sender = threading.Thread(target=keep_receiving)
+        sender.start()
+        try:
+            retried = eventfold("dlq", "retry", name, poisoned, env=fixed, timeout=180)
+        finally:
+            stop.set()
+            sender.join()
+        assert retried.returncode == 0, retried.stderr[-3000:]
+        assert "no longer parked" in retried.stdout
+        expected = 5 + 13 + 7 + 2 + 1 + len(sent_during)
+        wait_for(lambda: folded().get(poisoned) == expected,
+                 f"the retried key to fold on live up to {expected}", timeout_s=120)
+        receive(poisoned, 3)  # unparked: the live run folds it
+        wait_for(lambda: folded().get(poisoned) == expected + 3, "a new event folded live")
+        ktable = read_table(stack_settings.kafka, f"eventfold.ktable.{name}")
+        assert ktable[poisoned] == {"quantity": expected + 3}
+        assert all(e["status"].startswith("retried by ")
+                   for e in letters() if e["key"] == poisoned and e["dead_letter_offset"] in
+                   {m["dead_letter_offset"] for m in mine})
+
+        # Discard the poison event of another key: it still waits on its later event until a
+        # retry folds that one; the discarded one is never folded.
+        head = next(e for e in letters() if e["key"] == discarded and "unlucky" in e["error"])
+        dropped = eventfold("dlq", "discard", name, str(head["dead_letter_offset"]),
+                            "--reason", "a test delivery", "--by", "tester", env=env,
+                            timeout=120)
+        assert dropped.returncode == 0, dropped.stderr[-2000:]
+        assert "still waits on 1 event" in dropped.stdout
+        status = {e["dead_letter_offset"]: e["status"] for e in letters()}
+        assert status[head["dead_letter_offset"]] == "discarded by tester (a test delivery)"
+        assert eventfold("dlq", "retry", name, discarded, env=env, timeout=120).returncode == 0
+        wait_for(lambda: folded().get(discarded) == 2, "the discarded key's later event folded")
+        assert eventfold("dlq", "retry", name, discarded, env=env,
+                         timeout=60).returncode == 1  # not parked any more
+
+        # Everything equals a fold of the event store with the fixed fold, less the discarded
+        # event; the hopeless key (still parked on its first event) has no row.
+        expected_rows = dict(store_totals(engine, "Product", "quantity", unique))
+        expected_rows[discarded] -= 13
+        del expected_rows[hopeless]
+        assert folded() == expected_rows
+        assert run.poll() is None, log_path.read_text()[-3000:]
+    finally:
+        stop_pid(run.pid, what="projection run", timeout_s=90)
+        engine.dispose()
+
+
+def test_a_batch_that_held_back_a_key_retried_meanwhile_does_not_commit(
+        stack_settings, unique) -> None:
+    """The race a retry has with a live batch: the batch read the key as parked when it
+    started, a retry unparked it before the batch committed. The batch must not commit (its
+    letters would strand the key's events): it produces nothing and raises, to fold again."""
+    name = f"held_{unique}"
+    held = projection(name, sources=["Product"], columns={"quantity": BigInteger()})(
+        lambda state, _event: state)
+    catalog = ProjectionCatalog(stack_settings.database_url)
+    catalog.register(name)
+    catalog.close()
+    topic = "eventfold.events.Product"
+    with ReadModelStore(stack_settings.database_url, held, 1) as store:
+        store.ensure_schema()
+        failed = DeadLetter(SourceRecord(topic, 0, 5, "k", None), "fold raised ValueError()",
+                            "k", "k-1", 6, parks=True)
+        store.commit(0, FoldOutcome(dead_letters=[failed], next_offsets={(topic, 0): 6}), {},
+                     publish=lambda _states: None)
+        head = ParkedKey(topic, 0, 5, "k-1", "fold raised ValueError()")
+        assert store.parked_keys() == {"k": head}
+
+        later = DeadLetter(SourceRecord(topic, 0, 6, "k", None), f"{PARKED_BEHIND}{head}", "k",
+                           "k-2", 7, parks=True)
+        batch = FoldOutcome(dead_letters=[later], held={"k"}, next_offsets={(topic, 0): 7})
+        with store.conn.transaction():  # what a retry does, holding the registry row
+            release(store.conn, name, 1, [(topic, 0, 5)])
+        produced: list[FoldOutcome] = []
+        with pytest.raises(ParkedKeysReleased):
+            store.commit(1, batch, {(topic, 0): 6}, publish=lambda _states: None,
+                         produce=produced.append)
+        assert produced == []
+        assert store.committed_offsets() == {(topic, 0): 6}
+        assert store.parked_keys() == {}
