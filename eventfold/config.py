@@ -1,4 +1,5 @@
-"""One configuration object per process, read from EVENTFOLD_* environment variables.
+"""One configuration object per process: ``Settings``, a pydantic-settings model read from
+EVENTFOLD_* environment variables over an optional ``eventfold.toml``.
 
 Endpoints default to the local stack started by ``eventfold stack up`` (its state file holds
 the ports it picked); production sets them explicitly. The README documents every variable.
@@ -10,12 +11,19 @@ import json
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, get_type_hints
+from typing import TYPE_CHECKING, Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
 from eventfold.outbox.topics import Replication
@@ -56,27 +64,30 @@ def _config_file(env: Mapping[str, str]) -> tuple[dict[str, object], Path | None
         values = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}") from None
-    unknown = sorted(set(values) - {f.name for f in fields(Settings)})
+    unknown = sorted(set(values) - set(Settings.model_fields))
     if unknown:
         raise ConfigError(f"{path}: unknown setting(s) {', '.join(unknown)}; the settings are "
-                          f"{', '.join(f.name for f in fields(Settings))}")
+                          f"{', '.join(Settings.model_fields)}")
     return values, path
 
 
 _KINDS = {bool: "true or false (also 1/0, yes/no, on/off)", int: "an integer",
           Path: "a path", str: "text"}
 
-
-def _typed(kind: type, raw: object, where: str) -> object:
-    try:
-        return TypeAdapter(kind).validate_python(raw)
-    except ValidationError:
-        raise ConfigError(f"{where} must be {_KINDS.get(kind, kind.__name__)}, "
-                          f"not {raw!r}") from None
+_ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("eventfold_environment",
+                                                                default=None)
+"""The variables ``Settings.from_env`` was given in place of the process's environment."""
 
 
-@dataclass(frozen=True)
-class Settings:
+class Settings(BaseSettings):
+    """Every setting of an Eventfold process. Constructed directly, keyword arguments win over
+    ``EVENTFOLD_<FIELD>`` variables, which win over ``eventfold.toml`` (or the file
+    ``EVENTFOLD_CONFIG`` names), which wins over the defaults. A value of the wrong type is a
+    ``ConfigError`` naming where it came from, never a silent default."""
+
+    model_config = SettingsConfigDict(env_prefix="EVENTFOLD_", env_ignore_empty=True,
+                                      frozen=True, extra="forbid")
+
     app: str = "examples.inventory:app"
     database_url: str = ""
     read_database_url: str = ""
@@ -92,7 +103,7 @@ class Settings:
     spark_master: str = "local[2]"
     spark_conf: str = ""
     spark_source: str = "eventfold"
-    stack_dir: Path = DEFAULT_STACK_DIR
+    stack_dir: Path = Field(default_factory=lambda: find_stack_dir(Path.cwd()))
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
     trigger_interval: str = "500 milliseconds"
@@ -117,28 +128,44 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "text"
 
+    def __init__(self, **values: Any) -> None:
+        environment = _ENVIRONMENT.get()
+        env = os.environ if environment is None else environment
+        from_file, file_path = _config_file(env)
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_explain(exc, values, env, from_file, file_path)) from None
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environment = _ENVIRONMENT.get()
+        if environment is not None:  # from_env's variables stand in for the process's
+            env_settings = InitSettingsSource(settings_cls, {
+                name: value for name in cls.model_fields
+                if (value := environment.get(f"EVENTFOLD_{name.upper()}"))})
+        _, file_path = _config_file(os.environ if environment is None else environment)
+        if file_path is None:
+            return init_settings, env_settings
+        return init_settings, env_settings, TomlConfigSettingsSource(settings_cls, file_path)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """``EVENTFOLD_<FIELD>`` variables, over the optional ``eventfold.toml`` (or the file
-        ``EVENTFOLD_CONFIG`` names), over the defaults. A value of the wrong type is an error
-        naming where it came from, never a silent default."""
-        env = os.environ if environ is None else environ
-        from_file, file_path = _config_file(env)
-        values: dict[str, object] = {}
-        for name, kind in get_type_hints(cls).items():
-            variable = f"EVENTFOLD_{name.upper()}"
-            raw: object = env.get(variable)
-            where = variable
-            if raw is None or raw == "":
-                if name not in from_file:
-                    continue
-                raw, where = from_file[name], f"{name} in {file_path}"
-            values[name] = _typed(kind, raw, where)
-        if "stack_dir" not in values:
-            values["stack_dir"] = find_stack_dir(Path.cwd())
-        settings = cls(**values)  # type: ignore[arg-type]
-        settings.check()
-        return settings
+        """The settings of this process's environment, or of ``environ`` in its place."""
+        token = _ENVIRONMENT.set(None if environ is None else dict(environ))
+        try:
+            return cls()
+        finally:
+            _ENVIRONMENT.reset(token)
+
+    @model_validator(mode="after")
+    def _checked(self) -> Settings:
+        self.check()
+        return self
 
     def check(self) -> None:
         """Parse the structured settings once, so that a bad value fails at start, naming
@@ -209,8 +236,32 @@ class Settings:
         )
 
     def replace(self, **changes: object) -> Settings:
-        return type(self)(**{**{f.name: getattr(self, f.name) for f in fields(self)}, **changes})
+        """A copy with ``changes``, validated (and its derived values computed) anew."""
+        return type(self)(**{**self.model_dump(), **changes})
 
     @property
     def database_url_for_connect(self) -> str:
         return self.connect_database_url or self.database_url
+
+
+def _explain(error: ValidationError, given: Mapping[str, Any], env: Mapping[str, str],
+             from_file: Mapping[str, object], file_path: Path | None) -> str:
+    """What is wrong, naming where each bad value came from."""
+    problems = []
+    for problem in error.errors():
+        name = str(problem["loc"][0]) if problem["loc"] else ""
+        variable = f"EVENTFOLD_{name.upper()}"
+        if name in given:
+            where, raw = f"Settings({name}=...)", given[name]
+        elif env.get(variable):
+            where, raw = variable, env[variable]
+        elif name in from_file:
+            where, raw = f"{name} in {file_path}", from_file[name]
+        else:
+            where, raw = name, problem.get("input")
+        field = Settings.model_fields.get(name)
+        kind = field.annotation if field is not None else None
+        wanted = _KINDS.get(kind, getattr(kind, "__name__", "")) if isinstance(kind, type) else ""
+        problems.append(f"{where} must be {wanted}, not {raw!r}" if wanted
+                        else f"{where}: {problem['msg']}")
+    return "; ".join(problems)

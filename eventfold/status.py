@@ -152,11 +152,19 @@ def projection_entry(found: ProjectionStatus, building: int | None,
         stale = f"{found.lag:,} events wait and the last batch was {age:.0f} s ago"
     return {"name": found.name, "version": found.version, "building_version": building,
             "lag": found.lag, "events_applied": found.events_applied,
-            "dead_letters": found.dead_letters,
+            "dead_letters": found.dead_letters, "parked_keys": found.parked_keys,
+            "held_events": found.held_events,
             "last_batch_at": (found.last_batch_at.isoformat(timespec="seconds")
                               if found.last_batch_at else None),
             "last_batch_age_s": round(age, 1) if age is not None else None,
             "rows": found.rows, "stale": stale}
+
+
+def _dead_letters(entry: dict[str, Any]) -> str:
+    if not entry["dead_letters"]:
+        return "0"
+    parked = (f", {entry['parked_keys']:,} keys parked" if entry["parked_keys"] else "")
+    return f"[yellow]{entry['dead_letters']:,}{parked}[/]"
 
 
 def render(status: PipelineStatus, console: Console) -> None:
@@ -197,8 +205,7 @@ def render(status: PipelineStatus, console: Console) -> None:
         last = "never" if age is None else f"{age:,.0f} s ago"
         projections.add_row(p["name"], version,
                             f"[red]{p['lag']:,}[/]" if p["stale"] else f"{p['lag']:,}", last,
-                            f"[yellow]{p['dead_letters']:,}[/]" if p["dead_letters"]
-                            else "0", "" if p["rows"] is None else f"{p['rows']:,}")
+                            _dead_letters(p), "" if p["rows"] is None else f"{p['rows']:,}")
     console.print(projections)
     readers = Table(title="Read API instances serving KTables", title_justify="left")
     for column in ("instance", "KTables", "last heartbeat"):

@@ -9,9 +9,10 @@ Format name ``eventfold-kafka``. Options:
 - ``ending_offsets``: offsets as JSON at which an ``availableNow`` run stops (a replay catching
   up to the live version's position); partitions not named are read to their end
 - ``rows``: ``records`` (default): one row per message; ``ranges``: the source is an offset
-  planner, one row per planned input partition (``topic, partition, start, end``), and the
-  reader of the batch reads the ranges itself (the projection runner: its tasks read and fold
-  a range in one pass, where rows handed over by Spark would cross into the JVM and back)
+  planner: each planned range (``topic, partition, start, end``) is repeated once per record
+  it covers, so Spark's query progress counts records, and the reader of the batch reads the
+  ranges itself (the projection runner: its tasks read and fold a range in one pass, where
+  the records handed over by Spark would cross into the JVM and back)
 
 Each micro-batch covers one offset range per partition, and each range is one Spark input
 partition. Offsets are ``{"topic": {"partition": next_offset}}``; Spark keeps them in its
@@ -22,7 +23,7 @@ checkpoint, so a restarted query resumes where the last committed batch ended. B
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -32,7 +33,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 from eventfold.projections.decode import text_column
 from eventfold.projections.fold import RawRecords
-from pyspark.sql import Row
+from pyspark.sql import DataFrame
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -86,6 +87,7 @@ RANGE_ARROW_SCHEMA = pa.schema([
     pa.field("end", pa.int64(), nullable=False),
 ])
 READ_CHUNK = 5_000
+RANGE_ROWS_CHUNK = 100_000
 READ_TIMEOUT_S = 120.0
 
 
@@ -159,19 +161,28 @@ def _consumer(kafka: KafkaConnection) -> Consumer:
 
 def read_partition(kafka: KafkaConnection, partition: InputPartition,
                    ranges: bool) -> Iterator[pa.RecordBatch]:
-    """An input partition's rows: its range itself, or the range's messages."""
+    """An input partition's rows: its range, or the range's messages."""
     assert isinstance(partition, OffsetRange)
     if not ranges:
         return read_range(kafka, partition)
-    if partition.end <= partition.start:
-        return iter(())
-    return iter([pa.RecordBatch.from_pylist(
-        [{"topic": partition.topic, "partition": partition.partition,
-          "start": partition.start, "end": partition.end}], schema=RANGE_ARROW_SCHEMA)])
+    return range_rows(partition)
 
 
-def planned_ranges(rows: Iterable[Row]) -> list[OffsetRange]:
-    """The ranges a ``rows=ranges`` batch's DataFrame holds, collected."""
+def range_rows(rng: OffsetRange) -> Iterator[pa.RecordBatch]:
+    """The range as one row per record it covers, every row naming the whole range: Spark's
+    query progress counts a batch's input rows, so it counts its records. No record is read,
+    and a row is a few bytes of Arrow."""
+    columns = (pa.scalar(rng.topic, pa.string()), pa.scalar(rng.partition, pa.int32()),
+               pa.scalar(rng.start, pa.int64()), pa.scalar(rng.end, pa.int64()))
+    for first in range(rng.start, rng.end, RANGE_ROWS_CHUNK):
+        rows = min(RANGE_ROWS_CHUNK, rng.end - first)
+        yield pa.RecordBatch.from_arrays([pa.repeat(value, rows) for value in columns],
+                                         schema=RANGE_ARROW_SCHEMA)
+
+
+def planned_ranges(batch: DataFrame) -> list[OffsetRange]:
+    """The ranges a ``rows=ranges`` batch's DataFrame holds (each once)."""
+    rows = batch.distinct().collect()
     return [OffsetRange(r["topic"], r["partition"], r["start"], r["end"]) for r in rows]
 
 

@@ -258,7 +258,7 @@ class ProjectionRunner:
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
         """One micro-batch. ``batch`` holds the offset ranges Spark planned, one row per
         partition with new records; the tasks read their ranges themselves."""
-        planned = planned_ranges(batch.collect())
+        planned = planned_ranges(batch)
         committed = self.store.committed_offsets()
         unread = [OffsetRange(r.topic, r.partition,
                               max(r.start, committed.get((r.topic, r.partition), 0)), r.end)

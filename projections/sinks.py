@@ -39,6 +39,7 @@ from eventfold.projections.parking import (
     ParkedKeysReleased,
     drop_parked,
     park,
+    parked_counts,
     parked_keys,
     still_parked,
 )
@@ -171,6 +172,12 @@ class ReadModelStore:
 
     def parked_keys(self) -> dict[str, ParkedKey]:
         return parked_keys(self.conn, self.projection.name, self.version)
+
+    def parked_counts(self) -> tuple[int, int]:
+        """(keys parked, events they hold)."""
+        with self.conn.transaction():
+            return parked_counts(self.conn, {self.projection.name: self.version}).get(
+                self.projection.name, (0, 0))
 
     # -- the batch commit -------------------------------------------------------------------
     def commit(self, batch_id: int, outcome: FoldOutcome,

@@ -35,6 +35,9 @@ class ProjectionStatus:
     rows: int | None
     partitions: list[PartitionLag]
     outputs: dict[str, object]
+    parked_keys: int = 0
+    held_events: int = 0
+    """Keys waiting behind an event their fold raised on, and the events they hold."""
 
     @property
     def lag(self) -> int:
@@ -45,13 +48,21 @@ class ProjectionStatus:
         rows = "no read model yet" if self.rows is None else f"{self.rows:,} rows"
         lines = [f"{self.name} v{self.version}: lag {self.lag:,} events, "
                  f"{self.events_applied:,} applied, "
-                 f"{self.dead_letters:,} dead letters, {rows}, last batch {last}"
+                 f"{self.dead_letters:,} dead letters{self._parked()}, {rows}, "
+                 f"last batch {last}"
                  + (f" (#{self.batch_id})" if self.batch_id is not None else "")]
         lines += [f"  {p.topic}[{p.partition}]: at {p.committed:,} of {p.end:,} (lag {p.lag:,})"
                   for p in self.partitions]
         lines += [f"  {what}: {', '.join(v) if isinstance(v, list) else v}"
                   for what, v in self.outputs.items() if v]
         return "\n".join(lines)
+
+
+    def _parked(self) -> str:
+        if not self.parked_keys:
+            return ""
+        return (f" ({self.parked_keys:,} keys parked, holding {self.held_events:,} events: "
+                f"`eventfold dlq list {self.name}`)")
 
 
 def projection_status(projection: Projection, database_url: str,
@@ -65,6 +76,7 @@ def projection_status(projection: Projection, database_url: str,
         checkpoint = store.checkpoint()
         committed = checkpoint.offsets if checkpoint else {}
         rows = store.live_rows()
+        parked, held = store.parked_counts()
     planner = OffsetPlanner(kafka)
     try:
         partitions = planner.partitions(projection.source_topics)
@@ -82,6 +94,8 @@ def projection_status(projection: Projection, database_url: str,
         partitions=[PartitionLag(t, p, committed.get((t, p), 0), ends[(t, p)])
                     for t, p in partitions],
         outputs=projection_outputs(projection, version, derived),
+        parked_keys=parked,
+        held_events=held,
     )
 
 

@@ -3,7 +3,6 @@ retries, database outages and shutdown."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import subprocess
@@ -118,7 +117,7 @@ def test_business_rule_violation_is_422_and_writes_nothing(client, store, unique
 
 
 def test_oversized_body_is_413(inventory_app, stack_settings, store) -> None:
-    small = dataclasses.replace(stack_settings, max_body_bytes=1000)
+    small = stack_settings.replace(max_body_bytes=1000)
     with TestClient(inventory_app.command_api(small)) as limited:
         before = total_events(store)
         response = limited.post("/commands/ReceiveStock",
@@ -138,7 +137,7 @@ def test_oversized_body_is_413(inventory_app, stack_settings, store) -> None:
 
 
 def test_bearer_token_is_required_when_configured(inventory_app, stack_settings, unique) -> None:
-    secured = dataclasses.replace(stack_settings, api_token="s3cret")
+    secured = stack_settings.replace(api_token="s3cret")
     with TestClient(inventory_app.command_api(secured)) as api:
         body = {"product": unique, "quantity": 1}
         assert api.post("/commands/ReceiveStock", json=body).status_code == 401

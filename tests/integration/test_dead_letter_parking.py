@@ -76,6 +76,8 @@ def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
         receive(poisoned, 1)  # parked too: it waits behind the poison event
         wait_for(lambda: len(letters()) == 8, "the parked key's new event dead-lettered")
         assert folded() == {poisoned: 5, healthy: 4}
+        shown = eventfold("projection", "status", name, env=env, timeout=60)
+        assert "3 keys parked, holding 8 events" in shown.stdout, shown.stdout
         mine = [e for e in letters() if e["key"] == poisoned]
         assert [e["status"] for e in mine] == ["pending"] * 4
         assert "13 units: unlucky" in mine[0]["error"]

@@ -130,6 +130,25 @@ def test_restart_gives_exact_totals_with_redelivered_events(
     assert ktable_totals(stack_settings, projection.ktable_topic, unique) == expected
 
 
+def test_sparks_query_progress_counts_the_records_of_each_batch(
+        inventory_app, stack_settings, spark, unique) -> None:
+    """Our source plans offset ranges and the tasks read them, yet Spark's own progress (its UI,
+    its listeners) reports the records each batch covered, not the ranges."""
+    projection = copy_of(inventory_totals, unique)
+    send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 1) for i in range(12)])
+    wait_until_in_topic(stack_settings, "Product", unique, 12)
+    runner = make_runner(spark, stack_settings, projection, max_rows_per_batch=1_000)
+    try:
+        query = runner.start(once=True)
+        assert query.awaitTermination(600) and query.exception() is None
+        progress = [p for p in query.recentProgress if p.numInputRows]
+    finally:
+        runner.close()
+    read = sum(runner.offsets.values())  # a new projection reads every partition from 0
+    assert read >= 12 and len(progress) == runner.batches >= 1
+    assert sum(p.numInputRows for p in progress) == read
+
+
 def test_lost_spark_checkpoint_does_not_double_count(
         inventory_app, stack_settings, spark, engine, unique) -> None:
     projection = copy_of(inventory_totals, unique)
