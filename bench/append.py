@@ -16,7 +16,7 @@ second from as many Python client processes (http.client), which take CPU from t
 Each client sends commands to 200 products of its own, and touches them all once before the
 clock starts, so the figures are steady state (aggregates cached, as in a running service).
 
-    .venv/bin/python -m bench.append [--seconds 10]
+    .venv/bin/python -m bench.append [--seconds 10] [--outbox-design events_table|outbox_table]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from typing import Any
 
 from eventfold.local_stack import postgres
 from eventfold.local_stack.process import free_port, stop_pid, wait_until
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign, switch_design
 
 from bench.common import PRODUCTS_PER_CLIENT, WrkResult, run_wrk, threaded_round
 from bench.eventsourcing_reference import eventsourcing_threads
@@ -295,6 +296,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--http-workers", type=int, default=1,
                         help="command API processes (the product default: 1)")
+    parser.add_argument("--outbox-design", choices=list(OutboxDesign),
+                        default=DEFAULT_OUTBOX_DESIGN.value,
+                        help="the append function's design: the events table captured "
+                             "directly, or an outbox row per event")
     args = parser.parse_args()
     work_dir = Path(tempfile.mkdtemp(prefix="eventfold-append-"))
     port = free_port()
@@ -309,6 +314,7 @@ def main() -> None:
 def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
     database_url = dsn.replace("postgresql://", "postgresql+psycopg://")
     migrations.upgrade(database_url)
+    switch_design(database_url, OutboxDesign(args.outbox_design))
     subprocess.run([str(postgres.find_bin_dir() / "psql"), dsn, "-qc",
                     "CREATE TABLE bench_insert (id BIGINT GENERATED ALWAYS AS IDENTITY "
                     "PRIMARY KEY, v INT)"], check=True)
@@ -367,6 +373,7 @@ def run(dsn: str, args: argparse.Namespace, work_dir: Path) -> None:
     print(f"vs eventsourcing 9.5 at 8 clients: Python API "
           f"{eight['python'] / eight['eventsourcing']:.1f}x")
     print(json.dumps({
+        "outbox_design": args.outbox_design,
         "python_api_commands_per_s": round(eight["python"]),
         "http_commands_per_s": round(eight["http"]),
         "http_p50_ms": eight["http_p50_ms"], "http_p99_ms": eight["http_p99_ms"],

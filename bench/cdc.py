@@ -1,9 +1,11 @@
-"""CDC benchmark on a stack of its own: outbox commit -> topic. Live rates while writing
-(500-event transactions, and single-event commands from 8 writers), backlog drain after the
-connector was paused, commit-to-consumer latency of single commands, and lost events.
+"""CDC benchmark on a stack of its own: append commit -> topic, for one outbox design. Live
+rates while writing (500-event transactions, and single-event commands from 8 writers),
+backlog drain after the connector was paused, commit-to-consumer latency of single commands,
+and lost events.
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.cdc [--events 50000] [--latency-commands 300] [--at-least-once]
+        [--outbox-design events_table|outbox_table]
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from confluent_kafka import Consumer, TopicPartition
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign, switch_design
 from eventfold.outbox.kafka import OffsetPlanner, consume_available, consumer_config, read_messages
 from eventfold.outbox.operations import ConnectorOperations
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
@@ -110,6 +113,10 @@ def main() -> None:
     parser.add_argument("--latency-commands", type=int, default=300)
     parser.add_argument("--live-rate", type=float, default=12_000,
                         help="offered write rate of the paced live run, events/s")
+    parser.add_argument("--outbox-design", choices=list(OutboxDesign),
+                        default=DEFAULT_OUTBOX_DESIGN.value,
+                        help="how appends reach the WAL: the events table captured directly, "
+                             "or an outbox row per event")
     parser.add_argument("--at-least-once", action="store_true",
                         help="run the connector without exactly-once support, to measure what "
                              "the per-poll Kafka transactions cost")
@@ -124,8 +131,10 @@ def main() -> None:
         operations = ConnectorOperations(
             ConnectClient(endpoints.connect_url),
             OutboxConnectorSpec(database_url=endpoints.database_url, name="bench-outbox",
-                                slot_name="bench_outbox", exactly_once=not args.at_least_once),
+                                slot_name="bench_outbox", exactly_once=not args.at_least_once,
+                                design=OutboxDesign(args.outbox_design)),
             TopicAdmin(kafka))
+        switch_design(endpoints.database_url, operations.spec.design, operations)
         operations.apply()
         run(EventStore.from_url(endpoints.database_url, pool_size=8), operations, kafka, args)
     finally:
@@ -199,6 +208,7 @@ def run(store: EventStore, operations: ConnectorOperations, kafka: KafkaConnecti
         "lost_events": report.missing_count,
         "duplicate_events": report.duplicate_count,
         "exactly_once": not args.at_least_once,
+        "outbox_design": args.outbox_design,
     }))
 
 

@@ -26,6 +26,7 @@ from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.logs import CorrelationIds
 from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
+from eventfold.outbox.design import OutboxDesign, switch_design
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.operations import ConnectorOperations
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
@@ -80,12 +81,14 @@ class Eventfold:
         return OutboxConnectorSpec(database_url=settings.database_url_for_connect,
                                    name=settings.connector_name,
                                    slot_name=settings.connector_name.replace("-", "_"),
-                                   password_ref=settings.connect_database_password)
+                                   password_ref=settings.connect_database_password,
+                                   design=OutboxDesign(settings.outbox_design))
 
     def setup(self, settings: Settings, fix_topics: bool = False) -> None:
-        """Migrate the database, create event topics, apply the CDC connector (idempotent).
-        Topics that exist are checked against the configs they need; ``fix_topics`` alters
-        them instead of refusing."""
+        """Migrate the database, install the outbox design, create event topics, apply the
+        CDC connector (idempotent). Topics that exist are checked against the configs they
+        need; ``fix_topics`` alters them instead of refusing. A database on another outbox
+        design is switched over with its connector (``outbox.design.switch_design``)."""
         migrations.upgrade(settings.database_url)
         log.info("database migrated")
         admin = TopicAdmin(settings.kafka, settings.replication)
@@ -95,7 +98,9 @@ class Eventfold:
             ensure_projection_topics(admin, projection,
                                      ktable_config=_ktable_topic_config(settings),
                                      fix=fix_topics)
-        self.connector(settings).apply()
+        connector = self.connector(settings)
+        switch_design(settings.database_url, connector.spec.design, connector)
+        connector.apply()
 
     def connector(self, settings: Settings) -> ConnectorOperations:
         return ConnectorOperations(ConnectClient(settings.connect_url),

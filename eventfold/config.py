@@ -26,6 +26,7 @@ from pydantic_settings import (
 )
 
 from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.outbox.topics import Replication
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ class Settings(BaseSettings):
     connect_database_url: str = ""
     connect_database_password: str = ""
     connector_name: str = "eventfold-outbox"
+    outbox_design: str = DEFAULT_OUTBOX_DESIGN.value
     spark_master: str = "local[2]"
     spark_conf: str = ""
     spark_source: str = "eventfold"
@@ -177,6 +179,9 @@ class Settings(BaseSettings):
                 raise ConfigError(str(exc)) from None
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"EVENTFOLD_LOG_FORMAT is text or json, not {self.log_format!r}")
+        if self.outbox_design not in tuple(OutboxDesign):
+            raise ConfigError(f"EVENTFOLD_OUTBOX_DESIGN is one of "
+                              f"{', '.join(OutboxDesign)}, not {self.outbox_design!r}")
         if self.spark_source not in SPARK_SOURCES:
             raise ConfigError(f"EVENTFOLD_SPARK_SOURCE is one of {', '.join(SPARK_SOURCES)}, "
                               f"not {self.spark_source!r}")

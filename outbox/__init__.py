@@ -1,7 +1,9 @@
-"""Outbox: change data capture from the Postgres outbox into Kafka, and Kafka's client side.
+"""Outbox: change data capture from the event store into Kafka, and Kafka's client side.
 
 Owns, one module each:
 
+- ``design``: the outbox design of a database (the events table captured directly, or an
+  outbox table) and the switch between them;
 - ``connector``: the declarative Debezium connector spec and its Kafka Connect configuration,
   and the Connect REST client (``requests``);
 - ``operations``: applying, diffing, pausing and checking the connector;
@@ -17,7 +19,7 @@ The envelope of event-topic messages and the topic names are ``eventfold.contrac
 package exports nothing itself: a Spark worker that needs ``kafka`` loads neither ``requests``
 nor the connector's side.
 
-May import: ``write_model.persistence.schema`` (table and publication names),
+May import: ``write_model.persistence.schema`` (table, publication and lock names),
 ``eventfold.contract``, confluent-kafka, requests, prometheus-client. It never imports
 projections or read_api.
 """

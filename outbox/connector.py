@@ -9,25 +9,40 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
-from eventfold.write_model.persistence.schema import (
-    HEARTBEAT_TABLE,
-    OUTBOX_PUBLICATION,
-    OUTBOX_TABLE,
-)
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
+from eventfold.write_model.persistence.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION
 from sqlalchemy.engine import make_url
 
 from eventfold.contract import DEFAULT_TOPIC_PREFIX
 
 log = logging.getLogger(__name__)
 
-ENVELOPE_FIELDS = {
-    "type": "eventType",
-    "id": "eventId",
-    "stream_version": "streamVersion",
-    "global_position": "globalPosition",
-    "recorded_at": "recordedAt",
-    "schema_version": "schemaVersion",
-    "metadata": "metadata",
+@dataclass(frozen=True)
+class RoutedColumns:
+    """The captured table's columns the router reads: the message's key, payload, topic
+    (by aggregate type) and id, and the ones placed in the envelope, by envelope field."""
+
+    key: str
+    payload: str
+    aggregate_type: str
+    event_id: str
+    envelope: tuple[tuple[str, str], ...]
+    excluded: tuple[str, ...] = ()
+    """Columns left out of the change events (types Debezium does not carry)."""
+
+
+_ENVELOPE = (("stream_version", "streamVersion"), ("global_position", "globalPosition"),
+             ("recorded_at", "recordedAt"), ("schema_version", "schemaVersion"),
+             ("metadata", "metadata"))
+ROUTED_COLUMNS = {
+    # Column names follow the router's defaults.
+    OutboxDesign.OUTBOX_TABLE: RoutedColumns(
+        "aggregateid", "payload", "aggregatetype", "id",
+        (("type", "eventType"), ("id", "eventId"), *_ENVELOPE)),
+    OutboxDesign.EVENTS_TABLE: RoutedColumns(
+        "stream_id", "data", "stream_type", "event_id",
+        (("event_type", "eventType"), ("event_id", "eventId"), *_ENVELOPE),
+        excluded=("tx_id",)),  # xid8: only the store's own readers need it
 }
 
 
@@ -44,7 +59,7 @@ class OutboxConnectorSpec:
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     slot_name: str = "eventfold_outbox"
     publication_name: str = OUTBOX_PUBLICATION
-    outbox_table: str = f"public.{OUTBOX_TABLE}"
+    design: OutboxDesign = DEFAULT_OUTBOX_DESIGN
     heartbeat_table: str = f"public.{HEARTBEAT_TABLE}"
     heartbeat_interval_ms: int = 10_000
     poll_interval_ms: int = 50
@@ -70,7 +85,11 @@ class OutboxConnectorSpec:
                 "provider, not its plain config: set EVENTFOLD_CONNECT_DATABASE_PASSWORD to a "
                 "reference such as ${file:/etc/kafka/secrets.properties:password} (and "
                 "configure that provider on the workers)")
-        placement = ",".join(f"{col}:envelope:{field}" for col, field in ENVELOPE_FIELDS.items())
+        columns = ROUTED_COLUMNS[self.design]
+        captured = f"public.{self.design.captured_table}"
+        placement = ",".join(f"{col}:envelope:{field}" for col, field in columns.envelope)
+        excluded = ({"column.exclude.list": ",".join(f"{captured}.{c}" for c in columns.excluded)}
+                    if columns.excluded else {})
         return {
             "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
             "tasks.max": "1",
@@ -86,7 +105,8 @@ class OutboxConnectorSpec:
             "publication.name": self.publication_name,
             # The publication is created by a migration, not by the connector.
             "publication.autocreate.mode": "disabled",
-            "table.include.list": f"{self.outbox_table},{self.heartbeat_table}",
+            "table.include.list": f"{captured},{self.heartbeat_table}",
+            **excluded,
             # An idle outbox must not pin WAL: the heartbeat writes to a published table, so
             # the slot's confirmed position moves on with the rest of the database.
             "heartbeat.interval.ms": str(self.heartbeat_interval_ms),
@@ -103,15 +123,16 @@ class OutboxConnectorSpec:
             "value.converter.schemas.enable": "false",
             "transforms": "outbox",
             "transforms.outbox.type": "io.debezium.transforms.outbox.EventRouter",
-            # The router sees outbox rows only; heartbeat rows pass through to their topic.
+            # The router sees captured rows only; heartbeat rows pass through to their topic.
             "transforms.outbox.predicate": "isOutbox",
             "predicates": "isOutbox",
             "predicates.isOutbox.type":
                 "org.apache.kafka.connect.transforms.predicates.TopicNameMatches",
-            "predicates.isOutbox.pattern": f".*\\.{self.outbox_table.split('.')[-1]}$",
-            "transforms.outbox.table.field.event.key": "aggregateid",
-            "transforms.outbox.table.field.event.payload": "payload",
-            "transforms.outbox.route.by.field": "aggregatetype",
+            "predicates.isOutbox.pattern": f".*\\.{self.design.captured_table}$",
+            "transforms.outbox.table.field.event.id": columns.event_id,
+            "transforms.outbox.table.field.event.key": columns.key,
+            "transforms.outbox.table.field.event.payload": columns.payload,
+            "transforms.outbox.route.by.field": columns.aggregate_type,
             "transforms.outbox.route.topic.replacement": f"{self.topic_prefix}${{routedByValue}}",
             "transforms.outbox.table.expand.json.payload": "false",
             "transforms.outbox.table.fields.additional.placement": placement,

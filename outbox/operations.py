@@ -210,9 +210,13 @@ class ConnectorOperations:
         slot's WAL, and a connector applied again must start afresh, not resume from them.
         With ``keep_slot`` the offsets stay too, so a later ``apply`` resumes without loss.
         The publication belongs to the migrations."""
-        if not keep_slot and self.client.status(self.spec.name) is not None:
+        if self.client.status(self.spec.name) is not None:
+            # Stopped first, so that no task is starting when the config goes: Connect 4.1
+            # cannot fence the zombies of a task that starts while its connector is deleted,
+            # and every later offset reset of that name then fails until the worker restarts.
             self.client.stop(self.spec.name)
-            self.client.reset_offsets(self.spec.name)
+            if not keep_slot:
+                self.client.reset_offsets(self.spec.name)
         deleted = self.client.delete(self.spec.name)
         if keep_slot:
             return deleted

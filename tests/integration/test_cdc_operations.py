@@ -1,6 +1,8 @@
 """Outbox CDC that a team can operate: connector lifecycle through the Connect REST API, and
-delivery guarantees when the worker or the database restarts. These tests restart components,
-so they run on a stack of their own."""
+delivery guarantees when the worker or the database restarts, for each outbox design (the
+events table captured directly, and the outbox table), and a switch between them while
+commands flow. These tests restart components, so they run on a stack of their own (one per
+design)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import pytest
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
+from eventfold.outbox.design import OutboxDesign, installed_design, switch_design
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.operations import ConnectorOperations, ConnectorStatus
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
@@ -38,8 +41,9 @@ class CdcStack:
     store: EventStore
 
 
-@pytest.fixture(scope="module")
-def cdc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdcStack]:
+@pytest.fixture(scope="module", params=list(OutboxDesign))
+def cdc(request: pytest.FixtureRequest,
+        tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdcStack]:
     stack = LocalStack(tmp_path_factory.mktemp("cdc") / "stack")
     endpoints = stack.up()
     kafka = KafkaConnection.of(endpoints.kafka_bootstrap)
@@ -47,9 +51,11 @@ def cdc(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CdcStack]:
         migrations.upgrade(endpoints.database_url)
         TopicAdmin(kafka).ensure([TOPIC], EVENT_TOPIC_CONFIG, partitions=4)
         spec = OutboxConnectorSpec(database_url=endpoints.database_url, name="cdc-outbox",
-                                   slot_name="cdc_outbox", heartbeat_interval_ms=1000)
+                                   slot_name="cdc_outbox", heartbeat_interval_ms=1000,
+                                   design=request.param)
         operations = ConnectorOperations(ConnectClient(endpoints.connect_url), spec,
                                          TopicAdmin(kafka))
+        switch_design(endpoints.database_url, request.param, operations)  # installs it
         assert operations.apply().action == "created"
         yield CdcStack(stack, endpoints.database_url, kafka, operations,
                        EventStore.from_url(endpoints.database_url))
@@ -188,6 +194,34 @@ def test_postgres_restart_while_the_connector_runs_delivers_everything(cdc, uniq
     result = writing_while(cdc, unique, cdc.stack.restart_postgres)
     assert result.expected == 3000
     assert (result.missing_count, result.out_of_order) == (0, {})
+
+
+def test_switching_design_while_commands_flow_loses_and_duplicates_nothing(cdc, unique) -> None:
+    """The switch holds appends until the connector has published everything written before
+    it, installs the other design and reconfigures the connector: each event goes out once,
+    by one design or the other, in order."""
+    design = cdc.operations.spec.design
+    other = next(d for d in OutboxDesign if d is not design)
+    switched = ConnectorOperations(cdc.operations.client,
+                                   dataclasses.replace(cdc.operations.spec, design=other),
+                                   cdc.operations.topics)
+    took: list[float] = []
+
+    def switch() -> None:
+        started = time.monotonic()
+        assert switch_design(cdc.database_url, other, switched) is design
+        took.append(time.monotonic() - started)
+
+    try:
+        result = writing_while(cdc, unique, switch)
+        with psycopg.connect(libpq_url(cdc.database_url)) as conn:
+            assert installed_design(conn) is other
+        print(f"switch {design} -> {other} in {took[0]:.1f} s: {result.summary()}")
+        assert result.expected == 3000
+        assert (result.missing_count, result.duplicate_count, result.out_of_order) == (0, 0, {})
+    finally:
+        switch_design(cdc.database_url, design, cdc.operations)  # back, for what follows
+        assert cdc.operations.apply().action == "unchanged"
 
 
 def test_delete_and_reapply_with_the_same_slot_resumes_without_loss(cdc, unique) -> None:

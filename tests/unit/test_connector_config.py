@@ -1,14 +1,24 @@
 import pytest
 from eventfold.outbox.connector import OutboxConnectorSpec
+from eventfold.outbox.design import OutboxDesign
 from eventfold.outbox.operations import config_diff, describe_diff
 
 SECRET_REF = "${file:/etc/kafka/secrets.properties:shop.password}"
 
 
-def test_renders_debezium_outbox_config() -> None:
+# What the router reads in each design: (captured table, key, route by, id, type column).
+ROUTED = {
+    OutboxDesign.EVENTS_TABLE: ("events", "stream_id", "stream_type", "event_id", "event_type"),
+    OutboxDesign.OUTBOX_TABLE: ("outbox", "aggregateid", "aggregatetype", "id", "type"),
+}
+
+
+@pytest.mark.parametrize("design", list(OutboxDesign))
+def test_renders_debezium_outbox_config(design: OutboxDesign) -> None:
     spec = OutboxConnectorSpec(
         database_url="postgresql+psycopg://app:s3cret@db.internal:6543/shop",
-        name="shop-outbox", slot_name="shop_slot", password_ref=SECRET_REF)
+        name="shop-outbox", slot_name="shop_slot", password_ref=SECRET_REF, design=design)
+    table, key, route_by, event_id, event_type = ROUTED[design]
     config = spec.config()
     assert config["connector.class"] == "io.debezium.connector.postgresql.PostgresConnector"
     assert (config["database.hostname"], config["database.port"]) == ("db.internal", "6543")
@@ -19,23 +29,27 @@ def test_renders_debezium_outbox_config() -> None:
     assert config["slot.name"] == "shop_slot"
     assert config["publication.name"] == "eventfold_outbox"
     assert config["publication.autocreate.mode"] == "disabled"
-    assert config["table.include.list"] == "public.outbox,public.eventfold_heartbeat"
+    assert config["table.include.list"] == f"public.{table},public.eventfold_heartbeat"
     assert config["heartbeat.interval.ms"] == "10000"
     assert "eventfold_heartbeat" in config["heartbeat.action.query"]
     assert config["transforms.outbox.predicate"] == "isOutbox"
-    assert config["predicates.isOutbox.pattern"] == r".*\.outbox$"
+    assert config["predicates.isOutbox.pattern"] == rf".*\.{table}$"
     assert spec.heartbeat_topics == ["__debezium-heartbeat.shop-outbox",
                                      "shop-outbox.public.eventfold_heartbeat"]
     assert config["snapshot.mode"] == "no_data"
     assert config["tombstones.on.delete"] == "false"
     assert config["transforms.outbox.type"] == "io.debezium.transforms.outbox.EventRouter"
-    assert config["transforms.outbox.table.field.event.key"] == "aggregateid"
-    assert config["transforms.outbox.route.by.field"] == "aggregatetype"
+    assert config["transforms.outbox.table.field.event.key"] == key
+    assert config["transforms.outbox.route.by.field"] == route_by
+    assert config["transforms.outbox.table.field.event.id"] == event_id
     replacement = config["transforms.outbox.route.topic.replacement"]
     assert replacement == "eventfold.events.${routedByValue}"
     placement = config["transforms.outbox.table.fields.additional.placement"].split(",")
-    assert "id:envelope:eventId" in placement
-    assert "type:envelope:eventType" in placement
+    assert f"{event_id}:envelope:eventId" in placement
+    assert f"{event_type}:envelope:eventType" in placement
+    # xid8 is not a type Debezium carries; only the store's own readers need it.
+    assert config.get("column.exclude.list") == (
+        "public.events.tx_id" if design is OutboxDesign.EVENTS_TABLE else None)
     assert "stream_version:envelope:streamVersion" in placement
     assert all(isinstance(v, str) for v in config.values())
 

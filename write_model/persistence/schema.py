@@ -1,4 +1,4 @@
-"""Table and publication names of the event store and its outbox.
+"""Table, publication and lock names of the event store and its outbox.
 
 The outbox columns follow what Debezium's outbox EventRouter expects (id, aggregatetype,
 aggregateid, type, payload) plus the event's stream version, global position and record time,
@@ -11,3 +11,6 @@ EVENTS_TABLE = "events"
 OUTBOX_TABLE = "outbox"
 OUTBOX_PUBLICATION = "eventfold_outbox"
 HEARTBEAT_TABLE = "eventfold_heartbeat"
+OUTBOX_DESIGN_TABLE = "eventfold_outbox_design"
+OUTBOX_DESIGN_LOCK = 7_262_291
+"""The advisory lock every append holds shared and an outbox design switch exclusively."""
