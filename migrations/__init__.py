@@ -38,3 +38,13 @@ def revision_module(filename: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def apply_edits(text: str, edits: list[tuple[str, str]], revision: str) -> str:
+    """``text`` (an earlier revision's SQL) with each (old, new) edit made; each old text must
+    occur exactly once, so that an edit never lands somewhere unintended."""
+    for old, new in edits:
+        if text.count(old) != 1:
+            raise RuntimeError(f"{revision}: expected one occurrence of {old[:60]!r}")
+        text = text.replace(old, new)
+    return text

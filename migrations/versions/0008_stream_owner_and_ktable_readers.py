@@ -19,7 +19,7 @@ Create Date: 2026-11-23
 """
 
 from alembic import op
-from eventfold.migrations import revision_module
+from eventfold.migrations import apply_edits, revision_module
 
 revision = "0008"
 down_revision = "0007"
@@ -73,15 +73,7 @@ _EDITS = [
 ]
 
 
-def _apply_edits(text: str) -> str:
-    for old, new in _EDITS:
-        if text.count(old) != 1:
-            raise RuntimeError(f"0008: expected one occurrence of {old[:60]!r}")
-        text = text.replace(old, new)
-    return text
-
-
-APPEND_UNITS = _apply_edits(_PREVIOUS)
+APPEND_UNITS = apply_edits(_PREVIOUS, _EDITS, "0008")
 
 
 def upgrade() -> None:

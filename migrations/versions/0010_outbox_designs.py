@@ -17,7 +17,7 @@ Create Date: 2026-11-24
 """
 
 from alembic import op
-from eventfold.migrations import revision_module
+from eventfold.migrations import apply_edits, revision_module
 from eventfold.write_model.persistence.schema import OUTBOX_DESIGN_LOCK
 
 revision = "0010"
@@ -61,20 +61,13 @@ _EDITS = [
 ]
 
 
-def _apply_edits(text: str) -> str:
-    for old, new in _EDITS:
-        if text.count(old) != 1:
-            raise RuntimeError(f"0010: expected one occurrence of {old[:60]!r}")
-        text = text.replace(old, new)
-    return text
-
-
 def _named(text: str, design: str) -> str:
     return text.replace("FUNCTION eventfold_append_units(",
                         f"FUNCTION eventfold_append_units_{design}(", 1)
 
 
-APPEND_UNITS_EVENTS_TABLE = _named(_apply_edits(APPEND_UNITS_OUTBOX_TABLE), "events_table")
+APPEND_UNITS_EVENTS_TABLE = _named(apply_edits(APPEND_UNITS_OUTBOX_TABLE, _EDITS, "0010"),
+                                   "events_table")
 OUTBOX_TABLE_BODY = _named(APPEND_UNITS_OUTBOX_TABLE, "outbox_table")
 
 DISPATCH = f"""
