@@ -256,8 +256,8 @@ class ProjectionRunner:
             batch.unpersist()
 
     def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch. ``batch`` holds the offset ranges Spark planned, one row per
-        partition with new records; the tasks read their ranges themselves."""
+        """One micro-batch. ``batch`` holds the offset ranges Spark planned (each once per
+        record it covers, so that Spark counts records); the tasks read the ranges."""
         planned = planned_ranges(batch)
         committed = self.store.committed_offsets()
         unread = [OffsetRange(r.topic, r.partition,
@@ -358,16 +358,8 @@ class ProjectionRunner:
             outcome = fold(context)
             clock.lap("fold")
             outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
-            if new_outputs := self.topics.ensure_outputs(outcome):
-                self.versions.note_outputs(self.projection.name, new_outputs)
-            try:
-                self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states,
-                                  produce=self.topics.write_events)
+            if self._commit(batch_id, committed, outcome):
                 break
-            except ParkedKeysReleased as released:
-                log.info("projection %s batch %d: %s (%s); folding the batch again",
-                         self.projection.name, batch_id, released,
-                         ", ".join(sorted(released.keys)[:5]))
         clock.lap("commit")
         self.offsets = {**committed, **outcome.next_offsets}
         if self.settings.metrics:
@@ -383,6 +375,22 @@ class ProjectionRunner:
         if self.is_active and time.monotonic() >= self._next_cleanup:
             self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
             self.versions.delete_retired_topics(self.topics.delete_topics)
+
+    def _commit(self, batch_id: int, committed: dict[PartitionKey, int],
+                outcome: FoldOutcome) -> bool:
+        """Commit the batch's outcome; False when a key it held back as parked was retried
+        meanwhile (nothing was written: the batch is to be folded again)."""
+        if new_outputs := self.topics.ensure_outputs(outcome):
+            self.versions.note_outputs(self.projection.name, new_outputs)
+        try:
+            self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states,
+                              produce=self.topics.write_events)
+        except ParkedKeysReleased as released:
+            log.info("projection %s batch %d: %s (%s); folding the batch again",
+                     self.projection.name, batch_id, released,
+                     ", ".join(sorted(released.keys)[:5]))
+            return False
+        return True
 
     def _slices_fold(self, batch_id: int, slices: Sequence[SourceSlice]
                      ) -> Callable[[BatchContext], FoldOutcome]:

@@ -91,7 +91,8 @@ def fold_in_two_batches(spark, database_url: str, plan: Plan, pipeline: Pipeline
     with ReadModelStore(database_url, plan.projection, 1) as store:
         store.ensure_schema()
         for batch_id, half in enumerate(_in_two_batches(log)):
-            context = BatchContext(plan, 1, database_url, {}, dict(committed))
+            context = BatchContext(plan, 1, database_url, {}, dict(committed),
+                                   store.parked_keys())  # as the runner does
             slices = [MemorySlice(tuple(run)) for run in _partitions(half)]
             outcome = run_pipeline(spark, pipeline, slices, context)
             outcome.next_offsets = {(r.topic, r.partition): r.offset + 1 for r in half}
