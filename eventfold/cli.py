@@ -459,15 +459,13 @@ def _dlq(settings: Settings, args: argparse.Namespace) -> int:
     offset = _letter_offset(args.target)
     if args.action == "discard":
         return _dlq_discard(settings, projection, offset, args)
-    from eventfold.projections.dead_letters import read_dead_letters
+    from eventfold.projections.dead_letters import find_dead_letter
 
-    found = [letter for letter in read_dead_letters(settings.kafka,
-                                                    projection.dead_letter_topic)
-             if letter.dead_letter_offset == offset]
-    if not found:
-        raise ConfigError(f"no dead letter at offset {offset} of "
-                          f"{projection.dead_letter_topic}")
-    print(json.dumps(found[0].as_json(with_event=True), indent=2, default=str))
+    try:
+        letter = find_dead_letter(settings.kafka, projection.dead_letter_topic, offset)
+    except LookupError as exc:
+        raise ConfigError(str(exc)) from None
+    print(json.dumps(letter.as_json(with_event=True), indent=2, default=str))
     return 0
 
 

@@ -131,13 +131,13 @@ class Settings(BaseSettings):
     log_format: str = "text"
 
     def __init__(self, **values: Any) -> None:
-        environment = _ENVIRONMENT.get()
-        env = os.environ if environment is None else environment
-        from_file, file_path = _config_file(env)
         try:
             super().__init__(**values)
         except ValidationError as exc:
-            raise ConfigError(_explain(exc, values, env, from_file, file_path)) from None
+            # The file is read again only to say where a bad value came from.
+            environment = _ENVIRONMENT.get()
+            env = os.environ if environment is None else environment
+            raise ConfigError(_explain(exc, values, env, *_config_file(env))) from None
 
     @classmethod
     def settings_customise_sources(

@@ -95,6 +95,14 @@ def read_dead_letters(kafka: KafkaConnection, topic: str,
     return letters
 
 
+def find_dead_letter(kafka: KafkaConnection, topic: str, offset: int) -> DeadLetterRecord:
+    """The letter at ``offset`` of ``topic``; LookupError when there is none."""
+    for letter in read_dead_letters(kafka, topic):
+        if letter.dead_letter_offset == offset:
+            return letter
+    raise LookupError(f"no dead letter at offset {offset} of {topic}")
+
+
 # -- acting on them: retry a parked key, discard a letter ---------------------------------------
 
 class RetryFailed(RuntimeError):
@@ -220,12 +228,7 @@ def discard(database_url: str, kafka: KafkaConnection, projection: Projection,
             dead_letter_offset: int, by: str, reason: str) -> Discarded:
     """Record that a letter will never be folded, by whom and why. A held event stops holding
     its key; the key stays parked while it holds others (``retry_key`` folds them)."""
-    topic = projection.dead_letter_topic
-    found = [letter for letter in read_dead_letters(kafka, topic)
-             if letter.dead_letter_offset == dead_letter_offset]
-    if not found:
-        raise LookupError(f"no dead letter at offset {dead_letter_offset} of {topic}")
-    letter = found[0]
+    letter = find_dead_letter(kafka, projection.dead_letter_topic, dead_letter_offset)
     catalog = ProjectionCatalog(database_url)
     try:
         with catalog.locked(projection.name) as conn:
