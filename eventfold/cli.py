@@ -662,6 +662,7 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_arguments(args)
         settings = Settings.from_env()
         configure_logging(settings.log_level, settings.log_format)
         return int(args.run(settings, args))
@@ -678,6 +679,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """A ConfigError for an argument no stored value can hold: bytes that are not UTF-8
+    arrive as lone surrogates, and would fail deep inside a database call."""
+    from eventfold.write_model.domain.values import text_problem
+
+    for name, value in vars(args).items():
+        if isinstance(value, str) and (problem := text_problem(value)) is not None:
+            raise ConfigError(f"argument {name.replace('_', '-')}: {problem}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """What a ``projection run`` or ``replay`` process shows while it works, on
-``EVENTFOLD_METRICS_PORT``: ``/metrics`` (its batches, its lag per source partition and the
-outbox connector's state and slot) and ``/health`` (200 while its query runs, else 503 with
-what it is doing)."""
+``EVENTFOLD_METRICS_PORT``: ``/metrics`` (its batches, its lag per source partition, its parked
+keys and the outbox connector's state and slot) and ``/health`` (200 while its query runs,
+else 503 with what it is doing)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,15 @@ import json
 import time
 from typing import TYPE_CHECKING
 
+import psycopg
 from prometheus_client.registry import Collector
 
 from eventfold.config import ConfigError, Settings
-from eventfold.contract import PartitionKey
+from eventfold.contract import PartitionKey, libpq_url
 from eventfold.metrics import PROCESS_COLLECTORS, MetricsServer
 from eventfold.outbox.metrics import ConnectorMetrics
-from eventfold.projections.metrics import ProjectionLag
+from eventfold.projections.metrics import ParkedKeys, ProjectionLag
+from eventfold.projections.parking import parked_counts
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
@@ -32,7 +34,9 @@ class RunObserver:
         self._runner: ProjectionRunner | None = None
         self._query: StreamingQuery | None = None
         self._since = time.time()
-        self._collectors: list[Collector] = [ConnectorMetrics(app.connector(settings))]
+        self._database_url = settings.database_url
+        self._collectors: list[Collector] = [ConnectorMetrics(app.connector(settings)),
+                                             ParkedKeys(name, self._parked)]
         if with_lag:
             self._collectors.append(ProjectionLag(
                 settings.kafka, name, app.projections.get(name).source_topics, self._committed))
@@ -73,6 +77,13 @@ class RunObserver:
 
     def _committed(self) -> dict[PartitionKey, int] | None:
         return dict(self._runner.offsets) if self._runner else None
+
+    def _parked(self) -> tuple[int, int] | None:
+        runner = self._runner
+        if runner is None or not runner.plan.parks:
+            return None
+        with psycopg.connect(libpq_url(self._database_url), connect_timeout=5) as conn:
+            return parked_counts(conn, {self.name: runner.version}).get(self.name, (0, 0))
 
     def close(self) -> None:
         self._server.stop()

@@ -1,5 +1,5 @@
-"""The projection runner's Prometheus metrics: batches, records, dead letters, lag per source
-partition and replay progress. A process serves them with ``eventfold.metrics``."""
+"""The projection runner's Prometheus metrics: batches, records, dead letters, parked keys, lag
+per source partition and replay progress. A process serves them with ``eventfold.metrics``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+import psycopg
 from confluent_kafka import KafkaException
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
@@ -99,3 +100,43 @@ class ProjectionLag(Collector):
                                 exc)
                 self._asked_at = time.monotonic()
             return dict(self._ends)
+
+
+class ParkedKeys(Collector):
+    """``eventfold_projection_parked_keys`` and ``eventfold_projection_parked_events``: the
+    running version's keys waiting behind a dead letter, and the events they hold. Read when
+    scraped, at most every ``refresh_s``: a retry or discard in another process changes them
+    between batches."""
+
+    def __init__(self, projection: str, counts: Callable[[], tuple[int, int] | None],
+                 refresh_s: float = 5.0) -> None:
+        self._projection = projection
+        self._counts = counts
+        self._refresh_s = refresh_s
+        self._last: tuple[int, int] | None = None
+        self._asked_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        keys = GaugeMetricFamily("eventfold_projection_parked_keys",
+                                 "Keys waiting behind a dead letter for a retry or discard",
+                                 labels=["projection"])
+        events = GaugeMetricFamily("eventfold_projection_parked_events",
+                                   "Dead-lettered events the parked keys hold",
+                                   labels=["projection"])
+        if (counts := self.counts()) is not None:  # None: not started, or never answered
+            keys.add_metric([self._projection], counts[0])
+            events.add_metric([self._projection], counts[1])
+        yield keys
+        yield events
+
+    def counts(self) -> tuple[int, int] | None:
+        with self._lock:
+            if time.monotonic() - self._asked_at >= self._refresh_s:
+                try:
+                    self._last = self._counts()
+                except psycopg.Error as exc:  # the last figures stand until Postgres answers
+                    log.warning("projection %s: parked keys: %s", self._projection,
+                                str(exc).strip().splitlines()[0])
+                self._asked_at = time.monotonic()
+            return self._last

@@ -13,7 +13,7 @@ import sys
 import threading
 
 import pytest
-from eventfold.local_stack.process import stop_pid
+from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections import projection
 from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.fold import (
@@ -30,6 +30,7 @@ from sqlalchemy.exc import ProgrammingError
 
 from examples.inventory import ReceiveStock
 from tests.integration.test_cli import eventfold, stack_env
+from tests.integration.test_metrics import scrape, total
 from tests.kafka_helpers import read_table
 from tests.packaging import ROOT
 from tests.pipeline_helpers import rows, store_totals, wait_for
@@ -38,8 +39,10 @@ from tests.pipeline_helpers import rows, store_totals, wait_for
 def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
         inventory_app, stack_settings, tmp_path, unique) -> None:
     name = f"parking_{unique}"
+    metrics_port = free_port()
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
-                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds",
+                    EVENTFOLD_METRICS_PORT=str(metrics_port))
     fixed = {**env, "EVENTFOLD_TEST_FOLD_FIXED": "1"}
     engine = create_engine(stack_settings.database_url)
     bus = inventory_app.command_bus(stack_settings)
@@ -54,6 +57,11 @@ def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
             return rows(engine, name, unique, "quantity")
         except ProgrammingError:  # before the first batch made the table
             return {}
+
+    def parked_metrics() -> tuple[float, float]:
+        samples = scrape(f"http://127.0.0.1:{metrics_port}")
+        return (total(samples, "eventfold_projection_parked_keys", projection=name),
+                total(samples, "eventfold_projection_parked_events", projection=name))
 
     def letters() -> list[dict]:
         listed = eventfold("dlq", "list", name, "--json", env=env, timeout=60)
@@ -78,6 +86,7 @@ def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
         assert folded() == {poisoned: 5, healthy: 4}
         shown = eventfold("projection", "status", name, env=env, timeout=60)
         assert "3 keys parked, holding 8 events" in shown.stdout, shown.stdout
+        wait_for(lambda: parked_metrics() == (3, 8), "/metrics: 3 keys parked, 8 events held")
         mine = [e for e in letters() if e["key"] == poisoned]
         assert [e["status"] for e in mine] == ["pending"] * 4
         assert "13 units: unlucky" in mine[0]["error"]
@@ -109,6 +118,7 @@ def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
             sender.join()
         assert retried.returncode == 0, retried.stderr[-3000:]
         assert "no longer parked" in retried.stdout
+        wait_for(lambda: parked_metrics() == (2, 4), "/metrics: 2 keys parked, 4 events held")
         expected = 5 + 13 + 7 + 2 + 1 + len(sent_during)
         wait_for(lambda: folded().get(poisoned) == expected,
                  f"the retried key to fold on live up to {expected}", timeout_s=120)

@@ -27,3 +27,16 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exit_.value.code == 0
     assert capsys.readouterr().out.strip() == f"eventfold {version('eventfold')}"
+
+
+@pytest.mark.parametrize("argv", [
+    ["dlq", "retry", "totals", "key-\udcff"],  # bytes that are not UTF-8, as Python gets them
+    ["dlq", "discard", "totals", "3", "--reason", "bad \udc80 byte"],
+    ["projection", "status", "\ud800"],
+])
+def test_an_argument_no_database_can_hold_is_refused_by_name(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(argv) == 2
+    error = capsys.readouterr().err
+    assert "lone surrogate (not valid Unicode)" in error
+    assert error.startswith("eventfold: argument ")
