@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import logging
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import Depends, FastAPI
 
@@ -124,13 +124,18 @@ class Eventfold:
     def command_bus(self, settings: Settings) -> CommandBus:
         return CommandBus(Repository(self.event_store(settings)), self.commands)
 
-    def async_command_bus(self, settings: Settings) -> AsyncCommandBus:
+    def async_command_bus(self, settings: Settings, **store_options: Any) -> AsyncCommandBus:
         """The bus for asyncio code; its store opens with ``async with bus.repository.store``."""
-        store = AsyncEventStore.from_url(settings.database_url)
+        store = AsyncEventStore.from_url(settings.database_url, **store_options)
         return AsyncCommandBus(AsyncRepository(store), self.commands)
 
     def command_api(self, settings: Settings) -> FastAPI:
-        app = create_command_app(self.async_command_bus(settings), title=f"{self.name} commands",
+        # One commit slot unless configured: the server's event loop parses requests while a
+        # batch commits, so a second batch in flight adds database work, not overlap
+        # (docs/benchmarks.md, "Commit slots").
+        bus = self.async_command_bus(settings,
+                                     concurrent_commits=settings.command_commit_slots)
+        app = create_command_app(bus, title=f"{self.name} commands",
                                  api_token=settings.api_token or None,
                                  max_body_bytes=settings.max_body_bytes)
         return _with_observability(app, settings, "commands", request_log=False)

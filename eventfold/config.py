@@ -120,6 +120,7 @@ class Settings(BaseSettings):
     command_api_port: int = 8000
     read_api_port: int = 8001
     http_workers: int = 1
+    command_commit_slots: int = Field(default=1, ge=1)
     read_pool_size: int = 10
     instance_id: str = ""
     request_log: bool = True
@@ -267,6 +268,8 @@ def _explain(error: ValidationError, given: Mapping[str, Any], env: Mapping[str,
         field = Settings.model_fields.get(name)
         kind = field.annotation if field is not None else None
         wanted = _KINDS.get(kind, getattr(kind, "__name__", "")) if isinstance(kind, type) else ""
+        if problem["type"] == "greater_than_equal":
+            wanted = f"{wanted} of at least {problem['ctx']['ge']}"
         problems.append(f"{where} must be {wanted}, not {raw!r}" if wanted
                         else f"{where}: {problem['msg']}")
     return "; ".join(problems)

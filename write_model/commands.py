@@ -84,9 +84,10 @@ class CommandResult(BaseModel):
 
     @classmethod
     def of(cls, result: AppendResult, replayed: bool = False) -> CommandResult:
-        return cls(stream_id=result.stream_id, version=result.version,
-                   event_ids=result.event_ids, global_positions=result.global_positions,
-                   replayed=replayed)
+        # The store's result is typed already: no validation on a command's hot path.
+        return cls.model_construct(stream_id=result.stream_id, version=result.version,
+                                   event_ids=result.event_ids,
+                                   global_positions=result.global_positions, replayed=replayed)
 
 
 @dataclass(frozen=True)
@@ -149,7 +150,7 @@ class _Save:
     aggregate: Aggregate
     metadata: dict[str, Any]
     command_id: uuid.UUID | None
-    fingerprint: str
+    fingerprint: str | None
 
 
 @dataclass(frozen=True)
@@ -176,8 +177,10 @@ class _Execution:
     def steps(self, command: Command, metadata: Mapping[str, Any] | None,
               correlation_id: str | None) -> _Steps:
         spec = self.registry.get(command.command_name)
-        fingerprint = command.fingerprint()
+        # Only a command id's log entry keeps the fingerprint; without one it is not needed.
+        fingerprint = None
         if command.command_id is not None:
+            fingerprint = command.fingerprint()
             earlier = yield _FindResult(command.command_id)
             if earlier is not None:
                 return _replayed(command, fingerprint, earlier)
@@ -202,7 +205,8 @@ class _Execution:
         raise AssertionError("unreachable")
 
     def _attempt(self, spec: HandlerSpec[Any, Any], command: Command,
-                 metadata: dict[str, Any], fingerprint: str, use_cache: bool) -> _Steps:
+                 metadata: dict[str, Any], fingerprint: str | None, use_cache: bool
+                 ) -> _Steps:
         stream_id = command.stream_id()
         cached = self.cache.take(spec.aggregate, stream_id) if use_cache else None
         aggregate = cached or (yield _Load(spec.aggregate, stream_id))
@@ -333,7 +337,8 @@ class AsyncCommandBus:
         return await self.repository.load(aggregate_class, stream_id)
 
 
-def _replayed(command: Command, fingerprint: str, earlier: AppendResult) -> CommandResult:
+def _replayed(command: Command, fingerprint: str | None, earlier: AppendResult
+              ) -> CommandResult:
     """The first result of ``command``'s id, if the id was first used for the same payload.
     (Results logged before fingerprints existed carry none and are trusted.)"""
     if earlier.fingerprint is not None and earlier.fingerprint != fingerprint:

@@ -58,7 +58,11 @@ def create_command_app(
         async with bus.repository.store:
             yield
 
-    app = FastAPI(title=title, lifespan=lifespan)
+    # FastAPI's native OpenTelemetry looks its providers up again on every request (3% of a
+    # command's server time, docs/benchmarks.md); the API has Prometheus metrics and
+    # correlation ids in its logs instead.
+    app = FastAPI(title=title, lifespan=lifespan,
+                  telemetry={"tracing": False, "metrics": False, "logs": False})
     specs = list(bus.registry)
     document_commands(app, specs, secured=api_token is not None)
     check_token = token_check(api_token)

@@ -144,3 +144,73 @@ def test_async_callers_woken_by_one_batch_commit_together_in_the_next() -> None:
     outcomes = asyncio.run(run())
     assert outcomes == [[n * 10] * 20 for n in range(8)]
     assert batches == [8] * 20
+
+
+def test_async_callers_split_evenly_over_free_commit_slots() -> None:
+    """Two commit slots: eight waiting callers go out as two batches of four, in flight at
+    once, so one half's callers can run while the other half commits. (A leader took every
+    waiting unit before: the second slot stayed idle or split batches unevenly.)"""
+    batches: list[int] = []
+    in_flight = most_in_flight = 0
+
+    async def commit(units: Sequence[int]) -> list[int]:
+        nonlocal in_flight, most_in_flight
+        batches.append(len(units))
+        in_flight += 1
+        most_in_flight = max(most_in_flight, in_flight)
+        await asyncio.sleep(0.001)
+        in_flight -= 1
+        return [n * 10 for n in units]
+
+    async def run() -> list[list[int]]:
+        group: AsyncGroupCommit[int, int] = AsyncGroupCommit(commit, keys=lambda n: [n],
+                                                             max_concurrent=2)
+
+        async def caller(n: int) -> list[int]:
+            return [await group.submit(n) for _ in range(20)]
+
+        return await asyncio.gather(*(caller(n) for n in range(8)))
+
+    outcomes = asyncio.run(run())
+    assert outcomes == [[n * 10] * 20 for n in range(8)]
+    assert batches[:2] == [4, 4]  # later splits depend on which batch comes back first
+    assert most_in_flight == 2
+    assert sum(batches) == 160 and max(batches) < 8
+
+
+def test_a_batch_beside_one_in_flight_waits_until_it_is_worth_a_round_trip() -> None:
+    """Beside a batch in flight, a second one starts only with at least half as many units:
+    a trickle of single units would each pay a round trip's fixed cost. The units that wait
+    are never stranded: the batch in flight hands them on."""
+    batches: list[list[int]] = []
+    release = asyncio.Event()
+
+    async def commit(units: Sequence[int]) -> list[int]:
+        batches.append(list(units))
+        if len(batches) == 1:
+            await release.wait()  # the batch in flight
+        return [n * 10 for n in units]
+
+    async def settle() -> None:
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    async def run() -> list[int]:
+        group: AsyncGroupCommit[int, int] = AsyncGroupCommit(commit, keys=lambda n: [n],
+                                                             max_concurrent=2)
+        calls = [asyncio.create_task(group.submit(n)) for n in range(8)]
+        await settle()
+        assert [len(b) for b in batches] == [4, 4]  # the first is held, the second done
+        calls.append(asyncio.create_task(group.submit(8)))
+        await settle()
+        assert len(batches) == 2  # one unit beside four in flight: it waits
+        calls.append(asyncio.create_task(group.submit(9)))
+        await settle()
+        assert batches[2] == [8, 9]  # two are half of four: they go now
+        calls.append(asyncio.create_task(group.submit(10)))
+        await settle()
+        release.set()
+        return list(await asyncio.gather(*calls))
+
+    assert asyncio.run(run()) == [n * 10 for n in range(11)]
+    assert sorted(n for batch in batches for n in batch) == list(range(11))

@@ -15,6 +15,8 @@ from eventfold.config import ConfigError, Settings
     ("EVENTFOLD_METRICS", "enabled", "EVENTFOLD_METRICS must be true or false"),
     ("EVENTFOLD_HTTP_WORKERS", "two", "EVENTFOLD_HTTP_WORKERS must be an integer, not 'two'"),
     ("EVENTFOLD_METRICS_PORT", "1e999", "EVENTFOLD_METRICS_PORT must be an integer"),
+    ("EVENTFOLD_COMMAND_COMMIT_SLOTS", "0",
+     "EVENTFOLD_COMMAND_COMMIT_SLOTS must be an integer of at least 1, not '0'"),
 ])
 def test_a_wrong_value_is_an_error_naming_its_variable(variable: str, value: str,
                                                        message: str) -> None:

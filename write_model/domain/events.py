@@ -8,6 +8,7 @@ stored data of the previous version; stored events are never rewritten.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -98,11 +99,16 @@ class DomainEvent:
     def to_data(self) -> EventData:
         # Shallow on purpose: field values are JSON values already, and asdict's recursive
         # copy costs more than the rest of an append on the client.
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _field_names(type(self))}
 
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Self:
         return cls(**data)
+
+
+@functools.cache
+def _field_names(event_class: type[DomainEvent]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(event_class))
 
 
 @dataclass(frozen=True)

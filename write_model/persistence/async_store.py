@@ -50,13 +50,13 @@ from eventfold.contract import libpq_url
 class AsyncEventStore:
     """Append-only event storage on Postgres for asyncio code; see ``EventStore``.
 
-    One commit at a time by default: one event loop does all of a process's Python work, so
-    a second batch in flight mostly splits the batches it would have filled, or runs beside
-    the first for the same callers (docs/benchmarks.md, "One commit slot").
+    Two commits at a time by default, the waiting appends split evenly between them: while
+    one batch is in the database, the event loop runs the other batch's callers
+    (docs/benchmarks.md, "Two commit slots, shared evenly").
     """
 
     def __init__(self, conninfo: str, pool_size: int = 10, max_batch: int = 256,
-                 concurrent_commits: int = 1, connect_timeout_s: float = 5.0) -> None:
+                 concurrent_commits: int = 2, connect_timeout_s: float = 5.0) -> None:
         self._pool = AsyncConnectionPool(
             conninfo, min_size=min(2, pool_size), max_size=pool_size, open=False,
             timeout=connect_timeout_s, kwargs={"autocommit": True})

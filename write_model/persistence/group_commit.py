@@ -1,11 +1,11 @@
 """Group commit: appends that arrive together share one transaction.
 
 Each command hands its append (a *unit*) to ``submit`` and waits for its own outcome. A
-caller that finds a free commit slot leads: it takes the waiting units, commits them in one
-call and hands every caller its outcome. Units that arrive while a batch commits wait for
-the next one. A lone command commits at once on its own thread (a task first lets the event
-loop run once, so that callers the last batch woke join it); under load one round trip and
-one WAL flush serve many commands.
+caller that finds a free commit slot leads: it takes its share of the waiting units (split
+evenly over the free slots), commits them in one call and hands every caller its outcome.
+Units that arrive while a batch commits wait for the next one. A lone command commits at
+once on its own thread (a task first lets the event loop run once, so that callers the last
+batch woke join it); under load one round trip and one WAL flush serve many commands.
 
 Two units that share a key (a stream, a command id) never go into one batch, nor into two
 batches in flight at once: the second waits for the next batch. So each batch can be checked
@@ -57,6 +57,8 @@ class BatchQueue(Generic[P]):
         self.waiting: deque[P] = deque()
         self._in_flight: Counter[Hashable] = Counter()
         self._leaders = 0
+        self._committing = 0
+        self._committing_units = 0
 
     def claim_lead(self) -> bool:
         """Take a free commit slot, if there is one."""
@@ -70,11 +72,22 @@ class BatchQueue(Generic[P]):
 
     def take(self) -> list[P]:
         """The next batch: waiting units in order, skipping any that shares a key with one
-        taken or in flight (it stays first in line)."""
+        taken or in flight (it stays first in line).
+
+        A batch takes its share of the waiting units, split evenly over the free commit
+        slots: callers woken together by one commit then go out as batches in parallel, and
+        from then on one batch's callers run their Python while the other batch is in the
+        database, instead of all of them waiting on one round trip. Beside batches in flight,
+        a batch starts only with at least half as many units as they hold on average: every
+        round trip has a fixed cost, and a trickle of single units would pay it each."""
         batch: list[P] = []
         taken: set[Hashable] = set()
         kept: deque[P] = deque()
-        while self.waiting and len(batch) < self.max_batch:
+        if self._committing and 2 * len(self.waiting) * self._committing < self._committing_units:
+            return batch  # too few for a round trip of their own: a batch in flight hands on
+        free_slots = max(self.max_concurrent - self._committing, 1)
+        share = min(self.max_batch, -(-len(self.waiting) // free_slots))
+        while self.waiting and len(batch) < share:
             pending = self.waiting.popleft()
             if pending.keys.isdisjoint(taken) and not any(k in self._in_flight
                                                           for k in pending.keys):
@@ -86,10 +99,14 @@ class BatchQueue(Generic[P]):
         self.waiting = kept
         self._in_flight.update(taken)
         if batch:
+            self._committing += 1
+            self._committing_units += len(batch)
             GROUP_COMMIT_APPENDS.observe(len(batch))
         return batch
 
-    def done(self, batch: Iterable[P]) -> None:
+    def done(self, batch: Sequence[P]) -> None:
+        self._committing -= 1
+        self._committing_units -= len(batch)
         for pending in batch:
             self._in_flight.subtract(pending.keys)
         self._in_flight += Counter()  # drops the keys that reached zero
