@@ -121,61 +121,55 @@ def test_units_on_one_key_are_committed_in_turn_under_contention() -> None:
     assert ledger.overlaps == 0
 
 
-def test_async_callers_woken_by_one_batch_commit_together_in_the_next() -> None:
-    """Eight tasks, each submitting again as soon as it has its outcome: every batch holds all
-    eight. Without the leader's turn of the loop, the first task woken committed alone and the
-    others waited for it (batches of 1, 8, 1, 8, ...)."""
-    batches: list[int] = []
+class Resubmitting:
+    """Eight asyncio callers, each submitting again as soon as it has its outcome, 20 times;
+    records each batch's size and the most batches in flight at once."""
 
-    async def commit(units: Sequence[int]) -> list[int]:
-        batches.append(len(units))
+    def __init__(self, max_concurrent: int) -> None:
+        self.max_concurrent = max_concurrent
+        self.batches: list[int] = []
+        self.in_flight = self.most_in_flight = 0
+
+    async def commit(self, units: Sequence[int]) -> list[int]:
+        self.batches.append(len(units))
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
         await asyncio.sleep(0.001)
+        self.in_flight -= 1
         return [n * 10 for n in units]
 
-    async def run() -> list[list[int]]:
-        group: AsyncGroupCommit[int, int] = AsyncGroupCommit(commit, keys=lambda n: [n],
-                                                             max_concurrent=1)
+    def run(self) -> None:
+        async def callers() -> list[list[int]]:
+            group: AsyncGroupCommit[int, int] = AsyncGroupCommit(
+                self.commit, keys=lambda n: [n], max_concurrent=self.max_concurrent)
 
-        async def caller(n: int) -> list[int]:
-            return [await group.submit(n) for _ in range(20)]
+            async def caller(n: int) -> list[int]:
+                return [await group.submit(n) for _ in range(20)]
 
-        return await asyncio.gather(*(caller(n) for n in range(8)))
+            return await asyncio.gather(*(caller(n) for n in range(8)))
 
-    outcomes = asyncio.run(run())
-    assert outcomes == [[n * 10] * 20 for n in range(8)]
-    assert batches == [8] * 20
+        assert asyncio.run(callers()) == [[n * 10] * 20 for n in range(8)]
+        assert sum(self.batches) == 160
+
+
+def test_async_callers_woken_by_one_batch_commit_together_in_the_next() -> None:
+    """One commit slot: every batch holds all eight callers. Without the leader's turn of the
+    loop, the first task woken committed alone and the others waited for it (batches of 1,
+    8, 1, 8, ...)."""
+    callers = Resubmitting(max_concurrent=1)
+    callers.run()
+    assert callers.batches == [8] * 20
 
 
 def test_async_callers_split_evenly_over_free_commit_slots() -> None:
     """Two commit slots: eight waiting callers go out as two batches of four, in flight at
     once, so one half's callers can run while the other half commits. (A leader took every
     waiting unit before: the second slot stayed idle or split batches unevenly.)"""
-    batches: list[int] = []
-    in_flight = most_in_flight = 0
-
-    async def commit(units: Sequence[int]) -> list[int]:
-        nonlocal in_flight, most_in_flight
-        batches.append(len(units))
-        in_flight += 1
-        most_in_flight = max(most_in_flight, in_flight)
-        await asyncio.sleep(0.001)
-        in_flight -= 1
-        return [n * 10 for n in units]
-
-    async def run() -> list[list[int]]:
-        group: AsyncGroupCommit[int, int] = AsyncGroupCommit(commit, keys=lambda n: [n],
-                                                             max_concurrent=2)
-
-        async def caller(n: int) -> list[int]:
-            return [await group.submit(n) for _ in range(20)]
-
-        return await asyncio.gather(*(caller(n) for n in range(8)))
-
-    outcomes = asyncio.run(run())
-    assert outcomes == [[n * 10] * 20 for n in range(8)]
-    assert batches[:2] == [4, 4]  # later splits depend on which batch comes back first
-    assert most_in_flight == 2
-    assert sum(batches) == 160 and max(batches) < 8
+    callers = Resubmitting(max_concurrent=2)
+    callers.run()
+    assert callers.batches[:2] == [4, 4]  # later splits depend on which batch returns first
+    assert callers.most_in_flight == 2
+    assert max(callers.batches) < 8
 
 
 def test_a_batch_beside_one_in_flight_waits_until_it_is_worth_a_round_trip() -> None:

@@ -8,7 +8,6 @@ stored data of the previous version; stored events are never rewritten.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -106,9 +105,14 @@ class DomainEvent:
         return cls(**data)
 
 
-@functools.cache
+_FIELD_NAMES: dict[type[DomainEvent], tuple[str, ...]] = {}
+
+
 def _field_names(event_class: type[DomainEvent]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(event_class))
+    names = _FIELD_NAMES.get(event_class)
+    if names is None:
+        names = _FIELD_NAMES[event_class] = tuple(f.name for f in dataclasses.fields(event_class))
+    return names
 
 
 @dataclass(frozen=True)
