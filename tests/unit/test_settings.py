@@ -3,6 +3,7 @@ that names where it came from, never a silent default."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -59,3 +60,11 @@ def test_a_mistake_in_the_file_names_the_file(tmp_path: Path,
     assert Settings.from_env({"EVENTFOLD_CONFIG": str(other)}).http_workers == 3
     with pytest.raises(ConfigError, match=r"EVENTFOLD_CONFIG names .*missing\.toml"):
         Settings.from_env({"EVENTFOLD_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_every_setting_has_a_row_in_the_readme_table() -> None:
+    """The README's configuration table is the one place settings are documented."""
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    rows = "\n".join(line for line in readme.splitlines() if line.startswith("| `EVENTFOLD_"))
+    documented = set(re.findall(r"`(EVENTFOLD_[A-Z_]+)`", rows))
+    assert {f"EVENTFOLD_{name.upper()}" for name in Settings.model_fields} <= documented
