@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from typing import Generic, TypeVar
 
 import psycopg
 from confluent_kafka import KafkaException
@@ -19,6 +20,7 @@ from prometheus_client.registry import Collector
 from eventfold.contract import PartitionKey
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 BATCH_SECONDS = Histogram(
     "eventfold_projection_batch_duration_seconds",
@@ -55,10 +57,36 @@ def replay_progress(projection: str, done: int, total: int) -> None:
     REPLAY_EVENTS.labels(projection, "total").set(total)
 
 
+class Throttled(Generic[T]):
+    """What ``fetch`` returned last, fetched again at most every ``refresh_s`` (so frequent
+    scrapes cost the source nothing more). A failure of one of ``errors`` is logged as
+    ``what`` and the last value stands until the source answers."""
+
+    def __init__(self, fetch: Callable[[], T], initial: T, refresh_s: float,
+                 errors: tuple[type[Exception], ...], what: str) -> None:
+        self._fetch = fetch
+        self._value = initial
+        self._refresh_s = refresh_s
+        self._errors = errors
+        self._what = what
+        self._asked_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def get(self) -> T:
+        with self._lock:
+            if time.monotonic() - self._asked_at >= self._refresh_s:
+                try:
+                    self._value = self._fetch()
+                except self._errors as exc:
+                    log.warning("%s: %s", self._what, str(exc).strip().splitlines()[0])
+                self._asked_at = time.monotonic()
+            return self._value
+
+
 class ProjectionLag(Collector):
     """``eventfold_projection_lag_events`` per source partition: its end offset less what the
     projection committed, computed when scraped. End offsets are asked of Kafka at most every
-    ``refresh_s``, so that frequent scrapes cost the broker nothing more."""
+    ``refresh_s``."""
 
     def __init__(self, kafka: KafkaConnection, projection: str, topics: list[str],
                  committed: Callable[[], Mapping[PartitionKey, int] | None],
@@ -67,10 +95,9 @@ class ProjectionLag(Collector):
         self._projection = projection
         self._topics = topics
         self._committed = committed
-        self._refresh_s = refresh_s
-        self._ends: dict[PartitionKey, int] = {}
-        self._asked_at = float("-inf")
-        self._lock = threading.Lock()
+        self._ends: Throttled[dict[PartitionKey, int]] = Throttled(
+            self._ask_end_offsets, {}, refresh_s, (KafkaException,),
+            f"projection {projection}: end offsets for its lag")
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
@@ -87,19 +114,14 @@ class ProjectionLag(Collector):
         yield family
 
     def end_offsets(self) -> dict[PartitionKey, int]:
-        with self._lock:
-            if time.monotonic() - self._asked_at >= self._refresh_s:
-                try:
-                    planner = OffsetPlanner(self._kafka, timeout_s=5)
-                    try:
-                        self._ends = planner.end_offsets(planner.partitions(self._topics))
-                    finally:
-                        planner.close()
-                except KafkaException as exc:  # the last figures stand until Kafka answers
-                    log.warning("projection %s: end offsets for its lag: %s", self._projection,
-                                exc)
-                self._asked_at = time.monotonic()
-            return dict(self._ends)
+        return dict(self._ends.get())
+
+    def _ask_end_offsets(self) -> dict[PartitionKey, int]:
+        planner = OffsetPlanner(self._kafka, timeout_s=5)
+        try:
+            return planner.end_offsets(planner.partitions(self._topics))
+        finally:
+            planner.close()
 
 
 class ParkedKeys(Collector):
@@ -111,11 +133,8 @@ class ParkedKeys(Collector):
     def __init__(self, projection: str, counts: Callable[[], tuple[int, int] | None],
                  refresh_s: float = 5.0) -> None:
         self._projection = projection
-        self._counts = counts
-        self._refresh_s = refresh_s
-        self._last: tuple[int, int] | None = None
-        self._asked_at = float("-inf")
-        self._lock = threading.Lock()
+        self._counts: Throttled[tuple[int, int] | None] = Throttled(
+            counts, None, refresh_s, (psycopg.Error,), f"projection {projection}: parked keys")
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         keys = GaugeMetricFamily("eventfold_projection_parked_keys",
@@ -124,19 +143,8 @@ class ParkedKeys(Collector):
         events = GaugeMetricFamily("eventfold_projection_parked_events",
                                    "Dead-lettered events the parked keys hold",
                                    labels=["projection"])
-        if (counts := self.counts()) is not None:  # None: not started, or never answered
+        if (counts := self._counts.get()) is not None:  # None: not started, or no answer yet
             keys.add_metric([self._projection], counts[0])
             events.add_metric([self._projection], counts[1])
         yield keys
         yield events
-
-    def counts(self) -> tuple[int, int] | None:
-        with self._lock:
-            if time.monotonic() - self._asked_at >= self._refresh_s:
-                try:
-                    self._last = self._counts()
-                except psycopg.Error as exc:  # the last figures stand until Postgres answers
-                    log.warning("projection %s: parked keys: %s", self._projection,
-                                str(exc).strip().splitlines()[0])
-                self._asked_at = time.monotonic()
-            return self._last
