@@ -11,7 +11,6 @@ The CLI loads it from ``EVENTFOLD_APP`` (``module:attribute``) and builds every 
 
 from __future__ import annotations
 
-import importlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -22,6 +21,7 @@ from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic, split_password
 from eventfold.dashboard import add_dashboard
+from eventfold.loading import AppNotFound, app_directories, import_app_module, python_path
 from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.logs import CorrelationIds
 from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
@@ -147,8 +147,8 @@ class Eventfold:
             kafka=settings.kafka, reader_role=settings.reader_role,
             instance_id=settings.instance_id, pool_size=settings.read_pool_size,
             title=f"{self.name} reads")
-        app = create_read_app(self.projections, options,
-                              dependencies=[Depends(bearer_auth(settings.api_token or None))])
+        auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
+        app = create_read_app(self.projections, options, auth=auth)
         add_dashboard(app, self, settings)
         return _with_observability(app, settings, "reads", request_log=settings.request_log)
 
@@ -190,12 +190,20 @@ class Eventfold:
         )
 
 
+EXECUTOR_PYTHONPATH = "spark.executorEnv.PYTHONPATH"
+
+
 def spark_conf(settings: Settings) -> dict[str, str]:
-    """``EVENTFOLD_SPARK_CONF``; the database password for executors in their environment
-    (``PGPASSWORD``, which libpq reads and Spark's UI masks), so that task closures carry the
-    URL without it; and Spark's Kafka source from the jars setup fetched, when the settings
-    name no jars or packages of their own."""
+    """``EVENTFOLD_SPARK_CONF``; the app's directories on the Python workers' path (on the
+    hosts of a cluster, ship the app with ``--py-files`` too: docs/deployment.md); the
+    database password for executors in their environment (``PGPASSWORD``, which libpq reads
+    and Spark's UI masks), so that task closures carry the URL without it; and Spark's Kafka
+    source from the jars setup fetched, when the settings name no jars or packages of their
+    own."""
     conf = dict(settings.spark_settings)
+    # Python workers import the app's module to run its folds (pickled by reference).
+    conf[EXECUTOR_PYTHONPATH] = python_path(app_directories(settings.app_dir),
+                                            conf.get(EXECUTOR_PYTHONPATH))
     _, password = split_password(settings.database_url) if settings.database_url else ("", "")
     if password:
         conf.setdefault(EXECUTOR_PASSWORD, password)
@@ -225,12 +233,20 @@ def _with_observability(app: FastAPI, settings: Settings, api: str,
     return app
 
 
-def load_app(spec: str) -> Eventfold:
-    """Import ``module:attribute`` and check that it is an Eventfold application."""
-    module_name, _, attribute = spec.partition(":")
+def app_of(settings: Settings) -> Eventfold:
+    """The application ``EVENTFOLD_APP`` names, from ``EVENTFOLD_APP_DIR`` or the working
+    directory first."""
+    return load_app(settings.app, settings.app_dir)
+
+
+def load_app(spec: str, app_dir: str | Path = "") -> Eventfold:
+    """Import ``module:attribute`` (from the working directory and ``app_dir`` first, as
+    uvicorn does: ``eventfold.loading``) and check that it is an Eventfold application."""
     try:
-        module = importlib.import_module(module_name)
-        app = getattr(module, attribute or "app")
+        module, attribute = import_app_module(spec, app_dir)
+        app = getattr(module, attribute)
+    except AppNotFound as exc:
+        raise ConfigError(f"cannot load the application: {exc}") from None
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load EVENTFOLD_APP={spec!r}: {exc}") from exc
     if not isinstance(app, Eventfold):

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
-from eventfold.app import load_app
+from eventfold.app import app_of
 from eventfold.config import Settings
 
 
 def command_api() -> FastAPI:
     settings = Settings.from_env().with_local_stack()
-    return load_app(settings.app).command_api(settings)
+    return app_of(settings).command_api(settings)
 
 
 def read_api() -> FastAPI:
     settings = Settings.from_env().with_local_stack()
-    return load_app(settings.app).read_api(settings)
+    return app_of(settings).read_api(settings)

@@ -6,12 +6,14 @@ import argparse
 import getpass
 import json
 import logging
+import os
 import re
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -46,6 +48,8 @@ of 2, 4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or 
 def _stack(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.local_stack.stack import CLUSTER
 
+    if args.action == "install":
+        return _install_stack()
     stack = settings.local_stack()
     if args.action in ("up", "restart"):
         if args.action == "restart" and not args.component:
@@ -76,10 +80,40 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
-def _setup(settings: Settings, args: argparse.Namespace) -> int:
-    from eventfold.app import load_app
+def _install_stack() -> int:
+    """Fetch the stack's jars once and check the system packages it runs on."""
+    from eventfold.local_stack.java import install_jars, jars_dir, java_binary
+    from eventfold.local_stack.postgres import find_bin_dir
 
-    load_app(settings.app).setup(settings.with_local_stack(), fix_topics=args.fix_topics)
+    filled = install_jars()
+    print(f"jars: {'fetched into ' + ', '.join(map(str, filled)) if filled else 'present'} "
+          f"({jars_dir()})")
+    print(f"java: {java_binary()}")
+    print(f"postgres: {find_bin_dir()}")
+    return 0
+
+
+def _init(_: Settings, args: argparse.Namespace) -> int:
+    from eventfold.scaffold import Scaffold
+
+    try:
+        written = Scaffold(args.name).write(Path.cwd())
+    except (ValueError, FileExistsError) as exc:
+        raise ConfigError(str(exc)) from None
+    print(f"wrote {', '.join(path.name for path in written)}. Next:")
+    for step in ("eventfold stack up", "eventfold setup", "eventfold serve commands &",
+                 "curl -X POST localhost:8000/commands/Deposit -H 'content-type: "
+                 "application/json' -d '{\"account\": \"alice\", \"amount\": 100}'",
+                 "eventfold projection run balances --once", "eventfold serve reads &",
+                 "curl localhost:8001/read-models/balances/rows/alice"):
+        print(f"  {step}")
+    return 0
+
+
+def _setup(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import app_of
+
+    app_of(settings).setup(settings.with_local_stack(), fix_topics=args.fix_topics)
     print("database migrated, event topics created, connector RUNNING")
     return 0
 
@@ -93,12 +127,12 @@ def _migrate(settings: Settings, _: argparse.Namespace) -> int:
 
 
 def _serve(settings: Settings, args: argparse.Namespace) -> int:
-    from eventfold.app import load_app
+    from eventfold.app import app_of
     from eventfold.local_stack.process import port_is_open
     from eventfold.serving import serve_forever
 
     settings = settings.with_local_stack()
-    load_app(settings.app)  # fail here, with a clear message, not in a worker
+    app_of(settings)  # fail here, with a clear message, not in a worker
     if args.api == "commands":
         factory, port, variable = ("eventfold.asgi:command_api", settings.command_api_port,
                                    "EVENTFOLD_COMMAND_API_PORT")
@@ -120,9 +154,9 @@ def _serve(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _projection(settings: Settings, args: argparse.Namespace) -> int:
-    from eventfold.app import load_app
+    from eventfold.app import app_of
 
-    app = load_app(settings.app)
+    app = app_of(settings)
     if args.action == "list":
         return _list_projections(app, settings)
     if args.action == "status":
@@ -346,10 +380,10 @@ def _stop_on_signal(requested: threading.Event,
 
 
 def _connector(settings: Settings, args: argparse.Namespace) -> int:
-    from eventfold.app import load_app
+    from eventfold.app import app_of
 
     settings = settings.with_local_stack()
-    operations = load_app(settings.app).connector(settings)
+    operations = app_of(settings).connector(settings)
     name = operations.spec.name
     if args.action in ("apply", "diff"):
         from eventfold.outbox.operations import describe_diff
@@ -410,9 +444,9 @@ def _print_status(status: ConnectorStatus) -> int:
 
 
 def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
-    from eventfold.app import load_app
+    from eventfold.app import app_of
 
-    app = load_app(settings.app)
+    app = app_of(settings)
     if args.aggregate_type not in app.aggregate_types:
         raise ConfigError(f"unknown aggregate type {args.aggregate_type!r} in {settings.app}; "
                           f"known: {', '.join(app.aggregate_types) or 'none'}")
@@ -428,10 +462,10 @@ def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
 def _status(settings: Settings, args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from eventfold.app import load_app
+    from eventfold.app import app_of
     from eventfold.status import pipeline_status, render
 
-    status = pipeline_status(load_app(settings.app), settings.with_local_stack(),
+    status = pipeline_status(app_of(settings), settings.with_local_stack(),
                              args.stale_after, args.wal_warning_bytes)
     if args.json:
         print(json.dumps(status.as_json(), indent=2, default=str))
@@ -441,10 +475,10 @@ def _status(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def _dlq(settings: Settings, args: argparse.Namespace) -> int:
-    from eventfold.app import load_app
+    from eventfold.app import app_of
 
     try:
-        projection = load_app(settings.app).projections.get(args.name)
+        projection = app_of(settings).projections.get(args.name)
     except LookupError as exc:
         raise ConfigError(str(exc)) from None
     settings = settings.with_local_stack()
@@ -542,14 +576,21 @@ def _demo(settings: Settings, _: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eventfold", description=__doc__)
     parser.add_argument("--version", action="version", version=f"eventfold {_version()}")
+    parser.add_argument("--app-dir", metavar="DIR",
+                        help="import EVENTFOLD_APP's module from DIR first (then the working "
+                             "directory, then the installed packages); same as "
+                             "EVENTFOLD_APP_DIR")
     commands = parser.add_subparsers(dest="command", required=True)
 
     stack = commands.add_parser(
         "stack", help="start/stop the local Postgres, broker and Connect",
-        description="up: start what is not running (data kept); down: stop (data kept); "
+        description="install: fetch the jars once (Maven Central) and check Java and "
+                    "PostgreSQL; up: start what is not running (data kept); down: stop (data "
+                    "kept); "
                     "restart COMPONENT: stop and start one; reset: stop and delete all data; "
                     "status: PIDs and endpoints")
-    stack.add_argument("action", choices=["up", "down", "restart", "reset", "status"],
+    stack.add_argument("action", choices=["install", "up", "down", "restart", "reset",
+                                          "status"],
                        help="what to do with the stack (see above)")
     stack.add_argument("component", nargs="?",
                        help="restart: which one (postgres, broker, connect; on a cluster "
@@ -559,6 +600,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "two Connect workers, and a Spark standalone master with two "
                             "workers (1 core, 3 GiB each) for EVENTFOLD_SPARK_MASTER")
     stack.set_defaults(run=_stack)
+
+    init = commands.add_parser(
+        "init", help="write a first app here: NAME.py, eventfold.toml, test_NAME.py",
+        description="Writes an application module (an aggregate, two commands, a projection), "
+                    "eventfold.toml naming it, and a test of its projection; never overwrites.")
+    init.add_argument("--name", default="myapp", help="the module's name (default: myapp)")
+    init.set_defaults(run=_init)
 
     commands.add_parser("migrate", help="alembic upgrade head").set_defaults(run=_migrate)
     setup = commands.add_parser(
@@ -663,6 +711,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         _check_arguments(args)
+        if args.app_dir:
+            # In the environment, so that HTTP workers and Spark's workers see it too.
+            os.environ["EVENTFOLD_APP_DIR"] = str(Path(args.app_dir).resolve())
         settings = Settings.from_env()
         configure_logging(settings.log_level, settings.log_format)
         return int(args.run(settings, args))

@@ -90,6 +90,7 @@ class Settings(BaseSettings):
                                       frozen=True, extra="forbid")
 
     app: str = "examples.inventory:app"
+    app_dir: str = ""
     database_url: str = ""
     read_database_url: str = ""
     reader_role: str = "eventfold_reader"
@@ -178,6 +179,9 @@ class Settings(BaseSettings):
                 getattr(self, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        if self.app_dir and not Path(self.app_dir).is_dir():
+            raise ConfigError(f"EVENTFOLD_APP_DIR names {self.app_dir}, which is not a "
+                              "directory")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"EVENTFOLD_LOG_FORMAT is text or json, not {self.log_format!r}")
         if self.outbox_design not in tuple(OutboxDesign):

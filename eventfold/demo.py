@@ -9,7 +9,7 @@ from typing import Any
 
 import requests
 
-from eventfold.app import load_app
+from eventfold.app import app_of
 from eventfold.config import Settings
 from eventfold.local_stack.process import free_port
 from eventfold.projections.runner import stop_gracefully
@@ -51,7 +51,7 @@ Table = list[tuple[str, int, int, int]]
 
 
 def _run_example(settings: Settings) -> Table:
-    app = load_app(settings.app)
+    app = app_of(settings)
     say("migrating the database, creating event topics, applying the Debezium connector")
     app.setup(settings)
     commands = BackgroundServer(app.command_api(settings), "127.0.0.1", free_port()).start()

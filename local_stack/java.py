@@ -1,17 +1,28 @@
-"""The Java side of the local stack: the jars ``scripts/setup.sh`` fetched from Maven Central
-(``local_stack/pom.xml``: Apache Kafka 4.1.1, its Connect runtime, Debezium 3.3.2) and a
-Java 17 runtime to run them. Nothing is downloaded here."""
+"""The Java side of the local stack: the jars fetched from Maven Central at set-up
+(``local_stack/pom.xml``: Apache Kafka 4.1.1, its Connect runtime, Debezium 3.3.2), and a
+Java 17 runtime to run them. ``scripts/setup.sh`` fetches them for a checkout and
+``eventfold stack install`` for an installed wheel (``install_jars``); nothing is downloaded
+while a stack starts or runs."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 from eventfold.local_stack.process import StackError
 
 JARS_DIR = Path(__file__).resolve().parent / "jars"
 SPARK_KAFKA_JARS_DIR = Path(__file__).resolve().parent / "spark_kafka" / "jars"
+
+
+def _run_maven(command: list[str]) -> None:
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise StackError(f"fetching jars failed ({' '.join(command[:5])} ...): "
+                         f"{(result.stdout + result.stderr)[-2000:]}")
 
 LOG4J2_TEMPLATE = """\
 status = warn
@@ -29,15 +40,36 @@ def jars_dir() -> Path:
     return Path(configured) if configured else JARS_DIR
 
 
+def install_jars(run: Callable[[list[str]], None] = _run_maven) -> list[Path]:
+    """Fetch the pinned jars from Maven Central (once; a second call only checks): the stack's
+    into ``jars_dir()``, Spark's Kafka source beside its pom. What ``scripts/setup.sh`` does
+    for a checkout, for an installed wheel (``eventfold stack install``). Returns the
+    directories filled."""
+    if shutil.which("mvn") is None:
+        raise StackError("Maven (`mvn`) is needed once to fetch the Kafka, Connect and Debezium "
+                         "jars: `apt-get install maven`")
+    filled = []
+    for pom, target in ((JARS_DIR.parent / "pom.xml", jars_dir()),
+                        (SPARK_KAFKA_JARS_DIR.parent / "pom.xml", SPARK_KAFKA_JARS_DIR)):
+        marker = target / ".complete"
+        if marker.exists() and marker.stat().st_mtime >= pom.stat().st_mtime:
+            continue
+        shutil.rmtree(target, ignore_errors=True)
+        run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+             f"-DoutputDirectory={target}", "-DincludeScope=runtime"])
+        marker.touch()
+        filled.append(target)
+    return filled
+
+
 def classpath() -> str:
     """Every fetched jar: the broker, Connect and Debezium share one pinned set."""
     directory = jars_dir()
     jars = sorted(directory.glob("*.jar"))
     if not any(j.name.startswith("kafka_2.13-") for j in jars):
         raise StackError(
-            f"no Kafka jars in {directory}: run scripts/setup.sh, which fetches them once with "
-            "`mvn -f local_stack/pom.xml dependency:copy-dependencies` (or set "
-            "EVENTFOLD_JARS_DIR)")
+            f"no Kafka jars in {directory}: fetch them once with `eventfold stack install` "
+            "(scripts/setup.sh does, in a checkout), or set EVENTFOLD_JARS_DIR")
     return ":".join(str(j) for j in jars)
 
 

@@ -50,6 +50,7 @@ from eventfold.projections.projection import (
     stream,
 )
 from eventfold.projections.registry import ProjectionRegistry
+from eventfold.projections.testing import EventLog
 
 __all__ = [
     "AggregateFunction",
@@ -60,6 +61,7 @@ __all__ = [
     "Derived",
     "Dispatch",
     "Event",
+    "EventLog",
     "FoldProjection",
     "KeyState",
     "Kind",

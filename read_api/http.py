@@ -39,8 +39,17 @@ from eventfold.read_api.metrics import KTABLES, READ_YOUR_WRITES
 from eventfold.read_api.presence import ReaderPresence
 from eventfold.read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
 from eventfold.read_api.read_models import ReadModel, reader_pool
+from eventfold.read_api.responses import (
+    BAD_QUERY,
+    FRESHNESS,
+    NOT_REACHED,
+    UNAUTHORIZED,
+    UNAVAILABLE,
+    error,
+    not_found,
+)
 from eventfold.read_api.schema import QueryError, check_text
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
 
@@ -49,6 +58,11 @@ log = logging.getLogger(__name__)
 DEFAULT_WAIT_MS = 5_000
 MAX_WAIT_MS = 30_000
 _POLL_S = 0.02
+READ_YOUR_WRITES_DOC = (
+    f"Read-your-writes: `min_version=N` (the `version` the command API returned) waits up to "
+    f"`wait_ms` (default {DEFAULT_WAIT_MS}, at most {MAX_WAIT_MS}) until the projection has "
+    "applied version N of the stream, else answers 504; a read model re-keyed with `key_by` "
+    "also takes `stream=<the aggregate id the command wrote to>`.")
 
 
 @dataclass(frozen=True)
@@ -140,8 +154,10 @@ class VersionNotReached(Exception):
 
 
 def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
-                    dependencies: Sequence[Any] = ()) -> FastAPI:
-    """``dependencies`` apply to every data route (the composition root passes auth here)."""
+                    auth: Sequence[Any] = ()) -> FastAPI:
+    """``auth``: dependencies that check credentials on every data route (the composition
+    root passes the bearer token check here when a token is configured; then, and only then,
+    the spec declares the security scheme and 401 on those routes)."""
     stateful = [p for p in projections if p.has_state]
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     pool = reader_pool(options.database_url, options.reader_role, options.pool_size)
@@ -206,7 +222,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         return json_response({"detail": str(exc), "min_version": exc.wanted,
                               "current_version": exc.current}, 504)
 
-    data = APIRouter(dependencies=[*dependencies, Depends(_checked_text)])
+    data = APIRouter(dependencies=[*auth, Depends(_checked_text)],
+                     responses={**BAD_QUERY, **(UNAUTHORIZED if auth else {})})
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor)
@@ -217,16 +234,26 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     return app
 
 
+def _known_names(read_models: dict[str, ReadModel]) -> Any:
+    """The ``{name}`` path parameter, documented as one of the app's read models (any other
+    name is answered 404)."""
+    return Path(description="a read model (and KTable) of this app",
+                json_schema_extra={"enum": sorted(read_models)})
+
+
 def _discovery_routes(router: APIRouter, read_models: dict[str, ReadModel],
                       monitor: FreshnessMonitor) -> None:
+    names = _known_names(read_models)
+
     @router.get("/read-models", tags=["read models"])
     async def list_read_models() -> Response:
         return json_response([{**rm.schema.describe(), "outputs": monitor.outputs(name),
                                "freshness": monitor.get(name).as_json()}
                               for name, rm in read_models.items()])
 
-    @router.get("/read-models/{name}", tags=["read models"])
-    async def describe_read_model(name: str) -> Response:
+    @router.get("/read-models/{name}", tags=["read models"],
+                responses=not_found("no read model of that name"))
+    async def describe_read_model(name: str = names) -> Response:
         read_model = read_models.get(name)
         if read_model is None:
             raise HTTPException(404, f"unknown read model {name!r}; known: "
@@ -250,10 +277,12 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
         return monitor.get(name).as_json()
 
     @router.get(f"/read-models/{name}/rows/{{key}}", tags=[name],
-                summary=f"One {name} row by key",
+                summary=f"One {name} row by key", description=READ_YOUR_WRITES_DOC,
                 responses={200: {"content": {"application/json": {"schema": {
                     "type": "object", "properties": {"row": row_schema,
-                                                     "freshness": {"type": "object"}}}}}}})
+                                                     "freshness": FRESHNESS}}}}},
+                           **not_found("no row with that key", with_freshness=True),
+                           **UNAVAILABLE, **NOT_REACHED})
     async def get_row(key: str, request: Request) -> Response:
         _only(request, ("min_version", "stream", "wait_ms"))
         min_version = _int_param(request, "min_version", None, 1, 2**62)
@@ -284,7 +313,7 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                     "type": "object", "properties": {
                         "rows": {"type": "array", "items": row_schema},
                         "next_cursor": {"type": ["string", "null"]},
-                        "freshness": {"type": "object"}}}}}}})
+                        "freshness": FRESHNESS}}}}}, **UNAVAILABLE})
     async def list_rows(request: Request) -> Response:
         query = parse_list_query(schema, _query_params(request))
         rows, next_cursor = await read_model.page(query)
@@ -292,7 +321,7 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                               "freshness": freshness()})
 
     @router.get(f"/read-models/{name}/count", tags=[name], summary=f"Count {name} rows",
-                description=filters_doc)
+                description=filters_doc, responses=UNAVAILABLE)
     async def count_rows(request: Request) -> Response:
         count = await read_model.count(parse_filters(schema, _query_params(request)))
         return json_response({"count": count, "freshness": freshness()})
@@ -309,6 +338,8 @@ def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadMode
 
 def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                    hosts: dict[str, KTableHost], instance_id: str) -> None:
+    names = _known_names(read_models)
+
     def host_of(name: str) -> KTableHost:
         host = hosts.get(name)
         if host is None:
@@ -334,8 +365,11 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
             {"name": name, "keys": len(host.view), "restore": host.view.progress.as_json(),
              **freshness(host)} for name, host in hosts.items()]})
 
-    @router.get("/ktables/{name}/entries/{key}", tags=["ktables"], summary="One KTable value")
-    async def get_entry(name: str, key: str, request: Request) -> Response:
+    @router.get("/ktables/{name}/entries/{key}", tags=["ktables"], summary="One KTable value",
+                description=READ_YOUR_WRITES_DOC,
+                responses={**not_found("no KTable of that name, or no value for the key"),
+                           **UNAVAILABLE, **NOT_REACHED})
+    async def get_entry(request: Request, key: str, name: str = names) -> Response:
         _only(request, ("min_version", "wait_ms"))
         host = host_of(name)
         min_version = _int_param(request, "min_version", None, 1, 2**62)
@@ -361,8 +395,9 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                 summary="A key range of a KTable, paged or as NDJSON",
                 description="`from` and `to` are inclusive key bounds (key order); `after` "
                 f"and `limit` (1..{MAX_PAGE_SIZE}) page; `format=ndjson` streams every entry "
-                "in the range, one JSON object per line.")
-    async def range_entries(name: str, request: Request) -> Response:
+                "in the range, one JSON object per line.",
+                responses={**not_found("no KTable of that name"), **UNAVAILABLE})
+    async def range_entries(request: Request, name: str = names) -> Response:
         _only(request, ("from", "to", "after", "limit", "format"))
         host = host_of(name)
         params = request.query_params
@@ -382,8 +417,9 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
             "next_after": page[-1][0] if len(found) > limit else None,
             "freshness": freshness(host)})
 
-    @router.get("/ktables/{name}/count", tags=["ktables"], summary="Approximate key count")
-    async def count_entries(name: str) -> Response:
+    @router.get("/ktables/{name}/count", tags=["ktables"], summary="Approximate key count",
+                responses={**not_found("no KTable of that name"), **UNAVAILABLE})
+    async def count_entries(name: str = names) -> Response:
         host = host_of(name)
         return json_response({"count": len(host.view), "approximate": True,
                               "freshness": freshness(host)})
@@ -401,7 +437,9 @@ def _health_routes(app: FastAPI, pool: Any, hosts: dict[str, KTableHost],
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready", tags=["operations"])
+    @app.get("/ready", tags=["operations"], responses={503: error(
+        "not ready: the database is unreachable, a projection has never run, or a KTable is "
+        "restoring", status={"type": "string"})})
     async def ready() -> Response:
         try:
             async with pool.connection(timeout=5) as conn:

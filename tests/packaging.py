@@ -22,3 +22,11 @@ def build_wheel(out: Path) -> Path:
     shutil.rmtree(source)
     [wheel] = out.glob("eventfold-*.whl")
     return wheel
+
+
+def readme_commands() -> list[str]:
+    """The commands the README begins with (its first code block, comments dropped): set up
+    and run the demo, then run the tests."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.strip()]

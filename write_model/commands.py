@@ -27,7 +27,7 @@ from eventfold.write_model.persistence.store import (
     StreamNotFound,
 )
 from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
+from pydantic_core import PydanticCustomError, to_jsonable_python
 
 A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C", bound="Command")
@@ -60,7 +60,7 @@ class Command(BaseModel):
     def _storable(cls, value: Any) -> Any:
         """Every field must be storable as it is (no NUL, lone surrogate, non-finite number,
         or deep nesting): the error names the field and the place in it."""
-        if (problem := storable_problem(value)) is not None:
+        if (problem := storable_problem(_as_data(value))) is not None:
             raise PydanticCustomError("storable", problem)
         return value
 
@@ -72,6 +72,14 @@ class Command(BaseModel):
         id executed again with another fingerprint is a mistake, not a retry."""
         payload = self.model_dump_json(exclude={"command_id"}).encode()
         return hashlib.sha256(self.command_name.encode() + b"\n" + payload).hexdigest()[:32]
+
+
+def _as_data(value: Any) -> Any:
+    """``value`` as the JSON data it is stored as, where it holds models (nested models are
+    checked as stored too); anything else is checked as it is."""
+    if isinstance(value, str | int | float | uuid.UUID) or value is None:
+        return value
+    return to_jsonable_python(value)
 
 
 class CommandResult(BaseModel):

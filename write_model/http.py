@@ -3,9 +3,11 @@
 Status codes: 201 with the append result (200 when a ``command_id`` was executed before, with
 that first result, or when the command recorded nothing); 401 without the bearer token when
 one is configured; 404 for an unknown command, or an unknown stream where the command needs
-one; 409 for a version conflict, with the current version; 413 for a body over the limit; 422
-for a payload that does not parse or validate, or a command a business rule rejects; 503 while
-the database is unreachable. Bad input never gives a 5xx.
+one; 409 when state the request could not know refuses it (a version conflict, with the
+current version; a stream of another aggregate type; a business rule of the aggregate; a
+command id used before with another payload); 413 for a body over the limit; 422 for a
+payload or header that does not parse or validate; 503 while the database is unreachable.
+Bad input never gives a 5xx.
 """
 
 import json
@@ -19,7 +21,15 @@ from typing import Annotated, Any, cast
 
 from eventfold.write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
 from eventfold.write_model.domain.aggregate import DomainError
-from eventfold.write_model.domain.values import storable_problem, text_problem
+from eventfold.write_model.domain.values import (
+    MAX_DEPTH,
+    MAX_INTEGER,
+    MIN_INTEGER,
+    STORABLE_TEXT_PATTERN,
+    storable_json_schema,
+    storable_problem,
+    text_problem,
+)
 from eventfold.write_model.persistence.store import (
     CommandIdReused,
     ConcurrencyError,
@@ -32,7 +42,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ValidationError
-from pydantic.json_schema import JsonSchemaMode, models_json_schema
+from pydantic.json_schema import (
+    GenerateJsonSchema,
+    JsonSchemaMode,
+    JsonSchemaValue,
+    models_json_schema,
+)
+from pydantic_core import ErrorDetails, core_schema
 from starlette._exception_handler import _lookup_exception_handler
 from starlette._utils import get_route_path, is_async_callable
 from starlette.concurrency import run_in_threadpool
@@ -129,6 +145,7 @@ def bearer_auth(api_token: str | None) -> Callable[..., Awaitable[None]]:
 
 
 MAX_CORRELATION_ID = 200
+STORABLE_JSON = "StorableJson"
 HEADER_PARAMETERS: list[dict[str, Any]] = [
     {"name": "Idempotency-Key", "in": "header", "required": False,
      "description": "Same as command_id in the body.",
@@ -137,16 +154,66 @@ HEADER_PARAMETERS: list[dict[str, Any]] = [
      "description": "Stored with every event; defaults to the command id.",
      "schema": {"type": "string", "maxLength": MAX_CORRELATION_ID}},
     {"name": "X-Metadata", "in": "header", "required": False,
-     "description": "A JSON object stored with every event (e.g. the acting user).",
-     "schema": {"type": "string"}},
+     "description": "A JSON object stored with every event (e.g. the acting user): no NUL "
+                    f"character, at most {MAX_DEPTH} levels of nesting.",
+     "content": {"application/json": {"schema": {
+         "type": "object", "propertyNames": {"pattern": STORABLE_TEXT_PATTERN},
+         "additionalProperties": {"$ref": f"#/components/schemas/{STORABLE_JSON}"}}}}},
 ]
+
+
+class StorableSchema(GenerateJsonSchema):
+    """Command schemas that say what ``values.storable_problem`` checks where a schema can:
+    text holds no NUL, integers fit in 64 bits (a request the spec allows is then never
+    refused for them)."""
+
+    def int_schema(self, schema: core_schema.IntSchema) -> JsonSchemaValue:
+        generated = super().int_schema(schema)
+        for bound, limit, tighter in (("minimum", MIN_INTEGER, max),
+                                      ("maximum", MAX_INTEGER, min)):
+            generated[bound] = tighter(generated.get(bound, limit), limit)
+        return generated
+
+    def str_schema(self, schema: core_schema.StringSchema) -> JsonSchemaValue:
+        generated = super().str_schema(schema)
+        if "pattern" in generated:
+            generated["allOf"] = [{"pattern": STORABLE_TEXT_PATTERN}]
+        else:
+            generated["pattern"] = STORABLE_TEXT_PATTERN
+        return generated
+
+
+def _error(description: str, **properties: dict[str, Any]) -> dict[str, Any]:
+    """A response whose JSON body is ``{"detail": ...}`` plus ``properties``."""
+    return {"description": description, "content": {"application/json": {"schema": {
+        "type": "object", "required": ["detail"],
+        "properties": {"detail": {"type": "string"}, **properties}}}}}
+
+
+_FIELD_ERRORS = {"type": "array", "items": {"type": "object", "properties": {
+    "field": {"type": "string"}, "message": {"type": "string"}, "type": {"type": "string"}}}}
 RESPONSES: dict[str, dict[str, Any]] = {
-    "200": {"description": "replayed result of an earlier command_id"},
-    "404": {"description": "unknown stream"}, "409": {"description": "conflict"},
-    "413": {"description": "body too large"},
-    "422": {"description": "invalid payload (field-level errors) or a rejected command"},
-    "503": {"description": "retry later"},
+    "404": _error("the command needs an existing stream and there is none"),
+    "409": _error("nothing was written, because of state the request could not know: the "
+                  "stream moved past `expected_version` (`current_version` given); it belongs "
+                  "to another aggregate type (`owner`); the aggregate refused the command in "
+                  "its current state (a business rule, `refused_by`); or the command id "
+                  "(Idempotency-Key) was used before with another payload (`command_id`)",
+                  stream_id={"type": "string"},
+                  expected_version={"type": ["integer", "null"]},
+                  current_version={"type": ["integer", "null"]}, owner={"type": "string"},
+                  refused_by={"type": "string"}, command_id={"type": "string"}),
+    "413": _error("the body is over EVENTFOLD_MAX_BODY_BYTES"),
+    "422": _error("nothing was written: the body is not JSON, or a field is invalid, unknown "
+                  "or not storable (`errors`, one per field); or a header is malformed "
+                  "(`errors` names it)", errors=_FIELD_ERRORS),
+    "503": {**_error("the database is unreachable; nothing was written, retry"),
+            "headers": {"Retry-After": {"description": "seconds to wait before retrying",
+                                        "schema": {"type": "integer"}}}},
 }
+UNAUTHORIZED = {"401": {**_error("EVENTFOLD_API_TOKEN is set and the bearer token is missing "
+                                 "or wrong"),
+                        "headers": {"WWW-Authenticate": {"schema": {"type": "string"}}}}}
 
 
 def document_commands(app: FastAPI, specs: list[HandlerSpec[Any, Any]], secured: bool) -> None:
@@ -160,7 +227,8 @@ def document_commands(app: FastAPI, specs: list[HandlerSpec[Any, Any]], secured:
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         (spec.command, "validation") for spec in specs]
     refs, top = models_json_schema([*models, (CommandResult, "serialization")],
-                                   ref_template="#/components/schemas/{model}")
+                                   ref_template="#/components/schemas/{model}",
+                                   schema_generator=StorableSchema)
     paths = {command_path(spec.command): {"post": _operation(
         spec, refs[(spec.command, "validation")], refs[(CommandResult, "serialization")],
         secured)} for spec in specs}
@@ -172,6 +240,8 @@ def document_commands(app: FastAPI, specs: list[HandlerSpec[Any, Any]], secured:
             schema.setdefault("paths", {}).update(paths)
             components = schema.setdefault("components", {})
             components.setdefault("schemas", {}).update(top.get("$defs", {}))
+            components["schemas"][STORABLE_JSON] = storable_json_schema(
+                f"#/components/schemas/{STORABLE_JSON}")
             if secured:
                 components.setdefault("securitySchemes", {})["HTTPBearer"] = {
                     "type": "http", "scheme": "bearer"}
@@ -193,10 +263,14 @@ def _operation(spec: HandlerSpec[Any, Any], request_schema: dict[str, Any],
         "responses": {
             "201": {"description": "events appended",
                     "content": {"application/json": {"schema": result_schema}}},
+            "200": {"description": "the command id was executed before (its first result, "
+                                   "`replayed: true`), or the command recorded nothing",
+                    "content": {"application/json": {"schema": result_schema}}},
             **RESPONSES},
     }
     if secured:
         operation["security"] = [{"HTTPBearer": []}]
+        operation["responses"].update(UNAUTHORIZED)
     return operation
 
 
@@ -274,13 +348,23 @@ class CommandDispatch:
 
 
 def parse_command(model: type[Command], body: bytes) -> Command:
-    """The command in ``body`` (JSON); a 422 with one error per field otherwise."""
+    """The command in ``body`` (JSON), its types read as JSON Schema reads them (what the
+    OpenAPI document promises): a number is never true or "5", and 5.0 is an integer. A 422
+    with one error per field otherwise."""
     try:
-        return model.model_validate_json(body)
+        return model.model_validate_json(body, strict=True)
     except ValidationError as exc:
+        if all(_integral_float(error) for error in exc.errors()):
+            return model.model_validate_json(body)  # lax reads 5.0 as 5; all else was valid
         raise RequestValidationError([
             {**error, "loc": ("body", *error["loc"])}
             for error in exc.errors(include_url=False, include_input=False)]) from None
+
+
+def _integral_float(error: ErrorDetails) -> bool:
+    """An integer field given a number with no fraction, which JSON Schema calls an integer."""
+    value = error.get("input")
+    return error["type"] == "int_type" and isinstance(value, float) and value.is_integer()
 
 
 @dataclass(frozen=True)
@@ -362,15 +446,21 @@ def add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(CommandIdReused)
     async def reused(_: Request, exc: CommandIdReused) -> JSONResponse:
-        return json_error(422, detail=str(exc), command_id=str(exc.command_id))
+        # 409: the key is bound to the request that used it first, state the server holds
+        # (the IETF idempotency-key draft answers 422; a request that is well formed by the
+        # spec gets a 4xx only for state it could not know).
+        return json_error(409, detail=str(exc), command_id=str(exc.command_id))
 
     @app.exception_handler(StreamNotFound)
     async def not_found(_: Request, exc: StreamNotFound) -> JSONResponse:
         return json_error(404, detail=str(exc))
 
     @app.exception_handler(DomainError)
-    async def rejected(_: Request, exc: DomainError) -> JSONResponse:
-        return json_error(422, detail=str(exc))
+    async def refused(_: Request, exc: DomainError) -> JSONResponse:
+        # 409, not 422: the request was well formed, and the aggregate refused it in its
+        # current state (RFC 9110's "conflict with the current state of the target
+        # resource"), which no schema can express.
+        return json_error(409, detail=str(exc), refused_by="aggregate")
 
     @app.exception_handler(StoreUnavailable)
     async def unavailable(_: Request, exc: StoreUnavailable) -> JSONResponse:

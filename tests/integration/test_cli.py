@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psycopg
 import pytest
@@ -33,6 +35,22 @@ def stack_env(settings, tmp_path, **extra: str) -> dict[str, str]:
             "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "EVENTFOLD_CONNECT_URL": settings.connect_url,
             "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), **extra}
+
+
+@contextmanager
+def cli_processes(env: dict[str, str], tmp_path, *commands: list[str]) -> Iterator[list]:
+    """``eventfold`` processes running ``commands``, each logging to tmp_path/process<n>.log;
+    stopped by PID when the block ends."""
+    processes = []
+    try:
+        for n, args in enumerate(commands):
+            log = (tmp_path / f"process{n}.log").open("w")
+            processes.append(subprocess.Popen([sys.executable, "-m", "eventfold.cli", *args],
+                                              env=env, stdout=log, stderr=subprocess.STDOUT))
+        yield processes
+    finally:
+        for process in processes:
+            stop_pid(process.pid, what="eventfold process", timeout_s=90)
 
 
 def test_stack_up_status_down(tmp_path) -> None:

@@ -108,10 +108,11 @@ def test_unknown_stream_is_404_for_commands_that_need_one(client, store, unique)
     assert store.read_stream(unique) == []
 
 
-def test_business_rule_violation_is_422_and_writes_nothing(client, store, unique) -> None:
+def test_business_rule_violation_is_409_and_writes_nothing(client, store, unique) -> None:
     client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 2})
     response = client.post("/commands/ShipStock", json={"product": unique, "quantity": 3})
-    assert response.status_code == 422
+    assert response.status_code == 409
+    assert response.json()["refused_by"] == "aggregate"
     assert "2 on hand" in response.json()["detail"]
     assert len(store.read_stream(unique)) == 1
 

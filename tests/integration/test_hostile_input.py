@@ -121,7 +121,7 @@ def test_the_append_itself_refuses_another_types_stream(store, unique) -> None:
     assert len(store.read_stream(unique)) == 1
 
 
-def test_a_command_id_reused_with_another_payload_is_422(client, store, unique) -> None:
+def test_a_command_id_reused_with_another_payload_is_409(client, store, unique) -> None:
     key = str(uuid.uuid4())
     first = client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 1,
                                                         "command_id": key})
@@ -129,7 +129,7 @@ def test_a_command_id_reused_with_another_payload_is_422(client, store, unique) 
                                                        "command_id": key})
     other = client.post("/commands/ReceiveStock", json={"product": unique, "quantity": 2},
                         headers={"Idempotency-Key": key})
-    assert (first.status_code, same.status_code, other.status_code) == (201, 200, 422)
+    assert (first.status_code, same.status_code, other.status_code) == (201, 200, 409)
     assert same.json()["replayed"] is True
     assert "already used with a different payload" in other.json()["detail"]
     assert len(store.read_stream(unique)) == 1

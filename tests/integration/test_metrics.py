@@ -5,16 +5,11 @@ commits, records folded, lag back to zero, the connector running, read-your-writ
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import httpx
-from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
+from eventfold.local_stack.process import free_port, port_is_open, wait_until
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.test_cli import stack_env
+from tests.integration.test_cli import cli_processes, stack_env
 from tests.pipeline_helpers import wait_for
 
 Samples = list[tuple[str, dict[str, str], float]]
@@ -33,20 +28,6 @@ def total(samples: Samples, name: str, **labels: str) -> float:
     """The sum of ``name``'s samples whose labels include ``labels``."""
     return sum(value for sample, found, value in samples
                if sample == name and labels.items() <= found.items())
-
-
-@contextmanager
-def cli_processes(env: dict[str, str], tmp_path, *commands: list[str]) -> Iterator[list]:
-    processes = []
-    try:
-        for n, args in enumerate(commands):
-            log = (tmp_path / f"process{n}.log").open("w")
-            processes.append(subprocess.Popen([sys.executable, "-m", "eventfold.cli", *args],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT))
-        yield processes
-    finally:
-        for process in processes:
-            stop_pid(process.pid, what="eventfold process", timeout_s=90)
 
 
 def test_each_process_reports_what_it_did(inventory_app, stack_settings, tmp_path,

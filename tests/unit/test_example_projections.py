@@ -8,40 +8,23 @@ import json
 from typing import Any
 
 import pytest
-from eventfold.projections import SourceRecord, fold_in_memory, fold_records
+from eventfold.projections import EventLog, SourceRecord, fold_in_memory, fold_records
 
-from eventfold.contract import EventEnvelope
 from examples import orders, point_of_sale, sales
 
 _positions = itertools.count(1)
 
 
-class Log:
-    """A topic partition in memory: events appended per stream with versions and offsets."""
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.records: list[SourceRecord] = []
-        self.versions: dict[str, int] = {}
-
-    def append(self, stream_id: str, event_type: str, **data: Any) -> SourceRecord:
-        version = self.versions.get(stream_id, 0) + 1
-        self.versions[stream_id] = version
-        position = next(_positions)
-        key, value = EventEnvelope(
-            event_id=f"{stream_id}-{version}", event_type=event_type, stream_id=stream_id,
-            stream_version=version, global_position=position, recorded_at="", data=data,
-        ).encode()
-        record = SourceRecord(self.topic, 0, len(self.records), key, value)
-        self.records.append(record)
-        return record
+def Log(topic: str) -> EventLog:
+    """One partition of ``topic`` whose positions follow every other log's of this module."""
+    return EventLog(topic.removeprefix("eventfold.events."), positions=_positions)
 
 
 def emitted(outcome) -> list[dict[str, Any]]:
     return [json.loads(e.value) for e in outcome.emissions]
 
 
-def sales_log(*sales_made: tuple[str, int]) -> Log:
+def sales_log(*sales_made: tuple[str, int]) -> EventLog:
     log = Log("eventfold.events.ProductSales")
     for product, value in sales_made:
         log.append(product, "SaleRecorded", product=product, value=value)
@@ -87,7 +70,7 @@ def test_aggregation_runs_in_python_too() -> None:
         "b": {"revenue": 1, "sales": 1, "largest_sale": 1}}
 
 
-def invoice(log: Log, number: int, store: str, customer: str, customer_type: str,
+def invoice(log: EventLog, number: int, store: str, customer: str, customer_type: str,
             delivery: str, total_cents: int, items: int = 2) -> None:
     log.append(store, "InvoiceIssued", invoice_no=f"INV-{number}", store_id=store,
                customer_id=customer, customer_type=customer_type, delivery_type=delivery,

@@ -37,7 +37,7 @@ def test_missing_java_says_how_to_install(monkeypatch, tmp_path) -> None:
 
 def test_missing_jars_say_how_to_fetch_them(monkeypatch, tmp_path) -> None:
     monkeypatch.setenv("EVENTFOLD_JARS_DIR", str(tmp_path))
-    with pytest.raises(StackError, match=r"run scripts/setup\.sh"):
+    with pytest.raises(StackError, match=r"eventfold stack install"):
         java.classpath()
 
 

@@ -1,0 +1,167 @@
+"""``eventfold init``: a first application of one's own, in the working directory.
+
+It writes three files and nothing else: the app module (an aggregate, two commands and a
+projection), ``eventfold.toml`` naming it, and a test of the projection in the plain-Python
+fold harness. A file that exists is never overwritten.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+APP_TEMPLATE = '''\
+"""{name}: accounts take deposits and withdrawals; a projection keeps each balance.
+
+    POST /commands/Deposit  {{"account": "alice", "amount": 100}}
+    POST /commands/Withdraw {{"account": "alice", "amount": 30}}
+    GET  /read-models/balances/rows/alice   ->  {{"row": {{"key": "alice", "balance": 70, ...}}}}
+    GET  /ktables/balances/entries/alice    ->  {{"key": "alice", "value": {{"balance": 70}}}}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field
+from sqlalchemy import BigInteger
+
+from eventfold import Eventfold
+from eventfold.projections import Event, State, projection
+from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
+
+
+@dataclass(frozen=True)
+class Deposited(DomainEvent):
+    amount: int
+
+
+@dataclass(frozen=True)
+class Withdrawn(DomainEvent):
+    amount: int
+
+
+class Account(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.balance = 0
+
+    def deposit(self, amount: int) -> None:
+        self.record(Deposited(amount=amount))
+
+    def withdraw(self, amount: int) -> None:
+        if amount > self.balance:
+            raise DomainError(f"cannot withdraw {{amount}} from {{self.id}}: balance "
+                              f"{{self.balance}}")
+        self.record(Withdrawn(amount=amount))
+
+    def apply(self, event: DomainEvent) -> None:
+        match event:
+            case Deposited(amount=amount):
+                self.balance += amount
+            case Withdrawn(amount=amount):
+                self.balance -= amount
+
+
+class Deposit(Command):
+    """Put ``amount`` into ``account`` (opening it on the first deposit)."""
+
+    account: str = Field(min_length=1, max_length=200)
+    amount: int = Field(gt=0, le=1_000_000_000)
+
+    def stream_id(self) -> str:
+        return self.account
+
+
+class Withdraw(Command):
+    """Take ``amount`` out of an existing ``account``; refused beyond its balance."""
+
+    account: str = Field(min_length=1, max_length=200)
+    amount: int = Field(gt=0, le=1_000_000_000)
+
+    def stream_id(self) -> str:
+        return self.account
+
+
+@projection("balances", sources=["Account"], columns={{"balance": BigInteger()}},
+            indexes=["balance"])
+def balances(state: State | None, event: Event) -> State | None:
+    """Each account's balance: a read model in Postgres and a KTable in Kafka."""
+    balance = (state or {{"balance": 0}})["balance"]
+    amount = int(event.data["amount"])
+    return {{"balance": balance + amount if event.type == "Deposited" else balance - amount}}
+
+
+app = Eventfold("{name}")
+app.projections.add(balances)
+
+
+@app.commands.handler(Deposit, Account)
+def deposit(account: Account, command: Deposit) -> None:
+    account.deposit(command.amount)
+
+
+@app.commands.handler(Withdraw, Account, requires_existing=True)
+def withdraw(account: Account, command: Withdraw) -> None:
+    account.withdraw(command.amount)
+'''
+
+CONFIG_TEMPLATE = '''\
+# Eventfold settings for this directory; EVENTFOLD_* environment variables win over these.
+app = "{module}:app"
+'''
+
+TEST_TEMPLATE = '''\
+"""{module}'s projection, folded in plain Python: the code Spark's tasks run, no stack."""
+
+from eventfold.projections import EventLog, fold_in_memory
+
+from {module} import balances
+
+
+def test_balances_follow_deposits_and_withdrawals() -> None:
+    log = EventLog("Account")
+    log.append("alice", "Deposited", amount=100)
+    log.append("bob", "Deposited", amount=5)
+    log.append("alice", "Withdrawn", amount=30)
+    assert fold_in_memory(balances, log.records) == {{
+        "alice": {{"balance": 70}}, "bob": {{"balance": 5}}}}
+
+
+def test_an_event_delivered_twice_counts_once() -> None:
+    log = EventLog("Account")
+    deposit = log.append("alice", "Deposited", amount=100)
+    again = deposit._replace(offset=deposit.offset + 1)  # the connector sent it again
+    assert fold_in_memory(balances, [deposit, again]) == {{"alice": {{"balance": 100}}}}
+'''
+
+_MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class Scaffold:
+    module: str = "myapp"
+
+    def __post_init__(self) -> None:
+        if not _MODULE_NAME.fullmatch(self.module):
+            raise ValueError(f"{self.module!r} is not a Python module name (letters, digits "
+                             "and _, not starting with a digit)")
+
+    def files(self) -> dict[str, str]:
+        return {
+            f"{self.module}.py": APP_TEMPLATE.format(name=self.module),
+            "eventfold.toml": CONFIG_TEMPLATE.format(module=self.module),
+            f"test_{self.module}.py": TEST_TEMPLATE.format(module=self.module),
+        }
+
+    def write(self, directory: Path) -> list[Path]:
+        """Write the files into ``directory``; refuses (writing nothing) if any exists."""
+        files = {directory / name: text for name, text in self.files().items()}
+        existing = sorted(str(path) for path in files if path.exists())
+        if existing:
+            raise FileExistsError(f"{', '.join(existing)} already exist(s); nothing written "
+                                  "(choose another --name or another directory)")
+        for path, text in files.items():
+            path.write_text(text)
+        return list(files)
