@@ -21,6 +21,7 @@ from prometheus_client import (
     REGISTRY,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
 )
@@ -41,6 +42,9 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 HTTP_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 REQUESTS = Counter("eventfold_http_requests", "HTTP requests answered, by API, route template "
                    "(unmatched: no route), method and status", ["api", "route", "method", "status"])
+IN_PROGRESS = Gauge("eventfold_http_requests_in_progress",
+                    "Requests received and not yet answered, by API (this scrape included)",
+                    ["api"], multiprocess_mode="livesum")
 REQUEST_SECONDS = Histogram("eventfold_http_request_duration_seconds",
                             "Time from a request's arrival to the end of its response",
                             ["api", "route"], buckets=LATENCY_BUCKETS)
@@ -60,6 +64,8 @@ class HttpMetrics:
             return
         started = time.perf_counter()
         status = 500
+        in_progress = IN_PROGRESS.labels(self.api)
+        in_progress.inc()
 
         async def send_with_status(message: Message) -> None:
             nonlocal status
@@ -70,6 +76,7 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, send_with_status)
         finally:
+            in_progress.dec()
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             # A client picks the method: only the standard ones become label values, so that
             # made-up methods cannot grow the series without bound.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.kafka import consumer_config, read_messages
 
 
 def read_topic(kafka: KafkaConnection, topic: str) -> list[dict[str, Any]]:
@@ -31,3 +31,19 @@ def produce(kafka: KafkaConnection, topic: str, key: str | None,
     producer = Producer(kafka.client_config())
     producer.produce(topic, key=key, value=value)
     assert producer.flush(10) == 0
+
+
+def last_timestamp_ms(kafka: KafkaConnection, topic: str, partition: int = 0) -> int:
+    """The broker's timestamp of the newest record of a partition (-1 when it is empty)."""
+    consumer = Consumer(consumer_config(kafka))
+    try:
+        _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        if end <= 0:
+            return -1
+        consumer.assign([TopicPartition(topic, partition, end - 1)])
+        while (message := consumer.poll(10)) is not None and message.error() is not None:
+            pass
+        assert message is not None, f"no record at {topic}[{partition}]@{end - 1}"
+        return int(message.timestamp()[1])
+    finally:
+        consumer.close()

@@ -25,6 +25,14 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) ->
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
+def wait_for_more(sent: Callable[[], int], more: int, what: str,
+                  timeout_s: float = 120) -> None:
+    """Until ``more`` commands beyond those sent so far have gone out: time measured in what
+    the test is doing, not in seconds."""
+    target = sent() + more
+    wait_for(lambda: sent() >= target, f"{more} more commands {what}", timeout_s=timeout_s)
+
+
 def runner_settings(settings, **overrides: Any) -> RunnerSettings:
     return RunnerSettings(
         kafka=settings.kafka, database_url=settings.database_url,

@@ -11,16 +11,19 @@ import threading
 import time
 import uuid
 
+import psycopg
 import pytest
 import requests
 from eventfold.local_stack import postgres
-from eventfold.local_stack.process import free_port, stop_pid, wait_until
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository, EventStore
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from eventfold import migrations
+from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.concurrency import run_together
 
@@ -244,52 +247,57 @@ def test_database_down_is_503_and_a_retry_later_succeeds(inventory_app, private_
 
 
 def test_sigterm_lets_in_flight_commands_finish(stack_settings, store, unique) -> None:
+    """Commands the server has received when SIGTERM arrives each get their answer, and
+    what they answered is what is stored. They are held in flight on purpose: a lock on the
+    events table keeps their appends waiting until the server has begun to shut down."""
     port = free_port()
     env = {**os.environ, "EVENTFOLD_DATABASE_URL": stack_settings.database_url,
            "EVENTFOLD_KAFKA_BOOTSTRAP": stack_settings.kafka_bootstrap,
            "EVENTFOLD_CONNECT_URL": stack_settings.connect_url,
            "EVENTFOLD_COMMAND_API_PORT": str(port)}
+    url = f"http://127.0.0.1:{port}"
     server = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "commands"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    in_flight = 8
+    answers: list[requests.Response | Exception] = []
     try:
-        def healthy() -> bool:
+        wait_until(lambda: port_is_open(port), what="command API", timeout_s=60, pid=server.pid)
+
+        def send(n: int) -> None:
             try:
-                return requests.get(f"http://127.0.0.1:{port}/health", timeout=1).ok
-            except requests.RequestException:
-                return False
+                answers.append(requests.post(f"{url}/commands/ReceiveStock", timeout=60,
+                                             json={"product": f"{unique}-{n}", "quantity": 1}))
+            except requests.RequestException as exc:  # a dropped command: the test fails
+                answers.append(exc)
 
-        wait_until(healthy, what="command API", timeout_s=60, pid=server.pid)
-        accepted: list[str] = []
-        failures: list[int] = []
-        stop = threading.Event()
+        def received() -> int:
+            samples = text_string_to_metric_families(requests.get(f"{url}/metrics",
+                                                                  timeout=5).text)
+            return int(next(s.value for family in samples for s in family.samples
+                            if s.name == "eventfold_http_requests_in_progress")) - 1  # this one
 
-        def client(n: int) -> None:
-            session = requests.Session()
-            i = 0
-            while not stop.is_set():
-                try:
-                    response = session.post(
-                        f"http://127.0.0.1:{port}/commands/ReceiveStock",
-                        json={"product": f"{unique}-{n}", "quantity": 1}, timeout=10)
-                except requests.RequestException:
-                    return  # the server stopped accepting: expected after SIGTERM
-                if response.status_code == 201:
-                    accepted.extend(response.json()["event_ids"])
-                else:
-                    failures.append(response.status_code)
-                i += 1
-
-        clients = [threading.Thread(target=client, args=(n,)) for n in range(4)]
+        clients = [threading.Thread(target=send, args=(n,)) for n in range(in_flight)]
+        with psycopg.connect(libpq_url(stack_settings.database_url)) as lock, \
+                lock.transaction():
+            lock.execute("LOCK TABLE events IN SHARE MODE")  # appends wait behind it
+            for thread in clients:
+                thread.start()
+            wait_until(lambda: received() == in_flight, what="8 commands in flight",
+                       timeout_s=30)
+            server.send_signal(signal.SIGTERM)
+            wait_until(lambda: not port_is_open(port), what="the server to stop accepting",
+                       timeout_s=30)
+            time.sleep(2)  # commands that take a while: the server must wait for them
+        # the lock is released: the in-flight appends commit while the server drains
         for thread in clients:
-            thread.start()
-        time.sleep(1.5)
-        server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=30) == 0
-        stop.set()
-        for thread in clients:
-            thread.join()
+            thread.join(timeout=60)
+        assert server.wait(timeout=60) == 0
     finally:
         stop_pid(server.pid, what="command API")
-    stored = {str(e.event_id) for n in range(4) for e in store.read_stream(f"{unique}-{n}")}
-    assert accepted and set(accepted) == stored
-    assert failures == []
+    assert [a.status_code if isinstance(a, requests.Response) else repr(a)
+            for a in answers] == [201] * in_flight
+    accepted = {event_id for a in answers if isinstance(a, requests.Response)
+                for event_id in a.json()["event_ids"]}
+    stored = {str(e.event_id) for n in range(in_flight)
+              for e in store.read_stream(f"{unique}-{n}")}
+    assert accepted == stored and len(stored) == in_flight

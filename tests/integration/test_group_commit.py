@@ -141,7 +141,7 @@ def test_a_failing_append_does_not_fail_its_batch(store, unique) -> None:
     assert isinstance(outcomes["taken"], ConcurrencyError)
     assert outcomes["taken"].current_version == 1
     assert isinstance(outcomes["done"], DuplicateCommand)
-    assert isinstance(outcomes["nul"], Exception)
+    assert isinstance(outcomes["nul"], psycopg.errors.UntranslatableCharacter)
     assert store.read_stream(f"{unique}-nul") == []
     for n in range(8):
         assert [e.data for e in store.read_stream(f"{unique}-ok{n}")] == [{"q": n}]

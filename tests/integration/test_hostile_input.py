@@ -50,8 +50,8 @@ def post_raw(client: TestClient, command: str, body: str, **headers: str):
 @pytest.mark.parametrize(("body", "field", "words"), [
     ('{"product": "a\\u0000b", "quantity": 1}', "product", "NUL"),
     ('{"product": "\\u0000", "quantity": 1}', "product", "NUL"),
-    ('{"product": "x", "quantity": 1e999}', "quantity", ""),
-    ('{"product": "x\\ud800", "quantity": 1}', "body", ""),
+    ('{"product": "x", "quantity": 1e999}', "quantity", "valid integer"),
+    ('{"product": "x\\ud800", "quantity": 1}', "body", "invalid JSON: unexpected end of hex"),
 ])
 def test_hostile_command_fields_are_422_naming_the_field(client, store, body, field,
                                                          words) -> None:

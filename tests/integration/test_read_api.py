@@ -421,17 +421,22 @@ def test_read_model_routes_answer_503_while_the_database_is_down(stack_settings,
     try:
         migrations.upgrade(url)
         projection = catalog_projection(uuid.uuid4().hex[:8])
-        options = ReadApiOptions(database_url=url,
-                                 kafka=stack_settings.kafka)
-        server = BackgroundServer(create_read_app([projection], options), "127.0.0.1",
-                                  free_port()).start()
+        # A projection that has run: its routes answer until the database goes away, so the
+        # 503s below can only be the database's (one that never ran answers 503 too).
+        materialize(stack_settings.replace(database_url=url), projection,
+                    catalog_rows(3, seed=1))
+        server = read_api([projection], stack_settings.replace(database_url=url), "db-down")
         try:
+            assert get(server, f"/read-models/{projection.name}/rows/p000").status_code == 200
             stop_pid(pid, what="postgres", sig=signal.SIGINT)
-            for path in ("/rows", "/rows/a", "/count"):
+            for path in ("/rows", "/rows/p000", "/count"):
                 response = get(server, f"/read-models/{projection.name}{path}")
                 assert response.status_code == 503, response.text
                 assert response.headers["Retry-After"] == "1"
-            assert get(server, "/ready").status_code == 503
+                assert response.json()["detail"] == ("the database is unavailable; retry "
+                                                     "shortly")
+            ready = get(server, "/ready")
+            assert (ready.status_code, ready.json()["status"]) == (503, "database unavailable")
         finally:
             server.stop()
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -92,8 +94,9 @@ def test_point_of_sale_streams() -> None:
     loyalty = fold_records(point_of_sale.loyalty_points, {}, log.records)
     assert {k: ks.state for k, ks in loyalty.changed.items()} == {
         "C1": {"points": 30, "prime_invoices": 2}}
-    assert [(e["data"]["points_earned"], e["data"]["total_points"])
-            for e in emitted(loyalty)] == [(20.0, 20.0), (10.0, 30.0)]
+    points = [(e["data"]["points_earned"], e["data"]["total_points"]) for e in emitted(loyalty)]
+    assert points == [(20, 20), (10, 30)]
+    assert {type(p) for pair in points for p in pair} == {int}  # whole points, never 20.0
 
     lines = emitted(fold_records(point_of_sale.invoice_analytics, {}, log.records))
     assert len(lines) == 7
@@ -134,15 +137,23 @@ def test_mask_never_shows_a_short_value_in_full(value: str, masked: str) -> None
 
 
 def test_loyalty_points_add_up_exactly_over_many_invoices() -> None:
-    """27 customers with odd totals: integer cents and whole points never drift."""
+    """27 customers with odd totals: integer cents and whole points never drift. The expected
+    points come another way (exact fractions of dollars, floored), and a few by hand."""
+    by_hand = {4_999: 0, 5_000: 1, 9_999: 1, 10_000: 2, 123_456: 24}
     log = Log("eventfold.events.Store")
     expected: dict[str, int] = {}
+    for n, cents in enumerate(by_hand):
+        invoice(log, n, "STR-0", f"hand{n}", "PRIME", "TAKEAWAY", cents, items=1)
+        expected[f"hand{n}"] = by_hand[cents]
     for n in range(27 * 7):
         customer, cents = f"C{n % 27}", 1_999 + 7_919 * n % 100_003
-        invoice(log, n, f"STR-{n % 3}", customer, "PRIME", "TAKEAWAY", cents, items=1)
-        expected[customer] = expected.get(customer, 0) + cents * 2 // 10_000
+        invoice(log, 100 + n, f"STR-{n % 3}", customer, "PRIME", "TAKEAWAY", cents, items=1)
+        dollars = Fraction(cents, 100)
+        expected[customer] = expected.get(customer, 0) + math.floor(dollars / 100 * 2)
     loyalty = fold_records(point_of_sale.loyalty_points, {}, log.records)
-    assert {k: ks.state["points"] for k, ks in loyalty.changed.items()} == expected
+    found = {k: ks.state["points"] for k, ks in loyalty.changed.items()}
+    assert found == expected
+    assert {type(points) for points in found.values()} == {int}
 
 
 def test_a_fold_that_overflows_to_infinity_dead_letters_that_event() -> None:

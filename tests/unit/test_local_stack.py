@@ -1,5 +1,6 @@
 """The local stack's failure messages: a person must know what to do next."""
 
+import logging
 import socket
 from pathlib import Path
 
@@ -48,11 +49,15 @@ def test_a_process_that_dies_during_start_shows_its_log(tmp_path) -> None:
         wait_until(lambda: False, what="dies", timeout_s=10, pid=process.pid, log_path=log_path)
 
 
-def test_stop_pid_escalates_to_sigkill(tmp_path) -> None:
-    process = spawn(["sh", "-c", "trap '' TERM; sleep 30"], tmp_path / "stubborn.log")
-    wait_until(lambda: (tmp_path / "stubborn.log").exists(), what="start", timeout_s=5)
-    stop_pid(process.pid, what="stubborn", timeout_s=0.5)
+def test_stop_pid_escalates_to_sigkill(tmp_path, caplog) -> None:
+    log_path = tmp_path / "stubborn.log"
+    process = spawn(["sh", "-c", "trap '' TERM; echo ignoring TERM; exec sleep 30"], log_path)
+    # The line comes after the trap: SIGTERM from here on is ignored for sure.
+    wait_until(lambda: "ignoring TERM" in log_path.read_text(), what="the trap", timeout_s=5)
+    with caplog.at_level(logging.INFO, logger="eventfold.local_stack.process"):
+        stop_pid(process.pid, what="stubborn", timeout_s=0.5)
     assert not pid_alive(process.pid)
+    assert f"stubborn (pid {process.pid}) ignored signal 15 for 0 s; killing it" in caplog.text
 
 
 def test_status_without_a_stack(tmp_path) -> None:

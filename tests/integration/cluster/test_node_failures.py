@@ -31,6 +31,7 @@ from tests.pipeline_helpers import (
     sales_totals_of_the_store,
     selling,
     wait_for,
+    wait_for_more,
     wait_until_in_topic,
 )
 
@@ -69,7 +70,7 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
         with selling(settings, unique) as sent:
             wait_for(lambda: folded_total(engine, table, unique) > 0, "the first batch",
                      timeout_s=180)
-            time.sleep(1)
+            wait_for_more(sent, 50, "after the first batch (mid-stream)")
             victim = kill()
             killed_at = time.monotonic()
             commands_at_kill = sent()
@@ -86,7 +87,7 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
             recovered_s = time.monotonic() - killed_at
             if while_down is not None:
                 while_down(name)
-            time.sleep(2)
+            wait_for_more(sent, 100, "after the recovery")
         wait_until_in_topic(settings, "ProductSales", unique, sent())
         stopped_at = time.monotonic()
         wait_for(lambda: rows(engine, table, unique, "total")

@@ -27,6 +27,7 @@ from tests.pipeline_helpers import (
     sales_totals_of_the_store,
     selling,
     wait_for,
+    wait_for_more,
     wait_until_in_topic,
 )
 
@@ -149,7 +150,7 @@ def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
             wait_for(lambda: folded_total(engine, table, unique) > folded_at_kill,
                      "a batch after the worker was killed", timeout_s=180)
             recovered_s = time.monotonic() - killed_at
-            time.sleep(3)
+            wait_for_more(sent, 150, "after the recovery")
         wait_until_in_topic(stack_settings, "ProductSales", unique, sent())
         stopped_at = time.monotonic()
         wait_for(lambda: rows(engine, table, unique, "total")
