@@ -36,12 +36,12 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
-from eventfold.projections.fold import FoldOutcome
-from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.metrics import ProjectionLag
+from eventfold.projections.outcome import FoldOutcome
 from eventfold.projections.replay import ReplayResult, replay
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
-from eventfold.projections.spark import spark_session
 from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory

@@ -25,8 +25,8 @@ from pathlib import Path
 import psycopg
 import requests
 from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
-from eventfold.projections.spark import spark_session
 from eventfold.write_model import EventStore, StreamAppend
 from eventfold.write_model.persistence.store import NewEvent
 

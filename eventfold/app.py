@@ -40,7 +40,7 @@ from eventfold.projections.runner import (
     ProjectionRunner,
     RunnerSettings,
 )
-from eventfold.projections.sinks import ensure_projection_topics
+from eventfold.projections.state.store import ensure_projection_topics
 from eventfold.read_api import ReadApiOptions, create_read_app
 from eventfold.read_api.metrics import KTABLES
 from eventfold.request_log import RequestLog
@@ -168,7 +168,7 @@ class Eventfold:
 
     @staticmethod
     def _spark(settings: Settings, name: str) -> SparkSession:
-        from eventfold.projections.spark import spark_session
+        from eventfold.projections.execution.spark import spark_session
 
         return spark_session(settings.spark_master, app_name=f"eventfold-{name}",
                              extra_conf=spark_conf(settings))

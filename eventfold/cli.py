@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
     from eventfold.app import Eventfold
     from eventfold.outbox.operations import ConnectorStatus
-    from eventfold.projections.parking import Resolution
-    from eventfold.projections.projection import Projection
+    from eventfold.projections.definition.projection import Projection
     from eventfold.projections.runner import Progress
+    from eventfold.projections.state.parking import Resolution
     from eventfold.run_observer import RunObserver
 
 log = logging.getLogger("eventfold")
@@ -206,7 +206,7 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
     database answers, else version 1's names."""
     import psycopg
 
-    from eventfold.projections.catalog import ProjectionCatalog
+    from eventfold.projections.state.catalog import ProjectionCatalog
     from eventfold.projections.status import projection_outputs
 
     versions: ProjectionCatalog | None = None

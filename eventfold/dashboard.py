@@ -24,8 +24,8 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from eventfold.config import Settings
 from eventfold.contract import event_topic, libpq_url
 from eventfold.outbox.kafka import OffsetPlanner
-from eventfold.projections.catalog import read_checkpoint
 from eventfold.projections.dead_letters import read_dead_letters
+from eventfold.projections.state.catalog import read_checkpoint
 from eventfold.status import pipeline_status
 
 if TYPE_CHECKING:

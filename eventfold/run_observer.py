@@ -17,7 +17,7 @@ from eventfold.contract import PartitionKey, libpq_url
 from eventfold.metrics import PROCESS_COLLECTORS, MetricsServer
 from eventfold.outbox.metrics import ConnectorMetrics
 from eventfold.projections.metrics import ParkedKeys, ProjectionLag
-from eventfold.projections.parking import parked_counts
+from eventfold.projections.state.parking import parked_counts
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery

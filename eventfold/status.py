@@ -29,7 +29,7 @@ from rich.table import Table
 from eventfold.config import Settings
 from eventfold.contract import libpq_url
 from eventfold.outbox.connector import ConnectError
-from eventfold.projections.catalog import builds, live_readers
+from eventfold.projections.state.catalog import builds, live_readers
 from eventfold.projections.status import ProjectionStatus, projection_status
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client,
 bars). Never ``write_model`` or ``read_api``.
 """
 
-from eventfold.projections.aggregates import (
+from eventfold.projections.definition.aggregates import (
     AggregateFunction,
     Avg,
     CompositeAggregate,
@@ -31,9 +31,7 @@ from eventfold.projections.aggregates import (
     Min,
     Sum,
 )
-from eventfold.projections.fold import KeyState, SourceRecord, fold_in_memory, fold_records
-from eventfold.projections.plan import Pipeline, Plan, compile_projection
-from eventfold.projections.projection import (
+from eventfold.projections.definition.projection import (
     AggregationProjection,
     Derived,
     Dispatch,
@@ -49,7 +47,10 @@ from eventfold.projections.projection import (
     projection,
     stream,
 )
-from eventfold.projections.registry import ProjectionRegistry
+from eventfold.projections.definition.registry import ProjectionRegistry
+from eventfold.projections.execution.fold import fold_in_memory, fold_records
+from eventfold.projections.outcome import KeyState, SourceRecord
+from eventfold.projections.plan import Pipeline, Plan, compile_projection
 from eventfold.projections.testing import EventLog
 
 __all__ = [

@@ -17,16 +17,17 @@ import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.topics import Replication
-from eventfold.projections.catalog import ProjectionCatalog, lock_registry
-from eventfold.projections.fold import (
+from eventfold.projections.definition.projection import Event, Projection, State
+from eventfold.projections.execution.fold import (
     EMIT_ALL,
-    FoldOutcome,
     KeyFolder,
-    SourceRecord,
     event_from_envelope,
     lookup_keys,
 )
-from eventfold.projections.parking import (
+from eventfold.projections.outcome import FoldOutcome, SourceRecord
+from eventfold.projections.plan import compile_projection
+from eventfold.projections.state.catalog import ProjectionCatalog, lock_registry
+from eventfold.projections.state.parking import (
     HeldEvent,
     Resolution,
     held_events,
@@ -34,9 +35,7 @@ from eventfold.projections.parking import (
     resolutions,
     resolve,
 )
-from eventfold.projections.plan import compile_projection
-from eventfold.projections.projection import Event, Projection, State
-from eventfold.projections.sinks import ReadModelStore, TopicSink, lookup_rows
+from eventfold.projections.state.store import ReadModelStore, TopicSink, lookup_rows
 
 from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
 

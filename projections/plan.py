@@ -14,9 +14,9 @@ from math import isfinite
 from types import MappingProxyType
 from typing import Any
 
-from eventfold.projections.aggregates import AggregateFunction, CompositeAggregate
-from eventfold.projections.fields import coerce, path_value
-from eventfold.projections.projection import (
+from eventfold.projections.definition.aggregates import AggregateFunction, CompositeAggregate
+from eventfold.projections.definition.fields import coerce, path_value
+from eventfold.projections.definition.projection import (
     AggregationProjection,
     Event,
     FoldProjection,

@@ -26,11 +26,11 @@ from eventfold.outbox.history import count_events, head_position
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.projections import metrics
-from eventfold.projections.catalog import ProjectionCatalog
-from eventfold.projections.fold import FoldOutcome
-from eventfold.projections.projection import Projection
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.outcome import FoldOutcome
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
-from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.store import ReadModelStore
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.progress import (

@@ -25,8 +25,8 @@ from eventfold.outbox.history import count_events
 from eventfold.outbox.kafka import GroupProgress, OffsetPlanner
 from eventfold.outbox.topics import Replication
 from eventfold.projections import metrics
-from eventfold.projections.catalog import ProjectionCatalog
-from eventfold.projections.engine import (
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.execution.engine import (
     BatchContext,
     SourceSlice,
     decode_records,
@@ -36,21 +36,21 @@ from eventfold.projections.engine import (
     run_fold,
     run_fold_in_place,
 )
-from eventfold.projections.fold import FoldOutcome
-from eventfold.projections.kafka_source import (
+from eventfold.projections.execution.kafka_source import (
     FORMAT_NAME,
     KafkaSlice,
     OffsetRange,
     cap_rows,
     planned_ranges,
 )
-from eventfold.projections.limits import STREAMING_MAX_ROWS
-from eventfold.projections.parking import ParkedKeysReleased
+from eventfold.projections.execution.limits import STREAMING_MAX_ROWS
+from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
+from eventfold.projections.execution.task_output import KeySplitAcrossPartitions
+from eventfold.projections.outcome import FoldOutcome
 from eventfold.projections.plan import Pipeline, compile_projection
-from eventfold.projections.projection import Projection
-from eventfold.projections.sinks import ReadModelStore, TopicSink
-from eventfold.projections.store_source import STORE_PARTITION, store_slices
-from eventfold.projections.task_output import KeySplitAcrossPartitions
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.parking import ParkedKeysReleased
+from eventfold.projections.state.store import ReadModelStore, TopicSink
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery

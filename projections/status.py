@@ -7,9 +7,9 @@ from datetime import datetime
 
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
-from eventfold.projections.catalog import ProjectionCatalog
-from eventfold.projections.projection import Projection
-from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.store import ReadModelStore
 
 
 @dataclass(frozen=True)

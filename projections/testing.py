@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from eventfold.projections.fold import SourceRecord
+from eventfold.projections.outcome import SourceRecord
 
 from eventfold.contract import EventEnvelope, event_topic
 

@@ -20,7 +20,7 @@ import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import Projection
-from eventfold.projections.catalog import active_checkpoints
+from eventfold.projections.state.catalog import active_checkpoints
 from eventfold.projections.status import projection_outputs
 from eventfold.read_api.read_models import reader_session
 

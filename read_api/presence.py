@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable
 
 import psycopg
-from eventfold.projections.catalog import READER_HEARTBEAT_S, forget_reader, note_reader
+from eventfold.projections.state.catalog import READER_HEARTBEAT_S, forget_reader, note_reader
 from eventfold.read_api.freshness import connect_as_reader
 
 log = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from eventfold.projections import Projection
-from eventfold.projections.schema import sources_table
+from eventfold.projections.state.schema import sources_table
 from eventfold.read_api.query import (
     Filter,
     ListQuery,

@@ -49,7 +49,7 @@ def inventory_app(stack_settings: Settings):
 
 @pytest.fixture(scope="session")
 def spark(stack_settings: Settings):
-    from eventfold.projections.spark import spark_session
+    from eventfold.projections.execution.spark import spark_session
 
     from eventfold.app import spark_conf
 

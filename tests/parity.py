@@ -32,8 +32,8 @@ from eventfold.projections import (
     projection,
     stream,
 )
-from eventfold.projections.aggregates import AggregateFunction
-from eventfold.projections.fold import FoldOutcome
+from eventfold.projections.definition.aggregates import AggregateFunction
+from eventfold.projections.outcome import FoldOutcome
 from hypothesis import strategies as st
 from pyspark.sql import Column
 from pyspark.sql import functions as F

@@ -69,9 +69,9 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
     """Write ``states`` as one committed batch of ``projection`` through its real sinks (read
     model table + view + KTable topic), as the engine would; the i-th key gets stream version
     ``first_stream_version + i``."""
-    from eventfold.projections.catalog import ProjectionCatalog
-    from eventfold.projections.fold import FoldOutcome, KeyState
-    from eventfold.projections.sinks import ReadModelStore, TopicSink
+    from eventfold.projections.outcome import FoldOutcome, KeyState
+    from eventfold.projections.state.catalog import ProjectionCatalog
+    from eventfold.projections.state.store import ReadModelStore, TopicSink
 
     versions = ProjectionCatalog(settings.database_url)
     versions.register(projection.name)

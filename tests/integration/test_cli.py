@@ -17,7 +17,7 @@ import pytest
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.projections.catalog import ProjectionCatalog
+from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.status import projection_status
 
 from eventfold.contract import libpq_url

@@ -15,16 +15,16 @@ import threading
 import pytest
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections import projection
-from eventfold.projections.catalog import ProjectionCatalog
-from eventfold.projections.fold import (
+from eventfold.projections.outcome import (
     PARKED_BEHIND,
     DeadLetter,
     FoldOutcome,
     ParkedKey,
     SourceRecord,
 )
-from eventfold.projections.parking import ParkedKeysReleased, release
-from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.parking import ParkedKeysReleased, release
+from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import BigInteger, create_engine
 from sqlalchemy.exc import ProgrammingError
 

@@ -12,8 +12,8 @@ from contextlib import contextmanager
 import pytest
 from eventfold.outbox.design import OutboxDesign
 from eventfold.projections import Lookup, Projection
-from eventfold.projections.catalog import ProjectionCatalog
 from eventfold.projections.replay import replay
+from eventfold.projections.state.catalog import ProjectionCatalog
 from sqlalchemy import Engine, text
 
 from eventfold.contract import EventEnvelope, event_topic

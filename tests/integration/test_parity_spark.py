@@ -18,8 +18,7 @@ from itertools import count
 import psycopg
 import pytest
 from eventfold.projections import Pipeline, Plan, compile_projection, fold_records
-from eventfold.projections.catalog import ProjectionCatalog
-from eventfold.projections.engine import (
+from eventfold.projections.execution.engine import (
     BatchContext,
     read_events,
     run_aggregation,
@@ -27,8 +26,10 @@ from eventfold.projections.engine import (
     run_fold,
     run_fold_in_place,
 )
-from eventfold.projections.fold import FoldOutcome, KeyState, RawRecords, SourceRecord, by_partition
-from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.execution.fold import by_partition
+from eventfold.projections.outcome import FoldOutcome, KeyState, RawRecords, SourceRecord
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.store import ReadModelStore
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 

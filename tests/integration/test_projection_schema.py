@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 from eventfold.projections import Event, FoldProjection, State
-from eventfold.projections.schema import SchemaNeedsReplay, migrate, state_table
-from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.state.schema import SchemaNeedsReplay, migrate, state_table
+from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import (
     JSON,
     BigInteger,

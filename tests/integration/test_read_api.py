@@ -16,8 +16,8 @@ import pytest
 import requests
 from eventfold.local_stack.process import free_port
 from eventfold.projections import FoldProjection
-from eventfold.projections.catalog import READER_ROLE, ProjectionCatalog
-from eventfold.projections.sinks import ReadModelStore
+from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
+from eventfold.projections.state.store import ReadModelStore
 from eventfold.read_api import ReadApiOptions, create_read_app
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st

@@ -20,7 +20,7 @@ import httpx
 import psycopg
 from confluent_kafka.admin import AdminClient
 from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.projections.catalog import ProjectionCatalog
+from eventfold.projections.state.catalog import ProjectionCatalog
 
 from eventfold.contract import libpq_url
 from tests.integration.test_cli import stack_env

@@ -7,7 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 from eventfold.projections import Count, Latest, Sum, aggregation, compile_projection
-from eventfold.projections.decode import (
+from eventfold.projections.execution.decode import (
     EVENT_FIELDS,
     _decode_columnar,
     _decode_per_record,
@@ -16,8 +16,9 @@ from eventfold.projections.decode import (
     records_table,
     with_fields,
 )
-from eventfold.projections.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, BatchFold, RawRecords
-from eventfold.projections.guard import drop_applied
+from eventfold.projections.execution.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, BatchFold
+from eventfold.projections.execution.guard import drop_applied
+from eventfold.projections.outcome import RawRecords
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import BigInteger, Float, String

@@ -21,7 +21,7 @@ from eventfold.projections import (
     projection,
     stream,
 )
-from eventfold.projections.fields import coerce, key_text, path_value
+from eventfold.projections.definition.fields import coerce, key_text, path_value
 from sqlalchemy import BigInteger, Float, String
 
 

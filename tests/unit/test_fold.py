@@ -12,9 +12,10 @@ from eventfold.projections import (
     fold_in_memory,
     fold_records,
     projection,
-    task_output,
 )
-from eventfold.projections.fold import PARKED_BEHIND, BatchFold, ParkedKey, RawRecords
+from eventfold.projections.execution import task_output
+from eventfold.projections.execution.fold import BatchFold
+from eventfold.projections.outcome import PARKED_BEHIND, ParkedKey, RawRecords
 from sqlalchemy import BigInteger
 
 from eventfold.contract import EventEnvelope

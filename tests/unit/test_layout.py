@@ -54,12 +54,21 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
         f"{package} imports {sorted(imported - ALLOWED[package])}")
 
 
+RUNNING = {f"projections.{m}" for m in ("runner", "replay", "status", "metrics", "dead_letters",
+                                         "testing")}
+"""What runs a projection (the streaming query, replays, operations): nothing below imports it."""
 LAYERS = {
     "write_model/domain": {"write_model.persistence", "write_model.commands", "write_model.http"},
     "write_model/persistence": {"write_model.commands", "write_model.http"},
-    "projections/projection.py": {f"projections.{m}" for m in (
-        "plan", "fold", "decode", "partial", "engine", "runner", "sinks", "replay", "catalog",
-        "kafka_source", "store_source", "spark", "task_output")},
+    # projections: definition <- plan <- outcome <- state <- execution <- running it
+    "projections/definition": {"projections.plan", "projections.outcome", "projections.state",
+                               "projections.execution", *RUNNING},
+    "projections/plan.py": {"projections.outcome", "projections.state", "projections.execution",
+                            *RUNNING},
+    "projections/outcome.py": {"projections.plan", "projections.state", "projections.execution",
+                               *RUNNING},
+    "projections/state": {"projections.execution", *RUNNING},
+    "projections/execution": RUNNING,
 }
 """Inside a package, what a layer must not import: write_model's domain knows nothing of
 storage or transport; a projection's definition nothing of how it runs."""
@@ -103,7 +112,7 @@ def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
                      "eventfold/local_stack/pom.xml", "eventfold/outbox/__init__.py",
                      "eventfold/write_model/domain/events.py",
                      "eventfold/write_model/persistence/store.py",
-                     "eventfold/projections/aggregates.py"):
+                     "eventfold/projections/definition/aggregates.py"):
         assert expected in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     # Every module of the source tree is in it (an editable install finds a package the
@@ -118,7 +127,8 @@ def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
 def test_a_spark_worker_loads_no_connector_side() -> None:
     """What a projection's Python worker imports leaves out the Connect client and requests:
     seconds of start-up for code it never runs."""
-    code = ("import sys, eventfold.projections.engine, eventfold.projections.kafka_source; "
+    code = ("import sys, eventfold.projections.execution.engine, "
+            "eventfold.projections.execution.kafka_source; "
             "print(sorted(n for n in sys.modules if n == 'requests' "
             "or n.startswith(('eventfold.outbox.connector', 'eventfold.outbox.operations', "
             "'eventfold.write_model.commands', 'eventfold.write_model.http'))))")

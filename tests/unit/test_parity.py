@@ -23,16 +23,17 @@ from eventfold.projections import (
     compile_projection,
     fold_records,
 )
-from eventfold.projections.decode import decode_events, decoded_schema, records_table
-from eventfold.projections.engine import (
+from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
+from eventfold.projections.execution.engine import (
     BatchContext,
     aggregation_outcome,
     columns,
     decoded_rows,
     fold_keyed,
 )
-from eventfold.projections.fold import FoldOutcome, SourceRecord, by_partition
-from eventfold.projections.partial import PartitionAggregate, partial_schema
+from eventfold.projections.execution.fold import by_partition
+from eventfold.projections.execution.partial import PartitionAggregate, partial_schema
+from eventfold.projections.outcome import FoldOutcome, SourceRecord
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import BigInteger, Float, String
 

@@ -17,9 +17,9 @@ from eventfold.projections import (
     aggregation,
     fold_records,
 )
-from eventfold.projections.decode import decode_events, decoded_schema, records_table
-from eventfold.projections.fold import by_partition
-from eventfold.projections.partial import (
+from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
+from eventfold.projections.execution.fold import by_partition
+from eventfold.projections.execution.partial import (
     PartitionAggregate,
     merge_partials,
     partial_schema,

@@ -1,6 +1,6 @@
-from eventfold.projections.engine import share_out
-from eventfold.projections.kafka_source import KafkaSlice, OffsetRange, cap_rows
-from eventfold.projections.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.engine import share_out
+from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
+from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from hypothesis import given
 from hypothesis import strategies as st
 

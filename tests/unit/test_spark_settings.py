@@ -4,8 +4,8 @@ spark-defaults.conf), then EVENTFOLD_SPARK_* settings, then our defaults."""
 from __future__ import annotations
 
 import pytest
+from eventfold.projections.execution.spark import DEFAULTS, session_conf, spark_defaults
 from eventfold.projections.runner import EXECUTOR_PASSWORD, KAFKA_SOURCES
-from eventfold.projections.spark import DEFAULTS, session_conf, spark_defaults
 
 from eventfold.app import spark_conf
 from eventfold.config import SPARK_SOURCES, ConfigError, Settings

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from eventfold.projections.aggregates import AggregateFunction
-from eventfold.projections.decode import field_column
-from eventfold.projections.fold import SourceRecord
-from eventfold.projections.guard import dedupe, drop_below
+from eventfold.projections.definition.aggregates import AggregateFunction
+from eventfold.projections.execution.decode import field_column
+from eventfold.projections.execution.guard import dedupe, drop_below
+from eventfold.projections.outcome import SourceRecord
 from eventfold.projections.plan import Plan
 
 GROUP = "fold_key"

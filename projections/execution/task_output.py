@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
-from eventfold.projections.fold import (
+from eventfold.projections.outcome import (
     DeadLetter,
     Emission,
     FoldOutcome,

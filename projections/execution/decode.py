@@ -18,17 +18,16 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
-from eventfold.projections.fields import coerce, path_value
-from eventfold.projections.fold import (
+from eventfold.projections.definition.fields import coerce, path_value
+from eventfold.projections.definition.projection import Event
+from eventfold.projections.execution.fold import (
     KEY_NOT_UTF8,
     VALUE_NOT_UTF8,
-    RawRecords,
-    SourceRecord,
     is_utf8,
     missing_key_reason,
 )
+from eventfold.projections.outcome import RawRecords, SourceRecord
 from eventfold.projections.plan import Plan
-from eventfold.projections.projection import Event
 from pyarrow import json as pa_json
 
 from eventfold.contract import EventEnvelope, MalformedEvent

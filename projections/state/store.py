@@ -26,7 +26,10 @@ from eventfold.outbox.topics import (
     Replication,
     TopicAdmin,
 )
-from eventfold.projections.catalog import (
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.outcome import DeadLetter, FoldOutcome, KeyState, ParkedKey
+from eventfold.projections.plan import compile_projection
+from eventfold.projections.state.catalog import (
     READER_ROLE,
     Checkpoint,
     claim_batch,
@@ -34,8 +37,7 @@ from eventfold.projections.catalog import (
     read_checkpoint,
     save_checkpoint,
 )
-from eventfold.projections.fold import DeadLetter, FoldOutcome, KeyState, ParkedKey
-from eventfold.projections.parking import (
+from eventfold.projections.state.parking import (
     ParkedKeysReleased,
     drop_parked,
     park,
@@ -43,9 +45,7 @@ from eventfold.projections.parking import (
     parked_keys,
     still_parked,
 )
-from eventfold.projections.plan import compile_projection
-from eventfold.projections.projection import Projection
-from eventfold.projections.schema import migrate, sources_table, state_table
+from eventfold.projections.state.schema import migrate, sources_table, state_table
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine

@@ -31,8 +31,8 @@ import pyarrow as pa
 from confluent_kafka import Consumer, Message
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
-from eventfold.projections.decode import text_column
-from eventfold.projections.fold import RawRecords
+from eventfold.projections.execution.decode import text_column
+from eventfold.projections.outcome import RawRecords
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import (
     DataSource,

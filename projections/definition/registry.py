@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from eventfold.projections.projection import Projection
+from eventfold.projections.definition.projection import Projection
 
 
 class ProjectionRegistry:

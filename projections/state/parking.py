@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from eventfold.projections.fold import DeadLetter, ParkedKey
+from eventfold.projections.outcome import DeadLetter, ParkedKey
 from psycopg import sql
 
 PARKED_TABLE = "parked_events"

@@ -27,9 +27,10 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from eventfold.projections import task_output
-from eventfold.projections.aggregates import AggregateFunction
-from eventfold.projections.decode import (
+from eventfold.projections.definition.aggregates import AggregateFunction
+from eventfold.projections.definition.projection import Event
+from eventfold.projections.execution import task_output
+from eventfold.projections.execution.decode import (
     decode_events,
     decoded_event,
     decoded_schema,
@@ -38,19 +39,9 @@ from eventfold.projections.decode import (
     spark_ddl,
     spark_records_table,
 )
-from eventfold.projections.fold import (
-    BatchFold,
-    DeadLetter,
-    FoldOutcome,
-    KeyFolder,
-    KeyState,
-    ParkedKey,
-    RawRecords,
-    SourceRecord,
-    lookup_keys,
-)
-from eventfold.projections.guard import EVENT_IDENTITY, drop_applied
-from eventfold.projections.partial import (
+from eventfold.projections.execution.fold import BatchFold, KeyFolder, lookup_keys
+from eventfold.projections.execution.guard import EVENT_IDENTITY, drop_applied
+from eventfold.projections.execution.partial import (
     DEAD_LETTER_COLUMNS,
     PartitionAggregate,
     merge_partials,
@@ -58,9 +49,16 @@ from eventfold.projections.partial import (
     slot,
     stream_marks,
 )
+from eventfold.projections.outcome import (
+    DeadLetter,
+    FoldOutcome,
+    KeyState,
+    ParkedKey,
+    RawRecords,
+    SourceRecord,
+)
 from eventfold.projections.plan import Plan
-from eventfold.projections.projection import Event
-from eventfold.projections.sinks import ReadModelStore, lookup_rows
+from eventfold.projections.state.store import ReadModelStore, lookup_rows
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 

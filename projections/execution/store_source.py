@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import psycopg
 from eventfold.outbox.history import STORE_TOPIC, read_history
-from eventfold.projections.fold import RawRecords
+from eventfold.projections.outcome import RawRecords
 
 from eventfold.contract import PartitionKey, libpq_url
 

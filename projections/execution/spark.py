@@ -19,7 +19,7 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from eventfold.projections.kafka_source import KafkaDataSource
+from eventfold.projections.execution.kafka_source import KafkaDataSource
 from pyspark import SparkConf, SparkContext
 from pyspark.find_spark_home import _find_spark_home as find_spark_home
 from pyspark.sql import SparkSession

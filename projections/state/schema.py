@@ -18,7 +18,7 @@ from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations import ops as alembic_ops
-from eventfold.projections.projection import Projection
+from eventfold.projections.definition.projection import Projection
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
