@@ -81,14 +81,30 @@ def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> dict[int, tupl
     return found
 
 
+EXECUTOR_MARKS = ("pyspark.daemon", "pyspark.worker", "CoarseGrainedExecutorBackend")
+"""What a process's command line holds when it runs tasks: Spark's Python workers, and a
+cluster's executor JVMs."""
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            "utf-8", "replace")
+    except OSError:
+        return ""
+
+
 class PeakMemory:
     """Samples the RSS of this process's tree (minus ``exclude``, plus the trees of ``also``:
-    a Spark cluster's master and workers, whose executors are theirs) in the background."""
+    a Spark cluster's master and workers, whose executors are theirs) in the background: the
+    peak of the whole, and apart the peaks of the driver (this process, its JVM) and of the
+    executors (Python workers and executor JVMs, with what they start)."""
 
     def __init__(self, exclude: frozenset[int] = frozenset(), interval_s: float = 0.25,
                  also: frozenset[int] = frozenset()) -> None:
         self.exclude, self.interval_s, self.peak = exclude, interval_s, 0
         self.also = also
+        self.driver_peak = self.executor_peak = 0
         self.at_peak: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -109,11 +125,28 @@ class PeakMemory:
             total = sum(rss for _, rss in sample.values())
             if total > self.peak:
                 self.peak, self.at_peak = total, sample
+            executors = _executors(set(sample))
+            executor_rss = sum(rss for pid, (_, rss) in sample.items() if pid in executors)
+            self.executor_peak = max(self.executor_peak, executor_rss)
+            self.driver_peak = max(self.driver_peak, total - executor_rss)
 
     def describe_peak(self) -> str:
         """Who held the memory at the peak: ``java 1,234 MB, python3 456 MB, ...``."""
         parts = sorted(((rss, name) for name, rss in self.at_peak.values()), reverse=True)
         return ", ".join(f"{name} {rss / 2**20:,.0f} MB" for rss, name in parts if rss)
+
+
+def _executors(pids: set[int]) -> set[int]:
+    """Of ``pids``, the executor processes (``EXECUTOR_MARKS``) and their descendants."""
+    tree = process_tree()
+    found: set[int] = set()
+    pending = [pid for pid in pids if any(mark in _cmdline(pid) for mark in EXECUTOR_MARKS)]
+    while pending:
+        pid = pending.pop()
+        if pid not in found:
+            found.add(pid)
+            pending.extend(tree.get(pid, []))
+    return found & pids
 
 
 @contextmanager

@@ -39,9 +39,9 @@ from eventfold.projections import Count, Event, Max, Projection, State, Sum, agg
 from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.metrics import ProjectionLag
-from eventfold.projections.outcome import FoldOutcome
 from eventfold.projections.replay import ReplayResult, replay
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from eventfold.projections.state.store import StagedBatch
 from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory
@@ -177,7 +177,7 @@ class BatchClock:
     def __init__(self) -> None:
         self.batches: list[tuple[float, int]] = []
 
-    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
+    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
         self.batches.append((time.perf_counter(), records))
         logging.getLogger("bench").info("batch %d: %d events", batch_id, records)
 

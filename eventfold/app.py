@@ -40,7 +40,7 @@ from eventfold.projections.runner import (
     ProjectionRunner,
     RunnerSettings,
 )
-from eventfold.projections.state.store import ensure_projection_topics
+from eventfold.projections.state.topics import ensure_projection_topics
 from eventfold.read_api import ReadApiOptions, create_read_app
 from eventfold.read_api.metrics import KTABLES
 from eventfold.request_log import RequestLog

@@ -94,6 +94,8 @@ _ELECTION_ERRORS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LE
 """What a partition answers while its leader is being elected (a broker restarted, a leader
 moved): asked again, not failed on."""
 _RETRY_PAUSE_S = 0.1
+_EARLIEST, _LATEST = -2, -1
+"""ListOffsets' special timestamps."""
 T = TypeVar("T")
 
 
@@ -102,7 +104,9 @@ class OffsetPlanner:
     partition's leader is being elected (up to ``timeout_s``)."""
 
     def __init__(self, kafka: KafkaConnection, timeout_s: float = 10) -> None:
-        self._consumer = Consumer(consumer_config(kafka))
+        # read_uncommitted: ListOffsets answers the high watermark, not the last stable offset
+        self._consumer = Consumer(consumer_config(kafka, **{
+            "isolation.level": "read_uncommitted"}))
         self._timeout_s = timeout_s
 
     def partitions(self, topics: Iterable[str]) -> list[PartitionKey]:
@@ -118,11 +122,27 @@ class OffsetPlanner:
         return found
 
     def beginning_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
-        return {partition: self._watermarks(partition)[0] for partition in partitions}
+        return self._list_offsets(partitions, _EARLIEST)
 
     def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         """The high watermarks: the offset the next message of each partition will have."""
-        return {partition: self._watermarks(partition)[1] for partition in partitions}
+        return self._list_offsets(partitions, _LATEST)
+
+    def _list_offsets(self, partitions: Iterable[PartitionKey], which: int
+                      ) -> dict[PartitionKey, int]:
+        """Every partition's earliest or latest offset, in one ListOffsets request per broker
+        (the client groups the partitions by leader)."""
+        wanted = [TopicPartition(topic, partition, which) for topic, partition in partitions]
+        if not wanted:
+            return {}
+
+        def ask() -> dict[PartitionKey, int]:
+            found = self._consumer.offsets_for_times(wanted, timeout=self._timeout_s)
+            for answer in found:
+                if answer.error is not None:
+                    raise KafkaException(answer.error)
+            return {(answer.topic, answer.partition): answer.offset for answer in found}
+        return self._while_electing(ask)
 
     def _metadata(self, topic: str) -> TopicMetadata | None:
         metadata: TopicMetadata | None = self._consumer.list_topics(
@@ -132,16 +152,6 @@ class OffsetPlanner:
         if metadata.error.code() in _ELECTION_ERRORS:
             raise KafkaException(metadata.error)
         return None
-
-    def _watermarks(self, partition: PartitionKey) -> tuple[int, int]:
-        def ask() -> tuple[int, int]:
-            watermarks = self._consumer.get_watermark_offsets(
-                TopicPartition(*partition), timeout=self._timeout_s, cached=False)
-            if watermarks is None:  # what the client returns when the request timed out
-                raise KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))
-            low, high = watermarks
-            return low, high
-        return self._while_electing(ask)
 
     def _while_electing(self, ask: Callable[[], T]) -> T:
         """``ask()``, asked again while the answer is an election error, up to the timeout."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,8 @@ from eventfold.projections.state.parking import (
     resolutions,
     resolve,
 )
-from eventfold.projections.state.store import ReadModelStore, TopicSink, lookup_rows
+from eventfold.projections.state.store import ReadModelStore, StagedBatch, lookup_rows
+from eventfold.projections.state.topics import TopicSink
 
 from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
 
@@ -170,17 +172,21 @@ def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str) -> RetryRe
         raise RetryFailed(f"the fold still fails on {failed.topic}[{failed.partition}]"
                           f"@{failed.offset}: {outcome.dead_letters[0].reason}; "
                           "nothing was changed")
-    sink.ensure_outputs(outcome)
-    sink.write_events(outcome)
-    final = store.write_states(outcome.changed)
-    if outcome.watermarks:
-        store.save_watermarks(outcome.watermarks)
-    sink.write_states(final)
+    sink.ensure_outputs(emission.topic for emission in outcome.emissions)
+    sink.output.emissions(outcome.emissions)
+    # Through a stage of its own, merged as a batch's is, in this transaction.
+    stage = store.stage(f"retry-{uuid.uuid4().hex}")
+    new, known = stage.rows(outcome.changed.items(), {key} if stored is not None else ())
+    marks = stage.watermarks(outcome.watermarks) if not store.plan.watermarks_in_rows else 0
+    store.merge(StagedBatch(stage.attempt, new_rows=new, known_rows=known, marks=marks))
+    store.unstage(stage.attempt)
+    sink.output.states((changed, outcome.changed[changed]) for changed in outcome.published)
+    sink.output.flush()
     release(store.conn, name, version, [(h.topic, h.partition, h.offset) for h in held])
     offsets = tuple(letter.dead_letter_offset for copies in letters for letter in copies)
     resolve(store.conn, name, offsets, "retried", by)
     log.info("dlq retry %s key %r: %d event(s) folded by %s", name, key, outcome.applied, by)
-    after = final.get(key) or stored
+    after = outcome.changed.get(key) or stored
     return RetryResult(key, version, outcome.applied, offsets,
                        after.state if after is not None else None)
 

@@ -43,7 +43,7 @@ class RawRecords:
 
 @dataclass(slots=True)
 class KeyState:
-    """A key's state (None once deleted), its version and the last applied global position.
+    """A key's state (None once deleted), its version and the newest global position applied.
 
     The version is the last applied stream version when the key is the aggregate id (so a
     client can wait for the version a command returned); for a re-keyed projection it counts
@@ -100,6 +100,9 @@ class Emission:
 @dataclass
 class FoldOutcome:
     changed: dict[str, KeyState] = field(default_factory=dict)
+    """The rows to write: keys whose state or (keyed by aggregate id) watermark moved."""
+    published: set[str] = field(default_factory=set)
+    """Of ``changed``, the keys whose state changed: they get a KTable record."""
     dead_letters: list[DeadLetter] = field(default_factory=list)
     emissions: list[Emission] = field(default_factory=list)
     watermarks: dict[str, int] = field(default_factory=dict)

@@ -37,9 +37,11 @@ class Pipeline(StrEnum):
     FOLD_AFTER_SHUFFLE = "fold after a shuffle"
     """Decode, shuffle by key, fold each key's events in position order."""
     AGGREGATE_IN_PLACE = "aggregate in place"
-    """Each reading task aggregates its partition in Arrow; the driver merges the partials."""
+    """Each reading task aggregates its partition in Arrow and merges it into the stored rows:
+    the key is the aggregate id, so every event of a key is in that partition."""
     AGGREGATE_AFTER_SHUFFLE = "aggregate after a shuffle"
-    """Decode, shuffle by key, aggregate in Spark."""
+    """Decode, shuffle by key, aggregate in Spark; the task holding a key merges it into the
+    stored row."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,14 @@ class Plan:
         return self.step is not None
 
     @property
+    def watermarks_in_rows(self) -> bool:
+        """Each key is one stream (a stateful projection keyed by aggregate id): the row's
+        ``_version`` is the stream's watermark, the last version met, so the duplicate guard
+        needs no table of its own. Re-keyed and stateless projections keep a watermark per
+        source stream in the sources table."""
+        return self.stateful and not self.rekeyed
+
+    @property
     def emits(self) -> bool:
         return self.projection.derive is not None
 
@@ -117,12 +127,17 @@ def as_plan(definition: Projection | Plan) -> Plan:
 
 
 def _aggregation_plan(projection: AggregationProjection) -> Plan:
+    """In place when a key is its stream (the task that reads a partition holds all of a
+    key's events); re-keyed, after Spark's shuffle, so that one task holds each key."""
     stored = projection.stored_functions()
     composites = {column: (function, MappingProxyType({
         part: component_column(column, part) for part in function.components()}))
         for column, function in projection.aggregates.items()
         if isinstance(function, CompositeAggregate)}
-    plan = Plan(projection, Pipeline.AGGREGATE_IN_PLACE, Pipeline.AGGREGATE_AFTER_SHUFFLE,
+    in_place = projection.key_by is None
+    plan = Plan(projection,
+                Pipeline.AGGREGATE_IN_PLACE if in_place else Pipeline.AGGREGATE_AFTER_SHUFFLE,
+                Pipeline.AGGREGATE_AFTER_SHUFFLE if in_place else None,
                 None, MappingProxyType({column: f for column, (f, _) in stored.items()}),
                 MappingProxyType({f.field: kind for f, kind in stored.values()
                                   if f.field is not None}),

@@ -27,10 +27,9 @@ from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.projections import metrics
 from eventfold.projections.definition.projection import Projection
-from eventfold.projections.outcome import FoldOutcome
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings
-from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.store import ReadModelStore
+from eventfold.projections.state.catalog import ProjectionCatalog, written_in_flight
+from eventfold.projections.state.store import ReadModelStore, StagedBatch
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.progress import (
@@ -81,7 +80,7 @@ class ReplayProgress:
             self._task = self._bar.add_task(f"{what} {name}", total=self.total, rate="-")
             self._bar.start()
 
-    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
+    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
         self.done += records
         metrics.replay_progress(self.name, self.done, self.total)
         rate = self.done / max(time.monotonic() - self.started, 1e-9)
@@ -123,10 +122,13 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         builder = ProjectionRunner(spark, projection, settings, version=new, progress=progress)
         if plan.store_head:
             builder.fold_store_up_to(plan.store_head, spark.sparkContext.defaultParallelism)
-        bound = plan.bound
-        builder.fold_topics_up_to(bound)
+        bound = _caught_up_to_a_short_tail(builder, live, settings, projection, plan.bound)
         with versions.locked(projection.name) as conn:
-            final = _bound(live.committed_offsets(), settings, projection, at_least=bound)
+            # The live version's batch under way wrote its KTable records already: the new
+            # version folds them too, so that no reader of its topic sees less.
+            in_flight = written_in_flight(conn, projection.name, old, IN_FLIGHT_WAIT_S)
+            final = _bound(live.committed_offsets(), settings, projection,
+                           at_least=_bound(in_flight, settings, projection, at_least=bound))
             builder.fold_topics_up_to(final)
             builder.store.publish_view(conn)
             versions.activate(conn, projection.name, new, builder.store.committed_offsets())
@@ -149,6 +151,30 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
     log.info("replay %s: v%d active in %.1f s (%s events/s); v%d dropped", projection.name, new,
              seconds, f"{progress.done / seconds:,.0f}", old)
     return ReplayResult(projection.name, old, new, progress.done, seconds)
+
+
+IN_FLIGHT_WAIT_S = 60.0
+"""How long a switch waits for the live version's batch under way to finish its tasks."""
+CATCH_UP_TAIL = 20_000
+"""Events of the live version's lead a replay may fold while it holds the registry row (the
+live version's commits wait meanwhile): the build catches up without it until its gap is at
+most this, as online schema-change tools cut over."""
+
+
+def _caught_up_to_a_short_tail(builder: ProjectionRunner, live: ReadModelStore,
+                               settings: RunnerSettings, projection: Projection,
+                               bound: dict[PartitionKey, int]) -> dict[PartitionKey, int]:
+    """Fold up to ``bound``, then after the live version again and again while it moves on,
+    until what it leads by is a short tail; the offsets the build reached."""
+    while True:
+        builder.fold_topics_up_to(bound)
+        live_now = _bound(live.committed_offsets(), settings, projection, at_least=bound)
+        gap = sum(offset - bound.get(key, 0) for key, offset in live_now.items())
+        if gap <= CATCH_UP_TAIL:
+            return bound
+        log.info("replay %s: the live version moved %s events on during the build; catching "
+                 "up with it before the switch", projection.name, f"{gap:,}")
+        bound = live_now
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
 """Running a projection as a Spark Structured Streaming query.
 
-Each micro-batch: Spark plans offset ranges of the source topics (our Kafka data source), the
-executors read and fold them (``engine``), the runner produces dead letters and derived events,
-then commits the read model rows, watermarks, offsets and batch id in one Postgres transaction
-whose last step before COMMIT produces and flushes the KTable rows. A crash anywhere replays the
-batch; the offset and watermark guards make the replay a no-op for what was committed, and
-KTable re-writes are the same values again (last value wins).
+Each micro-batch: Spark plans offset ranges of the source topics (our Kafka data source); the
+executors read, fold and write them (``execution.engine``): each task stages the rows it
+changed and produces their KTable records, derived events and dead letters, with delivery
+reports; then the runner commits, in one Postgres transaction, the staged rows, watermarks,
+parked events, offsets and batch id (``state.store``). The driver handles counts, never keys.
+A crash anywhere replays the batch; the offset and watermark guards make the replay a no-op for
+what was committed, and KTable re-writes are the same values again (last value wins).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,8 +28,8 @@ from eventfold.outbox.kafka import GroupProgress, OffsetPlanner
 from eventfold.outbox.topics import Replication
 from eventfold.projections import metrics
 from eventfold.projections.definition.projection import Projection
+from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
-    BatchContext,
     SourceSlice,
     decode_records,
     read_events,
@@ -45,12 +47,18 @@ from eventfold.projections.execution.kafka_source import (
 )
 from eventfold.projections.execution.limits import STREAMING_MAX_ROWS
 from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
-from eventfold.projections.execution.task_output import KeySplitAcrossPartitions
-from eventfold.projections.outcome import FoldOutcome
+from eventfold.projections.faults import crash_point
+from eventfold.projections.outcome import DeadLetter
 from eventfold.projections.plan import Pipeline, compile_projection
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.parking import ParkedKeysReleased
-from eventfold.projections.state.store import ReadModelStore, TopicSink
+from eventfold.projections.state.store import (
+    NOTED_LETTERS,
+    KeySplitAcrossPartitions,
+    ReadModelStore,
+    StagedBatch,
+)
+from eventfold.projections.state.topics import LetterNote, TopicSink
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
@@ -105,7 +113,7 @@ class SourceDataLost(RuntimeError):
 
 
 class Progress(Protocol):
-    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None: ...
+    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None: ...
 
     def close(self) -> None: ...
 
@@ -249,9 +257,9 @@ class ProjectionRunner:
             records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
             if records == 0:
                 return  # a re-run of a batch the store already committed
-            self._apply(batch_id, committed, end,
-                        lambda context: self._fold_rows(decode_records(batch, context), context),
-                        records)
+            self._apply(batch_id, committed, end, records, self.plan.for_rows,
+                        lambda context, pipeline: self._fold_events(
+                            decode_records(batch, context), context, pipeline))
         finally:
             batch.unpersist()
 
@@ -267,8 +275,8 @@ class ProjectionRunner:
         if not slices:
             return  # a re-run of a batch the store already committed
         end = {(r.topic, r.partition): r.end for r in planned}
-        self._apply(batch_id, committed, end, self._slices_fold(batch_id, slices),
-                    sum(s.rows for s in slices))
+        self._apply(batch_id, committed, end, sum(s.rows for s in slices),
+                    self.plan.pipeline, self._slices_fold(slices))
 
     # -- bounded catch-ups (a replay): plain Spark jobs, no streaming query --------------------
     # The store's checkpoint is the only one they need, so they skip the query's start-up and
@@ -289,7 +297,8 @@ class ProjectionRunner:
                 return
             slices = [KafkaSlice(self.settings.kafka, r)
                       for r in _unread_ranges(committed, end)]
-            self._apply(batch_id, committed, end, self._slices_fold(batch_id, slices), records)
+            self._apply(batch_id, committed, end, records, self.plan.pipeline,
+                        self._slices_fold(slices))
             batch_id += 1
 
     def fold_store_up_to(self, upto: int, buckets: int) -> None:
@@ -308,8 +317,8 @@ class ProjectionRunner:
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
             slices = store_slices(self.executor_database_url, sources, after, end, buckets)
-            self._apply(batch_id, committed, {STORE_PARTITION: end},
-                        self._slices_fold(batch_id, slices), records)
+            self._apply(batch_id, committed, {STORE_PARTITION: end}, records,
+                        self.plan.pipeline, self._slices_fold(slices))
             batch_id += 1
 
     def _check_retained(self, committed: Mapping[PartitionKey, int]) -> None:
@@ -345,86 +354,117 @@ class ProjectionRunner:
         return checkpoint.batch_id + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
-               end: dict[PartitionKey, int], fold: Callable[[BatchContext], FoldOutcome],
-               records: int) -> None:
-        """Fold the batch, produce dead letters and derived events, commit up to ``end``."""
+               end: dict[PartitionKey, int], records: int, pipeline: Pipeline | None,
+               fold: Fold) -> None:
+        """Fold the batch (its tasks write what they fold), then commit up to ``end``."""
         clock = _PhaseClock()
-        emit_from = (self.versions.emitted_offsets(self.projection.name) if self.is_active
-                     else None)
-        while True:
-            context = BatchContext(self.plan, self.version, self.executor_database_url,
-                                   emit_from, committed,
-                                   self.store.parked_keys() if self.plan.parks else {})
-            outcome = fold(context)
-            clock.lap("fold")
-            outcome.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
-            if self._commit(batch_id, committed, outcome):
-                break
+        name = self.projection.name
+        emit_from = self.versions.emitted_offsets(name) if self.is_active else None
+        if self.is_active:
+            self.versions.batch_started(name, self.version, end)
+        try:
+            staged = self._fold_and_commit(batch_id, committed, end, pipeline, fold,
+                                           emit_from, clock)
+        finally:
+            if self.is_active:
+                self.versions.batch_ended(name)
         clock.lap("commit")
-        self.offsets = {**committed, **outcome.next_offsets}
+        for note in staged.notes:
+            note.log(name)
+        if staged.dead_letters > len(staged.notes):
+            log.warning("projection %s batch %d: %d dead letters in all (`eventfold dlq list "
+                        "%s`)", name, batch_id, staged.dead_letters, name)
+        self.offsets = {**committed, **staged.next_offsets}
         if self.settings.metrics:
-            metrics.batch_committed(self.projection.name, records, outcome.applied,
-                                    outcome.duplicates, len(outcome.dead_letters), clock.total)
-        log.debug("projection %s batch %d: %d records, %d keys changed; %s", self.projection.name,
-                  batch_id, records, len(outcome.changed), clock)
+            metrics.batch_committed(self.projection.name, records, staged.applied,
+                                    staged.duplicates, staged.dead_letters, clock.total)
+        log.debug("projection %s batch %d: %d records, %d rows written; %s",
+                  self.projection.name, batch_id, records,
+                  staged.new_rows + staged.known_rows, clock)
         self.batches += 1
-        self.progress.add(batch_id, records, outcome)
+        self.progress.add(batch_id, records, staged)
         if self.group_progress is not None:
-            self.group_progress.commit({k: o for k, o in outcome.next_offsets.items()
+            self.group_progress.commit({k: o for k, o in staged.next_offsets.items()
                                         if k != STORE_PARTITION})
         if self.is_active and time.monotonic() >= self._next_cleanup:
             self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
             self.versions.delete_retired_topics(self.topics.delete_topics)
 
-    def _commit(self, batch_id: int, committed: dict[PartitionKey, int],
-                outcome: FoldOutcome) -> bool:
-        """Commit the batch's outcome; False when a key it held back as parked was retried
-        meanwhile (nothing was written: the batch is to be folded again)."""
-        if new_outputs := self.topics.ensure_outputs(outcome):
-            self.versions.note_outputs(self.projection.name, new_outputs)
-        try:
-            self.store.commit(batch_id, outcome, committed, publish=self.topics.write_states,
-                              produce=self.topics.write_events)
-        except ParkedKeysReleased as released:
-            log.info("projection %s batch %d: %s (%s); folding the batch again",
-                     self.projection.name, batch_id, released,
-                     ", ".join(sorted(released.keys)[:5]))
-            return False
-        return True
-
-    def _slices_fold(self, batch_id: int, slices: Sequence[SourceSlice]
-                     ) -> Callable[[BatchContext], FoldOutcome]:
-        return lambda context: self._fold(batch_id, slices, context)
-
-    def _fold_rows(self, events: DataFrame, context: BatchContext) -> FoldOutcome:
-        return self._fold_events(events, context, context.plan.for_rows)
-
-    def _fold(self, batch_id: int, slices: Sequence[SourceSlice],
-              context: BatchContext) -> FoldOutcome:
-        plan = context.plan
-        pipeline: Pipeline | None = plan.pipeline
-        if pipeline is Pipeline.FOLD_IN_PLACE:
+    def _fold_and_commit(self, batch_id: int, committed: dict[PartitionKey, int],
+                         end: dict[PartitionKey, int], pipeline: Pipeline | None, fold: Fold,
+                         emit_from: Mapping[PartitionKey, int] | None,
+                         clock: _PhaseClock) -> StagedBatch:
+        """Attempts at the batch until one commits: folded again when a key it held back was
+        retried meanwhile, after a shuffle when a key turned up in two partitions."""
+        name = self.projection.name
+        while True:
+            context = self._context(emit_from, committed)
             try:
-                return run_fold_in_place(self.spark, slices, context)
+                staged = fold(context, pipeline)
+            except Exception:
+                # A replay that switched versions dropped this one's tables under its tasks.
+                self.versions.check_current(name, self.version)
+                raise
+            if self.is_active:
+                self.versions.batch_written(name)
+            clock.lap("fold")
+            staged.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
+            try:
+                self._commit(batch_id, committed, staged)
+                crash_point("commit.done")
+                return staged
+            except ParkedKeysReleased as released:
+                log.info("projection %s batch %d: %s (%s); folding the batch again", name,
+                         batch_id, released, ", ".join(sorted(released.keys)[:5]))
             except KeySplitAcrossPartitions as split:
-                # Some producer put a key into two partitions: fold this batch after a shuffle.
-                log.warning("projection %s batch %d: key %r is in more than one partition; "
-                            "folding the batch after a shuffle", plan.name, batch_id, str(split))
-                pipeline = plan.fallback
-        elif pipeline is Pipeline.AGGREGATE_IN_PLACE:
-            outcome = run_aggregation_in_place(self.spark, slices, context)
-            if outcome is not None:
-                return outcome
-            log.warning("projection %s batch %d: a stream is in more than one partition; "
-                        "aggregating the batch after a shuffle", plan.name, batch_id)
-            pipeline = plan.fallback
+                if pipeline is None or pipeline is self.plan.fallback or not self.plan.fallback:
+                    raise
+                # Some producer put a key into two partitions: this batch goes after a shuffle.
+                log.warning("projection %s batch %d: a key is in more than one partition "
+                            "(%s); folding the batch after a shuffle", name, batch_id, split)
+                pipeline = self.plan.fallback
+
+    def _context(self, emit_from: Mapping[PartitionKey, int] | None,
+                 committed: Mapping[PartitionKey, int]) -> BatchContext:
+        """A new attempt at a batch: what its tasks need to know."""
+        return BatchContext(
+            self.plan, self.version, self.executor_database_url, self.settings.kafka,
+            uuid.uuid4().hex, emit_from, committed, self.settings.replication,
+            fresh=self.store.checkpoint() is None,
+            any_parked=self.plan.parks and self.store.any_parked())
+
+    def _commit(self, batch_id: int, committed: dict[PartitionKey, int],
+                staged: StagedBatch) -> None:
+        """Commit what the batch's tasks staged. Raises ``ParkedKeysReleased`` when a key it
+        held back as parked was retried meanwhile, ``KeySplitAcrossPartitions`` when two
+        tasks folded one key: nothing was committed, the batch is to be folded again."""
+        if new_outputs := self.topics.ensure_outputs(staged.topics):
+            self.versions.note_outputs(self.projection.name, new_outputs)
+        self.store.commit(batch_id, staged, committed, produce_held=self._produce_held)
+
+    def _produce_held(self, letters: Sequence[DeadLetter]) -> None:
+        """The letters held behind keys parked before the batch, which the commit decided."""
+        written = self.topics.output.dead_letters(letters)
+        self.topics.output.flush()
+        for letter in written[:NOTED_LETTERS]:
+            LetterNote.of(letter).log(self.projection.name)
+
+    def _slices_fold(self, slices: Sequence[SourceSlice]) -> Fold:
+        return lambda context, pipeline: self._fold(slices, context, pipeline)
+
+    def _fold(self, slices: Sequence[SourceSlice], context: BatchContext,
+              pipeline: Pipeline | None) -> StagedBatch:
+        if pipeline is Pipeline.FOLD_IN_PLACE:
+            return run_fold_in_place(self.spark, slices, context)
+        if pipeline is Pipeline.AGGREGATE_IN_PLACE:
+            return run_aggregation_in_place(self.spark, slices, context)
         return self._fold_events(read_events(self.spark, slices, context), context, pipeline)
 
     @staticmethod
     def _fold_events(events: DataFrame, context: BatchContext,
-                     pipeline: Pipeline | None) -> FoldOutcome:
+                     pipeline: Pipeline | None) -> StagedBatch:
         if pipeline is Pipeline.AGGREGATE_AFTER_SHUFFLE:
-            return run_aggregation(events, context.plan)
+            return run_aggregation(events, context)
         return run_fold(events, context)
 
     def close(self) -> None:
@@ -434,6 +474,10 @@ class ProjectionRunner:
         self.versions.close()
         if self.group_progress is not None:
             self.group_progress.close()
+
+
+Fold = Callable[[BatchContext, Pipeline | None], StagedBatch]
+"""One attempt at a batch's fold, along a pipeline: its tasks' counts."""
 
 
 def executor_database_url(spark: SparkSession, database_url: str) -> str:
@@ -507,9 +551,9 @@ class ProgressLog:
         self._first = True
         self._counts = [0, 0, 0, 0, 0]  # batches, records, applied, duplicates, dead letters
 
-    def add(self, batch_id: int, records: int, outcome: FoldOutcome) -> None:
-        for i, value in enumerate((1, records, outcome.applied, outcome.duplicates,
-                                   len(outcome.dead_letters))):
+    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
+        for i, value in enumerate((1, records, batch.applied, batch.duplicates,
+                                   batch.dead_letters)):
             self._counts[i] += value
         elapsed = time.monotonic() - self._since
         if not self._first and elapsed < self.interval_s:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from eventfold.projections import Projection
-from eventfold.projections.state.schema import sources_table
+from eventfold.projections.state.schema import watermarks_of
 from eventfold.read_api.query import (
     Filter,
     ListQuery,
@@ -88,9 +88,11 @@ class ReadModel:
 
     async def stream_version(self, version: int, stream_id: str) -> int | None:
         """The last version of source stream ``stream_id`` that version ``version`` of the
-        projection has applied (None: none yet, or that version's table is gone)."""
-        query = sql.SQL("SELECT version FROM {} WHERE stream_id = %s").format(
-            sql.Identifier(sources_table(self.projection, version)))
+        projection has met (None: none yet, or that version's table is gone)."""
+        marks = watermarks_of(self.projection, version)
+        query = sql.SQL("SELECT {} AS version FROM {} WHERE {} = %s").format(
+            sql.Identifier(marks.version), sql.Identifier(marks.table),
+            sql.Identifier(marks.stream))
         async with self.pool.connection() as conn:
             try:
                 cursor = await conn.execute(query, (stream_id,))

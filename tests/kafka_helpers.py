@@ -28,7 +28,9 @@ def read_table(kafka: KafkaConnection, topic: str) -> dict[str, Any]:
 
 def produce(kafka: KafkaConnection, topic: str, key: str | None,
             value: str | bytes | None) -> None:
-    producer = Producer(kafka.client_config())
+    """One record, partitioned as Debezium's (Java) producer partitions it: a redelivered
+    event lands in its stream's partition again."""
+    producer = Producer(kafka.client_config(partitioner="murmur2_random"))
     producer.produce(topic, key=key, value=value)
     assert producer.flush(10) == 0
 

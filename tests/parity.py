@@ -9,7 +9,7 @@ are missing, nested, of another type or not text.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,8 +102,8 @@ long_logs = st.lists(steps, min_size=30, max_size=80)
 """For Spark, where an example costs a few jobs whatever its size: each one long."""
 
 
-def records_of(plan: list[Step]) -> list[SourceRecord]:
-    """The steps as records of ``TOPIC``, each partition's offsets counting from 0."""
+def records_of(plan: list[Step], topic: str = TOPIC) -> list[SourceRecord]:
+    """The steps as records of ``topic``, each partition's offsets counting from 0."""
     versions: dict[str, int] = {}
     offsets = [0] * PARTITIONS
     events: list[tuple[str, str]] = []
@@ -122,7 +122,7 @@ def records_of(plan: list[Step]) -> list[SourceRecord]:
             # Bytes that are not UTF-8 stay bytes, as a reader hands them over.
             key, value = STREAMS[position % len(STREAMS)], step.broken  # type: ignore[assignment]
         partition = STREAMS.index(key) % PARTITIONS if key in STREAMS else 0
-        records.append(SourceRecord(TOPIC, partition, offsets[partition], key, value))
+        records.append(SourceRecord(topic, partition, offsets[partition], key, value))
         offsets[partition] += 1
     return sorted(records, key=lambda r: (r.partition, r.offset))
 
@@ -148,10 +148,15 @@ def _region_totals(state: State | None, event: Event) -> State | None:
             "joined": [*current["joined"], event.joined is not None][-3:]}
 
 
-def _big_sale(event: Event) -> Iterator[Derived]:
-    if event.type == "Sold" and _amount(event) > 50:
-        yield Derived("eventfold.events.BigSale", event.stream_id, "BigSale",
-                      {"amount": _amount(event), "from": event.event_id})
+def big_sales(topic: str) -> Callable[[Event], Iterator[Derived]]:
+    """A stream projection's step: every sale over 50 as a ``BigSale`` on ``topic``."""
+
+    def big_sale(event: Event) -> Iterator[Derived]:
+        if event.type == "Sold" and _amount(event) > 50:
+            yield Derived(topic, event.stream_id, "BigSale",
+                          {"amount": _amount(event), "from": event.event_id})
+
+    return big_sale
 
 
 class AnyTrue(AggregateFunction):
@@ -160,8 +165,6 @@ class AnyTrue(AggregateFunction):
 
     arrow_partial = "any"
     arrow_merge = "any"
-    sql_merge = ("CASE WHEN excluded.{c} IS NULL THEN {t}.{c} WHEN {t}.{c} IS NULL "
-                 "THEN excluded.{c} ELSE {t}.{c} OR excluded.{c} END")
 
     def step(self, current: Any, value: Any) -> Any:
         if value is None:
@@ -172,8 +175,9 @@ class AnyTrue(AggregateFunction):
         return F.bool_or(value)
 
 
-def kinds(suffix: str = "") -> dict[str, Projection]:
-    """One projection of each kind over ``TOPIC`` (named with ``suffix`` to be unique)."""
+def kinds(suffix: str = "", source: str = "Till") -> dict[str, Projection]:
+    """One projection of each kind over ``source``'s topic, named (and emitting to topics
+    named) with ``suffix`` to be unique."""
     aggregates = {"total": Sum("amount"), "events": Count(), "low": Min("amount"),
                   "high": Max("amount"), "city": Latest("city"),
                   "with_amount": Count("amount"), "mean_price": Avg("price"),
@@ -183,23 +187,24 @@ def kinds(suffix: str = "") -> dict[str, Projection]:
                          "mean_price": Float(), "any_vip": Boolean()}
     return {
         "fold": projection(
-            f"till_totals{suffix}", sources=["Till"], event_types=["Sold", "Closed"],
+            f"till_totals{suffix}", sources=[source], event_types=["Sold", "Closed"],
             columns={"total": BigInteger(), "sales": BigInteger()},
             derive=on_crossing(lambda s: s["total"] >= 100, lambda e, s: Derived(
-                "eventfold.events.TillCrossed", e.stream_id, "TillCrossed", dict(s))),
+                f"eventfold.events.TillCrossed{suffix}", e.stream_id, "TillCrossed", dict(s))),
         )(_till_total),
         "rekeyed_fold_with_lookup": projection(
-            f"region_totals{suffix}", sources=["Till"], key_by="where.store",
+            f"region_totals{suffix}", sources=[source], key_by="where.store",
             lookup=Lookup(f"regions{suffix}", on="city"),
             columns={"total": BigInteger(), "region": String(), "joined": JSON()},
         )(_region_totals),
         "aggregation": aggregation(
-            f"till_stats{suffix}", sources=["Till"], event_types=["Sold"],
+            f"till_stats{suffix}", sources=[source], event_types=["Sold"],
             aggregates=aggregates, columns=aggregate_columns),
         "rekeyed_aggregation": aggregation(
-            f"store_stats{suffix}", sources=["Till"], key_by="where.store",
+            f"store_stats{suffix}", sources=[source], key_by="where.store",
             aggregates=aggregates, columns=aggregate_columns),
-        "stream": stream(f"big_sales{suffix}", sources=["Till"])(_big_sale),
+        "stream": stream(f"big_sales{suffix}", sources=[source])(
+            big_sales(f"eventfold.events.BigSale{suffix}")),
     }
 
 

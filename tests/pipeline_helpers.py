@@ -69,9 +69,12 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
     """Write ``states`` as one committed batch of ``projection`` through its real sinks (read
     model table + view + KTable topic), as the engine would; the i-th key gets stream version
     ``first_stream_version + i``."""
-    from eventfold.projections.outcome import FoldOutcome, KeyState
+    import uuid
+
+    from eventfold.projections.outcome import KeyState
     from eventfold.projections.state.catalog import ProjectionCatalog
-    from eventfold.projections.state.store import ReadModelStore, TopicSink
+    from eventfold.projections.state.store import ReadModelStore, StagedBatch
+    from eventfold.projections.state.topics import TopicSink
 
     versions = ProjectionCatalog(settings.database_url)
     versions.register(projection.name)
@@ -84,9 +87,16 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
         changed = {key: KeyState(state, version=first_stream_version + i,
                                  position=first_stream_version + i)
                    for i, (key, state) in enumerate(states.items())}
-        outcome = FoldOutcome(changed=changed, applied=len(changed),
-                              watermarks={key: ks.version for key, ks in changed.items()})
-        store.commit(batch_id, outcome, {}, publish=sink.write_states)
+        stage = store.stage(uuid.uuid4().hex)
+        new, known = stage.rows(changed.items(), store.load(changed))
+        marks = (0 if store.plan.watermarks_in_rows else
+                 stage.watermarks({key: ks.version for key, ks in changed.items()}))
+        sink.output.states(changed.items())
+        sink.output.flush()
+        store.commit(batch_id, StagedBatch(stage.attempt, new_rows=new, known_rows=known,
+                                           marks=marks, applied=len(changed),
+                                           servers={store.server_started()}),
+                     {}, produce_held=lambda _letters: None)
         if version == 1:
             with store.conn.transaction():
                 store.publish_view(store.conn)

@@ -1,18 +1,17 @@
 """Aggregate functions: each one class carrying every form the engine computes it in.
 
-An aggregation's column is folded in four places, and each needs the function in its own
+An aggregation's column is folded in three places, and each needs the function in its own
 language: the plain-Python reference fold (``step``), a task's partial aggregate of its
-partition in Arrow (``arrow_partial``, merged on the driver with ``arrow_merge``), Spark's
-aggregate after a shuffle (``spark``) and the merge of a batch's partial into the stored row in
-SQL (``sql_merge``). Keeping them side by side is what keeps them equal; the parity tests fold
-random batches through all of them.
+partition in Arrow (``arrow_partial``, merged per key, and into the stored row, with
+``arrow_merge``), and Spark's aggregate after a shuffle (``spark``). Keeping them side by side
+is what keeps them equal; the parity tests fold random batches through all of them.
 
 A function fits when a batch's partial is one value per key that merges associatively with
 the stored one (sum, count, min, max), or one value whose newest occurrence wins (latest:
 set ``newest_wins`` and the engine tracks the position of each value). Add one by subclassing
 ``AggregateFunction``. A column computed from several such values (``Avg``: a sum and a
 count) is a ``CompositeAggregate``: its components are stored beside it, in hidden columns,
-and it is finished from them in Python and in SQL.
+and it is finished from them.
 """
 
 from __future__ import annotations
@@ -38,10 +37,8 @@ class AggregateFunction(ABC):
     arrow_partial: ClassVar[str]
     """The Arrow hash aggregate of a task's events (``sum``, ``min``, ``last``...)."""
     arrow_merge: ClassVar[str]
-    """The Arrow hash aggregate merging partials; ignored when ``newest_wins``."""
-    sql_merge: ClassVar[str]
-    """The stored value merged with a batch's partial: SQL over ``{t}.{c}`` (stored) and
-    ``excluded.{c}`` (the batch's), where ``excluded._position`` is the batch's last position."""
+    """The Arrow hash aggregate merging partials (and a partial into the stored value);
+    ignored when ``newest_wins``."""
     newest_wins: ClassVar[bool] = False
     """The value of the newest event that has one wins: partials carry its position."""
     needs_field: ClassVar[bool] = True
@@ -72,8 +69,6 @@ class AggregateFunction(ABC):
 class Sum(AggregateFunction):
     arrow_partial = "sum"
     arrow_merge = "sum"
-    sql_merge = ("CASE WHEN excluded.{c} IS NULL THEN {t}.{c} "
-                 "ELSE coalesce({t}.{c}, 0) + excluded.{c} END")
 
     def step(self, current: Any, value: Any) -> Any:
         return current if value is None else (current or 0) + value
@@ -89,7 +84,6 @@ class Count(AggregateFunction):
     needs_field = False
     arrow_partial = "count"
     arrow_merge = "sum"
-    sql_merge = "{t}.{c} + excluded.{c}"
 
     def step(self, current: Any, value: Any) -> Any:
         return (current or 0) + (self.field is None or value is not None)
@@ -121,14 +115,12 @@ class _Extreme(AggregateFunction):
 class Min(_Extreme):
     arrow_partial = "min"
     arrow_merge = "min"
-    sql_merge = "least({t}.{c}, excluded.{c})"
     smallest = True
 
 
 class Max(_Extreme):
     arrow_partial = "max"
     arrow_merge = "max"
-    sql_merge = "greatest({t}.{c}, excluded.{c})"
     smallest = False
 
 
@@ -137,8 +129,6 @@ class Latest(AggregateFunction):
 
     arrow_partial = "last"
     arrow_merge = "last"
-    sql_merge = ("CASE WHEN excluded._position > {t}._position AND excluded.{c} IS NOT NULL "
-                 "THEN excluded.{c} ELSE {t}.{c} END")
     newest_wins = True
 
     def step(self, current: Any, value: Any) -> Any:
@@ -157,8 +147,6 @@ class CompositeAggregate(ABC):
 
     result_type: ClassVar[str]
     """The SQL type its column must have (``fields.SQL_TYPES``)."""
-    finish_sql: ClassVar[str]
-    """The column from its components' values: SQL with one ``{name}`` per component."""
 
     @abstractmethod
     def components(self) -> Mapping[str, AggregateFunction]:
@@ -173,7 +161,6 @@ class Avg(CompositeAggregate):
     """The mean of the field's values per key (a Float column); null before any value."""
 
     result_type = "double"
-    finish_sql = "CASE WHEN {count} > 0 THEN CAST({sum} AS double precision) / {count} END"
 
     def components(self) -> Mapping[str, AggregateFunction]:
         return {"sum": Sum(self.field), "count": Count(self.field)}

@@ -1,26 +1,30 @@
-"""The Spark plan of one micro-batch: read and decode per partition, guard, re-key, fold.
+"""The Spark jobs of one micro-batch: read and decode per partition, guard, re-key, fold, and
+write where it was folded.
 
 The streaming query plans the micro-batches (offset ranges, checkpoint, trigger). Each batch's
-records are read by Spark tasks, at most one per core, that decode them in Arrow
-(``decode``), so raw JSON never crosses into the JVM. The watermark guard, re-keying and the
-shuffle by key are native Spark. Then, per kind:
+records are read by Spark tasks, at most one per core, that decode them (``decode``), so raw
+JSON never crosses into the JVM. Then, per pipeline (``plan.Pipeline``):
 
-- fold: each executor task sorts its keys' events by position, loads their stored states
-  (and looked-up rows) from Postgres, runs the plain-Python ``KeyFolder`` and returns only the
-  changed states, dead letters, derived events and watermarks: O(keys), not O(events), reach
-  the driver. A fold keyed by aggregate id over one topic skips the shuffle: the task that
-  reads a partition folds it from the raw records (``run_fold_in_place``);
-- aggregation: each task that reads a partition aggregates it per key in Arrow
-  (``partial``) and the driver merges the partials; a batch with a stream in two partitions
-  is aggregated by Spark after a shuffle instead. The store merges the result in SQL.
+- a fold keyed by aggregate id over one topic: the task that reads a partition folds it from
+  the raw records (``run_fold_in_place``), every event of a key being in that partition;
+- any other fold: Spark shuffles the decoded events by key, and each task folds its keys
+  (``run_fold``);
+- an aggregation keyed by aggregate id: the reading task aggregates its partition in Arrow
+  (``partial``) and merges that into the stored rows; re-keyed, Spark aggregates after a
+  shuffle and the task holding a key merges it (``run_aggregation``).
+
+Every task loads the stored states (with their watermarks, and whether their keys are parked)
+of the keys it meets, one query per chunk, and writes what it folded (``writes.TaskWriter``):
+it stages the changed rows for the batch's commit and produces the KTable records, derived
+events and dead letters itself. The driver gets each task's counts: O(tasks), whatever the
+number of keys.
 """
 
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from itertools import groupby
 from operator import itemgetter
 from typing import Any, Protocol
@@ -29,7 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from eventfold.projections.definition.aggregates import AggregateFunction
 from eventfold.projections.definition.projection import Event
-from eventfold.projections.execution import task_output
+from eventfold.projections.execution import task_output, worker
+from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.decode import (
     decode_events,
     decoded_event,
@@ -43,12 +48,14 @@ from eventfold.projections.execution.fold import BatchFold, KeyFolder, lookup_ke
 from eventfold.projections.execution.guard import EVENT_IDENTITY, drop_applied
 from eventfold.projections.execution.partial import (
     DEAD_LETTER_COLUMNS,
+    GROUP,
     PartitionAggregate,
-    merge_partials,
+    merge_into_stored,
     partial_schema,
     slot,
     stream_marks,
 )
+from eventfold.projections.execution.writes import TaskWriter
 from eventfold.projections.outcome import (
     DeadLetter,
     FoldOutcome,
@@ -58,7 +65,7 @@ from eventfold.projections.outcome import (
     SourceRecord,
 )
 from eventfold.projections.plan import Plan
-from eventfold.projections.state.store import ReadModelStore, lookup_rows
+from eventfold.projections.state.store import ReadModelStore, StagedBatch, lookup_rows
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -68,7 +75,7 @@ RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000
 FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
               "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
-OUTPUT_DDL = spark_ddl(task_output.SCHEMA)
+SUMMARY_DDL = spark_ddl(task_output.SCHEMA)
 
 
 class SourceSlice(Protocol):
@@ -81,31 +88,6 @@ class SourceSlice(Protocol):
         """At most how many records it holds: what tasks are balanced by."""
 
     def record_chunks(self, rows: int) -> Iterator[RawRecords]: ...
-
-
-@dataclass(frozen=True)
-class BatchContext:
-    """What an executor task needs besides its rows: picklable, no connections."""
-
-    plan: Plan
-    version: int
-    database_url: str
-    emit_from: Mapping[PartitionKey, int] | None
-    committed: Mapping[PartitionKey, int]
-    parked: Mapping[str, ParkedKey] = field(default_factory=dict)
-    """Keys parked behind an event their fold could not apply: their events are held."""
-
-
-def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
-                context: BatchContext) -> DataFrame:
-    """The batch's decoded events not applied before, as a DataFrame, read by at most one task
-    per core."""
-    schema = decoded_schema(context.plan)
-    if not slices:
-        return spark.createDataFrame([], spark_ddl(schema))
-    rows, tasks = _per_task(spark, slices)
-    return rows.mapInArrow(lambda batches: decode_task(batches, tasks, context),
-                           spark_ddl(schema))
 
 
 Tasks = list[list[SourceSlice]]
@@ -143,44 +125,12 @@ def _chunks(source_slice: SourceSlice, rows: int = TASK_CHUNK_ROWS) -> Iterator[
         yield records_table(records)
 
 
-def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
-                context: BatchContext) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), _store(context) as store:
-        for source_slice in _slices_of_task(batches, tasks):
-            for records in _chunks(source_slice):
-                events = decode_events(records, context.plan)
-                yield from drop_applied(events, store.watermarks).to_batches()
-
-
-def decode_records(records: DataFrame, context: BatchContext) -> DataFrame:
-    """Records another reader gave Spark (its own Kafka source: ``topic, partition, offset``,
-    binary ``key, value``), decoded like ``read_events``' and guarded the same way, less what
-    the store committed before (a batch run again after a crash)."""
-    columns = records.select("topic", "partition", "offset", "key", "value")
-    return columns.mapInArrow(lambda batches: decode_records_task(batches, context),
-                              spark_ddl(decoded_schema(context.plan)))
-
-
-def decode_records_task(batches: Iterator[pa.RecordBatch],
-                        context: BatchContext) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), _store(context) as store:
-        for batch in batches:
-            records = unapplied(spark_records_table(batch), context.committed)
-            if records.num_rows:
-                events = decode_events(records, context.plan)
-                yield from drop_applied(events, store.watermarks).to_batches()
-
-
-def unapplied(records: pa.Table, committed: Mapping[PartitionKey, int]) -> pa.Table:
-    """The records at or after the offset the store committed for their partition."""
-    if not committed:
-        return records
-    names = [f"{topic}\x00{partition}" for topic, partition in committed]
-    at = pc.index_in(pc.binary_join_element_wise(
-        records.column("topic"), pc.cast(records.column("partition"), pa.string()), "\x00"),
-        value_set=pa.array(names, pa.string()))
-    first = pc.fill_null(pc.take(pa.array(list(committed.values()), pa.int64()), at), 0)
-    return records.filter(pc.greater_equal(records.column("offset"), first))
+@contextmanager
+def task_store(context: BatchContext) -> Iterator[ReadModelStore]:
+    """The batch's version's store, on this Python worker's database connection."""
+    with worker.connection(context.database_url) as conn:
+        yield ReadModelStore(context.database_url, context.plan.projection, context.version,
+                             conn)
 
 
 @contextmanager
@@ -197,104 +147,44 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-# -- fold projections --------------------------------------------------------------------------
-
-def run_fold(events: DataFrame, context: BatchContext) -> FoldOutcome:
-    """Shuffle by key, fold on the executors, gather the O(keys) results on the driver."""
-    ordered = (events.repartition("fold_key")
-               .sortWithinPartitions("fold_key", "globalPosition")
-               .select(*FOLD_INPUT))
-    results = ordered.mapInArrow(lambda batches: fold_task(batches, context), OUTPUT_DDL)
-    return task_output.decode(results.toArrow())
-
-
-def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext) -> Iterator[pa.RecordBatch]:
-    """One executor task after the shuffle: fold the keys of this partition (rows arrive
-    sorted by key)."""
-    with paused_gc():
-        rows = columns(pa.Table.from_batches(list(batches)))
-        if rows and rows["key"]:
-            yield _fold_sorted(rows, context)
-
-
-def _fold_sorted(rows: dict[str, list[Any]], context: BatchContext) -> pa.RecordBatch:
-    plan, outcome = context.plan, FoldOutcome()
-    keyed = list(decoded_rows(rows, outcome))
-    with _store(context) as store:
-        known = KnownKeys(store)
-        known.load({key for key, _ in keyed}, with_watermarks=False)  # the decode task guarded
-        known.load_lookups(lookup_keys(plan.projection, (event for _, (_, event) in keyed)))
-    fold_keyed(plan, keyed, known.stored, known.joined, context, outcome)
-    return task_output.encode(outcome)
-
-
-def fold_keyed(plan: Plan, keyed: Sequence[tuple[str, tuple[SourceRecord, Event]]],
-               stored: Mapping[str, KeyState], rows: Mapping[str, Any],
-               context: BatchContext, outcome: FoldOutcome) -> None:
-    """Fold events grouped by key (each key's events in position order) onto ``stored``,
-    joined with the looked-up ``rows``."""
-    folder = KeyFolder(plan, outcome, context.emit_from, context.parked)
-    for key, group in groupby(keyed, key=itemgetter(0)):
-        folder.fold(key, stored.get(key), [item for _, item in group], rows)
-
-
-def _store(context: BatchContext) -> ReadModelStore:
-    return ReadModelStore(context.database_url, context.plan.projection, context.version)
-
-
-def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
-                      context: BatchContext) -> FoldOutcome:
-    """Fold where the data is, as a Kafka Streams task does: the key is the aggregate id, so
-    every event of a key sits in one source partition. The task that reads a partition folds
-    it: no shuffle, no sort (offset order is stream order)."""
-    if not slices:
-        return FoldOutcome()
-    rows, tasks = _per_task(spark, slices)
-    results = rows.mapInArrow(lambda batches: read_and_fold_task(batches, tasks, context),
-                              OUTPUT_DDL)
-    return task_output.decode(results.toArrow())
-
-
-def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
-                       context: BatchContext) -> Iterator[pa.RecordBatch]:
-    with paused_gc():
-        for source_slice in _slices_of_task(batches, tasks):
-            yield fold_slice(source_slice, context)
-
-
-def fold_slice(source_slice: SourceSlice, context: BatchContext) -> pa.RecordBatch:
-    """Read, decode and fold one partition's records chunk by chunk (the states carry over);
-    the task's output rows."""
-    with _store(context) as store:
-        known = KnownKeys(store)
-        batch = BatchFold(context.plan, context.committed, known.watermarks,
-                          context.emit_from, context.parked)
-        for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
-            known.load(records.stream_ids(), with_watermarks=True)
-            batch.add(records)
-            known.load_lookups(batch.lookup_keys())
-            batch.fold(known.stored, known.joined)
-    return task_output.encode(batch.outcome)
+def collect(results: DataFrame, context: BatchContext) -> StagedBatch:
+    """Run the job whose tasks yield their summaries; the batch's counts."""
+    return task_output.decode(results.toArrow(), context.attempt)
 
 
 class KnownKeys:
-    """The stored states, watermarks and looked-up rows of the keys a task has met so far:
-    each chunk loads only the keys it brings new."""
+    """The stored states, watermarks, parked heads and looked-up rows of the keys a task has
+    met so far: each chunk loads only the keys it brings new, in one query for states and
+    (keyed by aggregate id) watermarks."""
 
-    def __init__(self, store: ReadModelStore) -> None:
+    def __init__(self, store: ReadModelStore, context: BatchContext) -> None:
         self.store = store
+        self.context = context
         self.stored: dict[str, KeyState] = {}
         self.watermarks: dict[str, int] = {}
+        self.parked: dict[str, ParkedKey] = {}
         self.joined: dict[str, Any] = {}
         self._loaded: set[str] = set()
 
-    def load(self, keys: set[str], with_watermarks: bool) -> None:
+    @property
+    def existing(self) -> set[str]:
+        """The keys that had a row."""
+        return set(self.stored)
+
+    def load(self, keys: set[str], with_watermarks: bool = True) -> None:
         keys = keys - self._loaded
-        if keys:
-            self.stored.update(self.store.load(keys))
-            if with_watermarks:
-                self.watermarks.update(self.store.watermarks(keys))
         self._loaded |= keys
+        if not keys or self.context.fresh:
+            return
+        states = self.store.load(keys)
+        self.stored.update(states)
+        if with_watermarks:
+            if self.context.plan.watermarks_in_rows:
+                self.watermarks.update((key, ks.version) for key, ks in states.items())
+            else:
+                self.watermarks.update(self.store.watermarks(keys))
+        if self.context.any_parked:
+            self.parked.update(self.store.parked(keys))
 
     def load_lookups(self, keys: set[str]) -> None:
         lookup = self.store.projection.lookup
@@ -303,12 +193,152 @@ class KnownKeys:
             self.joined.update(lookup_rows(self.store.conn, lookup.projection, keys))
 
 
+def watermarks_of(store: ReadModelStore, context: BatchContext
+                  ) -> Callable[[list[str]], dict[str, int]]:
+    """The guard's watermark lookup for a task (none to look up in a fresh version)."""
+    return (lambda _: {}) if context.fresh else store.watermarks
+
+
+# -- fold projections ----------------------------------------------------------------------
+
+def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
+                      context: BatchContext) -> StagedBatch:
+    """Fold where the data is, as a Kafka Streams task does: the key is the aggregate id, so
+    every event of a key sits in one source partition. The task that reads a partition folds
+    it and writes it: no shuffle, no sort (offset order is stream order)."""
+    if not slices:
+        return StagedBatch(context.attempt)
+    rows, tasks = _per_task(spark, slices)
+    return collect(rows.mapInArrow(lambda batches: read_and_fold_task(batches, tasks, context),
+                                   SUMMARY_DDL), context)
+
+
+def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
+                       context: BatchContext) -> Iterator[pa.RecordBatch]:
+    with paused_gc(), task_store(context) as store:
+        writer = TaskWriter(store, context)
+        for source_slice in _slices_of_task(batches, tasks):
+            writer.add(*fold_slice(source_slice, store, context))
+        yield writer.finish()
+
+
+def fold_slice(source_slice: SourceSlice, store: ReadModelStore,
+               context: BatchContext) -> tuple[FoldOutcome, set[str]]:
+    """Read, decode and fold one partition's records chunk by chunk (the states carry over);
+    the outcome and the keys that had a row."""
+    known = KnownKeys(store, context)
+    batch = BatchFold(context.plan, context.committed, known.watermarks, context.emit_from,
+                      known.parked)
+    for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
+        known.load(records.stream_ids())
+        batch.add(records)
+        known.load_lookups(batch.lookup_keys())
+        batch.fold(known.stored, known.joined)
+    return batch.outcome, known.existing
+
+
+def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
+                context: BatchContext) -> DataFrame:
+    """The batch's decoded events not applied before, as a DataFrame, read by at most one task
+    per core."""
+    schema = decoded_schema(context.plan)
+    if not slices:
+        return spark.createDataFrame([], spark_ddl(schema))
+    rows, tasks = _per_task(spark, slices)
+    return rows.mapInArrow(lambda batches: decode_task(batches, tasks, context),
+                           spark_ddl(schema))
+
+
+def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
+                context: BatchContext) -> Iterator[pa.RecordBatch]:
+    with paused_gc(), task_store(context) as store:
+        watermarks = watermarks_of(store, context)
+        for source_slice in _slices_of_task(batches, tasks):
+            for records in _chunks(source_slice):
+                events = decode_events(records, context.plan)
+                yield from drop_applied(events, watermarks).to_batches()
+
+
+def decode_records(records: DataFrame, context: BatchContext) -> DataFrame:
+    """Records another reader gave Spark (its own Kafka source: ``topic, partition, offset``,
+    binary ``key, value``), decoded like ``read_events``' and guarded the same way, less what
+    the store committed before (a batch Spark runs again after a crash)."""
+    columns = records.select("topic", "partition", "offset", "key", "value")
+    return columns.mapInArrow(lambda batches: decode_records_task(batches, context),
+                              spark_ddl(decoded_schema(context.plan)))
+
+
+def decode_records_task(batches: Iterator[pa.RecordBatch],
+                        context: BatchContext) -> Iterator[pa.RecordBatch]:
+    with paused_gc(), task_store(context) as store:
+        watermarks = watermarks_of(store, context)
+        for batch in batches:
+            records = unapplied(spark_records_table(batch), context.committed)
+            if records.num_rows:
+                events = decode_events(records, context.plan)
+                yield from drop_applied(events, watermarks).to_batches()
+
+
+def unapplied(records: pa.Table, committed: dict[PartitionKey, int] | Any) -> pa.Table:
+    """The records at or after the offset the store committed for their partition."""
+    if not committed:
+        return records
+    names = [f"{topic}\x00{partition}" for topic, partition in committed]
+    at = pc.index_in(pc.binary_join_element_wise(
+        records.column("topic"), pc.cast(records.column("partition"), pa.string()), "\x00"),
+        value_set=pa.array(names, pa.string()))
+    first = pc.fill_null(pc.take(pa.array(list(committed.values()), pa.int64()), at), 0)
+    return records.filter(pc.greater_equal(records.column("offset"), first))
+
+
+def run_fold(events: DataFrame, context: BatchContext) -> StagedBatch:
+    """Shuffle by key; each task folds and writes its keys."""
+    ordered = (events.repartition("fold_key")
+               .sortWithinPartitions("fold_key", "globalPosition")
+               .select(*FOLD_INPUT))
+    return collect(ordered.mapInArrow(lambda batches: fold_task(batches, context),
+                                      SUMMARY_DDL), context)
+
+
+def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext
+              ) -> Iterator[pa.RecordBatch]:
+    """One executor task after the shuffle: fold the keys of this partition (rows arrive
+    sorted by key) and write them."""
+    with paused_gc(), task_store(context) as store:
+        writer = TaskWriter(store, context)
+        rows = columns(pa.Table.from_batches(list(batches)))
+        if rows and rows["key"]:
+            writer.add(*_fold_sorted(rows, store, context))
+        yield writer.finish()
+
+
+def _fold_sorted(rows: dict[str, list[Any]], store: ReadModelStore,
+                 context: BatchContext) -> tuple[FoldOutcome, set[str]]:
+    plan, outcome = context.plan, FoldOutcome()
+    keyed = list(decoded_rows(rows, outcome))
+    known = KnownKeys(store, context)
+    # the decode task guarded the streams; parked heads and states come per key
+    known.load({key for key, _ in keyed}, with_watermarks=False)
+    known.load_lookups(lookup_keys(plan.projection, (event for _, (_, event) in keyed)))
+    fold_keyed(plan, keyed, known, context, outcome)
+    return outcome, known.existing
+
+
+def fold_keyed(plan: Plan, keyed: Sequence[tuple[str, tuple[SourceRecord, Event]]],
+               known: KnownKeys, context: BatchContext, outcome: FoldOutcome) -> None:
+    """Fold events grouped by key (each key's events in position order) onto their stored
+    states, joined with the looked-up rows."""
+    folder = KeyFolder(plan, outcome, context.emit_from, known.parked)
+    for key, group in groupby(keyed, key=itemgetter(0)):
+        folder.fold(key, known.stored.get(key), [item for _, item in group], known.joined)
+
+
 def columns(table: pa.Table) -> dict[str, list[Any]]:
     return {name: table.column(name).to_pylist() for name in table.column_names}
 
 
-def decoded_rows(rows: Mapping[str, Sequence[Any]], outcome: FoldOutcome
-             ) -> Iterator[tuple[str, tuple[SourceRecord, Event]]]:
+def decoded_rows(rows: dict[str, list[Any]], outcome: FoldOutcome
+                 ) -> Iterator[tuple[str, tuple[SourceRecord, Event]]]:
     """The shuffled rows' events with their keys, in row order; the rows that do not decode
     go to ``outcome`` as dead letters."""
     for (topic, partition, offset, stream_id, value, reason, key, event_id, event_type,
@@ -326,71 +356,82 @@ def decoded_rows(rows: Mapping[str, Sequence[Any]], outcome: FoldOutcome
         yield key, (record, event)
 
 
-# -- aggregation projections -------------------------------------------------------------------
+# -- aggregation projections -----------------------------------------------------------------
 
 def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
-                             context: BatchContext) -> FoldOutcome | None:
+                             context: BatchContext) -> StagedBatch:
     """Aggregate where the data is: each task reads, decodes, dedupes and aggregates its
-    partition in Arrow (``partial``), and the driver merges the O(keys) partials. None when
-    a stream was split across partitions: then only ``run_aggregation`` is exact."""
+    partition in Arrow (``partial``), merges that into the stored rows and writes them."""
     plan = context.plan
     if not slices:
-        return FoldOutcome()
+        return StagedBatch(context.attempt)
     schema = partial_schema(plan, decoded_schema(plan))
     rows, tasks = _per_task(spark, slices)
-    partials = rows.mapInArrow(lambda batches: aggregate_task(batches, tasks, context, schema),
-                               spark_ddl(schema)).toArrow()
-    return aggregation_outcome(partials, plan)
-
-
-def aggregation_outcome(partials: pa.Table, plan: Plan) -> FoldOutcome | None:
-    """The tasks' partials merged into the batch's outcome (None: see ``merge_partials``)."""
-    merged = merge_partials(partials, plan)
-    if merged is None:
-        return None
-    return _aggregation_outcome(
-        merged.to_pylist(), partials.filter(pc.equal(partials.column("kind"), "dlq")),
-        stream_marks(partials, plan), plan)
+    return collect(rows.mapInArrow(
+        lambda batches: aggregate_task(batches, tasks, context, schema), SUMMARY_DDL), context)
 
 
 def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: BatchContext,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), _store(context) as store:
+    with paused_gc(), task_store(context) as store:
+        writer = TaskWriter(store, context)
+        watermarks = watermarks_of(store, context)
         for source_slice in _slices_of_task(batches, tasks):
             partition = PartitionAggregate(context.plan, schema)
             for records in _chunks(source_slice):
-                partition.add(drop_applied(decode_events(records, context.plan),
-                                           store.watermarks))
-            yield from partition.result().to_batches()
+                partition.add(drop_applied(decode_events(records, context.plan), watermarks))
+            partials = partition.result()
+            writer.add(*_merged(partials, partials.filter(
+                pc.equal(partials.column("kind"), "dlq")), store, context))
+        yield writer.finish()
 
 
-def _aggregation_outcome(groups: list[dict[str, Any]], letters: pa.Table,
-                         marks: Mapping[str, int], plan: Plan) -> FoldOutcome:
-    """A batch's merged partial aggregates (``fold_key``, its columns, ``_version``,
-    ``_position``, ``_events``), dead letters and stream marks as an outcome."""
+def _merged(partials: pa.Table, letters: pa.Table, store: ReadModelStore,
+            context: BatchContext) -> tuple[FoldOutcome, set[str]]:
+    """A task's partials merged into the stored rows of their keys, and its dead letters, as
+    an outcome; and the keys that had a row."""
+    rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
+    keys = rows.column(GROUP).to_pylist()
+    stored: dict[str, KeyState] = {}
+    if not context.fresh:
+        for start in range(0, len(keys), TASK_CHUNK_ROWS):
+            stored.update(store.load(keys[start:start + TASK_CHUNK_ROWS]))
+    return aggregate_outcome(partials, letters, stored, context.plan), set(stored)
+
+
+def aggregate_outcome(partials: pa.Table, letters: pa.Table, stored: Mapping[str, KeyState],
+                      plan: Plan) -> FoldOutcome:
+    """Partials (``partial`` rows, and ``mark`` rows of a re-keyed aggregation's streams)
+    merged into the ``stored`` rows of their keys, and dead letters, as an outcome."""
     outcome = FoldOutcome()
     for row in letters.to_pylist():
         outcome.dead_letters.append(DeadLetter(
             SourceRecord(*(row[c] for c in RECORD_COLUMNS)), row["reason"]))
-    for row in groups:
-        outcome.changed[row["fold_key"]] = KeyState(
+    kinds = partials.column("kind")
+    merged = merge_into_stored(partials.filter(pc.equal(kinds, "partial")), stored, plan)
+    for row in merged.to_pylist():
+        outcome.changed[row[GROUP]] = KeyState(
             plan.finish({name: row[slot(name)] for name in plan.aggregates}), row["_version"],
             row["_position"])
         outcome.applied += row["_events"]
-    for stream, version in marks.items():
+    outcome.published.update(outcome.changed)
+    for stream, version in stream_marks(partials, plan).items():
         outcome.see(stream, version)
     return outcome
 
 
-def run_aggregation(events: DataFrame, plan: Plan) -> FoldOutcome:
-    """Partial aggregates per key for this batch, computed by Spark in one job; the store
-    merges them into the stored rows. Dead letters ride along as groups of their own."""
+def run_aggregation(events: DataFrame, context: BatchContext) -> StagedBatch:
+    """Partial aggregates per key for this batch, computed by Spark after one shuffle; the
+    task that holds a key merges it into the stored row and writes it. Dead letters ride
+    along as groups of their own. A re-keyed aggregation's streams' watermarks are staged by
+    a job of their own."""
+    plan = context.plan
     letter = F.col("reason").isNotNull()
     group = F.when(letter, F.concat_ws("/", F.lit("\u0000dlq"), "topic", "partition", "offset")
                    ).otherwise(F.col("fold_key"))
     position = F.col("globalPosition")
-    columns = [function.spark(_value(function), position).alias(slot(name))
-               for name, function in plan.aggregates.items()]
+    aggregates = [function.spark(_value(function), position).alias(slot(name))
+                  for name, function in plan.aggregates.items()]
     version = F.count(F.lit(1)) if plan.rekeyed else F.max("streamVersion")
     # A (stream, version) twice in one batch counts once; every dead letter is a group of its
     # own. Both copies of an event have one key, so one shuffle by group serves the dedupe and
@@ -398,24 +439,50 @@ def run_aggregation(events: DataFrame, plan: Plan) -> FoldOutcome:
     partial = (events.withColumn("_group", group).repartition("_group")
                .dropDuplicates(["_group", *EVENT_IDENTITY])
                .groupBy("_group").agg(
-                   *columns, version.alias("_version"),
+                   *aggregates, version.alias("_version"),
                    F.max("globalPosition").alias("_position"),
                    F.count(F.lit(1)).alias("_events"),
-                   F.first("fold_key").alias("fold_key"), F.first("reason").alias("reason"),
-                   *(F.first(c).alias(f"_{c}") for c in RECORD_COLUMNS))
-               .toArrow())
-    groups = partial.filter(pc.is_null(partial.column("reason")))
-    letters = partial.filter(pc.is_valid(partial.column("reason")))
-    letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]).rename_columns(
-        DEAD_LETTER_COLUMNS)
-    if not plan.rekeyed:
-        marks = dict(zip(groups.column("fold_key").to_pylist(),
-                         groups.column("_version").to_pylist(), strict=True))
-    else:
+                   F.first("fold_key").alias(GROUP), F.first("reason").alias("reason"),
+                   *(F.first(c).alias(f"_{c}") for c in RECORD_COLUMNS)))
+    staged = collect(partial.mapInArrow(lambda batches: merge_task(batches, context),
+                                        SUMMARY_DDL), context)
+    if plan.rekeyed:
         # Re-keyed: a key gathers many streams, so their watermarks take a job of their own.
-        marks = {row["key"]: row["v"] for row in events.where(~letter).groupBy("key")
-                 .agg(F.max("streamVersion").alias("v")).toArrow().to_pylist()}
-    return _aggregation_outcome(groups.to_pylist(), letters, marks, plan)
+        marks = (events.where(~letter).groupBy("key").agg(F.max("streamVersion").alias("v"))
+                 .mapInArrow(lambda batches: marks_task(batches, context), SUMMARY_DDL))
+        staged.add(collect(marks, context))
+    return staged
+
+
+def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
+               ) -> Iterator[pa.RecordBatch]:
+    """One task after Spark's aggregation: its keys' partials merged into the stored rows,
+    written."""
+    with paused_gc(), task_store(context) as store:
+        writer = TaskWriter(store, context)
+        table = pa.Table.from_batches(list(batches))
+        if table.num_rows:
+            groups = table.filter(pc.is_null(table.column("reason")))
+            letters = table.filter(pc.is_valid(table.column("reason")))
+            letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]
+                                     ).rename_columns(DEAD_LETTER_COLUMNS)
+            partials = groups.append_column("kind", pa.array(["partial"] * groups.num_rows))
+            writer.add(*_merged(partials, letters, store, context))
+        yield writer.finish()
+
+
+def marks_task(batches: Iterator[pa.RecordBatch], context: BatchContext
+               ) -> Iterator[pa.RecordBatch]:
+    """Stage the streams' watermarks (``key``, ``v``) a re-keyed aggregation met."""
+    with task_store(context) as store:
+        writer = TaskWriter(store, context)
+        outcome = FoldOutcome()
+        for batch in batches:
+            for stream, version in zip(batch.column("key").to_pylist(),
+                                       batch.column("v").to_pylist(), strict=True):
+                outcome.see(stream, version)
+        writer.add(outcome, ())
+        yield writer.finish()
 
 
 def _value(function: AggregateFunction) -> Column:

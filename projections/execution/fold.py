@@ -80,11 +80,13 @@ class KeyFolder:
             rows = lookup_rows or {}
             items = [(record, joined(plan.projection, event, rows)) for record, event in items]
         marks, step, rekeyed = outcome.watermarks, plan.step, plan.rekeyed
+        in_rows = plan.watermarks_in_rows
         derive = self._derive if plan.emits and self.emit_from is not None else None
         state = stored.state if stored else None
         version = stored.version if stored else 0
         position = stored.position if stored else 0
         last = 0 if rekeyed else marks.get(key, 0)  # the stream's last version met
+        skipped = 0  # the last version dead-lettered for good (a projection that folds on)
         applied = 0
         had_state = False
         head = self.parked.get(key)
@@ -123,9 +125,18 @@ class KeyFolder:
                 if plan.parks:
                     head = outcome.parked[key] = ParkedKey(
                         record.topic, record.partition, record.offset, event.event_id, reason)
+                else:
+                    skipped = stream_version
                 continue
-            version = version + 1 if rekeyed else stream_version
-            position, state = event.global_position, after
+            if not rekeyed:
+                version = stream_version
+            elif after is not None or had_state or stored is not None:
+                # Counts the events folded into a key that has, or had, a state: one whose
+                # events made no state yet leaves no row, however its events were batched.
+                version += 1
+            state = after
+            if event.global_position > position:  # re-keyed, the newest of many streams'
+                position = event.global_position
             applied += 1
             had_state = had_state or after is not None
             if emissions:
@@ -133,11 +144,20 @@ class KeyFolder:
         if not rekeyed and last > marks.get(key, 0):
             marks[key] = last
         outcome.applied += applied
-        if not applied or step is None:
+        if step is None:
             return
-        if stored is None and not had_state:
+        # Keyed by aggregate id, the row holds the stream's watermark: the last version that
+        # no longer waits, applied or dead-lettered for good. Events held behind a parked key
+        # wait: the retry folds them onto the row.
+        settled = max(version, skipped) if in_rows else version
+        if not applied and settled == (stored.version if stored else 0):
+            return
+        published = applied and (stored is not None or had_state)
+        if not published and not in_rows:
             return  # never had a state: nothing to store, no tombstone to send
-        outcome.changed[key] = KeyState(state, version, position)
+        if published:
+            outcome.published.add(key)
+        outcome.changed[key] = KeyState(state, settled, position)
 
     def _derive(self, record: SourceRecord, event: Event, before: State | None,
                 after: State | None) -> list[Emission]:

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Message
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
+from eventfold.outbox.kafka import OffsetPlanner, iter_range
 from eventfold.projections.execution.decode import text_column
+from eventfold.projections.execution.worker import consumer, drop_consumer
 from eventfold.projections.outcome import RawRecords
 from pyspark.sql import DataFrame
 from pyspark.sql.datasource import (
@@ -145,20 +146,6 @@ def _utf8_or_bytes(key: bytes) -> str | bytes:
         return key
 
 
-_consumers: dict[KafkaConnection, Consumer] = {}
-
-
-def _consumer(kafka: KafkaConnection) -> Consumer:
-    """One consumer per Python worker, kept across tasks (Spark reuses its workers): a new
-    connection per partition and micro-batch costs more than reading its events
-    (docs/benchmarks.md)."""
-    consumer = _consumers.get(kafka)
-    if consumer is None:
-        consumer = Consumer(consumer_config(kafka, **{"fetch.min.bytes": 1}))
-        _consumers[kafka] = consumer
-    return consumer
-
-
 def read_partition(kafka: KafkaConnection, partition: InputPartition,
                    ranges: bool) -> Iterator[pa.RecordBatch]:
     """An input partition's rows: its range, or the range's messages."""
@@ -195,15 +182,14 @@ def read_range(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[pa.RecordBa
 def _messages(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[list[Message]]:
     if rng.end <= rng.start:
         return
-    consumer = _consumer(kafka)
+    reader = consumer(kafka)
     try:
-        yield from iter_range(consumer, (rng.topic, rng.partition), rng.start, rng.end,
+        yield from iter_range(reader, (rng.topic, rng.partition), rng.start, rng.end,
                               READ_TIMEOUT_S, chunk=READ_CHUNK)
     except BaseException:
-        _consumers.pop(kafka, None)
-        consumer.close()
+        drop_consumer(kafka)
         raise
-    consumer.unassign()
+    reader.unassign()
 
 
 def _to_arrow(messages: list[Message], rng: OffsetRange) -> pa.RecordBatch:

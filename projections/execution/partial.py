@@ -16,12 +16,14 @@ of events and O(keys) partials, however large the batch.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import pyarrow as pa
 import pyarrow.compute as pc
 from eventfold.projections.definition.aggregates import AggregateFunction
 from eventfold.projections.execution.decode import field_column
 from eventfold.projections.execution.guard import dedupe, drop_below
-from eventfold.projections.outcome import SourceRecord
+from eventfold.projections.outcome import KeyState, SourceRecord
 from eventfold.projections.plan import Plan
 
 GROUP = "fold_key"
@@ -122,18 +124,54 @@ class PartitionAggregate:
         return pa.concat_tables(parts)
 
 
-def merge_partials(partials: pa.Table, plan: Plan) -> pa.Table | None:
-    """The tasks' partials merged per key (``partial_schema``'s partial columns); None when
-    a stream was met by more than one task (see the module docstring)."""
-    rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
-    streams = (partials.filter(pc.equal(partials.column("kind"), "mark")) if plan.rekeyed
-               else rows)
-    if len(pc.unique(streams.column(GROUP))) != streams.num_rows:
-        return None
+def merge_into_stored(rows: pa.Table, stored: Mapping[str, KeyState], plan: Plan) -> pa.Table:
+    """A batch's partials (one row per key) merged into the keys' ``stored`` rows: each
+    key's values now, its version (re-keyed: the events folded into it so far), its last
+    position, and ``_events`` the batch's events. The batch is newer than what is stored, so
+    a newest-wins column takes the batch's value whenever it has one."""
+    rows = _mergeable(rows, plan)
+    if stored:
+        rows = pa.concat_tables([_stored_partials(stored, plan, rows.schema), rows])
     merged = _merge_rows(rows, plan)
-    if plan.rekeyed:
-        merged["_version"] = merged["_events"]  # re-keyed: the version counts events folded
+    if plan.rekeyed:  # the version counts the events folded into the key
+        before = pa.array([ks.version for ks in stored.values()], pa.int64())
+        at = pc.index_in(merged[GROUP], value_set=pa.array(list(stored), pa.string()))
+        merged["_version"] = pc.add(pc.fill_null(pc.take(before, at), 0), merged["_events"])
     return pa.table(merged)
+
+
+def _mergeable(rows: pa.Table, plan: Plan) -> pa.Table:
+    """The columns ``_merge_rows`` reads; a newest-wins value of Spark's aggregation (which
+    keeps no value position) is as new as the batch's last position."""
+    columns = {name: rows.column(name) for name in (GROUP, "_version", "_events", "_position")}
+    for name, function in plan.aggregates.items():
+        columns[slot(name)] = rows.column(slot(name))
+        if function.newest_wins:
+            columns[_value_position(name)] = (
+                rows.column(_value_position(name)) if _value_position(name) in rows.column_names
+                else pc.if_else(pc.is_valid(rows.column(slot(name))), rows.column("_position"),
+                                pa.scalar(None, pa.int64())))
+    return pa.table(columns)
+
+
+def _stored_partials(stored: Mapping[str, KeyState], plan: Plan, schema: pa.Schema) -> pa.Table:
+    """The stored rows as partials: no events of this batch, their values as new as the
+    newest position the row applied (a newest-wins value of the batch wins when it is
+    newer, as a re-keyed key's events from a lagging partition may not be)."""
+    states = [ks.state or {} for ks in stored.values()]
+    positions = pa.array([ks.position for ks in stored.values()], pa.int64())
+    columns: dict[str, pa.Array] = {
+        GROUP: pa.array(list(stored), pa.string()),
+        "_version": pa.array([ks.version for ks in stored.values()], pa.int64()),
+        "_events": pa.array([0] * len(stored), pa.int64()), "_position": positions}
+    for name, function in plan.aggregates.items():
+        values = pa.array([state.get(name) for state in states],
+                          schema.field(slot(name)).type)
+        columns[slot(name)] = values
+        if function.newest_wins:
+            columns[_value_position(name)] = pc.if_else(pc.is_valid(values), positions,
+                                                        pa.scalar(None, pa.int64()))
+    return pa.Table.from_pydict(columns, schema=schema)
 
 
 def _merge_rows(rows: pa.Table, plan: Plan) -> dict[str, pa.ChunkedArray]:

@@ -1,108 +1,67 @@
-"""What a fold task hands the driver: its ``FoldOutcome`` as Arrow rows, and back.
+"""What a task hands the driver: counts of what it wrote, never the keys it folded.
 
 A task's result crosses from a Python worker through the JVM to the driver as an Arrow table
-(``mapInArrow``), so its parts travel as rows of one schema, told apart by ``kind``: a key's
-new state, a dead letter, a derived event, a stream's watermark, a key parked or held, and one
-row of counts.
+(``mapInArrow``): one row of counts per task, a row per key it held back as parked (the commit
+checks they still are; there are few), per derived-event topic it wrote (the catalog lists
+them), and per dead letter it wrote, up to a few (the run's log names them). The driver adds
+them up into the batch's ``StagedBatch``.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
-from eventfold.projections.outcome import (
-    DeadLetter,
-    Emission,
-    FoldOutcome,
-    KeyState,
-    ParkedKey,
-    SourceRecord,
-)
+from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.topics import LetterNote
 
 
 class Row(StrEnum):
-    STATE = "state"
-    DEAD_LETTER = "dlq"
-    DERIVED = "derived"
-    WATERMARK = "watermark"
-    PARKED = "parked"
-    HELD = "held"
     COUNTS = "counts"
+    HELD = "held"
+    TOPIC = "topic"
+    LETTER = "letter"
 
 
 SCHEMA = pa.schema([
-    ("kind", pa.string()), ("key", pa.string()), ("state", pa.string()),
-    ("version", pa.int64()), ("position", pa.int64()), ("topic", pa.string()),
-    ("partition", pa.int32()), ("offset", pa.int64()), ("value", pa.string()),
-    ("reason", pa.string()), ("applied", pa.int64()), ("duplicates", pa.int64()),
-    ("fold_key", pa.string()), ("event_id", pa.string()), ("parks", pa.bool_()),
+    ("kind", pa.string()), ("name", pa.string()), ("new_rows", pa.int64()),
+    ("known_rows", pa.int64()), ("marks", pa.int64()), ("applied", pa.int64()),
+    ("duplicates", pa.int64()), ("dead_letters", pa.int64()),
+    ("server", pa.string()), ("event_id", pa.string()), ("correlation_id", pa.string()),
 ])
 
 
-class KeySplitAcrossPartitions(RuntimeError):
-    """Two tasks folded the same key: its events were not all in one partition."""
-
-
-def encode(outcome: FoldOutcome) -> pa.RecordBatch:
-    rows = list(_rows(outcome))
+def encode(counts: StagedBatch, server: datetime | None) -> pa.RecordBatch:
+    """One task's summary (``counts.attempt`` and offsets are the driver's own)."""
+    rows: list[dict[str, Any]] = [{
+        "kind": Row.COUNTS, "new_rows": counts.new_rows, "known_rows": counts.known_rows,
+        "marks": counts.marks, "applied": counts.applied, "duplicates": counts.duplicates,
+        "dead_letters": counts.dead_letters,
+        "server": None if server is None else server.isoformat()}]
+    rows += [{"kind": Row.HELD, "name": key} for key in sorted(counts.held)]
+    rows += [{"kind": Row.TOPIC, "name": topic} for topic in sorted(counts.topics)]
+    rows += [{"kind": Row.LETTER, "name": note.message, "event_id": note.event_id,
+              "correlation_id": note.correlation_id} for note in counts.notes]
     return pa.RecordBatch.from_pylist(rows, schema=SCHEMA)
 
 
-def _rows(outcome: FoldOutcome) -> Iterator[dict[str, Any]]:
-    for key, ks in outcome.changed.items():
-        yield {"kind": Row.STATE, "key": key, "version": ks.version, "position": ks.position,
-               "state": None if ks.state is None else json.dumps(ks.state, default=str)}
-    for letter in outcome.dead_letters:
-        r = letter.record
-        yield {"kind": Row.DEAD_LETTER, "key": r.key, "topic": r.topic,
-               "partition": r.partition, "offset": r.offset, "value": r.value,
-               "reason": letter.reason, "fold_key": letter.fold_key,
-               "event_id": letter.event_id, "position": letter.position,
-               "parks": letter.parks}
-    for emission in outcome.emissions:
-        yield {"kind": Row.DERIVED, "topic": emission.topic, "key": emission.key,
-               "value": emission.value}
-    for stream_id, version in outcome.watermarks.items():
-        yield {"kind": Row.WATERMARK, "key": stream_id, "version": version}
-    for key, head in outcome.parked.items():
-        yield {"kind": Row.PARKED, "key": key, "topic": head.topic, "partition": head.partition,
-               "offset": head.offset, "value": head.event_id, "reason": head.reason}
-    for key in outcome.held:
-        yield {"kind": Row.HELD, "key": key}
-    yield {"kind": Row.COUNTS, "applied": outcome.applied, "duplicates": outcome.duplicates}
-
-
-def decode(table: pa.Table) -> FoldOutcome:
-    """The tasks' rows merged into one outcome; a key two tasks changed raises
-    ``KeySplitAcrossPartitions``."""
-    outcome = FoldOutcome()
+def decode(table: pa.Table, attempt: str) -> StagedBatch:
+    """The tasks' summaries of one attempt added up."""
+    batch = StagedBatch(attempt)
     for row in table.to_pylist():
-        kind, key = row["kind"], row["key"]
-        if kind == Row.STATE:
-            if key in outcome.changed:
-                raise KeySplitAcrossPartitions(key)
-            state = row["state"]
-            outcome.changed[key] = KeyState(None if state is None else json.loads(state),
-                                            row["version"], row["position"])
-        elif kind == Row.DEAD_LETTER:
-            outcome.dead_letters.append(DeadLetter(SourceRecord(
-                row["topic"], row["partition"], row["offset"], key, row["value"]),
-                row["reason"], row["fold_key"], row["event_id"], row["position"],
-                bool(row["parks"])))
-        elif kind == Row.DERIVED:
-            outcome.emissions.append(Emission(row["topic"], key, row["value"]))
-        elif kind == Row.WATERMARK:
-            outcome.see(key, row["version"])
-        elif kind == Row.PARKED:
-            outcome.parked[key] = ParkedKey(row["topic"], row["partition"], row["offset"],
-                                            row["value"], row["reason"])
-        elif kind == Row.HELD:
-            outcome.held.add(key)
+        if row["kind"] == Row.HELD:
+            batch.held.add(row["name"])
+        elif row["kind"] == Row.TOPIC:
+            batch.topics.add(row["name"])
+        elif row["kind"] == Row.LETTER:
+            batch.notes.append(LetterNote(row["name"], row["event_id"], row["correlation_id"]))
         else:
-            outcome.applied += row["applied"]
-            outcome.duplicates += row["duplicates"]
-    return outcome
+            batch.add(StagedBatch(attempt, **{name: row[name] for name in COUNTS}))
+            if row["server"] is not None:
+                batch.servers.add(datetime.fromisoformat(row["server"]))
+    return batch
+
+
+COUNTS = ("new_rows", "known_rows", "marks", "applied", "duplicates", "dead_letters")

@@ -43,6 +43,7 @@ READER_HEARTBEAT_S = 3.0
 _TABLE = sql.Identifier(VERSIONS_TABLE)
 _CHECKPOINTS = sql.Identifier(CHECKPOINTS_TABLE)
 _RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)
+_IN_FLIGHT = sql.Identifier("batches_in_flight")
 # A retired topic nobody reads: no fresh heartbeat for it, and retired long enough that a
 # reader who saw the old version just before the switch has registered itself by now.
 _UNREAD_RETIRED = sql.SQL("""
@@ -106,6 +107,34 @@ class ProjectionCatalog:
             "SELECT active_version, output_topics FROM {} WHERE projection = %s")
             .format(_TABLE), (name,)).fetchone()
         return (int(row[0]), list(row[1])) if row else (1, [])
+
+    def batch_started(self, name: str, version: int, ends: Mapping[PartitionKey, int]) -> None:
+        """The active version's next batch, ending at ``ends``, is under way (recorded before
+        its tasks write anything)."""
+        self._conn().execute(sql.SQL("""
+            INSERT INTO {} (projection, version, ends) VALUES (%s, %s, %s)
+            ON CONFLICT (projection) DO UPDATE SET version = excluded.version,
+                ends = excluded.ends, tasks_done = false, started_at = now()
+        """).format(_IN_FLIGHT), (name, version, Jsonb(nest_offsets(ends))))
+
+    def batch_written(self, name: str) -> None:
+        """Its tasks are done: what they wrote to the KTable is all the batch writes there."""
+        self._conn().execute(sql.SQL("UPDATE {} SET tasks_done = true WHERE projection = %s")
+                             .format(_IN_FLIGHT), (name,))
+
+    def batch_ended(self, name: str) -> None:
+        """Committed, or failed: no batch is under way."""
+        self._conn().execute(sql.SQL("DELETE FROM {} WHERE projection = %s").format(
+            _IN_FLIGHT), (name,))
+
+    def check_current(self, name: str, version: int) -> None:
+        """Raise ``VersionSwitched`` when ``version`` is neither active nor being built."""
+        row = self._conn().execute(sql.SQL(
+            "SELECT active_version, building_version FROM {} WHERE projection = %s")
+            .format(_TABLE), (name,)).fetchone()
+        if row is None or version not in row:
+            raise VersionSwitched(f"projection {name!r} v{version} is no longer active or "
+                                  f"building (active: v{row[0] if row else '?'})")
 
     def begin_build(self, name: str) -> int:
         """The version a replay builds: a new one, or the unfinished one of an earlier replay
@@ -172,6 +201,29 @@ class ProjectionCatalog:
                              "its instances move to the active version", waiting[0])
                 return deleted
             time.sleep(1.0)
+
+
+def written_in_flight(conn: psycopg.Connection, name: str, version: int,
+                      wait_s: float) -> dict[PartitionKey, int]:
+    """In the caller's transaction (a switch, holding the registry row): the end of the
+    active version's batch under way once its tasks are done (waiting up to ``wait_s``; its
+    commit then waits on the registry row); {} when none is under way, or its tasks did not
+    finish in time (its run died, say)."""
+    deadline = time.monotonic() + wait_s
+    query = sql.SQL("SELECT ends, tasks_done FROM {} WHERE projection = %s AND version = %s"
+                    ).format(_IN_FLIGHT)
+    while True:
+        row = conn.execute(query, (name, version)).fetchone()
+        if row is None:
+            return {}
+        ends, done = row
+        if done:
+            return flatten_offsets(ends)
+        if time.monotonic() >= deadline:
+            log.warning("projection %s v%d: its batch under way did not finish its tasks in "
+                        "%.0f s; switching without it", name, version, wait_s)
+            return {}
+        time.sleep(0.05)
 
 
 class VersionSwitched(RuntimeError):

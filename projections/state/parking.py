@@ -3,21 +3,24 @@ writes their tables.
 
 A fold projection parks a key when its fold raises: the event is dead-lettered and so is every
 later event of the key, held until ``dead_letters.retry_key`` folds them in order (or the
-failing one is discarded). Batches read the parked keys when they start and hold new letters
-in their commit's transaction, so the table lists exactly the letters of committed batches; a
-batch that held back the events of a key unparked meanwhile does not commit
-(``ParkedKeysReleased``) and folds again.
+failing one is discarded). A batch's tasks ask, per key, whether the keys they fold are parked,
+and stage the letters that park a key (``staged_letters``); the batch's commit holds them in
+its transaction, so ``parked_events`` lists exactly the letters of committed batches. A batch
+that held back the events of a key unparked meanwhile does not commit (``ParkedKeysReleased``)
+and folds again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
-from eventfold.projections.outcome import DeadLetter, ParkedKey
+from eventfold.projections.outcome import DeadLetter, ParkedKey, SourceRecord
 from psycopg import sql
+from psycopg.types.json import Jsonb
 
 PARKED_TABLE = "parked_events"
 RESOLUTIONS_TABLE = "dead_letter_resolutions"
@@ -58,6 +61,26 @@ def parked_keys(conn: psycopg.Connection, name: str, version: int) -> dict[str, 
         return {key: ParkedKey(*head) for key, *head in conn.execute(query, (name, version))}
 
 
+def parked_heads(conn: psycopg.Connection, name: str, version: int, keys: Iterable[str]
+                 ) -> dict[str, ParkedKey]:
+    """Of ``keys``, those parked now, each with the first event it waits on (one indexed
+    probe per key: a task asks for the keys of the records it folds)."""
+    query = sql.SQL("""
+        SELECT DISTINCT ON (key) key, source_topic, source_partition, source_offset, event_id,
+               reason
+        FROM {} WHERE {} AND key = ANY(%s) ORDER BY key, global_position""").format(
+        _PARKED, _OF_VERSION)
+    return {key: ParkedKey(*head) for key, *head in conn.execute(query, (name, version,
+                                                                         list(keys)))}
+
+
+def any_parked(conn: psycopg.Connection, name: str, version: int) -> bool:
+    """Whether the version has a parked key at all (else tasks need not ask per key)."""
+    row = conn.execute(sql.SQL("SELECT EXISTS (SELECT 1 FROM {} WHERE {})").format(
+        _PARKED, _OF_VERSION), (name, version)).fetchone()
+    return bool(row and row[0])
+
+
 def still_parked(conn: psycopg.Connection, name: str, version: int, keys: Iterable[str]
                  ) -> set[str]:
     rows = conn.execute(sql.SQL("SELECT DISTINCT key FROM {} WHERE {} AND key = ANY(%s)")
@@ -80,6 +103,55 @@ def park(conn: psycopg.Connection, name: str, version: int,
             "source_offset, event_id, global_position, reason) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(_PARKED),
             rows)
+
+
+STAGED_TABLE = "staged_letters"
+_STAGED = sql.Identifier(STAGED_TABLE)
+
+
+def stage_letters(conn: psycopg.Connection, name: str, version: int, attempt: str,
+                  letters: Iterable[DeadLetter], held: Container[str]) -> int:
+    """A task's parking letters of a batch attempt, for its commit (``take_staged``);
+    ``held``: the keys that were parked before the batch. How many were staged."""
+    rows = [(name, version, attempt, letter.fold_key in held, Jsonb(_as_json(letter)))
+            for letter in letters if letter.parks]
+    if rows:
+        with conn.cursor().copy(sql.SQL(
+                "COPY {} (projection, version, attempt, held, letter) FROM STDIN")
+                .format(_STAGED)) as copy:
+            for row in rows:
+                copy.write_row(row)
+    return len(rows)
+
+
+def take_staged(conn: psycopg.Connection, name: str, version: int,
+                attempt: str) -> list[DeadLetter]:
+    """In the batch's commit: hold the staged letters' events (``parked_events``; a batch
+    run again after a crash holds the same ones once) and return the letters of keys that
+    were parked before the batch: the commit produces those, once it has checked that the
+    keys still are."""
+    staged = conn.execute(sql.SQL(
+        "SELECT letter, held FROM {} WHERE projection = %s AND version = %s AND attempt = %s")
+        .format(_STAGED), (name, version, attempt)).fetchall()
+    letters = [(_from_json(letter), held) for letter, held in staged]
+    park(conn, name, version, [letter for letter, _ in letters])
+    return [letter for letter, held in letters if held]
+
+
+def clear_staged(conn: psycopg.Connection, name: str, version: int) -> None:
+    """Every staged letter of the version (the attempts before this one's included)."""
+    conn.execute(sql.SQL("DELETE FROM {} WHERE projection = %s AND version = %s")
+                 .format(_STAGED), (name, version))
+
+
+def _as_json(letter: DeadLetter) -> dict[str, Any]:
+    return {"record": list(letter.record), "reason": letter.reason, "fold_key": letter.fold_key,
+            "event_id": letter.event_id, "position": letter.position}
+
+
+def _from_json(data: dict[str, Any]) -> DeadLetter:
+    return DeadLetter(SourceRecord(*data["record"]), data["reason"], data["fold_key"],
+                      data["event_id"], data["position"], parks=True)
 
 
 def held_events(conn: psycopg.Connection, name: str, version: int, key: str

@@ -1,8 +1,10 @@
 """A projection version's tables as SQLAlchemy metadata, created and migrated through Alembic.
 
 The read model's columns are declared with the projection; its state table adds the key and
-the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``) and its
-watermark table holds the last applied version per source stream. When a projection starts,
+the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``). Where a key
+gathers several streams (re-keyed) or there is no state, a sources table holds the last version
+met per source stream (``watermarks_of``). Stage tables hold a batch's rows between its tasks
+and its commit. When a projection starts,
 Alembic's autogenerate compares these tables with the database and the additive changes are
 applied: a new table, a new column, a new index. Anything else (a column removed, a type
 changed) would rewrite or lose the rows that serve reads, so it is refused with the command to
@@ -13,12 +15,15 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 from alembic.autogenerate import produce_migrations
 from alembic.migration import MigrationContext
 from alembic.operations import Operations
 from alembic.operations import ops as alembic_ops
 from eventfold.projections.definition.projection import Projection
+from eventfold.projections.plan import compile_projection
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
@@ -51,26 +56,75 @@ def sources_table(projection: Projection, version: int) -> str:
     return f"{projection.table}__v{version}_sources"
 
 
+def stage_table(projection: Projection, version: int) -> str:
+    """Where a batch's tasks put the rows they folded, for the batch's commit to merge."""
+    return f"{projection.table}__v{version}_stage"
+
+
+def stage_sources_table(projection: Projection, version: int) -> str:
+    return f"{projection.table}__v{version}_stage_sources"
+
+
+@dataclass(frozen=True)
+class Watermarks:
+    """Where a version keeps the last version of each source stream it met (the duplicate
+    guard, and what read-your-writes waits on): a table, its stream column, its version
+    column."""
+
+    table: str
+    stream: str
+    version: str
+
+
+def watermarks_of(projection: Projection, version: int) -> Watermarks:
+    """A projection keyed by aggregate id keeps them in its rows (``_version``), one keyed
+    otherwise (or with no state) in its sources table."""
+    if compile_projection(projection).watermarks_in_rows:
+        return Watermarks(state_table(projection, version), "key", "_version")
+    return Watermarks(sources_table(projection, version), "stream_id", "version")
+
+
+STAGE_COLUMNS = ("_attempt", "_known")
+"""What a staged row carries besides the state table's columns: the batch attempt that
+staged it, and whether its key had a row when the task loaded it."""
+
+
 def version_metadata(projection: Projection, version: int) -> MetaData:
-    """The tables of one version of ``projection``, as declared."""
+    """The tables of one version of ``projection``, as declared. The stage tables are
+    UNLOGGED: they hold one batch between its tasks and its commit, which checks that the
+    server did not restart in between (an unlogged table is emptied by crash recovery)."""
     metadata = MetaData()
-    Table(sources_table(projection, version), metadata,
-          Column("stream_id", Text, primary_key=True),
-          Column("version", BigInteger, nullable=False))
+    unlogged = ["UNLOGGED"]
+    if not compile_projection(projection).watermarks_in_rows:
+        Table(sources_table(projection, version), metadata,
+              Column("stream_id", Text, primary_key=True),
+              Column("version", BigInteger, nullable=False))
+        Table(stage_sources_table(projection, version), metadata,
+              Column("_attempt", Text, nullable=False),
+              Column("stream_id", Text, nullable=False),
+              Column("version", BigInteger, nullable=False), prefixes=unlogged)
     if projection.has_state:
         name = state_table(projection, version)
-        Table(name, metadata,
-              Column("key", Text, primary_key=True),
-              *(Column(column, column_type) for column, column_type
-                in projection.stored_columns.items()),
-              Column("_version", BigInteger, nullable=False),
-              Column("_position", BigInteger, nullable=False),
-              Column("_deleted", Boolean, nullable=False, server_default=text("false")),
+        Table(name, metadata, *_row_columns(projection),
               Column("_updated_at", TIMESTAMP(timezone=True), nullable=False,
                      server_default=func.now()),
               # (column, key): the read API pages sorted on a column, the key breaks ties
               *(Index(f"{name}_{column}", column, "key") for column in projection.indexes))
+        Table(stage_table(projection, version), metadata,
+              Column("_attempt", Text, nullable=False),
+              Column("_known", Boolean, nullable=False),
+              *_row_columns(projection, keyed=False), prefixes=unlogged)
     return metadata
+
+
+def _row_columns(projection: Projection, keyed: bool = True) -> list[Column[Any]]:
+    """A state row: the key, the stored columns, the system columns."""
+    return [Column("key", Text, primary_key=keyed, nullable=False),
+            *(Column(column, column_type) for column, column_type
+              in projection.stored_columns.items()),
+            Column("_version", BigInteger, nullable=False),
+            Column("_position", BigInteger, nullable=False),
+            Column("_deleted", Boolean, nullable=False, server_default=text("false"))]
 
 
 def migrate(conn: Connection, projection: Projection, version: int) -> list[str]:

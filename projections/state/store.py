@@ -1,33 +1,33 @@
-"""Sinks of a projection: its Postgres state store (the read model) and its Kafka topics.
+"""A projection version's state in Postgres, and the batch commit.
 
-Each version of a projection has a state table ``<table>__v<N>`` holding every key it has seen
-with its version, deleted keys included (``_deleted``), so the version guard survives a delete,
-and a watermark table ``<table>__v<N>_sources`` (last applied version per source stream, the
-duplicate guard). Users query the view named after the projection: live rows of the active
-version. A batch commits its rows, watermarks, held (parked) events, offsets and batch id in
-one transaction, after its KTable rows, dead letters and derived events were produced and
-flushed inside it.
+Each version has a state table ``<table>__v<N>`` holding every key it has seen with its version,
+deleted keys included (``_deleted``), so the version guard survives a delete. Users query the
+view named after the projection: live rows of the active version.
+
+A batch is written where it is folded. Each task of the batch stages the rows of the keys it
+changed (``Stage``: COPY into the version's UNLOGGED stage table, marked with the batch attempt
+and with whether the key had a row), and its watermarks and parking letters; it produces the
+KTable records, derived events and dead letters itself. The driver sees counts. Then
+``ReadModelStore.commit`` merges the attempt's staged rows into the state table, in one
+transaction with the watermarks, the parked events and the checkpoint: the read model still
+changes atomically per batch, and no row passes through the driver. The merge inserts the new
+keys and updates the known ones under the version guard (a row only moves to a higher
+version), and counts what it touched: a key two tasks staged (its events in two source
+partitions) fails the count and the batch folds again after a shuffle.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import consumer_config, iter_range, offset_of
-from eventfold.outbox.topics import (
-    COMPACTED_TOPIC_CONFIG,
-    EVENT_TOPIC_CONFIG,
-    Replication,
-    TopicAdmin,
-)
 from eventfold.projections.definition.projection import Projection
-from eventfold.projections.outcome import DeadLetter, FoldOutcome, KeyState, ParkedKey
+from eventfold.projections.faults import crash_point
+from eventfold.projections.outcome import DeadLetter, KeyState, ParkedKey
 from eventfold.projections.plan import compile_projection
 from eventfold.projections.state.catalog import (
     READER_ROLE,
@@ -39,57 +39,121 @@ from eventfold.projections.state.catalog import (
 )
 from eventfold.projections.state.parking import (
     ParkedKeysReleased,
+    any_parked,
+    clear_staged,
     drop_parked,
-    park,
     parked_counts,
-    parked_keys,
+    parked_heads,
+    stage_letters,
     still_parked,
+    take_staged,
 )
-from eventfold.projections.state.schema import migrate, sources_table, state_table
+from eventfold.projections.state.schema import (
+    migrate,
+    sources_table,
+    stage_sources_table,
+    stage_table,
+    state_table,
+    watermarks_of,
+)
+from eventfold.projections.state.topics import LetterNote
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
 from sqlalchemy.pool import NullPool
 
-from eventfold.contract import (
-    KTABLE_POSITION_HEADER,
-    KTABLE_VERSION_HEADER,
-    PartitionKey,
-    libpq_url,
-    trace_of,
-)
+from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
 
-_MAX_ORIGINALS_SPAN = 100_000
-"""Dead letters of one partition further apart than this keep the values the fold rebuilt
-(reading the whole span back would cost more than the metadata is worth)."""
-
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
-Publish = Callable[[Mapping[str, KeyState]], None]
+NOTED_LETTERS = 20
+"""Dead letters a task describes to the driver for its log (a flood of letters is counted,
+not carried: ``eventfold dlq list`` shows them all)."""
 
 
-class DeliveryFailed(RuntimeError):
-    """A KTable row, dead letter or derived event was refused by the broker: the batch must
-    not commit."""
+class KeySplitAcrossPartitions(RuntimeError):
+    """Two tasks folded the same key: its events were not all in one partition."""
+
+
+class StageLost(RuntimeError):
+    """The server restarted between a batch's tasks and its commit: its UNLOGGED stage may be
+    empty, so the batch must run again."""
 
 
 def _names(names: Iterable[str]) -> sql.Composable:
     return sql.SQL(", ").join(sql.Identifier(n) for n in names)
 
 
-class ReadModelStore:
-    """One version of a projection's state in Postgres: load, guarded upsert, checkpoint."""
+def server_started(conn: psycopg.Connection) -> datetime:
+    """When the Postgres server last started: a restart (crash recovery empties UNLOGGED
+    tables; a failover lands on a server that never had them) changes it."""
+    row = conn.execute("SELECT pg_postmaster_start_time()").fetchone()
+    assert row is not None
+    return row[0]  # type: ignore[no-any-return]
 
-    def __init__(self, database_url: str, projection: Projection, version: int) -> None:
+
+@dataclass
+class StagedBatch:
+    """What the tasks of one batch attempt staged, as they report it to the driver: counts,
+    never keys (but for the few a batch held back as parked)."""
+
+    attempt: str
+    new_rows: int = 0
+    """Staged rows of keys that had no row (inserted by the commit)."""
+    known_rows: int = 0
+    """Staged rows of keys that had one (updated by the commit)."""
+    marks: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    dead_letters: int = 0
+    held: set[str] = field(default_factory=set)
+    """Keys parked before the batch whose events it held back."""
+    topics: set[str] = field(default_factory=set)
+    """Derived-event topics written."""
+    servers: set[datetime] = field(default_factory=set)
+    """The start time of the server each task staged on (one, unless it restarted)."""
+    notes: list[LetterNote] = field(default_factory=list)
+    """Log lines of the batch's dead letters, up to ``NOTED_LETTERS`` per task."""
+    next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+
+    def add(self, other: StagedBatch) -> None:
+        """``other``'s counts (another job of the same attempt) added to these."""
+        for name in ("new_rows", "known_rows", "marks", "applied", "duplicates",
+                     "dead_letters"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.held |= other.held
+        self.topics |= other.topics
+        self.servers |= other.servers
+        self.notes += other.notes
+
+
+class ReadModelStore:
+    """One version of a projection's state in Postgres: load, stage, merge, checkpoint."""
+
+    def __init__(self, database_url: str, projection: Projection, version: int,
+                 conn: psycopg.Connection | None = None) -> None:
+        """On ``conn`` when given (kept open by its owner: a task's Python worker), else on a
+        connection of its own."""
         self.projection = projection
         self.plan = compile_projection(projection)
         self.version = version
         self.database_url = database_url
-        self.conn = psycopg.connect(libpq_url(database_url))
+        self._owns_connection = conn is None
+        self.conn = conn if conn is not None else psycopg.connect(libpq_url(database_url))
         self._columns = list(projection.stored_columns)  # declared, and hidden components
         self._table = sql.Identifier(state_table(projection, version))
+        self._stage = sql.Identifier(stage_table(projection, version))
         self._sources = sql.Identifier(sources_table(projection, version))
+        self._stage_sources = sql.Identifier(stage_sources_table(projection, version))
+        marks = watermarks_of(projection, version)
+        self._marks_query = sql.SQL("SELECT {stream}, {version} FROM {table} "
+                                    "WHERE {stream} = ANY(%s)").format(
+            stream=sql.Identifier(marks.stream), version=sql.Identifier(marks.version),
+            table=sql.Identifier(marks.table))
+        self._load_query = sql.SQL(
+            "SELECT key, _version, _position, _deleted, {columns} FROM {table} "
+            "WHERE key = ANY(%s)").format(columns=_names(self._columns), table=self._table)
 
     # -- schema -----------------------------------------------------------------------------
     def ensure_schema(self) -> None:
@@ -101,10 +165,31 @@ class ReadModelStore:
                     log.info("projection %s v%d: %s", self.projection.name, self.version, change)
         finally:
             engine.dispose()
+        marks = watermarks_of(self.projection, self.version)
         with self.conn.transaction():
+            if self.plan.watermarks_in_rows:
+                self._watermarks_into_rows()
             # the read API waits on these watermarks for read-your-writes
             self.conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
-                self._sources, sql.Identifier(READER_ROLE)))
+                sql.Identifier(marks.table), sql.Identifier(READER_ROLE)))
+
+    def _watermarks_into_rows(self) -> None:
+        """A version made before watermarks lived in the rows of a projection keyed by
+        aggregate id: its sources table's versions move into the rows (a stream that never
+        had a state gets a deleted row), then the table goes."""
+        found = self.conn.execute("SELECT to_regclass(%s)", (
+            self._sources.as_string(self.conn),)).fetchone()
+        if found is None or found[0] is None:
+            return
+        moved = self.conn.execute(sql.SQL("""
+            INSERT INTO {table} (key, _version, _position, _deleted)
+            SELECT stream_id, version, 0, true FROM {sources}
+            ON CONFLICT (key) DO UPDATE SET _version = excluded._version
+            WHERE {table}._version < excluded._version
+        """).format(table=self._table, sources=self._sources)).rowcount
+        self.conn.execute(sql.SQL("DROP TABLE {}").format(self._sources))
+        log.info("projection %s v%d: watermarks now kept in the rows (%d moved from %s)",
+                 self.projection.name, self.version, moved, self._sources.as_string(self.conn))
 
     def publish_view(self, conn: psycopg.Connection) -> None:
         """Point the user-facing view at this version (inside the caller's transaction).
@@ -121,34 +206,40 @@ class ReadModelStore:
         conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(view, sql.Identifier(READER_ROLE)))
 
     def drop(self, conn: psycopg.Connection) -> None:
-        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}").format(self._table, self._sources))
+        conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}, {}, {}").format(
+            self._table, self._sources, self._stage, self._stage_sources))
         delete_checkpoint(conn, self.projection.name, self.version)
         drop_parked(conn, self.projection.name, self.version)
+        clear_staged(conn, self.projection.name, self.version)
 
     # -- reads ------------------------------------------------------------------------------
     def load(self, keys: Iterable[str]) -> dict[str, KeyState]:
+        """The keys' states as stored, deleted ones included (state None)."""
         keys = list(keys)
         if not keys or not self.projection.has_state:
             return {}
-        query = sql.SQL(
-            "SELECT key, _version, _position, _deleted, {columns} FROM {table} "
-            "WHERE key = ANY(%s)"
-        ).format(columns=_names(self._columns), table=self._table)
         states: dict[str, KeyState] = {}
+        columns = self._columns
         with self.conn.transaction():
-            for key, version, position, deleted, *values in self.conn.execute(query, (keys,)):
-                state = None if deleted else dict(zip(self._columns, values, strict=True))
+            for key, version, position, deleted, *values in self.conn.execute(
+                    self._load_query, (keys,)):
+                state = None if deleted else dict(zip(columns, values, strict=True))
                 states[key] = KeyState(state, version, position)
         return states
 
-    def watermarks(self, streams: Iterable[str] | None = None) -> dict[str, int]:
-        """Last applied version per source stream: all of them, or those of ``streams``."""
-        query = sql.SQL("SELECT stream_id, version FROM {}").format(self._sources)
+    def watermarks(self, streams: Iterable[str]) -> dict[str, int]:
+        """The last version met of each of ``streams`` (those met before)."""
         with self.conn.transaction():
-            if streams is None:
-                return dict(self.conn.execute(query).fetchall())
-            return dict(self.conn.execute(query + sql.SQL(" WHERE stream_id = ANY(%s)"),
-                                          (list(streams),)).fetchall())
+            return dict(self.conn.execute(self._marks_query, (list(streams),)).fetchall())
+
+    def parked(self, keys: Iterable[str]) -> dict[str, ParkedKey]:
+        """Of ``keys``, the parked ones with the event each waits on."""
+        with self.conn.transaction():
+            return parked_heads(self.conn, self.projection.name, self.version, keys)
+
+    def any_parked(self) -> bool:
+        with self.conn.transaction():
+            return any_parked(self.conn, self.projection.name, self.version)
 
     def live_rows(self) -> int | None:
         """Rows in the read model's view; None before the projection first ran."""
@@ -170,138 +261,178 @@ class ReadModelStore:
     def checkpoint(self) -> Checkpoint | None:
         return read_checkpoint(self.conn, self.projection.name, self.version)
 
-    def parked_keys(self) -> dict[str, ParkedKey]:
-        return parked_keys(self.conn, self.projection.name, self.version)
-
     def parked_counts(self) -> tuple[int, int]:
         """(keys parked, events they hold)."""
         with self.conn.transaction():
             return parked_counts(self.conn, {self.projection.name: self.version}).get(
                 self.projection.name, (0, 0))
 
-    # -- the batch commit -------------------------------------------------------------------
-    def commit(self, batch_id: int, outcome: FoldOutcome,
-               previous_offsets: Mapping[PartitionKey, int], publish: Publish,
-               produce: Callable[[FoldOutcome], None] = lambda _: None) -> None:
-        """Rows, watermarks, parked keys and checkpoint in one transaction. ``produce`` sends
-        the dead letters and derived events, ``publish`` the final states (KTable), both
-        before it commits, so a crash re-runs the batch instead of losing them.
+    def server_started(self) -> datetime:
+        with self.conn.transaction():
+            return server_started(self.conn)
 
-        Raises ``ParkedKeysReleased``, producing nothing, when a key whose events the batch
-        held back was retried meanwhile (the retry holds the registry row this claims)."""
-        offsets = {**previous_offsets, **outcome.next_offsets}
+    # -- the batch commit -------------------------------------------------------------------
+    def stage(self, attempt: str) -> Stage:
+        """A stage for rows of batch attempt ``attempt`` on this store's connection."""
+        return Stage(self.conn, self.projection, self.version, attempt)
+
+    def commit(self, batch_id: int, batch: StagedBatch,
+               previous_offsets: Mapping[PartitionKey, int],
+               produce_held: Callable[[Sequence[DeadLetter]], None]) -> None:
+        """Merge what the tasks of ``batch`` staged, hold its parking letters, and save the
+        checkpoint, in one transaction. ``produce_held`` produces (and flushes) the letters of
+        keys parked before the batch, once the transaction has checked they still are.
+
+        Raises, with nothing merged: ``ParkedKeysReleased`` when a key the batch held back
+        was retried meanwhile (the retry holds the registry row this claims);
+        ``KeySplitAcrossPartitions`` when two tasks staged one key; ``StageLost`` when the
+        server restarted after the tasks staged."""
+        offsets = {**previous_offsets, **batch.next_offsets}
         name = self.projection.name
         with self.conn.transaction():
             claim_batch(self.conn, name, self.version, offsets)
-            if outcome.held:
-                released = outcome.held - still_parked(self.conn, name, self.version,
-                                                       outcome.held)
+            if batch.servers and batch.servers != {server_started(self.conn)}:
+                raise StageLost(f"projection {name} v{self.version}: the database restarted "
+                                "after the batch's tasks staged their rows")
+            if batch.held:
+                released = batch.held - still_parked(self.conn, name, self.version,
+                                                     batch.held)
                 if released:
                     raise ParkedKeysReleased(released)
-            produce(outcome)
-            final = self.write_states(outcome.changed)
-            if outcome.watermarks:
-                self.save_watermarks(outcome.watermarks)
-            if self.plan.parks and outcome.dead_letters:
-                park(self.conn, name, self.version, outcome.dead_letters)
-            publish(final)
-            save_checkpoint(self.conn, name, self.version, batch_id, offsets, outcome.applied,
-                            len(outcome.dead_letters))
+            self.merge(batch)
+            crash_point("commit.merged")
+            held = take_staged(self.conn, name, self.version, batch.attempt)
+            if held:
+                produce_held(held)
+            save_checkpoint(self.conn, name, self.version, batch_id, offsets, batch.applied,
+                            batch.dead_letters)
+            self._clear_stage()
 
-    def write_states(self, changed: Mapping[str, KeyState]) -> Mapping[str, KeyState]:
-        """In the caller's transaction: the keys' states, guarded; the rows as stored."""
-        return self._upsert(changed) if changed else {}
+    def merge(self, batch: StagedBatch) -> None:
+        """In the caller's transaction: the attempt's staged rows into the state table, its
+        staged watermarks into the sources table. Raises ``KeySplitAcrossPartitions`` when
+        what it touched differs from what the tasks staged."""
+        attempt = batch.attempt
+        if self.projection.has_state and (batch.new_rows or batch.known_rows):
+            columns = ["key", *self._columns, *SYSTEM_COLUMNS]
+            try:
+                inserted = self.conn.execute(sql.SQL("""
+                    INSERT INTO {table} ({columns}) SELECT {columns} FROM {stage}
+                    WHERE _attempt = %s AND NOT _known
+                """).format(table=self._table, stage=self._stage, columns=_names(columns)),
+                    (attempt,)).rowcount
+            except psycopg.errors.UniqueViolation as exc:
+                raise KeySplitAcrossPartitions(str(exc).splitlines()[0]) from None
+            # The guard: a row only moves to a higher version.
+            updates = sql.SQL(", ").join(sql.SQL("{c} = s.{c}").format(c=sql.Identifier(c))
+                                         for c in [*self._columns, *SYSTEM_COLUMNS])
+            updated = self.conn.execute(sql.SQL("""
+                UPDATE {table} t SET {updates}, _updated_at = now() FROM {stage} s
+                WHERE s._attempt = %s AND s._known AND t.key = s.key
+                  AND t._version < s._version
+            """).format(table=self._table, stage=self._stage, updates=updates),
+                (attempt,)).rowcount
+            if (inserted, updated) != (batch.new_rows, batch.known_rows):
+                raise KeySplitAcrossPartitions(
+                    f"staged {batch.new_rows} new and {batch.known_rows} known rows, merged "
+                    f"{inserted} and {updated}")
+        if batch.marks:
+            self.conn.execute(sql.SQL("""
+                INSERT INTO {sources} SELECT stream_id, max(version) FROM {stage}
+                WHERE _attempt = %s GROUP BY stream_id
+                ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version
+                WHERE {sources}.version < excluded.version
+            """).format(sources=self._sources, stage=self._stage_sources), (attempt,))
 
-    def save_watermarks(self, watermarks: Mapping[str, int]) -> None:
-        stage = sql.Identifier(f"stage_sources_{self.projection.name}")
-        self.conn.execute(sql.SQL(
-            "CREATE TEMP TABLE IF NOT EXISTS {} (stream_id TEXT, version BIGINT) "
-            "ON COMMIT DELETE ROWS").format(stage))
-        with self.conn.cursor().copy(sql.SQL("COPY {} FROM STDIN").format(stage)) as copy:
-            for stream_id, version in watermarks.items():
-                copy.write_row((stream_id, version))
-        self.conn.execute(sql.SQL("""
-            INSERT INTO {sources} SELECT stream_id, version FROM {stage}
-            ON CONFLICT (stream_id) DO UPDATE SET version = excluded.version
-            WHERE {sources}.version < excluded.version
-        """).format(sources=self._sources, stage=stage))
+    def unstage(self, attempt: str) -> None:
+        """In the caller's transaction: the attempt's staged rows, once merged."""
+        if self.projection.has_state:
+            self.conn.execute(sql.SQL("DELETE FROM {} WHERE _attempt = %s").format(self._stage),
+                              (attempt,))
+        if not self.plan.watermarks_in_rows:
+            self.conn.execute(sql.SQL("DELETE FROM {} WHERE _attempt = %s").format(
+                self._stage_sources), (attempt,))
 
-    def _upsert(self, changed: Mapping[str, KeyState]) -> dict[str, KeyState]:
-        """Write the batch's states (a fold) or merge its partial aggregates (an aggregation);
-        returns the rows as stored."""
-        stage = sql.Identifier(f"stage_{self.projection.name}")
-        all_columns = ["key", *self._columns, *SYSTEM_COLUMNS]
-        self.conn.execute(sql.SQL(
-            "CREATE TEMP TABLE IF NOT EXISTS {stage} "
-            "(LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS"
-        ).format(stage=stage, table=self._table))
-        copy_sql = sql.SQL("COPY {stage} ({columns}) FROM STDIN").format(
-            stage=stage, columns=_names(all_columns))
-        with self.conn.cursor().copy(copy_sql) as copy:
-            for key, key_state in changed.items():
-                copy.write_row(self._row(key, key_state))
-        updates: sql.Composable
-        if not self.plan.aggregates:
-            # The guard: a stale or replayed state never overwrites a newer one.
-            updates = sql.SQL(", ").join(
-                sql.SQL("{c} = excluded.{c}").format(c=sql.Identifier(c))
-                for c in [*self._columns, *SYSTEM_COLUMNS])
-            tail = sql.SQL("WHERE {table}._version < excluded._version").format(
-                table=self._table)
-        else:
-            # Every merged row comes back: the KTable gets the stored totals, not the partials.
-            updates = self._merge_updates()
-            tail = sql.SQL("RETURNING key, _version, _position, {}").format(
-                _names(self._columns))
-        rows = self.conn.execute(sql.SQL("""
-            INSERT INTO {table} ({columns}) SELECT {columns} FROM {stage}
-            ON CONFLICT (key) DO UPDATE SET {updates}, _updated_at = now() {tail}
-        """).format(table=self._table, stage=stage, columns=_names(all_columns),
-                    updates=updates, tail=tail))
-        if not self.plan.aggregates:
-            return dict(changed)
-        declared = self.projection.columns
-        return {key: KeyState({c: v for c, v in zip(self._columns, values, strict=True)
-                               if c in declared}, version, position)
-                for key, version, position, *values in rows}
-
-    def _merge_updates(self) -> sql.Composable:
-        """How a batch's partial aggregate merges into the stored one, per column."""
-        merges = {column: sql.SQL(function.sql_merge).format(c=sql.Identifier(column),
-                                                              t=self._table)
-                  for column, function in self.plan.aggregates.items()}
-        parts = [sql.SQL("{} = {}").format(sql.Identifier(column), merge)
-                 for column, merge in merges.items()]
-        # A composite column is finished from its components' merged values (SET expressions
-        # read the row as it was, so the merges are spelled out again).
-        parts += [sql.SQL("{} = {}").format(sql.Identifier(column), sql.SQL(
-            function.finish_sql).format(**{part: sql.SQL("({})").format(merges[stored])
-                                           for part, stored in stored_parts.items()}))
-                  for column, (function, stored_parts) in self.plan.composites.items()]
-        version = ("{t}._version + excluded._version" if self.plan.rekeyed
-                   else "greatest({t}._version, excluded._version)")
-        parts.append(sql.SQL("_version = " + version).format(t=self._table))
-        parts.append(sql.SQL("_position = greatest({t}._position, excluded._position)").format(
-            t=self._table))
-        return sql.SQL(", ").join(parts)
-
-    def _row(self, key: str, key_state: KeyState) -> list[Any]:
-        state = key_state.state or {}
-        values = [
-            Jsonb(state.get(c)) if c in self.projection.json_columns and state.get(c) is not None
-            else state.get(c)
-            for c in self._columns
-        ]
-        return [key, *values, key_state.version, key_state.position, key_state.state is None]
+    def _clear_stage(self) -> None:
+        """Every staged row of the version, earlier attempts' included (one batch runs at a
+        time)."""
+        tables = [t for t, used in ((self._stage, self.projection.has_state),
+                                    (self._stage_sources, not self.plan.watermarks_in_rows))
+                  if used]
+        if tables:
+            self.conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(tables)))
+        clear_staged(self.conn, self.projection.name, self.version)
 
     def close(self) -> None:
-        self.conn.close()
+        if self._owns_connection:
+            self.conn.close()
 
     def __enter__(self) -> ReadModelStore:
         return self
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+class Stage:
+    """What one task (or a retry) stages for one batch attempt, on its own connection: rows,
+    watermarks, parking letters. Each call commits what it wrote, unless the connection is in
+    a transaction of the caller's (a retry stages and merges in one)."""
+
+    def __init__(self, conn: psycopg.Connection, projection: Projection, version: int,
+                 attempt: str) -> None:
+        self.conn = conn
+        self.projection = projection
+        self.version = version
+        self.attempt = attempt
+        self._columns = list(projection.stored_columns)
+        self._json = projection.json_columns
+        self._stage = sql.Identifier(stage_table(projection, version))
+        self._stage_sources = sql.Identifier(stage_sources_table(projection, version))
+
+    def rows(self, changed: Iterable[tuple[str, KeyState]],
+             known: Container[str]) -> tuple[int, int]:
+        """Stage ``changed``; (new, known) counts, ``known`` the keys that had a row."""
+        new = old = 0
+        stored = self._columns
+        copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
+            self._stage, _names(["_attempt", "_known", "key", *stored, *SYSTEM_COLUMNS]))
+        attempt, as_stored = self.attempt, self._as_stored
+        with self.conn.transaction(), self.conn.cursor().copy(copy_sql) as copy:
+            for key, key_state in changed:
+                is_known = key in known
+                state = key_state.state or {}
+                copy.write_row((attempt, is_known, key, *as_stored([state.get(c) for c in stored]),
+                                key_state.version, key_state.position, key_state.state is None))
+                if is_known:
+                    old += 1
+                else:
+                    new += 1
+        return new, old
+
+    def _as_stored(self, values: list[Any]) -> list[Any]:
+        """Values as COPY writes them: JSON columns' values as JSON."""
+        if not self._json:
+            return values
+        return [Jsonb(value) if column in self._json and value is not None else value
+                for column, value in zip(self._columns, values, strict=True)]
+
+    def watermarks(self, marks: Mapping[str, int]) -> int:
+        """Stage the last version met of each source stream; how many."""
+        if not marks:
+            return 0
+        copy_sql = sql.SQL("COPY {} (_attempt, stream_id, version) FROM STDIN").format(
+            self._stage_sources)
+        with self.conn.transaction(), self.conn.cursor().copy(copy_sql) as copy:
+            for stream_id, version in marks.items():
+                copy.write_row((self.attempt, stream_id, version))
+        return len(marks)
+
+    def letters(self, letters: Sequence[DeadLetter], held: Container[str]) -> int:
+        """Stage the letters that park a key; ``held``: the keys parked before the batch."""
+        with self.conn.transaction():
+            return stage_letters(self.conn, self.projection.name, self.version, self.attempt,
+                                 letters, held)
 
 
 def lookup_rows(conn: psycopg.Connection, table: str, keys: Iterable[str]) -> dict[str, Any]:
@@ -313,150 +444,3 @@ def lookup_rows(conn: psycopg.Connection, table: str, keys: Iterable[str]) -> di
             return dict(conn.execute(query, (list(keys),)).fetchall())
         except psycopg.errors.UndefinedTable:
             return {}  # the other projection has not run yet: every lookup misses
-
-
-def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version: int = 1,
-                             ktable_config: Mapping[str, str] | None = None,
-                             fix: bool = False) -> None:
-    """The KTable and dead-letter topics, created if missing and their configs checked:
-    a KTable topic that is not compacted would grow forever and restore ever slower."""
-    if projection.has_state:
-        admin.ensure([projection.ktable_topic_for(version)],
-                     {**COMPACTED_TOPIC_CONFIG, **(ktable_config or {})}, kind="ktables",
-                     check=True, fix=fix)
-    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG, kind="dead_letters",
-                 check=True, fix=fix)
-
-
-class TopicSink:
-    """Writes a projection's KTable (latest state per key, tombstones), dead letters and
-    derived events."""
-
-    def __init__(self, kafka: KafkaConnection, projection: Projection, version: int,
-                 ktable_config: Mapping[str, str] | None = None,
-                 replication: Replication | None = None) -> None:
-        self.projection = projection
-        self.ktable_config = dict(ktable_config or {})
-        self.ktable_topic = projection.ktable_topic_for(version)
-        self.version = version
-        self.kafka = kafka
-        self.producer = Producer(kafka.client_config(**{
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            "log.connection.close": False,
-        }))
-        self._admin = TopicAdmin(kafka, replication)
-        self._output_topics: set[str] = set()
-        self._failures: list[str] = []
-
-    def ensure_topics(self) -> None:
-        ensure_projection_topics(self._admin, self.projection, self.version,
-                                 self.ktable_config)
-
-    def delete_topics(self, topics: list[str]) -> None:
-        self._admin.delete(topics)
-
-    def ensure_outputs(self, outcome: FoldOutcome) -> set[str]:
-        """Create the derived-event topics ``outcome`` writes to on first use; returns those
-        this sink had not written to before."""
-        new_topics = {e.topic for e in outcome.emissions} - self._output_topics
-        if new_topics:
-            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
-            self._output_topics |= new_topics
-        return new_topics
-
-    def write_events(self, outcome: FoldOutcome) -> None:
-        """Dead letters and derived events (their topics made by ``ensure_outputs``)."""
-        originals = self._originals(outcome.dead_letters) if outcome.dead_letters else {}
-        for letter in outcome.dead_letters:
-            record = letter.record
-            original = originals.get((record.topic, record.partition, record.offset))
-            self._dead_letter(letter if original is None else DeadLetter(
-                record._replace(value=original), letter.reason, letter.fold_key))
-        for emission in outcome.emissions:
-            self._produce(emission.topic, emission.key, emission.value)
-
-    def write_states(self, states: Mapping[str, KeyState]) -> None:
-        """The KTable rows, then a flush of everything: the caller commits only after this."""
-        for key, key_state in states.items():
-            value = None if key_state.state is None else json.dumps(key_state.state, default=str)
-            self._produce(self.ktable_topic, key, value,
-                          {KTABLE_VERSION_HEADER: str(key_state.version),
-                           KTABLE_POSITION_HEADER: str(key_state.position)})
-        remaining = self.producer.flush(60)
-        if remaining:
-            raise DeliveryFailed(f"{remaining} KTable/DLQ/derived messages not delivered in 60 s")
-        if self._failures:
-            failures, self._failures = self._failures, []
-            raise DeliveryFailed(
-                f"projection {self.projection.name}: {len(failures)} message(s) were not "
-                f"delivered, so this batch is not committed (it runs again): "
-                + "; ".join(failures[:5]))
-
-    def _produce(self, topic: str, key: str | None, value: str | None,
-                 headers: dict[str, str | bytes | None] | None = None) -> None:
-        while True:
-            try:
-                self.producer.produce(topic, key=key, value=value, headers=headers,
-                                      on_delivery=self._delivered)
-                break
-            except BufferError:  # the local queue is full: let deliveries drain, then retry
-                self.producer.poll(0.05)
-        self.producer.poll(0)
-
-    def _delivered(self, error: KafkaError | None, message: Message) -> None:
-        """The delivery report of every message: a failure fails the batch at its flush."""
-        if error is not None:
-            self._failures.append(f"{message.topic()} key {message.key()!r}: {error.str()}")
-
-    def close(self) -> None:
-        self.producer.flush(10)
-        # Spark's callback server keeps the runner alive; let the clients go now.
-        del self.producer, self._admin
-
-    def _originals(self, letters: Sequence[DeadLetter]) -> dict[tuple[str, int, int], str]:
-        """The dead letters' messages as they are in their topics, metadata included (the
-        fold kept only what it decodes): one read per partition over the letters' offsets.
-        Best effort: what cannot be read keeps the value the fold rebuilt."""
-        spans: dict[PartitionKey, tuple[int, int]] = {}
-        for letter in letters:
-            key, offset = (letter.record.topic, letter.record.partition), letter.record.offset
-            low, high = spans.get(key, (offset, offset))
-            spans[key] = (min(low, offset), max(high, offset))
-        wanted = {(r.topic, r.partition, r.offset) for r in (letter.record for letter in letters)}
-        found: dict[tuple[str, int, int], str] = {}
-        consumer = Consumer(consumer_config(self.kafka))
-        try:
-            for (topic, partition), (low, high) in spans.items():
-                if high - low >= _MAX_ORIGINALS_SPAN:
-                    continue
-                for chunk in iter_range(consumer, (topic, partition), low, high + 1,
-                                        stuck_timeout_s=10):
-                    for message in chunk:
-                        where = (topic, partition, offset_of(message))
-                        if where in wanted and (value := message.value()) is not None:
-                            found[where] = value.decode("utf-8", "replace")
-        except (KafkaException, TimeoutError) as exc:
-            log.warning("projection %s: reading dead letters' messages back: %s",
-                        self.projection.name, exc)
-        finally:
-            consumer.close()
-        return found
-
-    def _dead_letter(self, letter: DeadLetter) -> None:
-        record = letter.record
-        event_id, correlation_id = trace_of(record.key, record.value)
-        log.warning("dead-lettering %s[%d]@%d: %s", record.topic, record.partition,
-                    record.offset, letter.reason, extra={
-                        "projection": self.projection.name, "event_id": event_id,
-                        "correlation_id": correlation_id})
-        self._produce(
-            self.projection.dead_letter_topic, record.key,
-            json.dumps({
-                "projection": self.projection.name, "version": self.version,
-                "error": letter.reason, "topic": record.topic, "partition": record.partition,
-                "offset": record.offset, "key": record.key, "fold_key": letter.fold_key,
-                "value": record.value,
-            }),
-        )

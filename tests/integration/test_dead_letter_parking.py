@@ -18,13 +18,12 @@ from eventfold.projections import projection
 from eventfold.projections.outcome import (
     PARKED_BEHIND,
     DeadLetter,
-    FoldOutcome,
     ParkedKey,
     SourceRecord,
 )
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.parking import ParkedKeysReleased, release
-from eventfold.projections.state.store import ReadModelStore
+from eventfold.projections.state.store import ReadModelStore, StagedBatch
 from sqlalchemy import BigInteger, create_engine
 from sqlalchemy.exc import ProgrammingError
 
@@ -174,20 +173,25 @@ def test_a_batch_that_held_back_a_key_retried_meanwhile_does_not_commit(
         store.ensure_schema()
         failed = DeadLetter(SourceRecord(topic, 0, 5, "k", None), "fold raised ValueError()",
                             "k", "k-1", 6, parks=True)
-        store.commit(0, FoldOutcome(dead_letters=[failed], next_offsets={(topic, 0): 6}), {},
-                     publish=lambda _states: None)
+        first = store.stage("first")
+        first.letters([failed], held=())  # as a task stages the letter that parks its key
+        store.commit(0, StagedBatch("first", dead_letters=1,
+                                    next_offsets={(topic, 0): 6}), {},
+                     produce_held=lambda letters: pytest.fail("nothing was parked before"))
         head = ParkedKey(topic, 0, 5, "k-1", "fold raised ValueError()")
-        assert store.parked_keys() == {"k": head}
+        assert store.parked(["k"]) == {"k": head}
 
         later = DeadLetter(SourceRecord(topic, 0, 6, "k", None), f"{PARKED_BEHIND}{head}", "k",
                            "k-2", 7, parks=True)
-        batch = FoldOutcome(dead_letters=[later], held={"k"}, next_offsets={(topic, 0): 7})
+        second = store.stage("second")
+        second.letters([later], held={"k"})  # held behind a key parked before the batch
+        batch = StagedBatch("second", dead_letters=1, held={"k"},
+                            next_offsets={(topic, 0): 7})
         with store.conn.transaction():  # what a retry does, holding the registry row
             release(store.conn, name, 1, [(topic, 0, 5)])
-        produced: list[FoldOutcome] = []
+        produced: list[DeadLetter] = []
         with pytest.raises(ParkedKeysReleased):
-            store.commit(1, batch, {(topic, 0): 6}, publish=lambda _states: None,
-                         produce=produced.append)
+            store.commit(1, batch, {(topic, 0): 6}, produce_held=produced.extend)
         assert produced == []
         assert store.committed_offsets() == {(topic, 0): 6}
-        assert store.parked_keys() == {}
+        assert store.parked(["k"]) == {}

@@ -23,7 +23,7 @@ from eventfold.outbox.topics import (
 )
 from eventfold.projections import FoldProjection
 from eventfold.projections.runner import SourceDataLost
-from eventfold.projections.state.store import DeliveryFailed, ensure_projection_topics
+from eventfold.projections.state.topics import DeliveryFailed, ensure_projection_topics
 from eventfold.read_api.ktables import KTableView
 from sqlalchemy import BigInteger, Text
 

@@ -1,73 +1,61 @@
-"""Parity of the plain-Python harness with Spark: random logs (hypothesis) folded by every
-pipeline Spark runs, in two batches through the real read model store (its SQL merge of
-aggregates, its per-key guard, its watermarks), come out as the reference fold of the whole
-log: the same states, versions and positions per key, emissions and dead letters.
-
-The records reach the tasks from memory instead of Kafka (the sources are tested elsewhere),
-so each example costs a few Spark jobs, not a topic.
+"""Parity of the plain-Python harness with Spark: random logs (hypothesis), produced to a real
+topic of two partitions, folded by every pipeline Spark runs in two batches, each written by
+its tasks (stage, KTable records, derived events, dead letters) and committed through the real
+store, come out as the reference fold of the whole log: the same rows (states, versions,
+positions) per key, the same KTable, the same derived events and dead letters in their topics.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import uuid
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from itertools import count
 
 import psycopg
 import pytest
+from confluent_kafka import Producer
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.projections import Pipeline, Plan, compile_projection, fold_records
+from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
-    BatchContext,
+    SourceSlice,
     read_events,
     run_aggregation,
     run_aggregation_in_place,
     run_fold,
     run_fold_in_place,
 )
-from eventfold.projections.execution.fold import by_partition
-from eventfold.projections.outcome import FoldOutcome, KeyState, RawRecords, SourceRecord
+from eventfold.projections.execution.fold import EMIT_ALL
+from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange
+from eventfold.projections.outcome import FoldOutcome, KeyState, SourceRecord
 from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.store import ReadModelStore
+from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.topics import TopicSink
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
 
 from eventfold import migrations
-from eventfold.contract import PartitionKey, libpq_url
-from tests.parity import LOOKUP_ROWS, Step, comparable, kinds, long_logs, records_of
+from eventfold.contract import PartitionKey, event_topic, libpq_url
+from tests.kafka_helpers import read_table, read_topic
+from tests.parity import LOOKUP_ROWS, PARTITIONS, Step, comparable, kinds, long_logs, records_of
 
 _examples = count()
-EXAMPLES = int(os.environ.get("EVENTFOLD_PARITY_EXAMPLES", "3"))
-"""Random logs per pipeline: each costs a few Spark jobs, so CI runs a few; set more to hunt."""
+EXAMPLES = int(os.environ.get("EVENTFOLD_PARITY_EXAMPLES", "6"))
+"""Random logs per pipeline: each costs a topic and a few Spark jobs, so CI runs a few; set
+more to hunt."""
 
 
-@dataclass(frozen=True)
-class MemorySlice:
-    """One partition's records of a batch, from memory: a ``SourceSlice`` for tests."""
-
-    records: tuple[SourceRecord, ...]
-
-    @property
-    def rows(self) -> int:
-        return len(self.records)
-
-    def record_chunks(self, rows: int) -> Iterator[RawRecords]:
-        for start in range(0, len(self.records), rows):
-            yield from by_partition(self.records[start:start + rows])
-
-
-def run_pipeline(spark, pipeline: Pipeline, slices: Sequence[MemorySlice],
-                 context: BatchContext) -> FoldOutcome:
+def run_pipeline(spark, pipeline: Pipeline, slices: Sequence[SourceSlice],
+                 context: BatchContext) -> StagedBatch:
     if pipeline is Pipeline.FOLD_IN_PLACE:
         return run_fold_in_place(spark, slices, context)
     if pipeline is Pipeline.AGGREGATE_IN_PLACE:
-        outcome = run_aggregation_in_place(spark, slices, context)
-        assert outcome is not None, "every stream is in one partition"
-        return outcome
+        return run_aggregation_in_place(spark, slices, context)
     events = read_events(spark, slices, context)
     if pipeline is Pipeline.AGGREGATE_AFTER_SHUFFLE:
-        return run_aggregation(events, context.plan)
+        return run_aggregation(events, context)
     return run_fold(events, context)
 
 
@@ -80,51 +68,63 @@ def create_lookup_table(database_url: str, name: str) -> None:
                          (key, row["region"]))
 
 
-def fold_in_two_batches(spark, database_url: str, plan: Plan, pipeline: Pipeline,
-                        log: list[Step]) -> tuple[dict[str, KeyState], FoldOutcome]:
-    """Fold the log's records in two batches on Spark, each committed to the store; the
-    stored rows, and the batches' emissions and dead letters together."""
-    versions = ProjectionCatalog(database_url)
+def produce_log(settings, topic: str, records: list[SourceRecord]) -> None:
+    """The records, in their partitions at their offsets (a topic of their own)."""
+    TopicAdmin(settings.kafka).ensure([topic], EVENT_TOPIC_CONFIG, partitions=PARTITIONS)
+    producer = Producer(settings.kafka.client_config(**{"enable.idempotence": True}))
+    for record in records:
+        value = record.value.encode() if isinstance(record.value, str) else record.value
+        producer.produce(topic, key=record.key, value=value, partition=record.partition)
+    assert producer.flush(30) == 0
+
+
+def fold_in_two_batches(spark, settings, plan: Plan, pipeline: Pipeline, topic: str,
+                        batches: list[list[SourceRecord]]) -> dict[str, KeyState]:
+    """Fold the batches' records from the topic on Spark, each batch written by its tasks
+    and committed as the runner commits it; the stored rows."""
+    versions = ProjectionCatalog(settings.database_url)
     versions.register(plan.name)
     versions.close()
-    both = FoldOutcome()
     committed: dict[PartitionKey, int] = {}
-    with ReadModelStore(database_url, plan.projection, 1) as store:
+    sink = TopicSink(settings.kafka, plan.projection, 1)
+    with ReadModelStore(settings.database_url, plan.projection, 1) as store:
         store.ensure_schema()
-        for batch_id, half in enumerate(_in_two_batches(log)):
-            context = BatchContext(plan, 1, database_url, {}, dict(committed),
-                                   store.parked_keys())  # as the runner does
-            slices = [MemorySlice(tuple(run)) for run in _partitions(half)]
-            outcome = run_pipeline(spark, pipeline, slices, context)
-            outcome.next_offsets = {(r.topic, r.partition): r.offset + 1 for r in half}
-            store.commit(batch_id, outcome, committed, publish=lambda _states: None)
-            committed.update(outcome.next_offsets)
-            both.emissions += outcome.emissions
-            both.dead_letters += outcome.dead_letters
+        sink.ensure_topics()
+        for batch_id, records in enumerate(batches):
+            ends = {}
+            for record in records:
+                ends[record.partition] = max(ends.get(record.partition, 0), record.offset + 1)
+            slices = [KafkaSlice(settings.kafka, OffsetRange(
+                topic, partition, committed.get((topic, partition), 0), end))
+                for partition, end in sorted(ends.items())]
+            context = BatchContext(  # as the runner makes them
+                plan, 1, settings.database_url, settings.kafka, uuid.uuid4().hex, EMIT_ALL,
+                dict(committed), fresh=store.checkpoint() is None,
+                any_parked=plan.parks and store.any_parked())
+            staged = run_pipeline(spark, pipeline, slices, context)
+            staged.next_offsets = {(topic, p): end for p, end in ends.items()}
+            sink.ensure_outputs(staged.topics)
+
+            def produce_held(letters) -> None:
+                sink.output.dead_letters(letters)
+                sink.output.flush()
+
+            store.commit(batch_id, staged, committed, produce_held)
+            committed.update(staged.next_offsets)
         keys = [key for (key,) in store.conn.execute(sql.SQL("SELECT key FROM {}").format(
             sql.Identifier(f"{plan.projection.table}__v1")))] if plan.stateful else []
         rows = store.load(keys)
-    return rows, both
+    sink.close()
+    return rows
 
 
-def _in_two_batches(log: list[Step]) -> list[list[SourceRecord]]:
+def _in_two_batches(log: list[Step], topic: str) -> list[list[SourceRecord]]:
     """The log's records as two batches in the order they were appended: what a stream
     reads in its first batch, then the rest. (Halves of each partition would not do: a key
     that gathers several partitions' events would see them in another order than appended.)"""
-    first = records_of(log[:len(log) // 2])
-    return [first, _after(records_of(log), first)]
-
-
-def _after(records: list[SourceRecord], first: list[SourceRecord]) -> list[SourceRecord]:
+    first = records_of(log[:len(log) // 2], topic)
     done = set(first)
-    return [record for record in records if record not in done]
-
-
-def _partitions(records: list[SourceRecord]) -> list[list[SourceRecord]]:
-    runs: dict[int, list[SourceRecord]] = {}
-    for record in records:
-        runs.setdefault(record.partition, []).append(record)
-    return [runs[p] for p in sorted(runs)]
+    return [first, [record for record in records_of(log, topic) if record not in done]]
 
 
 KINDS = kinds()
@@ -145,17 +145,32 @@ def test_spark_pipelines_fold_as_the_python_harness(spark, stack_settings, kind:
     @given(log=long_logs)
     def check(log) -> None:
         suffix = f"_{uuid.uuid4().hex[:8]}_{next(_examples)}"
-        definition = kinds(suffix)[kind]
+        source = f"Till{suffix}"
+        topic = event_topic(source)
+        definition = kinds(suffix, source)[kind]
         if definition.lookup is not None:
             create_lookup_table(database_url, definition.lookup.projection)
         plan = compile_projection(definition)
-        records = records_of(log)
-        reference = comparable(fold_records(plan, {}, records, lookup_rows=LOOKUP_ROWS))
-        rows, outcome = fold_in_two_batches(spark, database_url, plan, pipeline, log)
-        got = comparable(FoldOutcome(changed=rows, emissions=outcome.emissions,
-                                     dead_letters=outcome.dead_letters))
-        assert got["changed"] == reference["changed"]
-        assert got["emissions"] == reference["emissions"]
-        assert got["dead_letters"] == reference["dead_letters"]
+        records = records_of(log, topic)
+        produce_log(stack_settings, topic, records)
+        reference = fold_records(plan, {}, records, lookup_rows=LOOKUP_ROWS)
+        expected = comparable(reference)
+        rows = fold_in_two_batches(spark, stack_settings, plan, pipeline, topic,
+                                   _in_two_batches(log, topic))
+        assert comparable(FoldOutcome(changed=rows))["changed"] == expected["changed"]
+        if plan.stateful:
+            declared = plan.projection.columns
+            assert read_table(stack_settings.kafka, plan.projection.ktable_topic_for(1)) == {
+                key: json.loads(json.dumps({c: v for c, v in ks.state.items() if c in declared},
+                                           default=str))
+                for key, ks in reference.changed.items() if ks.state is not None}
+        emitted = {e.topic for e in reference.emissions}
+        assert sorted({(topic, m["key"], json.dumps(json.loads(m["value"]), sort_keys=True))
+                       for topic in emitted for m in read_topic(stack_settings.kafka, topic)}
+                      ) == expected["emissions"]
+        letters = [json.loads(m["value"]) for m in read_topic(stack_settings.kafka,
+                                                              plan.projection.dead_letter_topic)]
+        assert sorted((d["partition"], d["offset"], d["error"]) for d in letters) == \
+            expected["dead_letters"]
 
     check()

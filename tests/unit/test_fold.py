@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from datetime import UTC, datetime
 
 import pyarrow as pa
 from eventfold.projections import (
@@ -16,6 +17,7 @@ from eventfold.projections import (
 from eventfold.projections.execution import task_output
 from eventfold.projections.execution.fold import BatchFold
 from eventfold.projections.outcome import PARKED_BEHIND, ParkedKey, RawRecords
+from eventfold.projections.state.store import StagedBatch
 from sqlalchemy import BigInteger
 
 from eventfold.contract import EventEnvelope
@@ -124,14 +126,18 @@ def test_a_key_parked_in_one_chunk_stays_parked_in_the_next() -> None:
     assert "a" not in batch.outcome.changed
 
 
-def test_parked_keys_and_fold_keys_cross_from_tasks_to_the_driver() -> None:
-    outcome = fold_records(inventory_totals, {}, [poisoned(stock("a", 1, 5, 0)),
-                                                  stock("a", 2, 1, 1), stock("c", 1, 1, 2)],
-                           parked={"c": ParkedKey(TOPIC, 0, 9, "c-0", "fold raised")})
-    decoded = task_output.decode(pa.Table.from_batches([task_output.encode(outcome)]))
-    assert decoded.parked == outcome.parked
-    assert decoded.held == outcome.held == {"c"}
-    assert decoded.dead_letters == outcome.dead_letters
+def test_a_tasks_counts_and_held_keys_cross_to_the_driver() -> None:
+    """A task hands over counts and the few keys it held back, never the keys it folded."""
+    counts = StagedBatch("attempt-1", new_rows=3, known_rows=2, marks=1, applied=9,
+                         duplicates=1, dead_letters=2, held={"c"}, topics={"derived"})
+    started = datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=UTC)
+    summary = pa.Table.from_batches([task_output.encode(counts, started),
+                                     task_output.encode(StagedBatch("attempt-1", applied=1),
+                                                        None)])
+    decoded = task_output.decode(summary, "attempt-1")
+    assert (decoded.new_rows, decoded.known_rows, decoded.marks, decoded.applied,
+            decoded.duplicates, decoded.dead_letters) == (3, 2, 1, 10, 1, 2)
+    assert (decoded.held, decoded.topics, decoded.servers) == ({"c"}, {"derived"}, {started})
 
 
 def test_envelopes_off_the_usual_shape_fold_like_the_usual_ones() -> None:

@@ -67,6 +67,8 @@ LAYERS = {
                             *RUNNING},
     "projections/outcome.py": {"projections.plan", "projections.state", "projections.execution",
                                *RUNNING},
+    "projections/faults.py": {"projections.definition", "projections.plan", "projections.outcome",
+                              "projections.state", "projections.execution", *RUNNING},
     "projections/state": {"projections.execution", *RUNNING},
     "projections/execution": RUNNING,
 }

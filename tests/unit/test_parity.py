@@ -4,10 +4,13 @@ Each projection kind (a fold, a re-keyed fold by a dotted path with a lookup, an
 a re-keyed aggregation, a stream) folds the same records three ways: ``fold_records`` (the
 reference), the task that reads a partition and folds it as it decodes (``BatchFold``, what
 the in-place fold runs), and the Arrow decoder followed by the shuffled fold or the partial
-aggregates. States, emissions, dead letters and watermarks must be identical.
+aggregates merged per key. States, emissions, dead letters and watermarks must be identical.
 """
 
 from __future__ import annotations
+
+from itertools import groupby
+from operator import itemgetter
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -24,14 +27,8 @@ from eventfold.projections import (
     fold_records,
 )
 from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
-from eventfold.projections.execution.engine import (
-    BatchContext,
-    aggregation_outcome,
-    columns,
-    decoded_rows,
-    fold_keyed,
-)
-from eventfold.projections.execution.fold import by_partition
+from eventfold.projections.execution.engine import aggregate_outcome, columns, decoded_rows
+from eventfold.projections.execution.fold import EMIT_ALL, KeyFolder, by_partition
 from eventfold.projections.execution.partial import PartitionAggregate, partial_schema
 from eventfold.projections.outcome import FoldOutcome, SourceRecord
 from hypothesis import HealthCheck, given, settings
@@ -53,15 +50,17 @@ def arrow_outcome(plan: Plan, records: list[SourceRecord]) -> FoldOutcome:
             partition = PartitionAggregate(plan, schema)
             partition.add(decode_events(records_table(run), plan))
             partials.append(partition.result())
-        outcome = aggregation_outcome(pa.concat_tables(partials), plan)
-        assert outcome is not None, "every stream is in one partition"
-        return outcome
+        both = pa.concat_tables(partials)
+        return aggregate_outcome(both, both.filter(pc.equal(both.column("kind"), "dlq")), {},
+                                 plan)
     events = pa.concat_tables([decode_events(records_table(run), plan) for run in runs])
     events = events.take(pc.sort_indices(events, [("fold_key", "ascending"),
                                                   ("globalPosition", "ascending")]))
     outcome = FoldOutcome()
     keyed = list(decoded_rows(columns(events), outcome))
-    fold_keyed(plan, keyed, {}, LOOKUP_ROWS, BatchContext(plan, 1, "", {}, {}), outcome)
+    folder = KeyFolder(plan, outcome, EMIT_ALL)
+    for key, group in groupby(keyed, key=itemgetter(0)):
+        folder.fold(key, None, [item for _, item in group], LOOKUP_ROWS)
     return outcome
 
 

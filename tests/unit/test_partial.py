@@ -1,12 +1,14 @@
 """Map-side partial aggregation without Spark: tasks' partials, each aggregated chunk by chunk,
-merged on the driver equal the plain-Python fold of the same records, duplicates and dead
-letters included."""
+then merged per key and into stored rows, equal the plain-Python fold of the same records,
+duplicates and dead letters included."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from eventfold.projections import (
     Count,
     Latest,
@@ -19,9 +21,10 @@ from eventfold.projections import (
 )
 from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
 from eventfold.projections.execution.fold import by_partition
+from eventfold.projections.execution.guard import drop_below
 from eventfold.projections.execution.partial import (
     PartitionAggregate,
-    merge_partials,
+    merge_into_stored,
     partial_schema,
     slot,
     stream_marks,
@@ -69,22 +72,23 @@ def partitioned_records(draw: st.DrawFn) -> list[list[SourceRecord]]:
     return [records for records in partitions if records]
 
 
-def task_partials(projection: Plan, records: list[SourceRecord],
-                  chunk: int = 1_000) -> pa.Table:
-    """What a task hands over for one partition, read ``chunk`` records at a time."""
+def task_partials(projection: Plan, records: list[SourceRecord], chunk: int = 1_000,
+                  watermarks: dict[str, int] | None = None) -> pa.Table:
+    """What a task aggregates of one partition, read ``chunk`` records at a time, less what
+    the ``watermarks`` of earlier batches say was applied."""
     partition = PartitionAggregate(projection,
                                    partial_schema(projection, decoded_schema(projection)))
     for start in range(0, len(records), chunk):
         for run in by_partition(records[start:start + chunk]):
-            partition.add(decode_events(records_table(run), projection))
+            partition.add(drop_below(decode_events(records_table(run), projection),
+                                     watermarks or {}))
     return partition.result()
 
 
 def merged_states(projection: Plan, partitions: list[list[SourceRecord]], chunk: int
                   ) -> tuple[dict[str, Any], int, dict[str, int]]:
     partials = pa.concat_tables(task_partials(projection, p, chunk) for p in partitions)
-    merged = merge_partials(partials, projection)
-    assert merged is not None
+    merged = merge_into_stored(only_partials(partials), {}, projection)
     states = {row["fold_key"]: ({name: row[slot(name)] for name in AGGREGATES}, row["_version"],
                                 row["_position"]) for row in merged.to_pylist()}
     letters = sum(1 for kind in partials.column("kind").to_pylist() if kind == "dlq")
@@ -105,19 +109,46 @@ def test_merged_partials_equal_the_python_fold(partitions, chunk) -> None:
         assert marks == reference.watermarks
 
 
-def test_a_stream_in_two_partitions_is_not_merged() -> None:
-    key, value = EventEnvelope(event_id="e1", event_type="SaleRecorded", stream_id="s1",
-                               stream_version=1, global_position=1, recorded_at="",
-                               data={"store": "north", "total": 5}).encode()
-    copies = [[SourceRecord(TOPIC, partition, 0, key, value)] for partition in (0, 1)]
+def _appended(record: SourceRecord) -> tuple[int, int]:
+    """Where a record was appended: its event's position (a broken record, its offset)."""
+    try:
+        return json.loads(record.value)["globalPosition"], record.offset
+    except (ValueError, KeyError, TypeError):
+        return 0, record.offset
+
+
+def only_partials(partials: pa.Table) -> pa.Table:
+    return partials.filter(pc.equal(partials.column("kind"), "partial"))
+
+
+@settings(deadline=None, max_examples=80)
+@given(partitioned_records())
+def test_partials_merged_into_stored_rows_equal_the_fold_of_everything(partitions) -> None:
+    """A batch's partials merged into what earlier batches stored: as if one fold had seen
+    every event (the task of a later batch merges its keys so). The batches split the log
+    where it was appended, as a stream reads it."""
+    records = sorted((r for p in partitions for r in p), key=_appended)
+    first, later = records[:len(records) // 2], records[len(records) // 2:]
     for projection in (per_stream, per_store):
-        partials = pa.concat_tables(task_partials(projection, p) for p in copies)
-        assert merge_partials(partials, projection) is None
+        stored = fold_records(projection, {}, first)
+        partials = pa.concat_tables(
+            task_partials(projection, [r for r in later if r.partition == p],
+                          watermarks=stored.watermarks)
+            for p in {r.partition for r in later})
+        merged = merge_into_stored(only_partials(partials), {
+            key: ks for key, ks in stored.changed.items()
+            if key in only_partials(partials).column("fold_key").to_pylist()}, projection)
+        reference = fold_records(projection, stored.changed, later,
+                                 watermarks=stored.watermarks)
+        assert {row["fold_key"]: ({name: row[slot(name)] for name in AGGREGATES},
+                                  row["_version"], row["_position"])
+                for row in merged.to_pylist()} == {
+            key: ({name: (ks.state or {}).get(name) for name in AGGREGATES}, ks.version,
+                  ks.position) for key, ks in reference.changed.items()}
 
 
 def test_a_task_with_only_dead_letters_hands_over_only_those() -> None:
     for projection in (per_stream, per_store):
         partials = task_partials(projection, [SourceRecord(TOPIC, 0, 0, "s1", "{bad")])
         assert partials.column("kind").to_pylist() == ["dlq"]
-        merged = merge_partials(partials, projection)
-        assert merged is not None and merged.num_rows == 0
+        assert merge_into_stored(only_partials(partials), {}, projection).num_rows == 0

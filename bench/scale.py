@@ -1,0 +1,138 @@
+"""Projections at the cardinality users have, on a stack of its own: N events over K keys (by
+default 1,000,000 over 1,000,000: an aggregate with one event), 4 partitions, beside the same
+run's plain single-process confluent-kafka loop folding them into a dict.
+
+For the fold and the aggregation: the streaming run (steady state, after the first batch), a
+replay from the topics (end to end, switch included), and a replay of the fold from the event
+store (the events written to it by COPY). For each: events/s and its ratio to the plain loop.
+And the peak RSS of the driver (this process and its JVM) and of the executors (Spark's Python
+workers), to show that the driver's memory does not grow with the keys.
+Prints figures, then one JSON line.
+
+    .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
+    .venv/bin/python -m bench.scale --events 10000000 --keys 5000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+from eventfold.local_stack import LocalStack
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.spark import spark_session
+from eventfold.projections.replay import replay
+from eventfold.projections.runner import RunnerSettings
+
+from bench.common import PeakMemory
+from bench.projections import (
+    bench_stats,
+    bench_totals,
+    plain_python_fold,
+    produce_events,
+    streaming,
+    write_history,
+)
+from eventfold import migrations
+from eventfold.app import spark_conf
+from eventfold.config import Settings
+
+T = TypeVar("T")
+log = logging.getLogger("bench")
+
+
+def measured(memory: list[tuple[str, PeakMemory]], name: str, stack_pids: frozenset[int],
+             work: Callable[[], T]) -> T:
+    """``work()``, its process tree's peak memory recorded under ``name``."""
+    with PeakMemory(exclude=stack_pids) as peak:
+        result = work()
+    memory.append((name, peak))
+    log.info("%s: driver peak %s MB, executors peak %s MB", name,
+             f"{peak.driver_peak / 2**20:,.0f}", f"{peak.executor_peak / 2**20:,.0f}")
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--skip-store", action="store_true",
+                        help="leave out the replay from the event store")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="eventfold-scale-") as tmp:
+        stack = LocalStack(Path(tmp) / "stack")
+        endpoints = stack.up()
+        try:
+            migrations.upgrade(endpoints.database_url)
+            run(args, endpoints.database_url, KafkaConnection.of(endpoints.kafka_bootstrap),
+                Path(tmp), frozenset({endpoints.postgres_pid, endpoints.broker_pid,
+                                      endpoints.connect_pid}))
+        finally:
+            stack.down()
+
+
+def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
+        stack_pids: frozenset[int]) -> None:
+    produce_events(kafka, args.events, args.keys, args.partitions)
+    seen, seconds = plain_python_fold(kafka, range(args.partitions))
+    plain = seen / seconds
+    print(f"{args.events:,} events over {args.keys:,} keys; plain Python fold (one process, "
+          f"confluent-kafka loop into a dict): {plain:,.0f} events/s", flush=True)
+    settings = RunnerSettings(kafka=kafka, database_url=database_url,
+                              checkpoint_root=work_dir / "checkpoints",
+                              trigger_interval="200 milliseconds",
+                              max_rows_per_batch=STREAMING_MAX_ROWS)
+    replay_settings = RunnerSettings(**{**settings.__dict__,
+                                        "max_rows_per_batch": REPLAY_MAX_ROWS})
+    spark = spark_session(args.master, app_name="eventfold-scale",
+                          extra_conf=spark_conf(Settings.from_env()))
+    memory: list[tuple[str, PeakMemory]] = []
+    figures: dict[str, float] = {}
+
+    def report(name: str, rate: float) -> None:
+        figures[f"{name}_events_per_s"] = round(rate)
+        print(f"{name.replace('_', ' ')}: {rate:,.0f} events/s ({rate / plain:.2f}x the plain "
+              f"loop)", flush=True)
+
+    report("streaming_fold", measured(memory, "streaming fold", stack_pids, lambda: streaming(
+        spark, settings, bench_totals, args.events)))
+    report("replay_fold", measured(memory, "replay of the fold", stack_pids, lambda: replay(
+        spark, bench_totals, replay_settings)).events_per_s)
+    report("streaming_aggregation", measured(
+        memory, "streaming aggregation", stack_pids,
+        lambda: streaming(spark, settings, bench_stats, args.events)))
+    report("replay_aggregation", measured(
+        memory, "replay of the aggregation", stack_pids,
+        lambda: replay(spark, bench_stats, replay_settings)).events_per_s)
+    if not args.skip_store:
+        write_history(database_url, args.events, args.keys)
+        store = measured(memory, "replay from the event store", stack_pids, lambda: replay(
+            spark, bench_totals, replay_settings, source="store"))
+        report("replay_from_store", args.events / store.seconds)
+    spark.stop()
+    driver_mb = max(peak.driver_peak for _, peak in memory) / 2**20
+    executor_mb = max(peak.executor_peak for _, peak in memory) / 2**20
+    print(f"peak RSS: driver (this process, its JVM) {driver_mb:,.0f} MB, executors (Spark's "
+          f"Python workers) {executor_mb:,.0f} MB", flush=True)
+    print(json.dumps({
+        **figures,
+        **{f"{name.removesuffix('_events_per_s')}_vs_plain_ratio": round(rate / plain, 2)
+           for name, rate in figures.items()},
+        "plain_python_fold_events_per_s": round(plain), "events": args.events,
+        "keys": args.keys, "driver_peak_rss_mb": round(driver_mb),
+        "executor_peak_rss_mb": round(executor_mb), "master": args.master}))
+
+
+if __name__ == "__main__":
+    main()

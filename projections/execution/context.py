@@ -1,0 +1,31 @@
+"""What every task of a batch gets besides its rows: picklable, no connections."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.topics import Replication
+from eventfold.projections.plan import Plan
+
+from eventfold.contract import PartitionKey
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    plan: Plan
+    version: int
+    database_url: str
+    kafka: KafkaConnection
+    attempt: str
+    """This attempt at the batch: what its tasks stage is marked with it."""
+    emit_from: Mapping[PartitionKey, int] | None
+    """Derived events are emitted for source offsets from here on (None: not at all)."""
+    committed: Mapping[PartitionKey, int]
+    replication: Replication = field(default_factory=Replication)
+    """Of the derived-event topics the tasks create."""
+    fresh: bool = False
+    """The version has committed nothing yet: no key has a state or a watermark to load."""
+    any_parked: bool = False
+    """The version has parked keys: tasks ask, per key, whether theirs are."""

@@ -1,0 +1,76 @@
+"""What a Spark Python worker keeps between the tasks it runs: one database connection, one
+Kafka producer and one consumer per endpoint, and the derived-event topics it has made sure of.
+
+Spark reuses its Python workers (``spark.python.worker.reuse``), and a new connection per task
+and batch costs more than the task's work when batches are small. A task that fails lets its
+connection and consumer go, so the next one starts on fresh ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import psycopg
+from confluent_kafka import Consumer, Producer
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consumer_config
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, Replication, TopicAdmin
+from eventfold.projections.state.topics import new_producer
+
+from eventfold.contract import libpq_url
+
+_connections: dict[str, psycopg.Connection] = {}
+_producers: dict[KafkaConnection, Producer] = {}
+_consumers: dict[KafkaConnection, Consumer] = {}
+_derived_topics: set[tuple[KafkaConnection, str]] = set()
+
+
+@contextmanager
+def connection(database_url: str) -> Iterator[psycopg.Connection]:
+    """This worker's connection to ``database_url`` for the duration of a task; dropped if
+    the task fails with it (it may be broken, or inside a failed transaction)."""
+    conn = _connections.get(database_url)
+    if conn is None or conn.closed or conn.broken:
+        conn = _connections[database_url] = psycopg.connect(libpq_url(database_url))
+    try:
+        yield conn
+    except BaseException:
+        _connections.pop(database_url, None)
+        conn.close()
+        raise
+    if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+        conn.rollback()  # nothing of one task's reads lingers into the next
+
+
+def producer(kafka: KafkaConnection) -> Producer:
+    """This worker's producer of projection outputs."""
+    found = _producers.get(kafka)
+    if found is None:
+        found = _producers[kafka] = new_producer(kafka)
+    return found
+
+
+def consumer(kafka: KafkaConnection) -> Consumer:
+    """This worker's range reader (``kafka_source``): a new connection per partition and
+    micro-batch costs more than reading its events (docs/benchmarks.md)."""
+    found = _consumers.get(kafka)
+    if found is None:
+        found = _consumers[kafka] = Consumer(consumer_config(kafka, **{"fetch.min.bytes": 1}))
+    return found
+
+
+def drop_consumer(kafka: KafkaConnection) -> None:
+    found = _consumers.pop(kafka, None)
+    if found is not None:
+        found.close()
+
+
+def ensure_derived_topics(kafka: KafkaConnection, replication: Replication,
+                          topics: Iterable[str]) -> None:
+    """Create the derived-event topics a fold emits to before producing to them (once per
+    worker and topic)."""
+    missing = {topic for topic in topics if (kafka, topic) not in _derived_topics}
+    if missing:
+        TopicAdmin(kafka, replication).ensure(missing, EVENT_TOPIC_CONFIG, kind="derived")
+        _derived_topics.update((kafka, topic) for topic in missing)

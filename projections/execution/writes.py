@@ -1,0 +1,82 @@
+"""What a task does with what it folded: it writes it, on the executor.
+
+``TaskWriter`` stages the rows of the keys the task changed (and the streams' watermarks, and
+the letters that park a key) for the batch's commit, and produces the KTable records, derived
+events and dead letters itself, each with a delivery report; ``finish`` waits for them all
+(a refused record fails the task, so the batch does not commit and runs again) and hands the
+driver the task's counts. The one exception: a letter held behind a key parked before the
+batch is produced by the commit, once it has checked the key is still parked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+
+import pyarrow as pa
+from eventfold.projections.execution import task_output, worker
+from eventfold.projections.execution.context import BatchContext
+from eventfold.projections.faults import crash_point
+from eventfold.projections.outcome import FoldOutcome
+from eventfold.projections.state.store import (
+    NOTED_LETTERS,
+    ReadModelStore,
+    StagedBatch,
+    server_started,
+)
+from eventfold.projections.state.topics import LetterNote, OutputProducer
+
+
+class TaskWriter:
+    def __init__(self, store: ReadModelStore, context: BatchContext) -> None:
+        self.context = context
+        self.store = store
+        self.stage = store.stage(context.attempt)
+        self.output = OutputProducer(worker.producer(context.kafka), context.kafka,
+                                     context.plan.projection, context.version)
+        self.counts = StagedBatch(context.attempt)
+        self._staged = False
+
+    def add(self, outcome: FoldOutcome, existing: Container[str]) -> None:
+        """Write ``outcome``, the fold of some of the task's keys; ``existing``: those of its
+        keys that had a row when the task loaded them."""
+        counts, plan = self.counts, self.context.plan
+        changed = outcome.changed
+        if changed:
+            self._staged = True
+            new, known = self.stage.rows(changed.items(), existing)
+            counts.new_rows += new
+            counts.known_rows += known
+            self.output.states((key, changed[key]) for key in outcome.published)
+        if outcome.watermarks and not plan.watermarks_in_rows:
+            self._staged = True
+            counts.marks += self.stage.watermarks(outcome.watermarks)
+        if outcome.emissions:
+            topics = {emission.topic for emission in outcome.emissions}
+            worker.ensure_derived_topics(self.context.kafka, self.context.replication, topics)
+            counts.topics |= topics
+            self.output.emissions(outcome.emissions)
+        letters = outcome.dead_letters
+        if letters:
+            held = outcome.held
+            if plan.parks:
+                self._staged = self.stage.letters(letters, held) > 0 or self._staged
+            written = self.output.dead_letters([letter for letter in letters if not (
+                letter.parks and letter.fold_key in held)])
+            room = NOTED_LETTERS - len(counts.notes)
+            counts.notes += [LetterNote.of(letter) for letter in written[:max(room, 0)]]
+        counts.held |= outcome.held
+        counts.applied += outcome.applied
+        counts.duplicates += outcome.duplicates
+        counts.dead_letters += len(letters)
+
+    def finish(self) -> pa.RecordBatch:
+        """Wait for every record's delivery report (raises ``DeliveryFailed``); the task's
+        summary for the driver."""
+        crash_point("task.produced")
+        self.output.flush()
+        crash_point("task.written")
+        # What was staged lives in UNLOGGED tables: the commit checks the server that holds
+        # them is the one they were written to.
+        server = server_started(self.store.conn) if self._staged else None
+        self.store.conn.rollback()
+        return task_output.encode(self.counts, server)

@@ -1,0 +1,251 @@
+"""A projection version's Kafka outputs: its KTable (latest state per key, tombstones), its
+dead letters and its derived events.
+
+``ensure_projection_topics`` creates the topics and checks their configs. ``OutputProducer``
+writes records, each with a delivery report: ``flush`` raises ``DeliveryFailed`` if the broker
+refused any, so that the batch which produced them does not commit and runs again. The tasks
+of a batch produce what they fold; the batch's commit produces only the letters it must decide
+on (those of keys parked before the batch, ``store.ReadModelStore.commit``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consumer_config, iter_range, offset_of
+from eventfold.outbox.topics import (
+    COMPACTED_TOPIC_CONFIG,
+    EVENT_TOPIC_CONFIG,
+    Replication,
+    TopicAdmin,
+)
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.outcome import DeadLetter, Emission, KeyState
+
+from eventfold.contract import (
+    KTABLE_POSITION_HEADER,
+    KTABLE_VERSION_HEADER,
+    PartitionKey,
+    trace_of,
+)
+
+log = logging.getLogger(__name__)
+
+FLUSH_TIMEOUT_S = 60.0
+_MAX_ORIGINALS_SPAN = 100_000
+"""Dead letters of one partition further apart than this keep the values the fold rebuilt
+(reading the whole span back would cost more than the metadata is worth)."""
+PRODUCER_SETTINGS = {"enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",
+                     "log.connection.close": False,
+                     # Java's partitioner (murmur2), as Debezium's and Kafka Streams' clients
+                     # use: a key lands where a Java consumer of the topic expects it
+                     # (co-partitioned joins, interactive queries' key routing).
+                     "partitioner": "murmur2_random"}
+
+
+class DeliveryFailed(RuntimeError):
+    """A KTable row, dead letter or derived event was refused by the broker: the batch must
+    not commit."""
+
+
+def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version: int = 1,
+                             ktable_config: Mapping[str, str] | None = None,
+                             fix: bool = False) -> None:
+    """The KTable and dead-letter topics, created if missing and their configs checked:
+    a KTable topic that is not compacted would grow forever and restore ever slower."""
+    if projection.has_state:
+        admin.ensure([projection.ktable_topic_for(version)],
+                     {**COMPACTED_TOPIC_CONFIG, **(ktable_config or {})}, kind="ktables",
+                     check=True, fix=fix)
+    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG, kind="dead_letters",
+                 check=True, fix=fix)
+
+
+def new_producer(kafka: KafkaConnection) -> Producer:
+    """An idempotent producer for a projection's outputs."""
+    return Producer(kafka.client_config(**PRODUCER_SETTINGS))
+
+
+class OutputProducer:
+    """Produces one projection version's records through ``producer`` (kept open by its
+    owner: a task's Python worker, or the runner), tracking every delivery report."""
+
+    def __init__(self, producer: Producer, kafka: KafkaConnection, projection: Projection,
+                 version: int) -> None:
+        self.producer = producer
+        self.kafka = kafka
+        self.projection = projection
+        self.version = version
+        self.ktable_topic = projection.ktable_topic_for(version)
+        self._hidden = set(projection.stored_columns) - set(projection.columns)
+        """Stored columns readers do not see (an average's sum and count)."""
+        self._failures: list[str] = []
+
+    def states(self, states: Iterable[tuple[str, KeyState]]) -> int:
+        """KTable records (a tombstone for a deleted key); how many."""
+        count, hidden = 0, self._hidden
+        for key, key_state in states:
+            state = key_state.state
+            if state is not None and hidden:
+                state = {column: value for column, value in state.items()
+                         if column not in hidden}
+            value = None if state is None else json.dumps(state, default=str)
+            self._produce(self.ktable_topic, key, value,
+                          {KTABLE_VERSION_HEADER: str(key_state.version),
+                           KTABLE_POSITION_HEADER: str(key_state.position)})
+            count += 1
+        return count
+
+    def emissions(self, emissions: Iterable[Emission]) -> None:
+        for emission in emissions:
+            self._produce(emission.topic, emission.key, emission.value)
+
+    def dead_letters(self, letters: Sequence[DeadLetter]) -> list[DeadLetter]:
+        """Each letter with its message as published (metadata included) where it can be
+        read back, else as the fold rebuilt it; the letters as written."""
+        originals = self._originals(letters) if letters else {}
+        written = []
+        for letter in letters:
+            record = letter.record
+            original = originals.get((record.topic, record.partition, record.offset))
+            if original is not None:
+                letter = DeadLetter(record._replace(value=original), letter.reason,
+                                    letter.fold_key, letter.event_id, letter.position,
+                                    letter.parks)
+            self._dead_letter(letter)
+            written.append(letter)
+        return written
+
+    def flush(self) -> None:
+        """Wait for every delivery report; raise ``DeliveryFailed`` if any record was
+        refused or the flush timed out (the caller must not commit)."""
+        remaining = self.producer.flush(FLUSH_TIMEOUT_S)
+        if remaining:
+            raise DeliveryFailed(f"{remaining} KTable/DLQ/derived messages not delivered in "
+                                 f"{FLUSH_TIMEOUT_S:.0f} s")
+        if self._failures:
+            failures, self._failures = self._failures, []
+            raise DeliveryFailed(
+                f"projection {self.projection.name}: {len(failures)} message(s) were not "
+                f"delivered, so this batch is not committed (it runs again): "
+                + "; ".join(failures[:5]))
+
+    def _produce(self, topic: str, key: str | None, value: str | None,
+                 headers: dict[str, str | bytes | None] | None = None) -> None:
+        while True:
+            try:
+                self.producer.produce(topic, key=key, value=value, headers=headers,
+                                      on_delivery=self._delivered)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain, then retry
+                self.producer.poll(0.05)
+        self.producer.poll(0)
+
+    def _delivered(self, error: KafkaError | None, message: Message) -> None:
+        """The delivery report of every message: a failure fails the batch at its flush."""
+        if error is not None:
+            self._failures.append(f"{message.topic()} key {message.key()!r}: {error.str()}")
+
+    def _originals(self, letters: Sequence[DeadLetter]) -> dict[tuple[str, int, int], str]:
+        """The dead letters' messages as they are in their topics, metadata included (the
+        fold kept only what it decodes): one read per partition over the letters' offsets.
+        Best effort: what cannot be read keeps the value the fold rebuilt."""
+        spans: dict[PartitionKey, tuple[int, int]] = {}
+        for letter in letters:
+            key, offset = (letter.record.topic, letter.record.partition), letter.record.offset
+            low, high = spans.get(key, (offset, offset))
+            spans[key] = (min(low, offset), max(high, offset))
+        wanted = {(r.topic, r.partition, r.offset) for r in (letter.record for letter in letters)}
+        found: dict[tuple[str, int, int], str] = {}
+        consumer = Consumer(consumer_config(self.kafka))
+        try:
+            for (topic, partition), (low, high) in spans.items():
+                if high - low >= _MAX_ORIGINALS_SPAN:
+                    continue
+                for chunk in iter_range(consumer, (topic, partition), low, high + 1,
+                                        stuck_timeout_s=10):
+                    for message in chunk:
+                        where = (topic, partition, offset_of(message))
+                        if where in wanted and (value := message.value()) is not None:
+                            found[where] = value.decode("utf-8", "replace")
+        except (KafkaException, TimeoutError) as exc:
+            log.warning("projection %s: reading dead letters' messages back: %s",
+                        self.projection.name, exc)
+        finally:
+            consumer.close()
+        return found
+
+    def _dead_letter(self, letter: DeadLetter) -> None:
+        record = letter.record
+        self._produce(
+            self.projection.dead_letter_topic, record.key,
+            json.dumps({
+                "projection": self.projection.name, "version": self.version,
+                "error": letter.reason, "topic": record.topic, "partition": record.partition,
+                "offset": record.offset, "key": record.key, "fold_key": letter.fold_key,
+                "value": record.value,
+            }),
+        )
+
+
+@dataclass(frozen=True)
+class LetterNote:
+    """What the log says of a dead letter: the line, and the ids that trace its command."""
+
+    message: str
+    event_id: str | None
+    correlation_id: str | None
+
+    @classmethod
+    def of(cls, letter: DeadLetter) -> LetterNote:
+        record = letter.record
+        return cls(f"dead-lettering {record.topic}[{record.partition}]@{record.offset}: "
+                   f"{letter.reason}", *trace_of(record.key, record.value))
+
+    def log(self, projection: str) -> None:
+        log.warning("%s", self.message, extra={"projection": projection,
+                                               "event_id": self.event_id,
+                                               "correlation_id": self.correlation_id})
+
+
+class TopicSink:
+    """A projection version's topics from the runner's side: created and checked, derived
+    topics made on first use, retired versions' topics deleted; and a producer for what the
+    commit itself writes."""
+
+    def __init__(self, kafka: KafkaConnection, projection: Projection, version: int,
+                 ktable_config: Mapping[str, str] | None = None,
+                 replication: Replication | None = None) -> None:
+        self.projection = projection
+        self.ktable_config = dict(ktable_config or {})
+        self.version = version
+        self.kafka = kafka
+        self.output = OutputProducer(new_producer(kafka), kafka, projection, version)
+        self._admin = TopicAdmin(kafka, replication)
+        self._output_topics: set[str] = set()
+
+    def ensure_topics(self) -> None:
+        ensure_projection_topics(self._admin, self.projection, self.version,
+                                 self.ktable_config)
+
+    def delete_topics(self, topics: list[str]) -> None:
+        self._admin.delete(topics)
+
+    def ensure_outputs(self, topics: Iterable[str]) -> set[str]:
+        """Create the derived-event ``topics`` on first use; returns those this sink had not
+        written to before."""
+        new_topics = set(topics) - self._output_topics
+        if new_topics:
+            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
+            self._output_topics |= new_topics
+        return new_topics
+
+    def close(self) -> None:
+        self.output.producer.flush(10)
+        # Spark's callback server keeps the runner alive; let the clients go now.
+        del self.output, self._admin
