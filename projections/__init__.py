@@ -1,20 +1,25 @@
 """Projections: fold event topics into KTables and SQL read models, on Spark.
 
-Three layers, each importing only those above it:
+Layers, each importing only those above it:
 
-- **definition** (what a projection is; plain Python, no engine): ``projection`` (the three
+- ``definition/`` (what a projection is; plain Python, no engine): ``projection`` (the three
   kinds, fold, aggregation and stream, with re-keying, lookups and derived events, and typed
   event dispatch), ``aggregates`` (aggregate functions, each with every form the engine runs
-  it in), ``fields`` (how keys and fields are read out of a payload);
-- **plan**: ``plan.compile_projection`` turns a definition into the ``Plan`` its batches run,
-  the one place that branches on kind, re-keying and lookups;
-- **execution**: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
+  it in), ``fields`` (how keys and fields are read out of a payload), ``registry``;
+- ``plan``: ``compile_projection`` turns a definition into the ``Plan`` its batches run, the
+  one place that branches on kind, re-keying and lookups;
+- ``outcome``: what a batch moves (source records, key states, dead letters, derived events);
+- ``state/``: where a version's state lives and how a batch commits: ``store`` (the state
+  table, the stage tasks write to, the merge and checkpoint), ``schema``, ``catalog``
+  (versions, checkpoints, emission marks, batches under way), ``parking``, ``topics`` (its
+  KTable, dead-letter and derived-event topics);
+- ``execution/``: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
   task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
   columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs),
-  ``task_output`` (what tasks hand the driver), the sources (``kafka_source``,
-  ``store_source``), ``sinks`` (read model, KTable, dead letters, derived events), ``catalog``
-  (versions, checkpoints, emission marks: the only code touching those tables), ``runner``,
-  ``replay`` and ``status``.
+  ``writes`` (what a task writes), ``task_output`` (the counts tasks hand the driver), the
+  sources (``kafka_source``, ``store_source``);
+- what runs them: ``runner``, ``replay``, ``status``, ``dead_letters``, ``metrics``, and
+  ``testing`` (an event topic in memory, for users' tests).
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
 pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client, rich (progress

@@ -26,6 +26,7 @@ from eventfold.projections.definition.projection import (
 )
 
 StateStep = Callable[[State | None, Event], State | None]
+_MIN_INT, _MAX_INT = -(2**63), 2**63 - 1
 
 
 class Pipeline(StrEnum):
@@ -170,7 +171,8 @@ def checked_fold(projection: FoldProjection) -> StateStep:
             if type(after) is not dict or not after.keys() <= columns:
                 check_state(projection, after)  # raises, with the reason
             for value in after.values():
-                if type(value) is float and not isfinite(value):
+                if (type(value) is float and not isfinite(value)) or (
+                        type(value) is int and not _MIN_INT <= value <= _MAX_INT):
                     check_state(projection, after)
         return after
 
@@ -191,3 +193,8 @@ def check_state(projection: Projection, state: Any) -> None:
                         if isinstance(value, float) and not isfinite(value))
     if not_finite:
         raise ValueError(f"state fields {not_finite} are not finite numbers")
+    too_big = sorted(column for column, value in state.items()
+                     if type(value) is int and not _MIN_INT <= value <= _MAX_INT)
+    if too_big:
+        # No column, JSON encoder or consumer here holds an integer beyond 64 bits.
+        raise ValueError(f"state fields {too_big} are integers beyond 64 bits")

@@ -378,9 +378,11 @@ class ProjectionRunner:
         if self.settings.metrics:
             metrics.batch_committed(self.projection.name, records, staged.applied,
                                     staged.duplicates, staged.dead_letters, clock.total)
-        log.debug("projection %s batch %d: %d records, %d rows written; %s",
-                  self.projection.name, batch_id, records,
-                  staged.new_rows + staged.known_rows, clock)
+        log.debug("projection %s batch %d: %d records, %d rows written; %s; the tasks' %s",
+                  name, batch_id, records,
+                  staged.new_rows + staged.known_rows + staged.direct_rows, clock,
+                  ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds
+                            in sorted(staged.seconds.items())))
         self.batches += 1
         self.progress.add(batch_id, records, staged)
         if self.group_progress is not None:
@@ -399,11 +401,19 @@ class ProjectionRunner:
         name = self.projection.name
         while True:
             context = self._context(emit_from, committed)
+            if context.direct:
+                self.store.begin_direct()
             try:
                 staged = fold(context, pipeline)
-            except Exception:
+            except Exception as exc:
                 # A replay that switched versions dropped this one's tables under its tasks.
                 self.versions.check_current(name, self.version)
+                if KeySplitAcrossPartitions.__name__ in str(exc) and self._can_fall_back(
+                        pipeline):
+                    log.warning("projection %s batch %d: a key is in more than one partition;"
+                                " folding the batch after a shuffle", name, batch_id)
+                    pipeline = self.plan.fallback
+                    continue
                 raise
             if self.is_active:
                 self.versions.batch_written(name)
@@ -417,20 +427,25 @@ class ProjectionRunner:
                 log.info("projection %s batch %d: %s (%s); folding the batch again", name,
                          batch_id, released, ", ".join(sorted(released.keys)[:5]))
             except KeySplitAcrossPartitions as split:
-                if pipeline is None or pipeline is self.plan.fallback or not self.plan.fallback:
+                if not self._can_fall_back(pipeline):
                     raise
                 # Some producer put a key into two partitions: this batch goes after a shuffle.
                 log.warning("projection %s batch %d: a key is in more than one partition "
                             "(%s); folding the batch after a shuffle", name, batch_id, split)
                 pipeline = self.plan.fallback
 
+    def _can_fall_back(self, pipeline: Pipeline | None) -> bool:
+        return self.plan.fallback is not None and pipeline is not self.plan.fallback
+
     def _context(self, emit_from: Mapping[PartitionKey, int] | None,
                  committed: Mapping[PartitionKey, int]) -> BatchContext:
-        """A new attempt at a batch: what its tasks need to know."""
+        """A new attempt at a batch: what its tasks need to know. A version that has
+        committed nothing, built beside the active one, takes its tasks' rows directly."""
+        fresh = self.store.checkpoint() is None
         return BatchContext(
             self.plan, self.version, self.executor_database_url, self.settings.kafka,
             uuid.uuid4().hex, emit_from, committed, self.settings.replication,
-            fresh=self.store.checkpoint() is None,
+            fresh=fresh, direct=fresh and not self.is_active,
             any_parked=self.plan.parks and self.store.any_parked())
 
     def _commit(self, batch_id: int, committed: dict[PartitionKey, int],

@@ -27,5 +27,9 @@ class BatchContext:
     """Of the derived-event topics the tasks create."""
     fresh: bool = False
     """The version has committed nothing yet: no key has a state or a watermark to load."""
+    direct: bool = False
+    """Fresh, and built beside the active version, so that no reader sees its table: tasks
+    write their rows straight into it (emptied when the attempt began), with no stage and no
+    merge."""
     any_parked: bool = False
     """The version has parked keys: tasks ask, per key, whether theirs are."""

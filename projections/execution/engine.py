@@ -55,7 +55,7 @@ from eventfold.projections.execution.partial import (
     slot,
     stream_marks,
 )
-from eventfold.projections.execution.writes import TaskWriter
+from eventfold.projections.execution.writes import TaskClock, TaskWriter
 from eventfold.projections.outcome import (
     DeadLetter,
     FoldOutcome,
@@ -157,9 +157,10 @@ class KnownKeys:
     met so far: each chunk loads only the keys it brings new, in one query for states and
     (keyed by aggregate id) watermarks."""
 
-    def __init__(self, store: ReadModelStore, context: BatchContext) -> None:
+    def __init__(self, store: ReadModelStore, context: BatchContext, clock: TaskClock) -> None:
         self.store = store
         self.context = context
+        self.clock = clock
         self.stored: dict[str, KeyState] = {}
         self.watermarks: dict[str, int] = {}
         self.parked: dict[str, ParkedKey] = {}
@@ -176,6 +177,10 @@ class KnownKeys:
         self._loaded |= keys
         if not keys or self.context.fresh:
             return
+        with self.clock.phase("load"):
+            self._load(keys, with_watermarks)
+
+    def _load(self, keys: set[str], with_watermarks: bool) -> None:
         states = self.store.load(keys)
         self.stored.update(states)
         if with_watermarks:
@@ -190,7 +195,8 @@ class KnownKeys:
         lookup = self.store.projection.lookup
         keys = keys - self.joined.keys()
         if lookup is not None and keys:
-            self.joined.update(lookup_rows(self.store.conn, lookup.projection, keys))
+            with self.clock.phase("load"):
+                self.joined.update(lookup_rows(self.store.conn, lookup.projection, keys))
 
 
 def watermarks_of(store: ReadModelStore, context: BatchContext
@@ -218,22 +224,24 @@ def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
     with paused_gc(), task_store(context) as store:
         writer = TaskWriter(store, context)
         for source_slice in _slices_of_task(batches, tasks):
-            writer.add(*fold_slice(source_slice, store, context))
+            writer.add(*fold_slice(source_slice, store, context, writer.clock))
         yield writer.finish()
 
 
-def fold_slice(source_slice: SourceSlice, store: ReadModelStore,
-               context: BatchContext) -> tuple[FoldOutcome, set[str]]:
+def fold_slice(source_slice: SourceSlice, store: ReadModelStore, context: BatchContext,
+               clock: TaskClock) -> tuple[FoldOutcome, set[str]]:
     """Read, decode and fold one partition's records chunk by chunk (the states carry over);
     the outcome and the keys that had a row."""
-    known = KnownKeys(store, context)
+    known = KnownKeys(store, context, clock)
     batch = BatchFold(context.plan, context.committed, known.watermarks, context.emit_from,
                       known.parked)
     for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
         known.load(records.stream_ids())
-        batch.add(records)
+        with clock.phase("fold"):
+            batch.add(records)
         known.load_lookups(batch.lookup_keys())
-        batch.fold(known.stored, known.joined)
+        with clock.phase("fold"):
+            batch.fold(known.stored, known.joined)
     return batch.outcome, known.existing
 
 
@@ -308,19 +316,20 @@ def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext
         writer = TaskWriter(store, context)
         rows = columns(pa.Table.from_batches(list(batches)))
         if rows and rows["key"]:
-            writer.add(*_fold_sorted(rows, store, context))
+            writer.add(*_fold_sorted(rows, store, context, writer.clock))
         yield writer.finish()
 
 
-def _fold_sorted(rows: dict[str, list[Any]], store: ReadModelStore,
-                 context: BatchContext) -> tuple[FoldOutcome, set[str]]:
+def _fold_sorted(rows: dict[str, list[Any]], store: ReadModelStore, context: BatchContext,
+                 clock: TaskClock) -> tuple[FoldOutcome, set[str]]:
     plan, outcome = context.plan, FoldOutcome()
     keyed = list(decoded_rows(rows, outcome))
-    known = KnownKeys(store, context)
+    known = KnownKeys(store, context, clock)
     # the decode task guarded the streams; parked heads and states come per key
     known.load({key for key, _ in keyed}, with_watermarks=False)
     known.load_lookups(lookup_keys(plan.projection, (event for _, (_, event) in keyed)))
-    fold_keyed(plan, keyed, known, context, outcome)
+    with clock.phase("fold"):
+        fold_keyed(plan, keyed, known, context, outcome)
     return outcome, known.existing
 
 
@@ -379,24 +388,30 @@ def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: Bat
         for source_slice in _slices_of_task(batches, tasks):
             partition = PartitionAggregate(context.plan, schema)
             for records in _chunks(source_slice):
-                partition.add(drop_applied(decode_events(records, context.plan), watermarks))
+                events = decode_events(records, context.plan)
+                with writer.clock.phase("load"):
+                    events = drop_applied(events, watermarks)
+                with writer.clock.phase("fold"):
+                    partition.add(events)
             partials = partition.result()
             writer.add(*_merged(partials, partials.filter(
-                pc.equal(partials.column("kind"), "dlq")), store, context))
+                pc.equal(partials.column("kind"), "dlq")), store, context, writer.clock))
         yield writer.finish()
 
 
 def _merged(partials: pa.Table, letters: pa.Table, store: ReadModelStore,
-            context: BatchContext) -> tuple[FoldOutcome, set[str]]:
+            context: BatchContext, clock: TaskClock) -> tuple[FoldOutcome, set[str]]:
     """A task's partials merged into the stored rows of their keys, and its dead letters, as
     an outcome; and the keys that had a row."""
     rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
     keys = rows.column(GROUP).to_pylist()
     stored: dict[str, KeyState] = {}
     if not context.fresh:
-        for start in range(0, len(keys), TASK_CHUNK_ROWS):
-            stored.update(store.load(keys[start:start + TASK_CHUNK_ROWS]))
-    return aggregate_outcome(partials, letters, stored, context.plan), set(stored)
+        with clock.phase("load"):
+            for start in range(0, len(keys), TASK_CHUNK_ROWS):
+                stored.update(store.load(keys[start:start + TASK_CHUNK_ROWS]))
+    with clock.phase("fold"):
+        return aggregate_outcome(partials, letters, stored, context.plan), set(stored)
 
 
 def aggregate_outcome(partials: pa.Table, letters: pa.Table, stored: Mapping[str, KeyState],
@@ -467,7 +482,7 @@ def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
             letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]
                                      ).rename_columns(DEAD_LETTER_COLUMNS)
             partials = groups.append_column("kind", pa.array(["partial"] * groups.num_rows))
-            writer.add(*_merged(partials, letters, store, context))
+            writer.add(*_merged(partials, letters, store, context, writer.clock))
         yield writer.finish()
 
 

@@ -64,6 +64,11 @@ class KeyFolder:
         self.emit_from = emit_from  # None: this run emits nothing (a replay behind the live one)
         self.parked = parked  # keys parked before this batch
         self._seen: set[tuple[str, int]] = set()
+        # What ``fold`` asks of the plan, asked once: it runs once per key.
+        self._lookup = plan.projection.lookup
+        self._step, self._rekeyed = plan.step, plan.rekeyed
+        self._in_rows, self._parks = plan.watermarks_in_rows, plan.parks
+        self._derive_step = self._derive if plan.emits and emit_from is not None else None
 
     def fold(self, key: str, stored: KeyState | None,
              items: Iterable[tuple[SourceRecord, Event]],
@@ -74,17 +79,19 @@ class KeyFolder:
         A (stream, version) met twice counts once. When the key is the aggregate id, its
         stream's versions rise with position, so that takes one comparison with the last
         version; a re-keyed key gathers many streams and remembers each event it met."""
-        # The per-event loop of every fold: lookups are hoisted into locals on purpose.
-        plan, outcome, seen = self.plan, self.outcome, self._seen
-        if plan.projection.lookup is not None:
+        # The per-event loop of every fold, run once per key: lookups are hoisted into locals
+        # on purpose.
+        outcome, seen = self.outcome, self._seen
+        if self._lookup is not None:
             rows = lookup_rows or {}
-            items = [(record, joined(plan.projection, event, rows)) for record, event in items]
-        marks, step, rekeyed = outcome.watermarks, plan.step, plan.rekeyed
-        in_rows = plan.watermarks_in_rows
-        derive = self._derive if plan.emits and self.emit_from is not None else None
-        state = stored.state if stored else None
-        version = stored.version if stored else 0
-        position = stored.position if stored else 0
+            projection = self.plan.projection
+            items = [(record, joined(projection, event, rows)) for record, event in items]
+        marks, step, rekeyed, in_rows = outcome.watermarks, self._step, self._rekeyed, self._in_rows
+        derive = self._derive_step
+        if stored is None:
+            state, version, position = None, 0, 0
+        else:
+            state, version, position = stored.state, stored.version, stored.position
         last = 0 if rekeyed else marks.get(key, 0)  # the stream's last version met
         skipped = 0  # the last version dead-lettered for good (a projection that folds on)
         applied = 0
@@ -121,8 +128,8 @@ class KeyFolder:
                 reason = f"fold raised {exc!r}"
                 outcome.dead_letters.append(DeadLetter(
                     with_value(record, event), reason, key, event.event_id,
-                    event.global_position, parks=plan.parks))
-                if plan.parks:
+                    event.global_position, parks=self._parks))
+                if self._parks:
                     head = outcome.parked[key] = ParkedKey(
                         record.topic, record.partition, record.offset, event.event_id, reason)
                 else:

@@ -14,7 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
-from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.store import TASK_PHASES, StagedBatch
 from eventfold.projections.state.topics import LetterNote
 
 
@@ -27,19 +27,23 @@ class Row(StrEnum):
 
 SCHEMA = pa.schema([
     ("kind", pa.string()), ("name", pa.string()), ("new_rows", pa.int64()),
+    ("direct_rows", pa.int64()),
     ("known_rows", pa.int64()), ("marks", pa.int64()), ("applied", pa.int64()),
     ("duplicates", pa.int64()), ("dead_letters", pa.int64()),
     ("server", pa.string()), ("event_id", pa.string()), ("correlation_id", pa.string()),
+    *((f"{phase}_s", pa.float64()) for phase in TASK_PHASES),
 ])
 
 
 def encode(counts: StagedBatch, server: datetime | None) -> pa.RecordBatch:
     """One task's summary (``counts.attempt`` and offsets are the driver's own)."""
     rows: list[dict[str, Any]] = [{
-        "kind": Row.COUNTS, "new_rows": counts.new_rows, "known_rows": counts.known_rows,
+        "kind": Row.COUNTS, "new_rows": counts.new_rows, "direct_rows": counts.direct_rows,
+        "known_rows": counts.known_rows,
         "marks": counts.marks, "applied": counts.applied, "duplicates": counts.duplicates,
         "dead_letters": counts.dead_letters,
-        "server": None if server is None else server.isoformat()}]
+        "server": None if server is None else server.isoformat(),
+        **{f"{phase}_s": counts.seconds.get(phase, 0.0) for phase in TASK_PHASES}}]
     rows += [{"kind": Row.HELD, "name": key} for key in sorted(counts.held)]
     rows += [{"kind": Row.TOPIC, "name": topic} for topic in sorted(counts.topics)]
     rows += [{"kind": Row.LETTER, "name": note.message, "event_id": note.event_id,
@@ -58,10 +62,12 @@ def decode(table: pa.Table, attempt: str) -> StagedBatch:
         elif row["kind"] == Row.LETTER:
             batch.notes.append(LetterNote(row["name"], row["event_id"], row["correlation_id"]))
         else:
-            batch.add(StagedBatch(attempt, **{name: row[name] for name in COUNTS}))
+            batch.add(StagedBatch(attempt, **{name: row[name] for name in COUNTS}, seconds={
+                phase: row[f"{phase}_s"] for phase in TASK_PHASES}))
             if row["server"] is not None:
                 batch.servers.add(datetime.fromisoformat(row["server"]))
     return batch
 
 
-COUNTS = ("new_rows", "known_rows", "marks", "applied", "duplicates", "dead_letters")
+COUNTS = ("new_rows", "direct_rows", "known_rows", "marks", "applied", "duplicates",
+          "dead_letters")

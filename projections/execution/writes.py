@@ -10,7 +10,9 @@ batch is produced by the commit, once it has checked the key is still parked.
 
 from __future__ import annotations
 
-from collections.abc import Container
+import time
+from collections.abc import Container, Iterator
+from contextlib import contextmanager
 
 import pyarrow as pa
 from eventfold.projections.execution import task_output, worker
@@ -26,6 +28,27 @@ from eventfold.projections.state.store import (
 from eventfold.projections.state.topics import LetterNote, OutputProducer
 
 
+class TaskClock:
+    """Where a task's time goes (``TASK_PHASES``): each ``phase`` adds its time; what no
+    phase claimed was spent reading and decoding records."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - started
+
+    def total(self) -> dict[str, float]:
+        elapsed = time.perf_counter() - self.started
+        return {**self.seconds, "read": max(elapsed - sum(self.seconds.values()), 0.0)}
+
+
 class TaskWriter:
     def __init__(self, store: ReadModelStore, context: BatchContext) -> None:
         self.context = context
@@ -34,6 +57,7 @@ class TaskWriter:
         self.output = OutputProducer(worker.producer(context.kafka), context.kafka,
                                      context.plan.projection, context.version)
         self.counts = StagedBatch(context.attempt)
+        self.clock = TaskClock()
         self._staged = False
 
     def add(self, outcome: FoldOutcome, existing: Container[str]) -> None:
@@ -41,27 +65,36 @@ class TaskWriter:
         keys that had a row when the task loaded them."""
         counts, plan = self.counts, self.context.plan
         changed = outcome.changed
+        clock = self.clock
         if changed:
             self._staged = True
-            new, known = self.stage.rows(changed.items(), existing)
-            counts.new_rows += new
-            counts.known_rows += known
-            self.output.states((key, changed[key]) for key in outcome.published)
+            with clock.phase("stage"):
+                if self.context.direct:
+                    counts.direct_rows += self.stage.direct(changed.items())
+                else:
+                    new, known = self.stage.rows(changed.items(), existing)
+                    counts.new_rows += new
+                    counts.known_rows += known
+            with clock.phase("produce"):
+                self.output.states((key, changed[key]) for key in outcome.published)
         if outcome.watermarks and not plan.watermarks_in_rows:
             self._staged = True
-            counts.marks += self.stage.watermarks(outcome.watermarks)
+            with clock.phase("stage"):
+                counts.marks += self.stage.watermarks(outcome.watermarks)
         if outcome.emissions:
             topics = {emission.topic for emission in outcome.emissions}
             worker.ensure_derived_topics(self.context.kafka, self.context.replication, topics)
             counts.topics |= topics
-            self.output.emissions(outcome.emissions)
+            with clock.phase("produce"):
+                self.output.emissions(outcome.emissions)
         letters = outcome.dead_letters
         if letters:
             held = outcome.held
             if plan.parks:
                 self._staged = self.stage.letters(letters, held) > 0 or self._staged
-            written = self.output.dead_letters([letter for letter in letters if not (
-                letter.parks and letter.fold_key in held)])
+            with clock.phase("produce"):
+                written = self.output.dead_letters([letter for letter in letters if not (
+                    letter.parks and letter.fold_key in held)])
             room = NOTED_LETTERS - len(counts.notes)
             counts.notes += [LetterNote.of(letter) for letter in written[:max(room, 0)]]
         counts.held |= outcome.held
@@ -73,8 +106,10 @@ class TaskWriter:
         """Wait for every record's delivery report (raises ``DeliveryFailed``); the task's
         summary for the driver."""
         crash_point("task.produced")
-        self.output.flush()
+        with self.clock.phase("flush"):
+            self.output.flush()
         crash_point("task.written")
+        self.counts.seconds = self.clock.total()
         # What was staged lives in UNLOGGED tables: the commit checks the server that holds
         # them is the one they were written to.
         server = server_started(self.store.conn) if self._staged else None

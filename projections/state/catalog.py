@@ -109,13 +109,22 @@ class ProjectionCatalog:
         return (int(row[0]), list(row[1])) if row else (1, [])
 
     def batch_started(self, name: str, version: int, ends: Mapping[PartitionKey, int]) -> None:
-        """The active version's next batch, ending at ``ends``, is under way (recorded before
-        its tasks write anything)."""
-        self._conn().execute(sql.SQL("""
-            INSERT INTO {} (projection, version, ends) VALUES (%s, %s, %s)
-            ON CONFLICT (projection) DO UPDATE SET version = excluded.version,
-                ends = excluded.ends, tasks_done = false, started_at = now()
-        """).format(_IN_FLIGHT), (name, version, Jsonb(nest_offsets(ends))))
+        """The active version's next batch, ending at ``ends``, is under way: recorded before
+        its tasks write anything, once no switch holds the registry row. Raises
+        ``VersionSwitched`` when the version is no longer active."""
+        conn = self._conn()
+        with conn.transaction():
+            row = conn.execute(sql.SQL(
+                "SELECT active_version FROM {} WHERE projection = %s FOR SHARE").format(_TABLE),
+                (name,)).fetchone()
+            if row is None or row[0] != version:
+                raise VersionSwitched(f"projection {name!r} v{version} is no longer active "
+                                      f"(active: v{row[0] if row else '?'})")
+            conn.execute(sql.SQL("""
+                INSERT INTO {} (projection, version, ends) VALUES (%s, %s, %s)
+                ON CONFLICT (projection) DO UPDATE SET version = excluded.version,
+                    ends = excluded.ends, tasks_done = false, started_at = now()
+            """).format(_IN_FLIGHT), (name, version, Jsonb(nest_offsets(ends))))
 
     def batch_written(self, name: str) -> None:
         """Its tasks are done: what they wrote to the KTable is all the batch writes there."""

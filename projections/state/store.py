@@ -67,6 +67,9 @@ from eventfold.contract import PartitionKey, libpq_url
 log = logging.getLogger(__name__)
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
+TASK_PHASES = ("read", "load", "fold", "stage", "produce", "flush")
+"""Where a task's time goes: reading and decoding its records, loading its keys' states,
+folding, staging the rows, handing records to the producer, waiting for their delivery."""
 NOTED_LETTERS = 20
 """Dead letters a task describes to the driver for its log (a flood of letters is counted,
 not carried: ``eventfold dlq list`` shows them all)."""
@@ -101,6 +104,8 @@ class StagedBatch:
     attempt: str
     new_rows: int = 0
     """Staged rows of keys that had no row (inserted by the commit)."""
+    direct_rows: int = 0
+    """Rows written straight into the table (a fresh version no reader sees)."""
     known_rows: int = 0
     """Staged rows of keys that had one (updated by the commit)."""
     marks: int = 0
@@ -115,17 +120,21 @@ class StagedBatch:
     """The start time of the server each task staged on (one, unless it restarted)."""
     notes: list[LetterNote] = field(default_factory=list)
     """Log lines of the batch's dead letters, up to ``NOTED_LETTERS`` per task."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """Where the tasks' time went, summed over them, by phase (``TASK_PHASES``)."""
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
 
     def add(self, other: StagedBatch) -> None:
         """``other``'s counts (another job of the same attempt) added to these."""
-        for name in ("new_rows", "known_rows", "marks", "applied", "duplicates",
-                     "dead_letters"):
+        for name in ("new_rows", "direct_rows", "known_rows", "marks", "applied",
+                     "duplicates", "dead_letters"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.held |= other.held
         self.topics |= other.topics
         self.servers |= other.servers
         self.notes += other.notes
+        for phase, seconds in other.seconds.items():
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
 
 
 class ReadModelStore:
@@ -344,6 +353,13 @@ class ReadModelStore:
                 WHERE {sources}.version < excluded.version
             """).format(sources=self._sources, stage=self._stage_sources), (attempt,))
 
+    def begin_direct(self) -> None:
+        """Empty this version's state table, for an attempt whose tasks write straight into
+        it (``BatchContext.direct``): what an earlier attempt wrote goes."""
+        if self.projection.has_state:
+            with self.conn.transaction():
+                self.conn.execute(sql.SQL("TRUNCATE {}").format(self._table))
+
     def unstage(self, attempt: str) -> None:
         """In the caller's transaction: the attempt's staged rows, once merged."""
         if self.projection.has_state:
@@ -389,6 +405,7 @@ class Stage:
         self._json = projection.json_columns
         self._stage = sql.Identifier(stage_table(projection, version))
         self._stage_sources = sql.Identifier(stage_sources_table(projection, version))
+        self._table = sql.Identifier(state_table(projection, version))
 
     def rows(self, changed: Iterable[tuple[str, KeyState]],
              known: Container[str]) -> tuple[int, int]:
@@ -409,6 +426,27 @@ class Stage:
                 else:
                     new += 1
         return new, old
+
+    def direct(self, changed: Iterable[tuple[str, KeyState]]) -> int:
+        """Write ``changed`` straight into the state table (``BatchContext.direct``); how
+        many. A key another task wrote too fails the write: its events were in two
+        partitions."""
+        count = 0
+        stored = self._columns
+        copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
+            self._table, _names(["key", *stored, *SYSTEM_COLUMNS]))
+        as_stored = self._as_stored
+        try:
+            with self.conn.transaction(), self.conn.cursor().copy(copy_sql) as copy:
+                for key, key_state in changed:
+                    state = key_state.state or {}
+                    copy.write_row((key, *as_stored([state.get(c) for c in stored]),
+                                    key_state.version, key_state.position,
+                                    key_state.state is None))
+                    count += 1
+        except psycopg.errors.UniqueViolation as exc:
+            raise KeySplitAcrossPartitions(str(exc).splitlines()[0]) from None
+        return count
 
     def _as_stored(self, values: list[Any]) -> list[Any]:
         """Values as COPY writes them: JSON columns' values as JSON."""

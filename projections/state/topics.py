@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config, iter_range, offset_of
@@ -37,6 +38,7 @@ from eventfold.contract import (
 log = logging.getLogger(__name__)
 
 FLUSH_TIMEOUT_S = 60.0
+_POLL_EVERY = 1_000
 _MAX_ORIGINALS_SPAN = 100_000
 """Dead letters of one partition further apart than this keep the values the fold rebuilt
 (reading the whole span back would cost more than the metadata is worth)."""
@@ -45,7 +47,10 @@ PRODUCER_SETTINGS = {"enable.idempotence": True, "linger.ms": 5, "compression.ty
                      # Java's partitioner (murmur2), as Debezium's and Kafka Streams' clients
                      # use: a key lands where a Java consumer of the topic expects it
                      # (co-partitioned joins, interactive queries' key routing).
-                     "partitioner": "murmur2_random"}
+                     "partitioner": "murmur2_random",
+                     # The callback of each record runs only for a failure: a Python call per
+                     # delivered record cost more than producing it.
+                     "delivery.report.only.error": True}
 
 
 class DeliveryFailed(RuntimeError):
@@ -85,19 +90,20 @@ class OutputProducer:
         self._hidden = set(projection.stored_columns) - set(projection.columns)
         """Stored columns readers do not see (an average's sum and count)."""
         self._failures: list[str] = []
+        self._unpolled = 0
 
     def states(self, states: Iterable[tuple[str, KeyState]]) -> int:
         """KTable records (a tombstone for a deleted key); how many."""
-        count, hidden = 0, self._hidden
+        count, hidden, topic, produce = 0, self._hidden, self.ktable_topic, self._produce
         for key, key_state in states:
             state = key_state.state
             if state is not None and hidden:
                 state = {column: value for column, value in state.items()
                          if column not in hidden}
-            value = None if state is None else json.dumps(state, default=str)
-            self._produce(self.ktable_topic, key, value,
-                          {KTABLE_VERSION_HEADER: str(key_state.version),
-                           KTABLE_POSITION_HEADER: str(key_state.position)})
+            value = None if state is None else orjson.dumps(state, default=str)
+            produce(topic, key, value, [
+                (KTABLE_VERSION_HEADER, str(key_state.version).encode()),
+                (KTABLE_POSITION_HEADER, str(key_state.position).encode())])
             count += 1
         return count
 
@@ -135,8 +141,8 @@ class OutputProducer:
                 f"delivered, so this batch is not committed (it runs again): "
                 + "; ".join(failures[:5]))
 
-    def _produce(self, topic: str, key: str | None, value: str | None,
-                 headers: dict[str, str | bytes | None] | None = None) -> None:
+    def _produce(self, topic: str, key: str | None, value: str | bytes | None,
+                 headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
         while True:
             try:
                 self.producer.produce(topic, key=key, value=value, headers=headers,
@@ -144,7 +150,10 @@ class OutputProducer:
                 break
             except BufferError:  # the local queue is full: let deliveries drain, then retry
                 self.producer.poll(0.05)
-        self.producer.poll(0)
+        self._unpolled += 1
+        if self._unpolled >= _POLL_EVERY:  # serve the client's callbacks now and then
+            self._unpolled = 0
+            self.producer.poll(0)
 
     def _delivered(self, error: KafkaError | None, message: Message) -> None:
         """The delivery report of every message: a failure fails the batch at its flush."""

@@ -212,3 +212,18 @@ def test_state_with_unknown_columns_is_rejected() -> None:
 
     outcome = fold_records(sloppy, {}, [stock("a", 1, 5, 0)])
     assert "not read model columns" in outcome.dead_letters[0].reason
+
+
+def test_a_fold_that_makes_an_integer_beyond_64_bits_dead_letters_that_event() -> None:
+    """No column, JSON encoder or consumer holds it: the event is a dead letter, the key keeps
+    its state (and parks), and the batch goes on."""
+    @projection("huge", sources=["Product"], columns={"quantity": BigInteger()})
+    def huge(state, event):
+        return {"quantity": (state or {"quantity": 0})["quantity"] + event.data["quantity"]}
+
+    outcome = fold_records(huge, {}, [stock("a", 1, 2**62, 0), stock("a", 2, 2**62, 1),
+                                      stock("b", 1, 5, 2)])
+    assert outcome.changed["a"].state == {"quantity": 2**62}
+    (letter,) = outcome.dead_letters
+    assert letter.record.offset == 1 and "beyond 64 bits" in letter.reason
+    assert outcome.changed["b"].state == {"quantity": 5}
