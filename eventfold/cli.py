@@ -266,8 +266,8 @@ def _run_and_start_again(app: Eventfold, settings: Settings, name: str, once: bo
         # counting afresh, one that keeps failing without any stops.
         failures = 1 if outcome.batches else failures + 1
         if failures > MAX_FAILED_STARTS:
-            raise RuntimeError(f"projection {name} failed {failures - 1} times in a row "
-                               f"without a batch: {outcome.error}")
+            raise GaveUp(f"projection {name} failed {failures - 1} times in a row without a "
+                         f"batch, and stops: {_gist(outcome.error)}")
         pause = min(2.0 ** failures, 30.0)
         log.warning("projection %s failed: %s; starting again in %.0f s", name,
                     _gist(outcome.error), pause)
@@ -277,6 +277,10 @@ def _run_and_start_again(app: Eventfold, settings: Settings, name: str, once: bo
             break
     log.info("projection %s stopped after %d batches", name, batches)
     return 0
+
+
+class GaveUp(RuntimeError):
+    """A run that kept failing stopped: exit code 1, the last failure said."""
 
 
 def _gist(error: str) -> str:
@@ -726,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         from eventfold.local_stack import StackError
 
-        if isinstance(exc, (StackError, *_needs_a_person())):
+        if isinstance(exc, (StackError, GaveUp, *_needs_a_person())):
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise

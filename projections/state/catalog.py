@@ -118,8 +118,7 @@ class ProjectionCatalog:
                 "SELECT active_version FROM {} WHERE projection = %s FOR SHARE").format(_TABLE),
                 (name,)).fetchone()
             if row is None or row[0] != version:
-                raise VersionSwitched(f"projection {name!r} v{version} is no longer active "
-                                      f"(active: v{row[0] if row else '?'})")
+                raise VersionSwitched.past(name, version, row[0] if row else None)
             conn.execute(sql.SQL("""
                 INSERT INTO {} (projection, version, ends) VALUES (%s, %s, %s)
                 ON CONFLICT (projection) DO UPDATE SET version = excluded.version,
@@ -142,8 +141,7 @@ class ProjectionCatalog:
             "SELECT active_version, building_version FROM {} WHERE projection = %s")
             .format(_TABLE), (name,)).fetchone()
         if row is None or version not in row:
-            raise VersionSwitched(f"projection {name!r} v{version} is no longer active or "
-                                  f"building (active: v{row[0] if row else '?'})")
+            raise VersionSwitched.past(name, version, row[0] if row else None)
 
     def begin_build(self, name: str) -> int:
         """The version a replay builds: a new one, or the unfinished one of an earlier replay
@@ -238,6 +236,11 @@ def written_in_flight(conn: psycopg.Connection, name: str, version: int,
 class VersionSwitched(RuntimeError):
     """This version is no longer active nor being built: a replay switched past it."""
 
+    @classmethod
+    def past(cls, name: str, version: int, active: int | None) -> VersionSwitched:
+        return cls(f"projection {name!r} v{version} is no longer active or building "
+                   f"(active: v{active if active is not None else '?'})")
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -288,8 +291,7 @@ def claim_batch(conn: psycopg.Connection, name: str, version: int,
         conn.execute(sql.SQL("UPDATE {} SET emitted_offsets = %s WHERE projection = %s")
                      .format(_TABLE), (Jsonb(nest_offsets(merged)), name))
     elif building != version:
-        raise VersionSwitched(f"projection {name!r} v{version} is no longer active or "
-                              f"building (active: v{active})")
+        raise VersionSwitched.past(name, version, active)
 
 
 def save_checkpoint(conn: psycopg.Connection, name: str, version: int, batch_id: int,

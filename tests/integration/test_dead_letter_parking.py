@@ -40,7 +40,8 @@ def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
     name = f"parking_{unique}"
     metrics_port = free_port()
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
-                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TEST_UNLUCKY_PREFIX=unique,
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds",
                     EVENTFOLD_METRICS_PORT=str(metrics_port))
     fixed = {**env, "EVENTFOLD_TEST_FOLD_FIXED": "1"}
     engine = create_engine(stack_settings.database_url)

@@ -28,7 +28,8 @@ def test_a_commands_correlation_id_reaches_the_projections_log_line(
     name = f"unlucky_{unique}"
     port = free_port()
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
-                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_LOG_FORMAT="json",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TEST_UNLUCKY_PREFIX=unique,
+                    EVENTFOLD_LOG_FORMAT="json",
                     EVENTFOLD_COMMAND_API_PORT=str(port),
                     EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
     api_log, run_log = tmp_path / "commands.log", tmp_path / "run.log"
@@ -48,8 +49,8 @@ def test_a_commands_correlation_id_reaches_the_projections_log_line(
                                 name], env=env, stdout=run_log.open("w"),
                                stderr=subprocess.STDOUT)
 
-        # The new projection reads the shared topic from its start: other tests' deliveries
-        # of 13 are dead letters too. Ours is the one with our correlation id.
+        # The new projection reads the shared topic from its start; only our products are
+        # unlucky (EVENTFOLD_TEST_UNLUCKY_PREFIX), so the letter under our id is ours.
         def dead_lettered() -> list[dict]:
             return [line for line in json_lines(run_log)
                     if line["message"].startswith("dead-lettering")
