@@ -40,6 +40,8 @@ CONNECTIONS = 50
 TARGET_REQ_PER_S = 2_000
 TARGET_P99_MS = 50
 TARGET_RESTORE_PER_S = 100_000
+PAGE = "/read-models/inventory_totals/rows?sort=-quantity&limit=50"
+DEEP_PAGE = 1_000
 LUA = """
 math.randomseed(os.time())
 request = function()
@@ -137,6 +139,19 @@ def wrk(url: str, path: str, last_key: int, seconds: int, workdir: Path) -> WrkR
                    CONNECTIONS, seconds, workdir)
 
 
+def cursor_at_depth(url: str, depth: int) -> str:
+    """The cursor of page ``depth + 1`` of ``PAGE`` over every row, walked there."""
+    cursor = ""
+    for _ in range(depth):
+        response = requests.get(f"{url}{PAGE}&quantity.gte=0{cursor and '&cursor=' + cursor}",
+                                timeout=60)
+        response.raise_for_status()
+        cursor = response.json()["next_cursor"]
+        if cursor is None:
+            raise RuntimeError(f"fewer than {depth} pages: use more --keys")
+    return cursor
+
+
 def report(name: str, result: WrkResult) -> None:
     print(f"{name}: {result.requests_per_s:,.0f} req/s "
           f"({result.requests_per_s / TARGET_REQ_PER_S:.2f}x of {TARGET_REQ_PER_S:,}), "
@@ -167,9 +182,16 @@ def run(settings: Settings, args: argparse.Namespace, workdir: Path) -> dict[str
         ktable = wrk(url, "/ktables/inventory_totals/entries/rb-%06d", last, args.seconds,
                      workdir)
         report("KTable get-by-key", ktable)
-        page = wrk(url, "/read-models/inventory_totals/rows?quantity.gte=%d&sort=-quantity"
-                   "&limit=50", 99, args.seconds, workdir)
+        page = wrk(url, f"{PAGE}&quantity.gte=%d", 99, args.seconds, workdir)
         report("filtered, sorted list page (50 rows)", page)
+        deep = wrk(url, f"{PAGE}&quantity.gte=0&cursor={cursor_at_depth(url, DEEP_PAGE)}", 0,
+                   args.seconds, workdir)
+        report(f"the same page at depth {DEEP_PAGE:,}", deep)
+        print(f"depth {DEEP_PAGE:,} p99 / depth 1 p99: {deep.p99_ms / page.p99_ms:.2f} "
+              "(target <= 1.5)")
+        count = wrk(url, "/read-models/inventory_totals/count?quantity.gte=%d", 99,
+                    args.seconds, workdir)
+        report("filtered count", count)
     finally:
         stop_pid(pid, what="read API")
     return {
@@ -179,8 +201,12 @@ def run(settings: Settings, args: argparse.Namespace, workdir: Path) -> dict[str
         "ktable_get_req_per_s": round(ktable.requests_per_s),
         "ktable_get_p50_ms": ktable.p50_ms, "ktable_get_p99_ms": ktable.p99_ms,
         "list_page_req_per_s": round(page.requests_per_s), "list_page_p99_ms": page.p99_ms,
+        "list_page_deep_req_per_s": round(deep.requests_per_s),
+        "list_page_deep_p99_ms": deep.p99_ms,
+        "count_req_per_s": round(count.requests_per_s), "count_p99_ms": count.p99_ms,
         "ktable_restore_records_per_s": restore["records_per_s"],
-        "non_2xx_responses": by_key.errors + ktable.errors + page.errors,
+        "non_2xx_responses": by_key.errors + ktable.errors + page.errors + deep.errors
+        + count.errors,
     }
 
 

@@ -146,7 +146,8 @@ class Eventfold:
             database_url=settings.read_database_url or settings.database_url,
             kafka=settings.kafka, reader_role=settings.reader_role,
             instance_id=settings.instance_id, pool_size=settings.read_pool_size,
-            title=f"{self.name} reads")
+            statement_timeout_ms=settings.read_statement_timeout_ms,
+            count_timeout_ms=settings.read_count_timeout_ms, title=f"{self.name} reads")
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
         app = create_read_app(self.projections, options, auth=auth)
         add_dashboard(app, self, settings)

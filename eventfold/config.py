@@ -123,6 +123,8 @@ class Settings(BaseSettings):
     http_workers: int = 1
     command_commit_slots: int = Field(default=1, ge=1)
     read_pool_size: int = 10
+    read_statement_timeout_ms: int = Field(default=5_000, ge=1)
+    read_count_timeout_ms: int = Field(default=200, ge=1)
     instance_id: str = ""
     request_log: bool = True
     metrics: bool = True

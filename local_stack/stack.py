@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -253,8 +254,17 @@ class LocalStack:
             log.info("no stack running in %s; nothing to stop", self.data_dir)
             return False
         # Connect first so that Debezium flushes its offsets while broker and database are up.
-        for name in reversed(self.shape.nodes):
-            self._stop(endpoints, name, signal.SIGTERM)
+        # The nodes of one kind stop together: a broker stopped after the others has lost its
+        # controller quorum and cannot shut down cleanly, and waits for its SIGKILL.
+        for kind in ("connect", "broker", "postgres"):
+            group = [name for name in self.shape.nodes if name.split("-")[0] == kind]
+            stoppers = [threading.Thread(target=self._stop, args=(endpoints, name,
+                                                                  signal.SIGTERM))
+                        for name in group]
+            for stopper in stoppers:
+                stopper.start()
+            for stopper in stoppers:
+                stopper.join()
         self.state_path.unlink(missing_ok=True)
         return True
 

@@ -26,6 +26,13 @@ BATCH_SECONDS = Histogram(
     "eventfold_projection_batch_duration_seconds",
     "Time to fold a micro-batch and commit its rows, KTable records and checkpoint",
     ["projection"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+PHASE_SECONDS = Histogram(
+    "eventfold_projection_batch_phase_seconds",
+    "Time a micro-batch spent in each phase: on the driver (fold: the tasks' job end to end; "
+    "commit), and in its tasks, summed over them (task_read, task_load, task_fold, "
+    "task_stage, task_produce, task_flush)",
+    ["projection", "phase"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                      10, 30, 60))
 RECORDS = Counter("eventfold_projection_records", "Source records read by batches",
                   ["projection"])
 APPLIED = Counter("eventfold_projection_applied_events",
@@ -43,8 +50,11 @@ REPLAY_EVENTS = Gauge("eventfold_replay_events", "Events a running replay has fo
 
 
 def batch_committed(projection: str, records: int, applied: int, duplicates: int,
-                    dead_letters: int, seconds: float) -> None:
-    BATCH_SECONDS.labels(projection).observe(seconds)
+                    dead_letters: int, phases: Mapping[str, float]) -> None:
+    BATCH_SECONDS.labels(projection).observe(sum(
+        seconds for phase, seconds in phases.items() if not phase.startswith("task_")))
+    for phase, seconds in phases.items():
+        PHASE_SECONDS.labels(projection, phase).observe(seconds)
     RECORDS.labels(projection).inc(records)
     APPLIED.labels(projection).inc(applied)
     DUPLICATES.labels(projection).inc(duplicates)

@@ -377,7 +377,9 @@ class ProjectionRunner:
         self.offsets = {**committed, **staged.next_offsets}
         if self.settings.metrics:
             metrics.batch_committed(self.projection.name, records, staged.applied,
-                                    staged.duplicates, staged.dead_letters, clock.total)
+                                    staged.duplicates, staged.dead_letters, {
+                                        **clock.laps, **{f"task_{phase}": seconds for phase,
+                                                         seconds in staged.seconds.items()}})
         log.debug("projection %s batch %d: %d records, %d rows written; %s; the tasks' %s",
                   name, batch_id, records,
                   staged.new_rows + staged.known_rows + staged.direct_rows, clock,
@@ -551,6 +553,10 @@ class _PhaseClock:
     @property
     def total(self) -> float:
         return sum(seconds for _, seconds in self._laps)
+
+    @property
+    def laps(self) -> dict[str, float]:
+        return dict(self._laps)
 
     def __str__(self) -> str:
         return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self._laps)

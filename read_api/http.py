@@ -18,6 +18,7 @@ current version. The query grammar is in ``read_api.query``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import logging
 import os
@@ -33,6 +34,7 @@ import orjson
 import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections import Projection
+from eventfold.read_api.commits import CommitNotifications
 from eventfold.read_api.freshness import FreshnessMonitor
 from eventfold.read_api.ktables import KTableEntry, KTableHost
 from eventfold.read_api.metrics import KTABLES, READ_YOUR_WRITES
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WAIT_MS = 5_000
 MAX_WAIT_MS = 30_000
 _POLL_S = 0.02
+_NOTIFIED_POLL_S = 1.0  # notified of commits: a look now and then, in case one was missed
 READ_YOUR_WRITES_DOC = (
     f"Read-your-writes: `min_version=N` (the `version` the command API returned) waits up to "
     f"`wait_ms` (default {DEFAULT_WAIT_MS}, at most {MAX_WAIT_MS}) until the projection has "
@@ -72,6 +75,8 @@ class ReadApiOptions:
     reader_role: str = "eventfold_reader"
     instance_id: str = ""
     pool_size: int = 10
+    statement_timeout_ms: int = 5_000
+    count_timeout_ms: int = 200
     title: str = "Eventfold read API"
 
 
@@ -128,12 +133,15 @@ def _wait_deadline(request: Request) -> float:
 
 
 async def wait_until(probe: Callable[[], Awaitable[int | None]], min_version: int,
-                     deadline: float, what: str, kind: str) -> None:
-    """Poll ``probe`` (the version applied so far) until it reaches ``min_version``; past the
-    deadline answer 504 with the version reached. ``kind`` (read_model, ktable) labels the
-    wait's metric."""
+                     deadline: float, what: str, kind: str,
+                     woken: Callable[[], asyncio.Event | None] = lambda: None) -> None:
+    """Ask ``probe`` (the version applied so far) again, when ``woken`` says something may
+    have changed (else every ``_POLL_S``), until it reaches ``min_version``; past the deadline
+    answer 504 with the version reached. ``kind`` (read_model, ktable) labels the wait's
+    metric."""
     waited = False
     while True:
+        wake = woken()
         current = await probe()
         if current is not None and current >= min_version:
             READ_YOUR_WRITES.labels(kind, "waited" if waited else "at_once").inc()
@@ -142,7 +150,13 @@ async def wait_until(probe: Callable[[], Awaitable[int | None]], min_version: in
             READ_YOUR_WRITES.labels(kind, "timed_out").inc()
             raise VersionNotReached(what, min_version, current)
         waited = True
-        await asyncio.sleep(_POLL_S)
+        pause = min(_POLL_S if wake is None else _NOTIFIED_POLL_S,
+                    max(deadline - time.monotonic(), 0.0))
+        if wake is None:
+            await asyncio.sleep(pause)
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), pause)
 
 
 class VersionNotReached(Exception):
@@ -160,11 +174,13 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     the spec declares the security scheme and 401 on those routes)."""
     stateful = [p for p in projections if p.has_state]
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
-    pool = reader_pool(options.database_url, options.reader_role, options.pool_size)
+    pool = reader_pool(options.database_url, options.reader_role, options.pool_size,
+                       options.statement_timeout_ms)
     monitor = FreshnessMonitor(stateful, options.database_url, options.kafka,
                                options.reader_role)
-    read_models = {p.name: ReadModel(pool, p) for p in stateful}
+    read_models = {p.name: ReadModel(pool, p, options.count_timeout_ms) for p in stateful}
     presence = ReaderPresence(options.database_url, options.reader_role, instance_id)
+    commits = CommitNotifications(options.database_url)
     hosts: dict[str, KTableHost] = {}
 
     def follow_version(name: str, version: int) -> None:
@@ -175,6 +191,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.open()
+        await commits.start()
         monitor.on_version(follow_version)
         monitor.start()
         await asyncio.to_thread(monitor.wait_first_poll, 10)
@@ -192,6 +209,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
             yield
         finally:
             KTABLES.forget(instance_id)
+            await commits.stop()
             monitor.stop()
             for host in hosts.values():
                 host.stop()
@@ -211,6 +229,13 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         return _unavailable(f"read model {name} has no table yet: its projection has never "
                             f"run (start it with `eventfold projection run {name}`)")
 
+    @app.exception_handler(psycopg.errors.QueryCanceled)
+    async def too_slow(_: Request, exc: psycopg.Error) -> Response:
+        log.warning("503: a read query ran past the statement timeout: %s", exc)
+        return _unavailable(f"the query ran past the read statement timeout "
+                            f"({options.statement_timeout_ms} ms): narrow its filters, or sort "
+                            "by an indexed field")
+
     @app.exception_handler(psycopg.OperationalError)
     @app.exception_handler(PoolTimeout)
     async def database_down(_: Request, exc: Exception) -> Response:
@@ -226,7 +251,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
                      responses={**BAD_QUERY, **(UNAUTHORIZED if auth else {})})
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
-        _read_model_routes(data, read_model, monitor)
+        _read_model_routes(data, read_model, monitor, commits)
     _ktable_routes(data, read_models, hosts, instance_id)
     _unknown_read_model_route(data, read_models)
     app.include_router(data)
@@ -265,7 +290,7 @@ def _discovery_routes(router: APIRouter, read_models: dict[str, ReadModel],
 
 
 def _read_model_routes(router: APIRouter, read_model: ReadModel,
-                       monitor: FreshnessMonitor) -> None:
+                       monitor: FreshnessMonitor, commits: CommitNotifications) -> None:
     schema = read_model.schema
     name = schema.name
     row_schema = schema.row_json_schema()
@@ -299,7 +324,8 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                     version, stream or key)
 
             await wait_until(applied, min_version, _wait_deadline(request),
-                             f"{name} for stream {stream or key!r}", "read_model")
+                             f"{name} for stream {stream or key!r}", "read_model",
+                             woken=lambda: commits.next_commit(name))
         row = await read_model.get(key)
         if row is None:
             return json_response({"detail": f"no row with key {key!r} in {name}",
@@ -321,10 +347,15 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                               "freshness": freshness()})
 
     @router.get(f"/read-models/{name}/count", tags=[name], summary=f"Count {name} rows",
-                description=filters_doc, responses=UNAVAILABLE)
+                description=filters_doc + " Counted exactly when that is quick, else the "
+                "planner's estimate, with `exact: false`.",
+                responses={200: {"content": {"application/json": {"schema": {
+                    "type": "object", "properties": {
+                        "count": {"type": "integer"}, "exact": {"type": "boolean"},
+                        "freshness": FRESHNESS}}}}}, **UNAVAILABLE})
     async def count_rows(request: Request) -> Response:
-        count = await read_model.count(parse_filters(schema, _query_params(request)))
-        return json_response({"count": count, "freshness": freshness()})
+        count, exact = await read_model.count(parse_filters(schema, _query_params(request)))
+        return json_response({"count": count, "exact": exact, "freshness": freshness()})
 
 
 def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadModel]) -> None:

@@ -7,7 +7,9 @@ field's type and bound as a parameter):
     field=value                equality (``field.eq=value`` for fields named like a keyword)
     field.OP=value             OP in eq, ne, lt, lte, gt, gte, in (comma list), prefix, null
     fields=a,b                 field selection (the key always comes back)
-    sort=-total,name           indexed fields only; the key is the last tie-break
+    sort=-total,name           indexed fields only; the key is the last tie-break, in the
+                               direction of the field before it (so that the (field, key)
+                               index serves a one-field sort either way)
     limit=N                    1..MAX_PAGE_SIZE
     cursor=TOKEN               the ``next_cursor`` of the previous page (keyset paging)
 """
@@ -23,7 +25,7 @@ from typing import Any
 
 import orjson
 from eventfold.read_api.schema import Field, Kind, QueryError, ReadModelSchema
-from sqlalchemy import and_, column, false, func, or_, select, table
+from sqlalchemy import column, func, select, table, union_all
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import Select, TableClause
@@ -150,7 +152,8 @@ def parse_sort(schema: ReadModelSchema, raw: str) -> tuple[SortKey, ...]:
             raise QueryError(f"sort: {field.name!r} appears twice")
         keys.append(SortKey(field, descending))
     if not any(k.field.name == "key" for k in keys):
-        keys.append(SortKey(schema.fields["key"]))  # unique: a stable order for paging
+        # unique: a stable order for paging
+        keys.append(SortKey(schema.fields["key"], bool(keys) and keys[-1].descending))
     return tuple(keys)
 
 
@@ -206,23 +209,42 @@ def compile_query(statement: Select[Any]) -> CompiledQuery:
 
 
 def page_query(schema: ReadModelSchema, query: ListQuery) -> CompiledQuery:
+    """The page's rows, one more than the limit (is there a next page?). After a cursor, the
+    rows after it are the union of index range scans (see ``_after``), each limited, sorted
+    again: at most a few pages' rows, whatever the depth."""
     view = view_table(schema)
     conditions = [_condition(view, f) for f in query.filters]
-    if query.after is not None:
-        conditions.append(_after(view, query.sort, query.after))
     order = [view.c[k.field.name].desc().nulls_first() if k.descending
              else view.c[k.field.name].asc().nulls_last() for k in query.sort]
     # the sort fields too: the next page's cursor is made of them
-    selected = dict.fromkeys([*query.fields, *(k.field.name for k in query.sort)])
-    statement = (select(*(view.c[name] for name in selected)).where(*conditions)
-                 .order_by(*order).limit(query.limit + 1))  # one more: is there a next page?
-    return compile_query(statement)
+    selected = [view.c[name] for name in
+                dict.fromkeys([*query.fields, *(k.field.name for k in query.sort)])]
+
+    def scan(*where: ColumnElement[bool]) -> Select[Any]:
+        return select(*selected).where(*conditions, *where).order_by(*order).limit(
+            query.limit + 1)
+
+    if query.after is None:
+        return compile_query(scan())
+    rows = union_all(*(scan(*branch) for branch in _after(view, query.sort, query.after))
+                     ).subquery("after_cursor")
+    resorted = [rows.c[k.field.name].desc().nulls_first() if k.descending
+                else rows.c[k.field.name].asc().nulls_last() for k in query.sort]
+    return compile_query(select(*(rows.c[c.name] for c in selected)).order_by(*resorted)
+                         .limit(query.limit + 1))
 
 
 def count_query(schema: ReadModelSchema, filters: Sequence[Filter]) -> CompiledQuery:
     view = view_table(schema)
     return compile_query(select(func.count()).select_from(view)
                          .where(*(_condition(view, f) for f in filters)))
+
+
+def matching_query(schema: ReadModelSchema, filters: Sequence[Filter]) -> CompiledQuery:
+    """The rows ``filters`` match, to EXPLAIN: the plan's top node holds the planner's
+    estimate of how many there are."""
+    view = view_table(schema)
+    return compile_query(select(view.c.key).where(*(_condition(view, f) for f in filters)))
 
 
 def get_query(schema: ReadModelSchema) -> str:
@@ -257,23 +279,27 @@ def _condition(view: TableClause, f: Filter) -> ColumnElement[bool]:
 
 
 def _after(view: TableClause, sort: Sequence[SortKey], values: Sequence[Any]
-           ) -> ColumnElement[bool]:
+           ) -> list[list[ColumnElement[bool]]]:
     """Rows strictly after ``values`` in the sort order (ASC NULLS LAST, DESC NULLS FIRST, as
-    Postgres orders by default and its indexes scan): an OR over each sort field of 'equal on
-    the fields before it and after on this one'."""
-    alternatives = []
+    Postgres orders by default and its indexes scan), as branches whose union they are: for
+    each sort field, 'equal on the fields before it, after on this one', with the nulls after
+    a value a branch of their own. For a one-field sort each branch is a range of the
+    (field, key) index, where one OR of them all would scan from the start."""
+    branches: list[list[ColumnElement[bool]]] = []
     equal_so_far: list[ColumnElement[bool]] = []
     for key, value in zip(sort, values, strict=True):
         col = view.c[key.field.name]
-        alternatives.append(and_(*equal_so_far, _strictly_after(col, key.descending, value)))
+        branches += [[*equal_so_far, after] for after in
+                     _strictly_after(col, key.descending, value, key.field.nullable)]
         equal_so_far.append(col.is_(None) if value is None else col == value)
-    return or_(*alternatives)
+    return branches
 
 
-def _strictly_after(col: ColumnElement[Any], descending: bool, value: Any
-                    ) -> ColumnElement[bool]:
+def _strictly_after(col: ColumnElement[Any], descending: bool, value: Any, nullable: bool
+                    ) -> list[ColumnElement[bool]]:
+    """Disjoint conditions that together hold the values after ``value`` in one field."""
     if value is None:
-        return col.is_not(None) if descending else false()
+        return [col.is_not(None)] if descending else []
     if descending:
-        return _COMPARISONS["lt"](col, value)
-    return or_(_COMPARISONS["gt"](col, value), col.is_(None))
+        return [_COMPARISONS["lt"](col, value)]
+    return [_COMPARISONS["gt"](col, value), *([col.is_(None)] if nullable else [])]

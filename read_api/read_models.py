@@ -17,6 +17,7 @@ from eventfold.read_api.query import (
     count_query,
     encode_cursor,
     get_query,
+    matching_query,
     page_query,
 )
 from eventfold.read_api.schema import ReadModelSchema
@@ -38,13 +39,18 @@ def reader_session(role: str, read_only: bool = True) -> list[sql.SQL | sql.Comp
     return statements
 
 
-def reader_pool(database_url: str, role: str, size: int) -> AsyncConnectionPool:
-    """An unopened pool (open it inside the event loop) of read-only reader sessions."""
+def reader_pool(database_url: str, role: str, size: int, statement_timeout_ms: int
+                ) -> AsyncConnectionPool:
+    """An unopened pool (open it inside the event loop) of read-only reader sessions, whose
+    statements are cancelled after ``statement_timeout_ms`` (a query no index serves must
+    not hold a worker and a connection for as long as it scans)."""
 
     async def configure(conn: AsyncConnection) -> None:
         await conn.set_autocommit(True)
         for statement in reader_session(role):
             await conn.execute(statement)
+        await conn.execute(sql.SQL("SET statement_timeout = {}").format(
+            sql.Literal(statement_timeout_ms)))
 
     return AsyncConnectionPool(libpq_url(database_url), min_size=min(2, size), max_size=size,
                                configure=configure, open=False, timeout=5.0,
@@ -54,8 +60,10 @@ def reader_pool(database_url: str, role: str, size: int) -> AsyncConnectionPool:
 class ReadModel:
     """One projection's read model: get, list, count, and its source streams' watermarks."""
 
-    def __init__(self, pool: AsyncConnectionPool, projection: Projection) -> None:
+    def __init__(self, pool: AsyncConnectionPool, projection: Projection,
+                 count_timeout_ms: int) -> None:
         self.pool = pool
+        self.count_timeout_ms = count_timeout_ms
         self.projection = projection
         self.schema = ReadModelSchema.of(projection)
         self._get = get_query(self.schema)
@@ -79,12 +87,24 @@ class ReadModel:
             rows = [{name: row[name] for name in query.fields} for row in rows]
         return rows, next_cursor
 
-    async def count(self, filters: Sequence[Filter]) -> int:
+    async def count(self, filters: Sequence[Filter]) -> tuple[int, bool]:
+        """(how many rows match, exact?): counted when that takes under the count timeout,
+        else the planner's estimate for the same filters."""
         compiled = count_query(self.schema, filters)
         async with self.pool.connection() as conn:
-            cursor = await conn.execute(compiled.sql, compiled.params)
-            row = cast(dict[str, Any] | None, await cursor.fetchone())
-        return int(row["count_1"]) if row else 0
+            try:
+                async with conn.transaction():
+                    await conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                                       (str(self.count_timeout_ms),))
+                    cursor = await conn.execute(compiled.sql, compiled.params)
+                    row = cast(dict[str, Any], await cursor.fetchone())
+                return int(row["count_1"]), True
+            except errors.QueryCanceled:
+                matching = matching_query(self.schema, filters)
+                cursor = await conn.execute("EXPLAIN (FORMAT JSON) " + matching.sql,
+                                            matching.params)
+                plan = cast(dict[str, Any], await cursor.fetchone())["QUERY PLAN"][0]["Plan"]
+                return int(plan["Plan Rows"]), False
 
     async def stream_version(self, version: int, stream_id: str) -> int | None:
         """The last version of source stream ``stream_id`` that version ``version`` of the

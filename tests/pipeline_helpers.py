@@ -64,6 +64,20 @@ def wait_until_in_topic(settings, aggregate_type: str, prefix: str, count: int) 
     wait_for(published, f"{count} events of {prefix} on {topic}")
 
 
+def topic_records(settings, aggregate_type: str) -> int:
+    """How many records the events topic of ``aggregate_type`` holds (every test's: a new
+    projection reads them all, so a batch cap meant to split its catch-up is a share of
+    them)."""
+    from eventfold.outbox.kafka import OffsetPlanner
+
+    planner = OffsetPlanner(settings.kafka)
+    try:
+        return sum(planner.end_offsets(planner.partitions([event_topic(aggregate_type)]))
+                   .values())
+    finally:
+        planner.close()
+
+
 def materialize(settings, projection, states: dict[str, dict | None], version: int = 1,
                 batch_id: int = 0, first_stream_version: int = 1) -> None:
     """Write ``states`` as one committed batch of ``projection`` through its real sinks (read

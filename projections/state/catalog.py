@@ -233,6 +233,9 @@ def written_in_flight(conn: psycopg.Connection, name: str, version: int,
         time.sleep(0.05)
 
 
+BATCH_COMMITTED = "eventfold_batch_committed"  # a LISTEN channel; the payload: a projection
+
+
 class VersionSwitched(RuntimeError):
     """This version is no longer active nor being built: a replay switched past it."""
 
@@ -297,7 +300,9 @@ def claim_batch(conn: psycopg.Connection, name: str, version: int,
 def save_checkpoint(conn: psycopg.Connection, name: str, version: int, batch_id: int,
                     offsets: Mapping[PartitionKey, int], applied: int,
                     dead_letters: int) -> None:
-    """In a batch's transaction: the offsets it committed up to, and its counts added."""
+    """In a batch's transaction: the offsets it committed up to, and its counts added; and
+    a notification on ``BATCH_COMMITTED``, which Postgres delivers when it commits."""
+    conn.execute("SELECT pg_notify(%s, %s)", (BATCH_COMMITTED, name))
     conn.execute(sql.SQL("""
         INSERT INTO {table} (projection, version, batch_id, offsets, events_applied,
                              dead_letters, updated_at)

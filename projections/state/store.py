@@ -250,18 +250,18 @@ class ReadModelStore:
         with self.conn.transaction():
             return any_parked(self.conn, self.projection.name, self.version)
 
-    def live_rows(self) -> int | None:
-        """Rows in the read model's view; None before the projection first ran."""
+    def estimated_rows(self) -> int | None:
+        """About how many rows the read model holds, from the statistics Postgres keeps (a
+        status must not scan a table of millions); None before the projection first ran."""
         if not self.projection.has_state:
             return None
         with self.conn.transaction():
-            exists = self.conn.execute("SELECT to_regclass(%s)", (
-                sql.Identifier(self.projection.table).as_string(self.conn),)).fetchone()
-            if exists is None or exists[0] is None:
-                return None
-            row = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                sql.Identifier(self.projection.table))).fetchone()
-        return int(row[0]) if row else 0
+            row = self.conn.execute(
+                "SELECT coalesce(s.n_live_tup, 0) FROM pg_class c "
+                "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
+                "WHERE c.oid = to_regclass(%s)",
+                (sql.Identifier(self.projection.table).as_string(self.conn),)).fetchone()
+        return None if row is None else int(row[0])
 
     def committed_offsets(self) -> dict[PartitionKey, int]:
         checkpoint = self.checkpoint()

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -35,6 +36,12 @@ def stack_env(settings, tmp_path, **extra: str) -> dict[str, str]:
             "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "EVENTFOLD_CONNECT_URL": settings.connect_url,
             "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"), **extra}
+
+
+def start_serving(api: str, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """``eventfold serve api`` (commands, reads) logging to ``log``; the caller stops it."""
+    return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", api], env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
 @contextmanager
@@ -181,11 +188,12 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         for product in range(20):
             bus.execute(sales.RecordSale(product=f"{unique}-{product}", value=250 + round_))
     wait_until_in_topic(stack_settings, "ProductSales", unique, 200)
-    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app",
-                    EVENTFOLD_MAX_ROWS_PER_BATCH="60")
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app")
     totals = sales.sales_totals
+    # small batches, so that the kill lands between two of them (later runs: the default)
     runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
-                               totals.name], env=env, stdout=subprocess.DEVNULL,
+                               totals.name], env={**env, "EVENTFOLD_MAX_ROWS_PER_BATCH": "60"},
+                              stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 180
@@ -259,8 +267,7 @@ def test_serve_prints_its_url_and_refuses_a_port_in_use(inventory_app, stack_set
     port = free_port()
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_COMMAND_API_PORT=str(port))
     log = tmp_path / "serve.log"
-    server = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "commands"],
-                              env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    server = start_serving("commands", env, log)
     try:
         wait_until(lambda: port_is_open(port), what="the command API", timeout_s=60)
         assert f"serving the commands API on http://127.0.0.1:{port}" in log.read_text()

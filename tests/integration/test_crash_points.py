@@ -9,17 +9,24 @@ same id and content: consumers drop the copy)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+import requests
+from confluent_kafka.admin import AdminClient
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.projections.faults import CRASH_EXIT_CODE, POINTS
+from eventfold.projections.state.catalog import READER_TTL_S
+from sqlalchemy import text
 
 from examples import sales
-from tests.integration.test_cli import eventfold, stack_env
-from tests.kafka_helpers import read_topic
+from tests.integration.test_cli import eventfold, stack_env, start_serving
+from tests.kafka_helpers import read_table, read_topic
 from tests.pipeline_helpers import (
     ktable_totals,
     rows,
     sales_totals_of_the_store,
+    topic_records,
     wait_until_in_topic,
 )
 
@@ -50,13 +57,13 @@ def test_a_crash_at_each_step_of_a_batch_leaves_every_output_exact(
     first = eventfold("projection", "run", name, "--once", env={
         **env, "EVENTFOLD_CRASH_AT": point, "EVENTFOLD_CRASH_ONCE": str(crashed)}, timeout=300)
     assert crashed.read_text() == point, first.stderr[-3000:]  # it died where armed
-    if point.startswith("commit."):  # the driver died: the run with it
+    if point.startswith("commit."):  # the driver died: the run with it; run it again
         assert first.returncode == CRASH_EXIT_CODE, first.stderr[-3000:]
+        again = eventfold("projection", "run", name, "--once", env=env, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
     else:  # a Python worker died: its task failed the batch, and the run started again
         assert first.returncode == 0, first.stderr[-3000:]
         assert "starting again" in first.stderr, first.stderr[-3000:]
-    again = eventfold("projection", "run", name, "--once", env=env, timeout=300)
-    assert again.returncode == 0, again.stderr[-3000:]
 
     expected = sales_totals_of_the_store(engine, sold)
     del expected[f"{sold}-d"]  # delisted: no row, a tombstone
@@ -71,3 +78,96 @@ def test_a_crash_at_each_step_of_a_batch_leaves_every_output_exact(
         assert by_id.setdefault(event_id, message["value"]) == message["value"]
     assert sorted((json.loads(v)["data"]["product"], json.loads(v)["data"]["total"])
                   for v in by_id.values()) == [(f"{sold}-a", 2100), (f"{sold}-c", 2500)]
+
+
+def test_an_interrupted_replay_resumes_and_a_crashed_reader_does_not_keep_the_old_topic(
+        sold, stack_settings, engine, tmp_path) -> None:
+    """A replay killed right after its first batch commits is started again: it builds the
+    same version on from that batch (it folds fewer events than there are), and the end
+    result is exact. The old KTable topic had a reader that was SIGKILLed; its heartbeat
+    row stays, stale, and the topic is deleted all the same."""
+    name = f"resumed_{tmp_path.name[-8:]}"
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.renamed_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name)
+    live = eventfold("projection", "run", name, "--once", env=env, timeout=300)
+    assert live.returncode == 0, live.stderr[-3000:]
+    old_topic = f"eventfold.ktable.{name}"
+    reader_killed_on(old_topic, env, tmp_path)
+
+    total = topic_records(stack_settings, "ProductSales")
+    replaying = {**env, "EVENTFOLD_REPLAY_MAX_ROWS_PER_BATCH": str(max(total // 3, 1)),
+                 "EVENTFOLD_KTABLE_RETIRE_WAIT_S": str(int(READER_TTL_S * 3))}
+    crashed = tmp_path / "crashed"
+    first = eventfold("projection", "replay", name, env={
+        **replaying, "EVENTFOLD_CRASH_AT": "commit.done",
+        "EVENTFOLD_CRASH_ONCE": str(crashed)}, timeout=300)
+    assert first.returncode == CRASH_EXIT_CODE and crashed.read_text() == "commit.done", (
+        first.stderr[-3000:])
+    again = eventfold("projection", "replay", name, env=replaying, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    done = re.search(rf"replayed {name}: v2 active, ([\d,]+) events", again.stdout)
+    assert done, again.stdout
+    assert 0 < int(done[1].replace(",", "")) < total  # not again from the start
+
+    expected = sales_totals_of_the_store(engine, sold)
+    del expected[f"{sold}-d"]
+    assert rows(engine, name, sold, "total") == expected
+    assert {k: v["total"] for k, v in read_table(stack_settings.kafka, f"{old_topic}.v2")
+            .items() if k.startswith(sold)} == expected
+    admin = AdminClient(stack_settings.kafka.client_config())
+    assert old_topic not in admin.list_topics(timeout=30).topics
+    with engine.connect() as conn:  # the killed reader's row: still there, and ignored
+        assert conn.execute(text("SELECT count(*) FROM ktable_readers WHERE topic = :t"),
+                            {"t": old_topic}).scalar() >= 1
+
+
+def reader_killed_on(topic: str, env: dict[str, str], tmp_path) -> None:
+    """A read API that opened ``topic`` (its heartbeat row says so), then SIGKILLed."""
+    port = free_port()
+    reads = start_serving("reads", {**env, "EVENTFOLD_READ_API_PORT": str(port)},
+                          tmp_path / "reads.log")
+    try:
+        wait_until(lambda: requests.get(f"http://127.0.0.1:{port}/ready", timeout=5)
+                   .status_code == 200 if port_is_open(port) else False,
+                   what="read API ready", timeout_s=90, pid=reads.pid)
+        reads.kill()
+        reads.wait(timeout=30)
+    finally:
+        stop_pid(reads.pid, what="serve reads", timeout_s=30)
+
+
+def test_a_crash_while_keys_are_parked_strands_no_event(stack_settings, engine, tmp_path,
+                                                        unique) -> None:
+    """The run dies inside the commit of the batch that parks a key (its poison event and
+    the events held behind it). Started again it parks the key again, holding every event;
+    once the fold is fixed, a retry folds them all, each once."""
+    from examples.inventory import ReceiveStock, app
+
+    name = f"parked_{unique}"
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TEST_UNLUCKY_PREFIX=unique)
+    app.setup(stack_settings)
+    bus = app.command_bus(stack_settings)
+    parked, healthy = f"{unique}-x", f"{unique}-y"
+    for product, quantity in [(parked, 5), (parked, 13), (parked, 7), (healthy, 4),
+                              (parked, 2)]:
+        bus.execute(ReceiveStock(product=product, quantity=quantity))
+    wait_until_in_topic(stack_settings, "Product", unique, 5)
+    crashed = tmp_path / "crashed"
+    first = eventfold("projection", "run", name, "--once", env={
+        **env, "EVENTFOLD_CRASH_AT": "commit.merged", "EVENTFOLD_CRASH_ONCE": str(crashed)},
+        timeout=300)
+    assert first.returncode == CRASH_EXIT_CODE and crashed.read_text() == "commit.merged", (
+        first.stderr[-3000:])
+    again = eventfold("projection", "run", name, "--once", env=env, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert rows(engine, name, unique, "quantity") == {parked: 5, healthy: 4}
+    status = eventfold("projection", "status", name, env=env, timeout=60)
+    assert "1 keys parked, holding 3 events" in status.stdout, status.stdout
+
+    retried = eventfold("dlq", "retry", name, parked, env={
+        **env, "EVENTFOLD_TEST_FOLD_FIXED": "1"}, timeout=180)
+    assert retried.returncode == 0, retried.stderr[-3000:]
+    assert rows(engine, name, unique, "quantity") == {parked: 5 + 13 + 7 + 2, healthy: 4}
+    assert read_table(stack_settings.kafka, f"eventfold.ktable.{name}")[parked] == {
+        "quantity": 27}

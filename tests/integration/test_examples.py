@@ -7,6 +7,7 @@ import dataclasses
 import json
 import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
@@ -18,6 +19,7 @@ from sqlalchemy import Engine, text
 
 from eventfold.contract import EventEnvelope, event_topic
 from examples import orders, point_of_sale, sales
+from tests.integration.test_read_api import get, read_api
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
     catch_up,
@@ -291,3 +293,24 @@ def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, en
         f"{unique}-c1": "Ada", f"{unique}-c2": "Grace", f"{unique}-ghost": None}
     ktable = read_table(stack_settings.kafka, per_customer.ktable_topic)
     assert ktable[f"{unique}-ghost"] == {"orders": 1, "amount": 10.0, "customer_name": None}
+
+    # Read-your-writes on the re-keyed read model: the command wrote to the order's stream,
+    # the row is the customer's; the read waits for the order's event to be folded.
+    server = read_api([per_customer], stack_settings, f"orders-{source}")
+    row = f"/read-models/{per_customer.name}/rows/{unique}-c1"
+    try:
+        assert get(server, row, min_version=1, stream=f"{unique}-o0").json()["row"][
+            "orders"] == 2
+        assert "also pass stream=" in get(server, row, min_version=1).json()["detail"]
+        assert get(server, row, min_version=2, stream=f"{unique}-o0",
+                   wait_ms=300).status_code == 504  # the order's stream has one event
+        bus.execute(orders.PlaceOrder(order_id=f"{unique}-o9", customer_id=f"{unique}-c1",
+                                      amount=5.0))
+        with ThreadPoolExecutor(1) as pool:
+            waiting = pool.submit(get, server, row, min_version=1, stream=f"{unique}-o9",
+                                  wait_ms=30_000)
+            wait_until_in_topic(stack_settings, "Order", unique, 5)
+            catch_up(spark, stack_settings, per_customer, source=source)
+            assert waiting.result(timeout=90).json()["row"]["orders"] == 3
+    finally:
+        server.stop()

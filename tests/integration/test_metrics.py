@@ -87,6 +87,10 @@ def test_each_process_reports_what_it_did(inventory_app, stack_settings, tmp_pat
         folded = scrape(run)
         assert total(folded, "eventfold_projection_batch_duration_seconds_count",
                      projection="inventory_totals") >= 1
+        phases = {labels["phase"] for name, labels, _ in folded
+                  if name == "eventfold_projection_batch_phase_seconds_count"
+                  and labels["projection"] == "inventory_totals"}
+        assert {"fold", "commit", "task_read", "task_fold"} <= phases, phases
         assert total(folded, "eventfold_projection_last_batch_timestamp_seconds",
                      projection="inventory_totals") > 0
         assert total(folded, "eventfold_connector_state", state="RUNNING") == 1

@@ -21,6 +21,7 @@ from tests.pipeline_helpers import (
     catch_up,
     make_runner,
     store_totals,
+    topic_records,
     wait_for,
     wait_until_in_topic,
 )
@@ -110,7 +111,8 @@ def test_restart_gives_exact_totals_with_redelivered_events(
     bus = inventory_app.command_bus(stack_settings)
     send(bus, unique, [(i % 4, i + 1) for i in range(20)])
     wait_until_in_topic(stack_settings, "Product", unique, 20)
-    first = catch_up(spark, stack_settings, projection, max_rows_per_batch=7)
+    first = catch_up(spark, stack_settings, projection,
+                     max_rows_per_batch=topic_records(stack_settings, "Product") // 3 + 1)
     assert first.batches >= 2, "a small batch cap should have split the catch-up"
     assert read_model_totals(engine, projection.table, unique) == reference_totals(engine, unique)
 

@@ -94,8 +94,7 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
     through_a_replay(inventory_app, stack_settings, tmp_path, unique)
 
 
-def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str,
-                     **spark_env: str) -> None:
+def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str) -> None:
     from examples.inventory import ReceiveStock, inventory_totals
 
     bus = inventory_app.command_bus(stack_settings)
@@ -103,8 +102,7 @@ def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str,
     for product in products:
         bus.execute(ReceiveStock(product=product, quantity=1))
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.inventory:app",
-                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds", EVENTFOLD_REQUEST_LOG="false",
-                    **spark_env)
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds", EVENTFOLD_REQUEST_LOG="false")
     ports = [free_port(), free_port()]
     processes: dict[str, subprocess.Popen] = {}
     logs = {name: tmp_path / f"{name}.log" for name in ("run", "reads0", "reads1", "replay")}

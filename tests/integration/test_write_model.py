@@ -20,6 +20,7 @@ from eventfold.write_model import (
     default_registry,
 )
 from eventfold.write_model.domain.events import NewEvent
+from eventfold.write_model.persistence.store import _READ_ALL
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
@@ -88,6 +89,31 @@ def test_read_all_pages_in_commit_safe_order(store, stack_settings, unique) -> N
     for event in ours:
         per_stream.setdefault(event.stream_id, []).append(event.stream_version)
     assert all(v == list(range(1, len(v) + 1)) for v in per_stream.values())
+
+
+def test_a_page_of_the_log_deep_in_it_is_an_index_range(store, stack_settings, unique
+                                                         ) -> None:
+    """Reading all events page by page costs a page per page, not the log before it:
+    counted in the executed plan (sequential and bitmap scans priced out, so that a small
+    log cannot hide a missing index)."""
+    start = end_cursor(store)
+    for i in range(30):
+        store.append("Product", f"{unique}-{i}", 0, one(i))
+    middle = store.read_all(start, limit=10).cursor  # after every event before ours
+    tx_id, position = (int(part) for part in middle.split(":"))
+    with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
+        conn.execute("SET enable_seqscan = off")
+        conn.execute("SET enable_bitmapscan = off")  # it reads every match: the same cost
+        (plan,), = conn.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + _READ_ALL,
+                                (tx_id, position, 5)).fetchall()
+
+    def scans(node: dict) -> list[dict]:
+        return ([node] if "Scan" in node["Node Type"] else []) + [
+            scan for child in node.get("Plans", []) for scan in scans(child)]
+    found = scans(plan[0]["Plan"])
+    assert found and all("Index" in scan["Node Type"] for scan in found), plan
+    assert sum(scan["Actual Rows"] + scan.get("Rows Removed by Filter", 0)
+               for scan in found) <= 6, plan
 
 
 def test_events_carry_metadata_and_correlation(bus, store, unique) -> None:

@@ -49,6 +49,7 @@ def test_only_declared_field_names_are_accepted(name):
 def test_sort_appends_the_key_and_cursor_round_trips():
     sort = parse_sort(SCHEMA, "-total,name")
     assert [str(k) for k in sort] == ["-total", "name", "key"]
+    assert [str(k) for k in parse_sort(SCHEMA, "-total")] == ["-total", "-key"]
     token = encode_cursor(sort, {"total": 5, "name": None, "key": "k7"})
     assert decode_cursor(sort, token) == (5, None, "k7")
     with pytest.raises(QueryError, match="made for sort"):

@@ -173,9 +173,12 @@ _READ_STREAM = (f"SELECT {_RECORDED_COLUMNS} FROM events "
 # Only transactions older than every running one are read, in (transaction, position) order:
 # a transaction still running can commit only after them, so a page never skips an event.
 _READ_ALL = (f"SELECT tx_id::text::bigint, {_RECORDED_COLUMNS} FROM events "
-             "WHERE (tx_id::text::bigint, global_position) > (%s, %s) "
+             # the cursor cast to the column's type: a range of the (tx_id, global_position)
+             # index, where the column cast to the cursor's would read from the start
+             "WHERE (tx_id, global_position) > (%s::text::xid8, %s) "
              "AND tx_id < pg_snapshot_xmin(pg_current_snapshot()) "
-             "ORDER BY tx_id, global_position LIMIT %s")
+             # the column, not the output column of that name (the bigint): the index's order
+             "ORDER BY events.tx_id, global_position LIMIT %s")
 _CURRENT_VERSION = "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = %s"
 COMMAND_RESULT = "SELECT result FROM command_log WHERE command_id = %s"
 LOAD_SNAPSHOT = ("SELECT stream_version, state FROM snapshots "
