@@ -193,7 +193,7 @@ def render(status: PipelineStatus, console: Console) -> None:
                            escape(connector.get("error", "")))
     console.print(components)
     projections = Table(title="Projections", title_justify="left")
-    for column in ("projection", "version", "lag", "last batch", "dead letters", "rows (est.)"):
+    for column in ("projection", "version", "lag", "last batch", "dead letters", "rows"):
         projections.add_column(column, justify="left" if column == "projection" else "right")
     for p in status.projections:
         if "error" in p:

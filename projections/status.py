@@ -32,7 +32,7 @@ class ProjectionStatus:
     events_applied: int
     dead_letters: int
     last_batch_at: datetime | None
-    rows: int | None  # estimated (the table statistics), never counted
+    rows: int | None  # counted in a small table, else estimated (the table statistics)
     partitions: list[PartitionLag]
     outputs: dict[str, object]
     parked_keys: int = 0
@@ -45,7 +45,7 @@ class ProjectionStatus:
 
     def describe(self) -> str:
         last = self.last_batch_at.isoformat(timespec="seconds") if self.last_batch_at else "never"
-        rows = "no read model yet" if self.rows is None else f"about {self.rows:,} rows"
+        rows = "no read model yet" if self.rows is None else f"{self.rows:,} rows"
         lines = [f"{self.name} v{self.version}: lag {self.lag:,} events, "
                  f"{self.events_applied:,} applied, "
                  f"{self.dead_letters:,} dead letters{self._parked()}, {rows}, "

@@ -73,6 +73,8 @@ folding, staging the rows, handing records to the producer, waiting for their de
 NOTED_LETTERS = 20
 """Dead letters a task describes to the driver for its log (a flood of letters is counted,
 not carried: ``eventfold dlq list`` shows them all)."""
+COUNTED_TABLE_BYTES = 8 * 2**20
+"""Up to this size a read model's rows are counted for a status; past it, estimated."""
 
 
 class KeySplitAcrossPartitions(RuntimeError):
@@ -251,17 +253,27 @@ class ReadModelStore:
             return any_parked(self.conn, self.projection.name, self.version)
 
     def estimated_rows(self) -> int | None:
-        """About how many rows the read model holds, from the statistics Postgres keeps (a
-        status must not scan a table of millions); None before the projection first ran."""
+        """How many rows the read model holds: counted while its table is small, else the
+        statistics Postgres keeps (a status must not scan a table of millions); None before
+        the projection first ran."""
         if not self.projection.has_state:
             return None
+        table = sql.Identifier(state_table(self.projection, self.version))
         with self.conn.transaction():
             row = self.conn.execute(
-                "SELECT coalesce(s.n_live_tup, 0) FROM pg_class c "
+                "SELECT greatest(c.reltuples, coalesce(s.n_live_tup, 0))::bigint, "
+                "pg_relation_size(c.oid) FROM pg_class c "
                 "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
-                "WHERE c.oid = to_regclass(%s)",
-                (sql.Identifier(self.projection.table).as_string(self.conn),)).fetchone()
-        return None if row is None else int(row[0])
+                "WHERE c.oid = to_regclass(%s) AND to_regclass(%s) IS NOT NULL",
+                (table.as_string(self.conn),
+                 sql.Identifier(self.projection.table).as_string(self.conn))).fetchone()
+            if row is None:
+                return None
+            if row[1] > COUNTED_TABLE_BYTES:
+                return int(row[0])
+            counted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
+                sql.Identifier(self.projection.table))).fetchone()  # the view: live rows
+        return int(counted[0]) if counted else 0
 
     def committed_offsets(self) -> dict[PartitionKey, int]:
         checkpoint = self.checkpoint()

@@ -17,6 +17,7 @@ from eventfold.read_api.read_models import reader_session
 from psycopg import sql
 
 from eventfold import Eventfold
+from eventfold.config import Settings
 from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.integration.test_cli import stack_env, start_serving
@@ -34,13 +35,16 @@ def shop(inventory_app, stack_settings):
     return app, projection
 
 
-def serve(app: Eventfold, settings) -> BackgroundServer:
-    return BackgroundServer(app.read_api(settings), "127.0.0.1", free_port()).start()
+def serve(app: Eventfold, settings, **changes: str) -> BackgroundServer:
+    """``app``'s read API on ``settings`` with ``changes`` (a new Settings: derived values
+    such as the Kafka connection are made afresh)."""
+    changed = Settings(**{**settings.model_dump(), **changes})
+    return BackgroundServer(app.read_api(changed), "127.0.0.1", free_port()).start()
 
 
 def test_a_read_api_token_guards_data_routes_but_not_health(shop, stack_settings) -> None:
     app, projection = shop
-    server = serve(app, stack_settings.model_copy(update={"api_token": "s3cret-token"}))
+    server = serve(app, stack_settings, api_token="s3cret-token")
     row = f"/read-models/{projection.name}/rows/p1"
     try:
         wait_for(lambda: get(server, "/ready").status_code == 200, "ready", 60)
@@ -71,7 +75,7 @@ def test_a_read_database_login_with_the_reader_role_reads_and_cannot_write(
             sql.Identifier(login)))
     read_url = stack_settings.database_url.replace("//eventfold@", f"//{login}@")
     assert read_url != stack_settings.database_url
-    server = serve(app, stack_settings.model_copy(update={"read_database_url": read_url}))
+    server = serve(app, stack_settings, read_database_url=read_url)
     try:
         wait_for(lambda: get(server, "/ready").status_code == 200, "ready", 60)
         row = get(server, f"/read-models/{projection.name}/rows/p1")
@@ -100,7 +104,7 @@ def test_ktable_routes_answer_503_while_their_store_cannot_restore(shop, stack_s
     """Kafka unreachable: the KTable never restores; read models answer meanwhile."""
     app, projection = shop
     nowhere = f"127.0.0.1:{free_port()}"
-    server = serve(app, stack_settings.model_copy(update={"kafka_bootstrap": nowhere}))
+    server = serve(app, stack_settings, kafka_bootstrap=nowhere)
     try:
         entry = get(server, f"/ktables/{projection.name}/entries/p1")
         assert entry.status_code == 503 and "is restoring" in entry.json()["detail"], entry.text
