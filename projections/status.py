@@ -75,7 +75,7 @@ def projection_status(projection: Projection, database_url: str,
     with ReadModelStore(database_url, projection, version) as store:
         checkpoint = store.checkpoint()
         committed = checkpoint.offsets if checkpoint else {}
-        rows = store.estimated_rows()
+        rows = store.row_count()
         parked, held = store.parked_counts()
     planner = OffsetPlanner(kafka)
     try:

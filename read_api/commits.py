@@ -51,11 +51,14 @@ class CommitNotifications:
         return self._waiting.setdefault(projection, asyncio.Event())
 
     async def _connect(self, warn: bool) -> psycopg.AsyncConnection[tuple[object, ...]] | None:
+        conn = None
         try:
             conn = await psycopg.AsyncConnection.connect(libpq_url(self.database_url),
                                                          autocommit=True)
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(BATCH_COMMITTED)))
         except psycopg.Error as exc:
+            if conn is not None:  # connected, but may not listen (a read replica)
+                await conn.close()
             (log.warning if warn else log.debug)(
                 "not notified of batch commits (min_version reads poll instead): %s", exc)
             return None

@@ -252,7 +252,7 @@ class ReadModelStore:
         with self.conn.transaction():
             return any_parked(self.conn, self.projection.name, self.version)
 
-    def estimated_rows(self) -> int | None:
+    def row_count(self) -> int | None:
         """How many rows the read model holds: counted while its table is small, else the
         statistics Postgres keeps (a status must not scan a table of millions); None before
         the projection first ran."""

@@ -353,7 +353,8 @@ def test_read_your_writes_waits_then_answers_504_with_the_current_version(reads,
     assert get(reads, row, wait_ms="99999999", min_version=1).status_code == 400
 
 
-def test_a_waiting_read_wakes_at_the_commit_not_at_a_poll(stack_settings, monkeypatch):
+def test_a_waiting_read_wakes_at_the_commit_not_at_a_poll(inventory_app, stack_settings,
+                                                          monkeypatch):
     """Polls put 30 s apart: only the batch commit's notification can answer the waiting
     read within seconds."""
     monkeypatch.setattr(read_http, "_POLL_S", 30.0)
