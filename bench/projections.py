@@ -69,15 +69,19 @@ bench_stats = aggregation(
     columns={"revenue": BigInteger(), "sales": BigInteger(), "largest": BigInteger()})
 
 
-def produce_events(kafka: KafkaConnection, events: int, keys: int, partitions: int) -> float:
+def produce_events(kafka: KafkaConnection, events: int, keys: int, partitions: int,
+                   after: int = 0) -> float:
+    """Events at global positions ``after + 1`` on, position ``p`` of key ``p % keys`` (each
+    key's versions go on from the events before ``after``). Returns events/s."""
     topic = event_topic(SOURCE)
     TopicAdmin(kafka).ensure([topic], EVENT_TOPIC_CONFIG, partitions=partitions)
     producer = Producer(kafka.client_config(**{
         "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
         "queue.buffering.max.messages": 1_000_000}))
-    versions = [0] * keys
+    # how many of positions 1..after fell to each key
+    versions = [after // keys + (1 if 0 < k <= after % keys else 0) for k in range(keys)]
     started = time.perf_counter()
-    for position in range(1, events + 1):
+    for position in range(after + 1, after + events + 1):
         k = position % keys
         versions[k] += 1
         key, value = EventEnvelope(

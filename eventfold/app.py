@@ -154,24 +154,28 @@ class Eventfold:
         return _with_observability(app, settings, "reads", request_log=settings.request_log)
 
     def projection_runner(self, settings: Settings, name: str,
-                          progress: Progress | None = None) -> ProjectionRunner:
-        """The active version of projection ``name``, ready to start."""
-        return ProjectionRunner(self._spark(settings, name), self.projections.get(name),
-                                self._runner_settings(settings), progress=progress)
+                          progress: Progress | None = None,
+                          spark: SparkSession | None = None) -> ProjectionRunner:
+        """The active version of projection ``name``, ready to start (in ``spark``, the
+        session of a host running several, else one of its own)."""
+        return ProjectionRunner(spark or self.spark_session(settings, f"eventfold-{name}"),
+                                self.projections.get(name), self._runner_settings(settings),
+                                progress=progress)
 
     def replay(self, settings: Settings, name: str,
                source: ReplaySource = "auto") -> ReplayResult:
         """Rebuild projection ``name`` from the beginning (the topics, or the event store when
         they no longer hold it) beside the live version, then switch."""
-        return replay(self._spark(settings, name), self.projections.get(name),
+        return replay(self.spark_session(settings, f"eventfold-{name}"),
+                      self.projections.get(name),
                       self._runner_settings(settings, settings.replay_max_rows_per_batch),
                       source)
 
     @staticmethod
-    def _spark(settings: Settings, name: str) -> SparkSession:
+    def spark_session(settings: Settings, app_name: str) -> SparkSession:
         from eventfold.projections.execution.spark import spark_session
 
-        return spark_session(settings.spark_master, app_name=f"eventfold-{name}",
+        return spark_session(settings.spark_master, app_name=app_name,
                              extra_conf=spark_conf(settings))
 
     @staticmethod

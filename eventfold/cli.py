@@ -7,26 +7,20 @@ import getpass
 import json
 import logging
 import os
-import re
-import signal
 import sys
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
 from eventfold.logs import configure_logging
 
 if TYPE_CHECKING:
-    from pyspark.sql.streaming import StreamingQuery
 
     from eventfold.app import Eventfold
     from eventfold.outbox.operations import ConnectorStatus
     from eventfold.projections.definition.projection import Projection
-    from eventfold.projections.runner import Progress
+    from eventfold.projections.replay import ReplaySource
     from eventfold.projections.state.parking import Resolution
     from eventfold.run_observer import RunObserver
 
@@ -39,10 +33,6 @@ def _user() -> str:
         return getpass.getuser()
     except (KeyError, OSError):  # no login name (a container's arbitrary uid)
         return "unknown"
-
-MAX_FAILED_STARTS = 6
-"""How often `projection run` starts again after failures with no batch in between (pauses
-of 2, 4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or database)."""
 
 
 def _stack(settings: Settings, args: argparse.Namespace) -> int:
@@ -159,46 +149,63 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     app = app_of(settings)
     if args.action == "list":
         return _list_projections(app, settings)
+    names = _chosen_projections(app, args)
     if args.action == "status":
-        from eventfold.projections.status import projection_status
-
-        settings = settings.with_local_stack()
-        try:
-            chosen = [app.projections.get(args.name)] if args.name else list(app.projections)
-        except LookupError as exc:
-            raise ConfigError(str(exc)) from None
-        from eventfold.status import STALE, projection_entry
-
-        stale = False
-        for projection in chosen:
-            found = projection_status(projection, settings.database_url, settings.kafka)
-            print(found.describe())
-            if reason := projection_entry(found, None, args.stale_after)["stale"]:
-                print(f"  STALE: {reason}")
-                stale = True
-        return STALE if stale else 0
-    if not args.name:
-        raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
-                          "list`)")
-    try:
-        app.projections.get(args.name)  # before Spark starts, which takes a while
-    except LookupError as exc:
-        raise ConfigError(str(exc)) from None
+        return _projection_status(app, settings.with_local_stack(), names, args.stale_after)
     settings = settings.with_local_stack()
     if args.action == "replay":
-        observer = _observer(app, settings, args.name, with_lag=False)
+        [name] = names
+        return _replay(app, settings, name, args.source)
+    return _run_projections(app, settings, names, args.once)
+
+
+def _chosen_projections(app: Eventfold, args: argparse.Namespace) -> list[str]:
+    """The projections named (all of them for ``--all``, and for ``status`` without names),
+    checked before Spark starts, which takes a while."""
+    if args.all and args.names:
+        raise ConfigError("name projections or give --all, not both")
+    if args.all or (args.action == "status" and not args.names):
+        return [projection.name for projection in app.projections]
+    if not args.names:
+        raise ConfigError(f"projection {args.action} needs a NAME (see `eventfold projection "
+                          "list`)" + (" or --all" if args.action == "run" else ""))
+    if args.action == "replay" and len(args.names) > 1:
+        raise ConfigError("projection replay rebuilds one projection at a time")
+    try:
+        return [app.projections.get(name).name for name in args.names]
+    except LookupError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _projection_status(app: Eventfold, settings: Settings, names: list[str],
+                       stale_after: float) -> int:
+    from eventfold.projections.status import projection_status
+    from eventfold.status import STALE, projection_entry
+
+    stale = False
+    for name in names:
+        found = projection_status(app.projections.get(name), settings.database_url,
+                                  settings.kafka)
+        print(found.describe())
+        if reason := projection_entry(found, None, stale_after)["stale"]:
+            print(f"  STALE: {reason}")
+            stale = True
+    return STALE if stale else 0
+
+
+def _replay(app: Eventfold, settings: Settings, name: str, source: ReplaySource) -> int:
+    observer = _observer(app, settings, name, with_lag=False)
+    if observer is not None:
+        observer.projections[name].replaying()
+    try:
+        result = app.replay(settings, name, source)
+    finally:
         if observer is not None:
-            observer.replaying()
-        try:
-            result = app.replay(settings, args.name, args.source)
-        finally:
-            if observer is not None:
-                observer.close()
-        print(f"replayed {result.projection}: v{result.new_version} active, "
-              f"{result.events:,} events in {result.seconds:.1f} s "
-              f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
-        return 0
-    return _run_projection(app, settings, args.name, args.once)
+            observer.close()
+    print(f"replayed {result.projection}: v{result.new_version} active, "
+          f"{result.events:,} events in {result.seconds:.1f} s "
+          f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
+    return 0
 
 
 def _list_projections(app: Eventfold, settings: Settings) -> int:
@@ -230,13 +237,12 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
     return 0
 
 
-def _run_projection(app: Eventfold, settings: Settings, name: str, once: bool) -> int:
-    observer = _observer(app, settings, name)
-    try:
-        return _run_and_start_again(app, settings, name, once, observer)
-    finally:
-        if observer is not None:
-            observer.close()
+def _run_projections(app: Eventfold, settings: Settings, names: list[str],
+                     once: bool) -> int:
+    from eventfold.projection_host import ProjectionHost
+
+    ProjectionHost(app, settings, names, once).run()
+    return 0
 
 
 def _observer(app: Eventfold, settings: Settings, name: str,
@@ -245,142 +251,7 @@ def _observer(app: Eventfold, settings: Settings, name: str,
         return None
     from eventfold.run_observer import RunObserver
 
-    return RunObserver(app, settings, name, with_lag)
-
-
-def _run_and_start_again(app: Eventfold, settings: Settings, name: str, once: bool,
-                         observer: RunObserver | None) -> int:
-    stop_requested = threading.Event()
-    failures, batches = 0, 0
-    while True:
-        outcome = _run_until_it_ends(app, settings, name, once, stop_requested, observer)
-        batches += outcome.batches
-        if outcome.error is None or stop_requested.is_set():
-            break
-        if outcome.switched_to is not None:
-            log.info("projection %s: a replay made v%d active; continuing on it", name,
-                     outcome.switched_to)
-            continue
-        # A failure (the broker or the database away, a batch the broker refused) is tried
-        # again from the last commit, with growing pauses; a run that made progress starts
-        # counting afresh, one that keeps failing without any stops.
-        failures = 1 if outcome.batches else failures + 1
-        if failures > MAX_FAILED_STARTS:
-            raise GaveUp(f"projection {name} failed {failures - 1} times in a row without a "
-                         f"batch, and stops: {_gist(outcome.error)}")
-        pause = min(2.0 ** failures, 30.0)
-        log.warning("projection %s failed: %s; starting again in %.0f s", name,
-                    _gist(outcome.error), pause)
-        if observer is not None:
-            observer.stopped(f"failed, starting again in {pause:.0f} s")
-        if stop_requested.wait(pause):
-            break
-    log.info("projection %s stopped after %d batches", name, batches)
-    return 0
-
-
-class GaveUp(RuntimeError):
-    """A run that kept failing stopped: exit code 1, the last failure said."""
-
-
-def _gist(error: str) -> str:
-    """The line of a (Python-in-Java) traceback that says what went wrong."""
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    causes = [line for line in lines if re.search(r"(Error|Exception)\b.*[:{]", line)
-              and not line.startswith(("at ", "File "))]
-    return (causes[-1] if causes else lines[0] if lines else "unknown error")[:300]
-
-
-@dataclass(frozen=True)
-class _RunOutcome:
-    batches: int
-    error: str | None = None
-    switched_to: int | None = None
-    """The version a replay made active, when that is what ended the run."""
-
-
-def _needs_a_person() -> tuple[type[Exception], ...]:
-    """Errors that starting again would only meet again: printed plainly, exit code 1."""
-    from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
-    from eventfold.projections.runner import SourceDataLost
-
-    return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable
-
-
-def _run_until_it_ends(app: Eventfold, settings: Settings, name: str, once: bool,
-                       stop_requested: threading.Event,
-                       observer: RunObserver | None) -> _RunOutcome:
-    from eventfold.projections.runner import stop_gracefully
-
-    runner = None
-    try:
-        runner = app.projection_runner(settings, name, _catch_up_bar(app, settings, name)
-                                       if once and sys.stderr.isatty() else None)
-        # After Spark started: its SparkContext puts in a SIGINT handler of its own that
-        # cancels every job and raises KeyboardInterrupt wherever the main thread is.
-        _stop_on_signal(stop_requested)
-        query = runner.start(once=once)
-        if observer is not None:
-            observer.running(runner, query)
-        # The signal handler only sets a flag: the main thread may be inside a py4j call,
-        # which must not be re-entered from a handler. Wait in slices and stop from here.
-        _await_query(query, stop_requested, stop_gracefully)
-        if query.exception() is None:
-            return _RunOutcome(runner.batches)
-        active = runner.versions.active(name)
-        return _RunOutcome(runner.batches, str(query.exception()),
-                           active if active != runner.version else None)
-    except _needs_a_person():
-        raise  # a person has to decide: starting again would only meet it again
-    except Exception as exc:  # the broker or the database unreachable while starting
-        return _RunOutcome(runner.batches if runner else 0, f"{type(exc).__name__}: {exc}")
-    finally:
-        if runner is not None:
-            try:
-                runner.close()
-            except Exception as exc:
-                log.warning("projection %s: closing the runner: %s", name, exc)
-
-
-def _catch_up_bar(app: Eventfold, settings: Settings, name: str) -> Progress:
-    """A live bar for ``--once`` on a terminal, its total the lag at the start."""
-    from eventfold.projections.replay import ReplayProgress
-    from eventfold.projections.status import projection_status
-
-    lag = projection_status(app.projections.get(name), settings.database_url,
-                            settings.kafka).lag
-    return ReplayProgress(name, lag, what="catching up", terminal=True)
-
-
-def _await_query(query: StreamingQuery, stop_requested: threading.Event,
-                 stop_gracefully: Callable[[StreamingQuery], None]) -> None:
-    """Wait for the query to end: by itself (caught up with ``--once``, or failed) or on a
-    signal. A failed query raises from ``awaitTermination``; its ``exception()`` says why and
-    the caller decides (a version switch is not a failure)."""
-    from pyspark.errors import StreamingQueryException
-
-    while True:
-        try:
-            if query.awaitTermination(1):
-                return
-        except StreamingQueryException:
-            return
-        if stop_requested.is_set():
-            stop_gracefully(query)
-            return
-
-
-def _stop_on_signal(requested: threading.Event,
-                    stopping: str = "stopping after the current batch") -> None:
-    """SIGTERM and SIGINT (Ctrl-C) set ``requested``; the caller stops at its next step (a
-    projection between batches)."""
-
-    def handle(signum: int, _: FrameType | None) -> None:
-        log.info("signal %d: %s", signum, stopping)
-        requested.set()
-
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    return RunObserver(app, settings, [name], with_lag)
 
 
 def _connector(settings: Settings, args: argparse.Namespace) -> int:
@@ -419,7 +290,9 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(operations.restart(only_failed=not args.all), indent=2))
     elif args.action == "supervise":
         stop = threading.Event()
-        _stop_on_signal(stop, "stopping")
+        from eventfold.projection_host import stop_on_signal
+
+        stop_on_signal(stop, "stopping")
         log.info("supervising connector %s: FAILED tasks are restarted", name)
         operations.supervise(stop)
     else:
@@ -631,7 +504,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="list: every projection and its outputs; run: stream (until "
                            "SIGTERM, or --once); replay: rebuild beside the live version and "
                            "switch; status: lag, last batch, dead letters (exit 5 when stale)")
-    proj.add_argument("name", nargs="?", help="the projection (run and replay need one)")
+    proj.add_argument("names", nargs="*", metavar="NAME",
+                      help="the projection (replay: one; run: one or more, in one Spark "
+                           "application; status: default all)")
+    proj.add_argument("--all", action="store_true",
+                      help="run: every projection of the app, in one Spark application")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")
     proj.add_argument("--from", dest="source", choices=["auto", "kafka", "store"],
@@ -729,8 +606,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from eventfold.local_stack import StackError
+        from eventfold.projection_host import ProjectionsStopped, needs_a_person
 
-        if isinstance(exc, (StackError, GaveUp, *_needs_a_person())):
+        if isinstance(exc, (StackError, ProjectionsStopped, *needs_a_person())):
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise

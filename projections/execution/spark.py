@@ -37,6 +37,10 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
     "spark.sql.streaming.stopTimeout": "30s",
+    # A projection host runs each projection's query in a pool of its own: FAIR shares the
+    # executors among the pools, so that one projection's backlog never holds back another's
+    # live batches (FIFO would run its jobs first, whole).
+    "spark.scheduler.mode": "FAIR",
     # Kafka client options (kafka.sasl.jaas.config...) and database URLs are masked wherever
     # Spark prints a plan's options (UI, logs); Spark's default masks only "url".
     "spark.sql.redaction.options.regex": "(?i)url|jaas|password|secret|token|sasl",

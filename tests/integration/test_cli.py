@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
-import pytest
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
 from eventfold.outbox.connection import KafkaConnection
@@ -136,11 +135,11 @@ def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_
         stack.down()
 
 
-@pytest.mark.parametrize("ctrl_c", [False, True], ids=["sigterm", "ctrl-c"])
-def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_settings,
-                                                       tmp_path, unique, ctrl_c) -> None:
-    """SIGTERM to the process, or Ctrl-C (SIGINT to the terminal's whole process group, the
-    Spark JVM and its Python workers included): the same clean stop, no traceback."""
+def test_streaming_projection_stops_cleanly_on_ctrl_c(inventory_app, stack_settings,
+                                                     tmp_path, unique) -> None:
+    """Ctrl-C (SIGINT to the terminal's whole process group, the Spark JVM and its Python
+    workers included) stops as SIGTERM does (tests/integration/test_projection_host.py):
+    cleanly, no traceback."""
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
     from examples.inventory import ReceiveStock, inventory_totals
 
@@ -159,10 +158,7 @@ def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_sett
             assert runner.poll() is None, log.read_text()
             time.sleep(0.5)
         assert status.lag == 0
-        if ctrl_c:
-            os.killpg(runner.pid, signal.SIGINT)
-        else:
-            runner.send_signal(signal.SIGTERM)
+        os.killpg(runner.pid, signal.SIGINT)
         runner.wait(timeout=90)
         output = log.read_text()
         assert runner.returncode == 0, output[-3000:]
@@ -175,9 +171,9 @@ def test_streaming_projection_stops_cleanly_on_sigterm(inventory_app, stack_sett
 
 def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         stack_settings, tmp_path, unique) -> None:
-    """SIGKILL of `projection run` at any point loses and doubles nothing; `projection replay`,
-    from the topics or from the event store, rebuilds the same state and notifies no one
-    again."""
+    """SIGKILL of `projection run --all` (the sales app's two projections as one host) at any
+    point loses and doubles nothing; `projection replay`, from the topics or from the event
+    store, rebuilds the same state and notifies no one again."""
     from examples import sales
     from tests.kafka_helpers import read_table, read_topic
     from tests.pipeline_helpers import wait_until_in_topic
@@ -192,7 +188,7 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
     totals = sales.sales_totals
     # small batches, so that the kill lands between two of them (later runs: the default)
     runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
-                               totals.name], env={**env, "EVENTFOLD_MAX_ROWS_PER_BATCH": "60"},
+                               "--all"], env={**env, "EVENTFOLD_MAX_ROWS_PER_BATCH": "60"},
                               stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -210,9 +206,12 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         stop_pid(runner.pid, what="projection run")
     assert status.lag > 0, "the kill should have landed mid-stream"
 
-    caught_up = eventfold("projection", "run", totals.name, "--once", env=env, timeout=300)
+    caught_up = eventfold("projection", "run", "--all", "--once", env=env, timeout=300)
     assert caught_up.returncode == 0, caught_up.stderr[-3000:]
     expected = {f"{unique}-{p}": sum(250 + r for r in range(10)) for p in range(20)}
+    with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+        assert dict(conn.execute("SELECT key, revenue::bigint FROM sales_stats WHERE key LIKE %s",
+                                 (f"{unique}-%",)).fetchall()) == expected
 
     def state() -> tuple[dict, dict, list]:
         with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:

@@ -1,40 +1,87 @@
 """`projection run` starts a failed query again with growing pauses, and stops, with exit code
 1 and the last failure said, after six failed starts in a row with no batch between them; a
-start that made progress begins the count afresh."""
+start that made progress begins the count afresh. In a host of several projections, the one
+that gives up stops alone."""
 
 from __future__ import annotations
 
 import threading
+from collections import defaultdict
+from types import SimpleNamespace
 
-from eventfold import cli
+import pytest
+
+from eventfold import cli, projection_host
+from eventfold.config import Settings
+from eventfold.projection_host import MAX_FAILED_STARTS, ProjectionHost, _RunOutcome, _Supervisor
+
+BROKER_DOWN = _RunOutcome(0, "KafkaException: broker down")
+REFUSED = _RunOutcome(0, "psycopg.OperationalError: connection refused")
 
 
-def test_a_run_that_keeps_failing_stops_with_exit_code_1(monkeypatch, capsys) -> None:
-    outcomes = [cli._RunOutcome(0, "KafkaException: broker down")] * 3 + [
-        cli._RunOutcome(2, "KafkaException: broker down")] + [
-        cli._RunOutcome(0, "psycopg.OperationalError: connection refused")] * 10
-    calls, pauses = [], []
-    monkeypatch.setattr(cli, "_run_until_it_ends",
-                        lambda *args: calls.append(args) or outcomes[len(calls) - 1])
-    monkeypatch.setattr(threading.Event, "wait",
-                        lambda self, timeout=None: pauses.append(timeout) or False)
-    monkeypatch.setattr(cli, "_projection", lambda settings, args: cli._run_and_start_again(
-        None, settings, "orders", False, None))
-    code = cli.main(["projection", "run", "orders"])
+class _Spark:
+    """What a host asks of the Spark session before its projections' runners do."""
+
+    def __init__(self) -> None:
+        self.sparkContext = SimpleNamespace(setLocalProperty=lambda key, value: None)
+
+
+@pytest.fixture
+def host_of(monkeypatch):
+    """Runs ``cli.main`` with a host whose runs end as ``outcomes[name]`` says, in order."""
+    calls: dict[str, int] = defaultdict(int)
+    pauses: dict[str, list[float]] = defaultdict(list)
+    waits = threading.Event.wait
+    app = SimpleNamespace(name="shop", spark_session=lambda settings, name: _Spark())
+
+    def run_with(outcomes: dict[str, list[_RunOutcome]]) -> int:
+        def run_until_it_ends(supervisor: _Supervisor) -> _RunOutcome:
+            calls[supervisor.name] += 1
+            return outcomes[supervisor.name][calls[supervisor.name] - 1]
+
+        def wait(self: threading.Event, timeout: float | None = None) -> bool:
+            if timeout is None:  # not a pause: a thread starting
+                return waits(self)
+            pauses[threading.current_thread().name].append(timeout)
+            return False
+
+        monkeypatch.setattr(_Supervisor, "_run_until_it_ends", run_until_it_ends)
+        monkeypatch.setattr(threading.Event, "wait", wait)
+        monkeypatch.setattr(projection_host, "stop_on_signal", lambda requested: None)
+        monkeypatch.setattr(cli, "_projection", lambda settings, args: cli._run_projections(
+            app, Settings(metrics=False), args.names, False))  # type: ignore[arg-type]
+        return cli.main(["projection", "run", *outcomes])
+
+    run_with.calls, run_with.pauses = calls, pauses  # type: ignore[attr-defined]
+    return run_with
+
+
+def test_a_run_that_keeps_failing_stops_with_exit_code_1(host_of, capsys) -> None:
+    code = host_of({"orders": [BROKER_DOWN] * 3 + [_RunOutcome(2, BROKER_DOWN.error)]
+                    + [REFUSED] * 10})
     assert code == 1
     # 3 failures; a run that made batches before it failed (the count starts again, at 1);
     # then 6 failed starts in a row without a batch, and no seventh
-    assert len(calls) == 4 + cli.MAX_FAILED_STARTS
-    assert pauses == [2, 4, 8, 2, 4, 8, 16, 30, 30]
+    assert host_of.calls["orders"] == 4 + MAX_FAILED_STARTS
+    assert host_of.pauses["projection-orders"] == [2, 4, 8, 2, 4, 8, 16, 30, 30]
     error = capsys.readouterr().err
     assert "projection orders failed 6 times in a row without a batch, and stops" in error
     assert "connection refused" in error
 
 
+def test_in_a_host_the_projection_that_gives_up_stops_alone(host_of, capsys) -> None:
+    code = host_of({"orders": [REFUSED] * 10, "customers": [BROKER_DOWN, _RunOutcome(7)]})
+    assert code == 1
+    assert host_of.calls == {"orders": 1 + MAX_FAILED_STARTS, "customers": 2}
+    assert host_of.pauses["projection-customers"] == [2]
+    error = capsys.readouterr().err
+    assert error.splitlines()[-1].startswith("eventfold: 1 of 2 projections stopped: orders: "
+                                             "projection orders failed 6 times in a row")
+
+
 def test_a_stop_signal_during_a_pause_ends_the_run_cleanly(monkeypatch) -> None:
-    monkeypatch.setattr(cli, "_run_until_it_ends",
-                        lambda *args: cli._RunOutcome(0, "KafkaException: broker down"))
+    monkeypatch.setattr(_Supervisor, "_run_until_it_ends", lambda self: BROKER_DOWN)
     monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: True)
-    assert cli._run_and_start_again(None, None, "orders", False, None) == 0
-
-
+    host = ProjectionHost(SimpleNamespace(), Settings(metrics=False), ["orders"])
+    _Supervisor(host, _Spark(), "orders", None).run()  # type: ignore[arg-type]
+    assert "orders" not in host.stopped_on

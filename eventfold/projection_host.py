@@ -1,0 +1,260 @@
+"""The projection host: ``eventfold projection run`` of one projection, several or ``--all``,
+as streaming queries of one Spark application.
+
+Each projection is supervised on a thread of its own, its query in a FAIR scheduler pool named
+after it (so that one projection's backlog never holds back another's live batches). A failure
+(the broker or the database away) starts that projection again alone, with growing pauses; one
+that needs a person (events lost to retention, a topic's wrong configs) or keeps failing stops
+alone, and the host says so while the others carry on. SIGTERM and Ctrl-C stop every query
+between batches.
+
+It uses the app (its projections, runners and Spark session) and ``projections``; only the
+command line uses it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from eventfold.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from eventfold.app import Eventfold
+    from eventfold.projections.runner import Progress
+    from eventfold.run_observer import RunObserver, Watched
+
+log = logging.getLogger("eventfold")
+
+MAX_FAILED_STARTS = 6
+"""How often a projection starts again after failures with no batch in between (pauses of 2,
+4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or database)."""
+SCHEDULER_POOL = "spark.scheduler.pool"
+
+
+class GaveUp(RuntimeError):
+    """A run that kept failing stopped: exit code 1, the last failure said."""
+
+
+class ProjectionsStopped(RuntimeError):
+    """Some of a host's projections stopped on errors a person has to look at (each logged
+    when it stopped): exit code 1."""
+
+
+def needs_a_person() -> tuple[type[Exception], ...]:
+    """Errors that starting again would only meet again: printed plainly, exit code 1."""
+    from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
+    from eventfold.projections.runner import SourceDataLost
+
+    return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable, GaveUp
+
+
+@dataclass(frozen=True)
+class _RunOutcome:
+    batches: int
+    error: str | None = None
+    switched_to: int | None = None
+    """The version a replay made active, when that is what ended the run."""
+
+
+class ProjectionHost:
+    """Runs ``names`` (streaming, or ``once``: each catches up and stops) until they end or a
+    signal stops them. ``run`` raises the error that stopped a lone projection, and
+    ``ProjectionsStopped`` when some of several stopped."""
+
+    def __init__(self, app: Eventfold, settings: Settings, names: Sequence[str],
+                 once: bool = False) -> None:
+        self.app = app
+        self.settings = settings
+        self.names = list(dict.fromkeys(names))
+        self.once = once
+        self.stop_requested = threading.Event()
+        self.stopped_on: dict[str, Exception] = {}
+
+    def run(self) -> None:
+        from eventfold.run_observer import RunObserver
+
+        observer = (RunObserver(self.app, self.settings, self.names)
+                    if self.settings.metrics and self.settings.metrics_port else None)
+        try:
+            spark = self.app.spark_session(self.settings, self._application_name())
+            # After Spark started: its SparkContext puts in a SIGINT handler of its own that
+            # cancels every job and raises KeyboardInterrupt wherever the main thread is.
+            stop_on_signal(self.stop_requested)
+            threads = [threading.Thread(target=self._supervise, name=f"projection-{name}",
+                                        args=(spark, name, observer), daemon=True)
+                       for name in self.names]
+            for thread in threads:
+                thread.start()
+            # The main thread only waits, in slices, so that signals reach their handler.
+            for thread in threads:
+                while thread.is_alive():
+                    thread.join(0.5)
+        finally:
+            if observer is not None:
+                observer.close()
+        self._raise_what_stopped()
+
+    def _application_name(self) -> str:
+        return (f"eventfold-{self.names[0]}" if len(self.names) == 1
+                else f"eventfold-{self.app.name}-host")
+
+    def _raise_what_stopped(self) -> None:
+        if not self.stopped_on:
+            return
+        if len(self.names) == 1:
+            raise self.stopped_on[self.names[0]]
+        raise ProjectionsStopped(
+            f"{len(self.stopped_on)} of {len(self.names)} projections stopped: " + "; ".join(
+                f"{name}: {error}" for name, error in sorted(self.stopped_on.items())))
+
+    def _supervise(self, spark: SparkSession, name: str, observer: RunObserver | None) -> None:
+        # Jobs of this thread's query (its batches run on the query's own thread, which
+        # inherits this) go to the projection's pool.
+        spark.sparkContext.setLocalProperty(SCHEDULER_POOL, name)
+        watched = observer.projections[name] if observer is not None else None
+        try:
+            _Supervisor(self, spark, name, watched).run()
+        except needs_a_person() as exc:
+            self.stopped_on[name] = exc
+            if len(self.names) > 1:
+                log.error("projection %s stopped: %s. The host's other projections carry on",
+                          name, exc)
+            if watched is not None:
+                watched.stopped(f"stopped: {_gist(str(exc))}")
+        except Exception as exc:  # a bug: the thread must not die silently
+            log.exception("projection %s stopped on an unexpected error", name)
+            self.stopped_on[name] = exc
+
+
+class _Supervisor:
+    """One projection of a host: its runs, and the pauses between failed ones."""
+
+    def __init__(self, host: ProjectionHost, spark: SparkSession, name: str,
+                 watched: Watched | None) -> None:
+        self.host = host
+        self.spark = spark
+        self.name = name
+        self.watched = watched
+
+    def run(self) -> None:
+        name, stop_requested = self.name, self.host.stop_requested
+        failures, batches = 0, 0
+        while True:
+            outcome = self._run_until_it_ends()
+            batches += outcome.batches
+            if outcome.error is None or stop_requested.is_set():
+                break
+            if outcome.switched_to is not None:
+                log.info("projection %s: a replay made v%d active; continuing on it", name,
+                         outcome.switched_to)
+                continue
+            # A failure (the broker or the database away, a batch the broker refused) is
+            # tried again from the last commit, with growing pauses; a run that made progress
+            # starts counting afresh, one that keeps failing without any stops.
+            failures = 1 if outcome.batches else failures + 1
+            if failures > MAX_FAILED_STARTS:
+                raise GaveUp(f"projection {name} failed {failures - 1} times in a row without "
+                             f"a batch, and stops: {_gist(outcome.error)}")
+            pause = min(2.0 ** failures, 30.0)
+            log.warning("projection %s failed: %s; starting again in %.0f s", name,
+                        _gist(outcome.error), pause)
+            if self.watched is not None:
+                self.watched.stopped(f"failed, starting again in {pause:.0f} s")
+            if stop_requested.wait(pause):
+                break
+        log.info("projection %s stopped after %d batches", name, batches)
+        if self.watched is not None:
+            self.watched.stopped("stopped")
+
+    def _run_until_it_ends(self) -> _RunOutcome:
+        from eventfold.projections.runner import stop_gracefully
+
+        host, name = self.host, self.name
+        runner = None
+        try:
+            runner = host.app.projection_runner(host.settings, name, self._catch_up_bar(),
+                                                spark=self.spark)
+            query = runner.start(once=host.once)
+            if self.watched is not None:
+                self.watched.running(runner, query)
+            # Signal handlers only set a flag: the thread may be inside a py4j call, which
+            # must not be re-entered from a handler. Wait in slices and stop from here.
+            _await_query(query, host.stop_requested, stop_gracefully)
+            if query.exception() is None:
+                return _RunOutcome(runner.batches)
+            active = runner.versions.active(name)
+            return _RunOutcome(runner.batches, str(query.exception()),
+                               active if active != runner.version else None)
+        except needs_a_person():
+            raise  # a person has to decide: starting again would only meet it again
+        except Exception as exc:  # the broker or the database unreachable while starting
+            return _RunOutcome(runner.batches if runner else 0, f"{type(exc).__name__}: {exc}")
+        finally:
+            if runner is not None:
+                try:
+                    runner.close()
+                except Exception as exc:
+                    log.warning("projection %s: closing the runner: %s", name, exc)
+
+    def _catch_up_bar(self) -> Progress | None:
+        """A live bar for ``--once`` of one projection on a terminal, its total the lag at
+        the start (several bars would overwrite each other: a host logs progress lines)."""
+        host = self.host
+        if not (host.once and len(host.names) == 1 and sys.stderr.isatty()):
+            return None
+        from eventfold.projections.replay import ReplayProgress
+        from eventfold.projections.status import projection_status
+
+        lag = projection_status(host.app.projections.get(self.name), host.settings.database_url,
+                                host.settings.kafka).lag
+        return ReplayProgress(self.name, lag, what="catching up", terminal=True)
+
+
+def _gist(error: str) -> str:
+    """The line of a (Python-in-Java) traceback that says what went wrong."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    causes = [line for line in lines if re.search(r"(Error|Exception)\b.*[:{]", line)
+              and not line.startswith(("at ", "File "))]
+    return (causes[-1] if causes else lines[0] if lines else "unknown error")[:300]
+
+
+def _await_query(query: StreamingQuery, stop_requested: threading.Event,
+                 stop_gracefully: Callable[[StreamingQuery], None]) -> None:
+    """Wait for the query to end: by itself (caught up with ``--once``, or failed) or on a
+    signal. A failed query raises from ``awaitTermination``; its ``exception()`` says why and
+    the caller decides (a version switch is not a failure)."""
+    from pyspark.errors import StreamingQueryException
+
+    while True:
+        try:
+            if query.awaitTermination(1):
+                return
+        except StreamingQueryException:
+            return
+        if stop_requested.is_set():
+            stop_gracefully(query)
+            return
+
+
+def stop_on_signal(requested: threading.Event,
+                   stopping: str = "stopping after the current batch") -> None:
+    """SIGTERM and SIGINT (Ctrl-C) set ``requested``; the caller stops at its next step (a
+    projection between batches)."""
+
+    def handle(signum: int, _: FrameType | None) -> None:
+        log.info("signal %d: %s", signum, stopping)
+        requested.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)

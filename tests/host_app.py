@@ -1,0 +1,31 @@
+"""The sales example's two projections (a fold with a KTable and notifications, and an
+aggregation) beside a poison projection whose fold always raises and that parks nothing, all
+under names ending in ``EVENTFOLD_TEST_PROJECTION`` (tests share the stack): for the test of a
+projection host running an app's projections in one Spark application."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from eventfold.projections import Event, State, projection
+from sqlalchemy import BigInteger
+
+from eventfold import Eventfold
+from examples import sales
+
+SUFFIX = os.environ["EVENTFOLD_TEST_PROJECTION"]
+
+
+@projection(f"poison_{SUFFIX}", sources=["ProductSales"], columns={"total": BigInteger()},
+            park_on_failure=False)
+def poison(state: State | None, event: Event) -> State | None:
+    raise ValueError("this fold always fails")
+
+
+app = Eventfold("host")
+app.commands = sales.app.commands
+for definition in (sales.sales_totals, sales.sales_stats):
+    app.projections.add(dataclasses.replace(definition, name=f"{definition.name}_{SUFFIX}",
+                                            table="", ktable_topic=""))
+app.projections.add(poison)

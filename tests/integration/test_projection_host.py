@@ -1,0 +1,99 @@
+"""A projection host as a team runs it: `eventfold projection run --all` runs an app's
+projections (a fold with a KTable and notifications, an aggregation, and a poison projection
+whose fold always raises and that parks nothing) as queries of one Spark application while
+commands flow. The poison projection dead-letters every event and the others fold on; one
+`/metrics` and `/health` report all three; SIGTERM stops the three cleanly. (A SIGKILL of a
+host mid-stream: tests/integration/test_cli.py.)"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import httpx
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.dead_letters import read_dead_letters
+
+from tests.integration.test_cli import stack_env
+from tests.integration.test_metrics import scrape, total
+from tests.pipeline_helpers import (
+    folded_total,
+    ktable_totals,
+    rows,
+    sales_totals_of_the_store,
+    selling,
+    wait_for,
+)
+
+
+def test_a_host_runs_an_apps_projections_and_a_poison_one_disturbs_none(
+        stack_settings, engine, tmp_path, unique) -> None:
+    from examples import sales
+
+    sales.app.setup(stack_settings)
+    totals, stats, poison = (f"{name}_{unique}" for name in ("sales_totals", "sales_stats",
+                                                             "poison"))
+    metrics_port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
+                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_METRICS_PORT=str(metrics_port),
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    metrics = f"http://127.0.0.1:{metrics_port}"
+
+    def health() -> tuple[int, dict]:
+        try:
+            answer = httpx.get(f"{metrics}/health", timeout=5)
+        except httpx.TransportError:
+            return 0, {}
+        return answer.status_code, answer.json()
+
+    log = tmp_path / "host.log"
+    host = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
+                             "--all"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        with selling(stack_settings, unique) as sent:
+            wait_for(lambda: health()[0] == 200, "every query of the host to run",
+                     timeout_s=240)
+            assert set(health()[1]["projections"]) == {totals, stats, poison}
+
+            def each_folded() -> bool:
+                samples = scrape(metrics)
+                return all(total(samples, "eventfold_projection_records_total",
+                                 projection=name) > 0 for name in (totals, stats, poison))
+            wait_for(lambda: each_folded() and folded_total(engine, totals, unique) > 0,
+                     "each projection of the host to fold a batch", timeout_s=180)
+        expected = sales_totals_of_the_store(engine, unique)
+        assert len(expected) == 7 and sum(expected.values()) == sent() * (sent() + 1) // 2
+
+        def lag() -> float:
+            return total(scrape(metrics), "eventfold_projection_lag_events")
+        wait_for(lambda: lag() == 0, "the host's projections to catch up", timeout_s=120)
+        samples = scrape(metrics)
+        for name in (totals, stats, poison):
+            assert any(n == "eventfold_projection_lag_events" and labels["projection"] == name
+                       for n, labels, _ in samples), name
+        assert total(samples, "eventfold_projection_dead_letters_total", projection=poison) > 0
+        assert total(samples, "eventfold_projection_dead_letters_total", projection=totals) == 0
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(timeout=90) == 0
+    finally:
+        stop_pid(host.pid, what="projection host", timeout_s=90)
+    output = log.read_text()
+    assert "stopping after the current batch" in output
+    for name in (totals, stats, poison):
+        assert f"projection {name} stopped after" in output
+    assert "Traceback" not in output and "Py4J" not in output, output[-3000:]
+
+    assert rows(engine, totals, unique, "total") == expected
+    assert ktable_totals(stack_settings, totals, unique) == expected
+    assert {k: int(v) for k, v in rows(engine, stats, unique, "revenue").items()} == expected
+    letters = [(letter.event() or {}).get("event_id") for letter in
+               read_dead_letters(stack_settings.kafka, f"eventfold.dlq.{poison}", None)
+               if (letter.key or "").startswith(unique)]
+    with engine.connect() as conn:
+        events = conn.exec_driver_sql(
+            "SELECT count(*) FROM events WHERE stream_type = 'ProductSales' AND stream_id "
+            "LIKE %s", (f"{unique}-%",)).scalar_one()
+    assert None not in letters
+    assert len(letters) == len(set(letters)) == events  # each event once: none lost or doubled
+    assert rows(engine, poison, unique, "total") == {}
