@@ -620,8 +620,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
     from eventfold.write_model.domain.values import text_problem
 
     for name, value in vars(args).items():
-        if isinstance(value, str) and (problem := text_problem(value)) is not None:
-            raise ConfigError(f"argument {name.replace('_', '-')}: {problem}")
+        for text in value if isinstance(value, list) else [value]:
+            if isinstance(text, str) and (problem := text_problem(text)) is not None:
+                raise ConfigError(f"argument {name.replace('_', '-')}: {problem}")
 
 
 if __name__ == "__main__":

@@ -40,3 +40,19 @@ def test_an_argument_no_database_can_hold_is_refused_by_name(
     error = capsys.readouterr().err
     assert "lone surrogate (not valid Unicode)" in error
     assert error.startswith("eventfold: argument ")
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["projection", "run"], "projection run needs a NAME (see `eventfold projection list`) or "
+                            "--all"),
+    (["projection", "run", "sales_totals", "--all"], "name projections or give --all, not both"),
+    (["projection", "replay", "sales_totals", "sales_stats"],
+     "projection replay rebuilds one projection at a time"),
+    (["projection", "run", "sales_totals", "nope"], "unknown projection 'nope'"),
+])
+def test_projection_names_are_checked_before_spark_starts(
+        argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("EVENTFOLD_APP", "examples.sales:app")
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
