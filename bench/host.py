@@ -2,8 +2,8 @@
 one fold over the same topic (bench/host_app.py), run first as that many `eventfold projection
 run NAME` processes (a Spark application each), then as one `eventfold projection run --all`.
 For each: the memory of the process trees once every projection has caught up, and the summed
-streaming throughput of folding ``--events`` new events into every projection. Prints
-figures, then one JSON line.
+streaming throughput of folding ``--events`` new events into every projection; then a replay
+of one projection handed to the running host. Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.host [--projections 10] [--events 100000] [--keys 10000]
 """
@@ -106,10 +106,20 @@ def rss_mb(processes: list[subprocess.Popen]) -> float:
                for _, rss in tree_rss(process.pid).values()) / 2**20
 
 
+def who_holds(processes: list[subprocess.Popen]) -> str:
+    """The trees' RSS by process kind: ``java 3 x 1,234 MB, python3 12 x 456 MB``."""
+    kinds: dict[str, list[int]] = {}
+    for process in processes:
+        for name, rss in tree_rss(process.pid).values():
+            kinds.setdefault(name, []).append(rss)
+    return ", ".join(f"{name} {len(sizes)} x {sum(sizes) / len(sizes) / 2**20:,.0f} MB"
+                     for name, sizes in sorted(kinds.items(), key=lambda kv: -sum(kv[1])))
+
+
 def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int,
-            keys: int) -> tuple[float, float, float]:
+            keys: int) -> tuple[float, float, float, float | None]:
     """(RSS in MB once caught up, seconds to start and catch up, events/s summed over the
-    projections for ``events`` new ones)."""
+    projections for ``events`` new ones, seconds of a replay handed to a host)."""
     with phase.running() as processes:
         started = time.perf_counter()
         phase.wait_until_folded(topic_events, processes)
@@ -120,10 +130,27 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
         produce_events(kafka, events, keys, PARTITIONS, after=topic_events)
         seconds = phase.wait_until_folded(topic_events + events, processes)
         rss = max(rss, rss_mb(processes))
-    rate = events * len(phase.names) / seconds
-    print(f"{phase.suffix}: {events:,} new events into each of {len(phase.names)} projections "
-          f"in {seconds:.1f} s: {rate:,.0f} events/s summed; RSS {rss:,.0f} MB", flush=True)
-    return rss, ready_s, rate
+        print(f"{phase.suffix}: memory by process: {who_holds(processes)}", flush=True)
+        rate = events * len(phase.names) / seconds
+        print(f"{phase.suffix}: {events:,} new events into each of {len(phase.names)} "
+              f"projections in {seconds:.1f} s: {rate:,.0f} events/s summed; RSS {rss:,.0f} MB",
+              flush=True)
+        replay_s = None if phase.separate else handed_replay(phase)
+    return rss, ready_s, rate, replay_s
+
+
+def handed_replay(phase: Phase) -> float:
+    """Seconds of `eventfold projection replay` of the host's first projection, which the CLI
+    hands to the running host."""
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "eventfold.cli", "projection", "replay",
+                           phase.names[0]], env=phase.env, capture_output=True, text=True,
+                          check=False, timeout=1800)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0 or "handed to the host" not in done.stderr:
+        raise RuntimeError(f"the replay was not handed to the host:\n{done.stderr[-3000:]}")
+    print(f"host: {done.stdout.strip()}; {seconds:.1f} s at the CLI", flush=True)
+    return seconds
 
 
 def main() -> None:
@@ -131,23 +158,34 @@ def main() -> None:
     parser.add_argument("--projections", type=int, default=10)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--host-only", action="store_true",
+                        help="measure the host alone (no separate runs, no ratios)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with own_stack("eventfold-bench-host-") as (settings, work_dir):
         migrations.upgrade(settings.database_url)
         kafka = settings.kafka
         produce_events(kafka, WARMUP_EVENTS, args.keys, PARTITIONS)
-        separate = measure(Phase(settings, work_dir, "separate", args.projections, True),
-                           kafka, WARMUP_EVENTS, args.events, args.keys)
         host = measure(Phase(settings, work_dir, "host", args.projections, False),
-                       kafka, WARMUP_EVENTS + args.events, args.events, args.keys)
+                       kafka, WARMUP_EVENTS, args.events, args.keys)
+        if args.host_only:
+            print(json.dumps({"projections": args.projections, "host_rss_mb": round(host[0]),
+                              "host_ready_s": round(host[1], 1),
+                              "host_events_per_s": round(host[2]),
+                              "handed_replay_s": round(host[3] or 0, 1),
+                              "handed_replay_events": WARMUP_EVENTS + args.events}))
+            return
+        separate = measure(Phase(settings, work_dir, "separate", args.projections, True),
+                           kafka, WARMUP_EVENTS + args.events, args.events, args.keys)
     figures = {
         "projections": args.projections, "events": args.events,
         "separate_rss_mb": round(separate[0]), "host_rss_mb": round(host[0]),
         "host_rss_ratio": round(separate[0] / host[0], 2),
         "separate_ready_s": round(separate[1], 1), "host_ready_s": round(host[1], 1),
         "separate_events_per_s": round(separate[2]), "host_events_per_s": round(host[2]),
-        "host_vs_separate_throughput_ratio": round(host[2] / separate[2], 2)}
+        "host_vs_separate_throughput_ratio": round(host[2] / separate[2], 2),
+        "handed_replay_s": round(host[3] or 0, 1),
+        "handed_replay_events": WARMUP_EVENTS + args.events}
     print(f"memory: one host {figures['host_rss_mb']:,} MB against {args.projections} separate "
           f"runs {figures['separate_rss_mb']:,} MB: {figures['host_rss_ratio']}x less (target "
           f">= {TARGETS['host_rss_ratio']}x)")

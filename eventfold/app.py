@@ -32,7 +32,12 @@ from eventfold.outbox.operations import ConnectorOperations
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
-from eventfold.projections.replay import ReplayResult, ReplaySource, replay
+from eventfold.projections.replay import (
+    ProgressListener,
+    ReplayResult,
+    ReplaySource,
+    replay,
+)
 from eventfold.projections.runner import (
     EXECUTOR_PASSWORD,
     KafkaSource,
@@ -162,14 +167,16 @@ class Eventfold:
                                 self.projections.get(name), self._runner_settings(settings),
                                 progress=progress)
 
-    def replay(self, settings: Settings, name: str,
-               source: ReplaySource = "auto") -> ReplayResult:
+    def replay(self, settings: Settings, name: str, source: ReplaySource = "auto",
+               spark: SparkSession | None = None,
+               listener: ProgressListener | None = None) -> ReplayResult:
         """Rebuild projection ``name`` from the beginning (the topics, or the event store when
-        they no longer hold it) beside the live version, then switch."""
-        return replay(self.spark_session(settings, f"eventfold-{name}"),
+        they no longer hold it) beside the live version, then switch. ``spark``: a host's
+        session; ``listener``: told the progress (``projections.replay.replay``)."""
+        return replay(spark or self.spark_session(settings, f"eventfold-{name}"),
                       self.projections.get(name),
                       self._runner_settings(settings, settings.replay_max_rows_per_batch),
-                      source)
+                      source, listener)
 
     @staticmethod
     def spark_session(settings: Settings, app_name: str) -> SparkSession:

@@ -194,14 +194,20 @@ def _projection_status(app: Eventfold, settings: Settings, names: list[str],
 
 
 def _replay(app: Eventfold, settings: Settings, name: str, source: ReplaySource) -> int:
-    observer = _observer(app, settings, name, with_lag=False)
-    if observer is not None:
-        observer.projections[name].replaying()
-    try:
-        result = app.replay(settings, name, source)
-    finally:
+    """On the host that streams the projection, if one does (no second Spark application);
+    else in this process."""
+    from eventfold.projection_host import replay_on_a_host
+
+    result = replay_on_a_host(settings, name, source)
+    if result is None:
+        observer = _observer(app, settings, name, with_lag=False)
         if observer is not None:
-            observer.close()
+            observer.projections[name].replaying()
+        try:
+            result = app.replay(settings, name, source)
+        finally:
+            if observer is not None:
+                observer.close()
     print(f"replayed {result.projection}: v{result.new_version} active, "
           f"{result.events:,} events in {result.seconds:.1f} s "
           f"({result.events_per_s:,.0f} events/s); v{result.old_version} dropped")
@@ -606,9 +612,17 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from eventfold.local_stack import StackError
-        from eventfold.projection_host import ProjectionsStopped, needs_a_person
+        from eventfold.projection_host import (
+            ProjectionsStopped,
+            ReplayCancelled,
+            ReplayFailed,
+            needs_a_person,
+        )
 
-        if isinstance(exc, (StackError, ProjectionsStopped, *needs_a_person())):
+        if isinstance(exc, ReplayCancelled):
+            print(f"eventfold: {exc}", file=sys.stderr)
+            return 130
+        if isinstance(exc, (StackError, ProjectionsStopped, ReplayFailed, *needs_a_person())):
             print(f"eventfold: {exc}", file=sys.stderr)
             return 1
         raise

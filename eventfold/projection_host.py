@@ -15,14 +15,18 @@ command line uses it.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import signal
+import socket
 import sys
 import threading
+import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from eventfold.config import Settings
 
@@ -31,6 +35,7 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
 
     from eventfold.app import Eventfold
+    from eventfold.projections.replay import ReplayResult, ReplaySource
     from eventfold.projections.runner import Progress
     from eventfold.run_observer import RunObserver, Watched
 
@@ -86,11 +91,14 @@ class ProjectionHost:
 
         observer = (RunObserver(self.app, self.settings, self.names)
                     if self.settings.metrics and self.settings.metrics_port else None)
+        requests: _Requests | None = None
         try:
             spark = self.app.spark_session(self.settings, self._application_name())
             # After Spark started: its SparkContext puts in a SIGINT handler of its own that
             # cancels every job and raises KeyboardInterrupt wherever the main thread is.
             stop_on_signal(self.stop_requested)
+            if not self.once:  # a catch-up ends too soon to take work from others
+                requests = _Requests(self, spark)
             threads = [threading.Thread(target=self._supervise, name=f"projection-{name}",
                                         args=(spark, name, observer), daemon=True)
                        for name in self.names]
@@ -101,6 +109,8 @@ class ProjectionHost:
                 while thread.is_alive():
                     thread.join(0.5)
         finally:
+            if requests is not None:
+                requests.stop()
             if observer is not None:
                 observer.close()
         self._raise_what_stopped()
@@ -219,6 +229,142 @@ class _Supervisor:
         lag = projection_status(host.app.projections.get(self.name), host.settings.database_url,
                                 host.settings.kafka).lag
         return ReplayProgress(self.name, lag, what="catching up", terminal=True)
+
+
+class ReplayCancelled(RuntimeError):
+    """The requester of a replay handed to a host cancelled it (Ctrl-C): it stops after its
+    batch under way, and resumes from there when asked again."""
+
+
+class ReplayFailed(RuntimeError):
+    """A replay handed to a host failed there, or the host died under it."""
+
+
+def replay_on_a_host(settings: Settings, name: str, source: str) -> ReplayResult | None:
+    """Hand the replay of ``name`` to the live host that runs it and follow it (Ctrl-C or
+    SIGTERM cancel it after its batch under way); None when no host runs ``name``."""
+    from eventfold.projections.replay import ReplayProgress, ReplayResult
+    from eventfold.projections.state.hosts import ENDED, HostDirectory
+
+    directory = HostDirectory(settings.database_url)
+    try:
+        host_id = directory.host_running(name)
+        if host_id is None:
+            return None
+        request_id = directory.submit(host_id, name, "replay", source)
+        log.info("replay of %s handed to the host running it, %s (request %d); Ctrl-C "
+                 "cancels it", name, host_id, request_id)
+        cancel = threading.Event()
+        stop_on_signal(cancel, "cancelling the replay after its batch under way")
+        progress: ReplayProgress | None = None
+        while True:
+            time.sleep(0.25)
+            request = directory.request(request_id)
+            if progress is None and request.total:
+                progress = ReplayProgress(name, request.total)
+            if progress is not None and request.done > progress.done:
+                progress.advance_to(request.done)
+            if request.state in ENDED:
+                break
+            if not request.host_alive:
+                raise ReplayFailed(f"the host {host_id} stopped answering during the replay "
+                                   f"of {name}; run the replay again: it resumes")
+            if cancel.is_set() and not request.cancel:
+                directory.cancel(request_id)
+        if progress is not None:
+            progress.close()
+        if request.state == "cancelled":
+            raise ReplayCancelled(request.error or f"replay of {name} cancelled")
+        if request.state == "failed" or request.result is None:
+            raise ReplayFailed(f"replay of {name} failed on the host {host_id}: "
+                               f"{request.error}")
+        found = request.result
+        return ReplayResult(name, found["old_version"], found["new_version"], found["events"],
+                            found["seconds"])
+    finally:
+        directory.close()
+
+
+class _Requests:
+    """A host's registration and the replays handed to it: a thread that heartbeats, claims
+    requests for this host and runs each replay on a thread of its own (its jobs in a pool of
+    their own, beside the live queries)."""
+
+    def __init__(self, host: ProjectionHost, spark: SparkSession) -> None:
+        from eventfold.projections.state.hosts import HostDirectory
+
+        self.host, self.spark = host, spark
+        self.host_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.directory = HostDirectory(host.settings.database_url)
+        self._registered = False
+        self._stopped = threading.Event()
+        self._replays: list[threading.Thread] = []
+        self._thread = threading.Thread(target=self._run, name="host-requests", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        # Every half second, so that a replay starts soon after it is asked for; each replay
+        # reports through a connection of its own.
+        while not self._stopped.wait(0.5):
+            try:
+                if not self._registered:
+                    self.directory.register(self.host_id, self.host.names)
+                    self._registered = True
+                    log.info("projection host %s runs %s", self.host_id,
+                             ", ".join(self.host.names))
+                self.directory.heartbeat(self.host_id)
+                request = self.directory.claim(self.host_id)
+            except Exception as exc:  # the database away: the host's queries say so too
+                log.warning("projection host: heartbeat: %s", _gist(str(exc)))
+                self._stopped.wait(5)
+                continue
+            if request is not None:
+                thread = threading.Thread(target=self._replay, name=f"replay-{request.projection}",
+                                          args=(request.id, request.projection, request.source),
+                                          daemon=True)
+                self._replays.append(thread)
+                thread.start()
+
+    def _replay(self, request_id: int, name: str, source: str) -> None:
+        from eventfold.projections.state.hosts import HostDirectory
+
+        self.spark.sparkContext.setLocalProperty(SCHEDULER_POOL, f"replay-{name}")
+        reports = HostDirectory(self.host.settings.database_url)
+        log.info("projection host: replay of %s requested (request %d)", name, request_id)
+
+        def report(done: int, total: int) -> None:
+            if reports.report(request_id, done, total) or self._stopped.is_set():
+                raise ReplayCancelled(f"replay of {name} cancelled after {done:,} of "
+                                      f"{total:,} events; asked again, it resumes from there")
+
+        try:
+            result = self.host.app.replay(self.host.settings, name, cast("ReplaySource", source),
+                                          spark=self.spark, listener=report)
+            reports.finish(request_id, "done", result={
+                "old_version": result.old_version, "new_version": result.new_version,
+                "events": result.events, "seconds": result.seconds})
+        except ReplayCancelled as cancelled:
+            log.info("projection host: %s", cancelled)
+            reports.finish(request_id, "cancelled", error=str(cancelled))
+        except Exception as exc:
+            log.warning("projection host: replay of %s failed: %s", name, _gist(str(exc)))
+            reports.finish(request_id, "failed", error=f"{type(exc).__name__}: {exc}")
+        finally:
+            reports.close()
+
+    def stop(self) -> None:
+        """Replays under way stop after their batch (they resume when asked again); then
+        the host leaves the directory."""
+        self._stopped.set()
+        self._thread.join(10)
+        for thread in self._replays:
+            thread.join(120)
+        try:
+            if self._registered:
+                self.directory.unregister(self.host_id)
+        except Exception as exc:
+            log.warning("projection host: leaving the directory: %s", _gist(str(exc)))
+        self.directory.close()
 
 
 def _gist(error: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,9 +65,11 @@ class ReplayProgress:
     and ETA on a terminal, else one log line every ``log_every_s`` and one at the end."""
 
     def __init__(self, name: str, total: int, what: str = "replay",
-                 terminal: bool | None = None, log_every_s: float = 5.0) -> None:
+                 terminal: bool | None = None, log_every_s: float = 5.0,
+                 listener: ProgressListener | None = None) -> None:
         self.name, self.total, self.what = name, max(total, 1), what
         self.done = 0
+        self._listener = listener
         self.started = time.monotonic()
         self._log_every_s = log_every_s
         self._logged_at = float("-inf")
@@ -81,8 +84,13 @@ class ReplayProgress:
             self._bar.start()
 
     def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
-        self.done += records
+        self.advance_to(self.done + records)
+
+    def advance_to(self, done: int) -> None:
+        self.done = done
         metrics.replay_progress(self.name, self.done, self.total)
+        if self._listener is not None:
+            self._listener(self.done, self.total)
         rate = self.done / max(time.monotonic() - self.started, 1e-9)
         if self._bar is not None:
             self._bar.update(self._task, completed=min(self.done, self.total),
@@ -104,10 +112,16 @@ class ReplayProgress:
 
 
 ReplaySource = Literal["auto", "kafka", "store"]
+ProgressListener = Callable[[int, int], None]
+"""Told (done, total) after each committed batch; what it raises stops the replay there (an
+interrupted replay resumes from that batch when started again)."""
 
 
 def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings,
-           source: ReplaySource = "auto") -> ReplayResult:
+           source: ReplaySource = "auto",
+           listener: ProgressListener | None = None) -> ReplayResult:
+    """``listener``: progress for someone else than this process's terminal (a host reports
+    a replay handed to it), which also leaves the terminal's live bar out."""
     started = time.monotonic()
     versions = ProjectionCatalog(settings.database_url)
     old = versions.register(projection.name)
@@ -118,7 +132,8 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         plan = _plan(live, settings, projection, source)
         log.info("replay %s: building v%d beside live v%d, from %s", projection.name, new, old,
                  plan)
-        progress = ReplayProgress(projection.name, plan.events)
+        progress = ReplayProgress(projection.name, plan.events,
+                                  terminal=False if listener else None, listener=listener)
         builder = ProjectionRunner(spark, projection, settings, version=new, progress=progress)
         if plan.store_head:
             builder.fold_store_up_to(plan.store_head, spark.sparkContext.defaultParallelism)

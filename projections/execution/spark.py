@@ -78,7 +78,24 @@ def session_conf(master: str, extra_conf: Mapping[str, str], launched: Mapping[s
     wanted = {**DEFAULTS, "spark.master": master, **extra_conf}
     if app_name:
         wanted.setdefault("spark.app.name", app_name)
+    if (cores := local_cores(master)) is not None:
+        # Idle Python workers are kept for reuse, without a bound by default: a host's queries
+        # left a dozen of them idle on two cores. Two per core is all tasks can use at once.
+        wanted.setdefault(IDLE_PYTHON_WORKERS, str(2 * cores))
     return {k: v for k, v in wanted.items() if k not in launched}
+
+
+IDLE_PYTHON_WORKERS = "spark.python.factory.idleWorkerMaxPoolSize"
+
+
+def local_cores(master: str) -> int | None:
+    """The cores of a ``local[N]`` (or ``local``, ``local[*]``) master; None for a cluster's."""
+    found = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\d+)?\])?", master)
+    if found is None:
+        return None
+    if found[1] is None:
+        return 1
+    return os.cpu_count() or 1 if found[1] == "*" else int(found[1])
 
 
 def spark_session(master: str = "local[2]", app_name: str = "eventfold",

@@ -7,6 +7,7 @@ host mid-stream: tests/integration/test_cli.py.)"""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -14,8 +15,10 @@ import sys
 import httpx
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.dead_letters import read_dead_letters
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.hosts import HostDirectory, Request
 
-from tests.integration.test_cli import stack_env
+from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
 from tests.pipeline_helpers import (
     folded_total,
@@ -23,6 +26,7 @@ from tests.pipeline_helpers import (
     rows,
     sales_totals_of_the_store,
     selling,
+    topic_records,
     wait_for,
 )
 
@@ -97,3 +101,68 @@ def test_a_host_runs_an_apps_projections_and_a_poison_one_disturbs_none(
     assert None not in letters
     assert len(letters) == len(set(letters)) == events  # each event once: none lost or doubled
     assert rows(engine, poison, unique, "total") == {}
+
+
+def test_a_replay_handed_to_a_host_stops_on_ctrl_c_and_resumes_there(
+        stack_settings, engine, tmp_path, unique) -> None:
+    """`projection replay` while a host streams the projection runs on the host (the CLI
+    starts no Spark). Ctrl-C of the CLI cancels it after the batch under way: exit code 130,
+    the live version still active. Asked again, it resumes from that batch and switches."""
+    from examples import sales
+
+    sales.app.setup(stack_settings)
+    name = f"handed_{unique}"
+    events = topic_records(stack_settings, "ProductSales")
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.renamed_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name,
+                    EVENTFOLD_REPLAY_MAX_ROWS_PER_BATCH=str(max(events // 8, 1)))
+    directory = HostDirectory(stack_settings.database_url)
+    catalog = ProjectionCatalog(stack_settings.database_url)
+    log = tmp_path / "host.log"
+    host = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run", name],
+                            env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: directory.host_running(name) is not None
+                 and folded_total(engine, name, "") > 0, "the host to stream", timeout_s=240)
+
+        def requested() -> Request | None:
+            with engine.connect() as conn:
+                found = conn.exec_driver_sql(
+                    "SELECT max(id) FROM projection_requests WHERE projection = %s",
+                    (name,)).scalar_one()
+            return directory.request(found) if found else None
+
+        replay_log = tmp_path / "replay.log"
+        replay = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection",
+                                   "replay", name], env=env, stdout=subprocess.PIPE,
+                                  stderr=replay_log.open("w"), text=True)
+        try:
+            wait_for(lambda: (found := requested()) is not None and found.done > 0,
+                     "the host to commit a batch of the replay", timeout_s=180)
+            replay.send_signal(signal.SIGINT)
+            assert replay.wait(timeout=120) == 130, replay_log.read_text()[-3000:]
+        finally:
+            stop_pid(replay.pid, what="projection replay")
+        cancelled = requested()
+        assert cancelled is not None and cancelled.state == "cancelled"
+        assert 0 < cancelled.done < events
+        assert "cancelled after" in replay_log.read_text()
+        assert catalog.active(name) == 1
+
+        again = eventfold("projection", "replay", name, env=env, timeout=300)
+        assert again.returncode == 0, again.stderr[-3000:]
+        done = re.search(rf"replayed {name}: v2 active, ([\d,]+) events", again.stdout)
+        assert done, again.stdout
+        assert 0 < int(done[1].replace(",", "")) < events  # not again from the start
+        assert "handed to the host running it" in again.stderr
+        assert "SparkContext" not in again.stderr and "Spark master" not in again.stderr
+        assert catalog.active(name) == 2
+        # its next batch finds v2 active
+        sales.app.command_bus(stack_settings).execute(sales.RecordSale(product=unique, value=1))
+        wait_for(lambda: "a replay made v2 active; continuing on it" in log.read_text(),
+                 "the host's live query to go on with v2", timeout_s=60)
+        assert host.poll() is None, log.read_text()[-3000:]
+    finally:
+        stop_pid(host.pid, what="projection host", timeout_s=90)
+        directory.close()
+        catalog.close()

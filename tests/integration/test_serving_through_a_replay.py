@@ -1,5 +1,6 @@
 """A team's processes side by side through a replay: a streaming `projection run`, two
-`serve reads` processes and commands flowing at ~50/s, then `projection replay`.
+`serve reads` processes and commands flowing at ~50/s, then `projection replay`, which hands
+the replay to the streaming run's host (no second Spark application).
 
 The read model and KTable routes, polled every 100 ms on both readers, never fail, never go
 empty and never go backwards; afterwards every process is alive, the streaming run folds new
@@ -166,6 +167,10 @@ def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str) -> No
         assert replay.returncode == 0, tails()
         active = ProjectionCatalog(stack_settings.database_url).active(inventory_totals.name)
         assert active == active_before + 1
+        # handed to the streaming host, which ran it beside the live query
+        assert f"v{active} active" in replay.stdout
+        assert "handed to the host running it" in logs["replay"].read_text(), tails()
+        assert "replay of inventory_totals requested" in logs["run"].read_text(), tails()
 
         # The run continues on the new version: commands sent now land in it.
         sent_at_switch = commands_sent[0]

@@ -4,7 +4,12 @@ spark-defaults.conf), then EVENTFOLD_SPARK_* settings, then our defaults."""
 from __future__ import annotations
 
 import pytest
-from eventfold.projections.execution.spark import DEFAULTS, session_conf, spark_defaults
+from eventfold.projections.execution.spark import (
+    DEFAULTS,
+    IDLE_PYTHON_WORKERS,
+    session_conf,
+    spark_defaults,
+)
 from eventfold.projections.runner import EXECUTOR_PASSWORD, KAFKA_SOURCES
 
 from eventfold.app import spark_conf
@@ -59,3 +64,10 @@ def test_executors_get_the_database_password_from_their_environment() -> None:
     assert EXECUTOR_PASSWORD not in spark_conf(Settings(database_url=url.replace(":s3cret", "")))
     given = Settings(database_url=url, spark_conf="spark.executorEnv.PGPASSWORD=other")
     assert spark_conf(given)[EXECUTOR_PASSWORD] == "other"
+
+
+def test_a_local_master_keeps_two_idle_python_workers_per_core() -> None:
+    assert session_conf("local[3]", {}, {})[IDLE_PYTHON_WORKERS] == "6"
+    assert session_conf("local", {}, {})[IDLE_PYTHON_WORKERS] == "2"
+    assert IDLE_PYTHON_WORKERS not in session_conf("spark://cluster:7077", {}, {})
+    assert session_conf("local[3]", {IDLE_PYTHON_WORKERS: "9"}, {})[IDLE_PYTHON_WORKERS] == "9"

@@ -1,0 +1,135 @@
+"""Which streaming host runs which projections, and the replays handed to them: the
+``projection_hosts`` and ``projection_requests`` tables (migration 0012).
+
+A request is a row the host polls: the requester and the host share nothing but the database,
+which both have already (a host's HTTP port may not be reachable from where an operator runs
+the CLI, and it would need its own authentication). The host claims it, reports progress in
+it and finishes it; the requester reads it and may set its cancel flag.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import psycopg
+
+from eventfold.contract import libpq_url
+
+ALIVE_S = 10.0
+"""A host whose last heartbeat is older than this is taken for dead."""
+
+RequestState = Literal["pending", "running", "done", "failed", "cancelled"]
+ENDED: frozenset[str] = frozenset({"done", "failed", "cancelled"})
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int
+    host_id: str
+    projection: str
+    action: str
+    source: str
+    state: RequestState
+    cancel: bool
+    done: int
+    total: int
+    result: dict[str, Any] | None
+    error: str | None
+    host_alive: bool
+
+
+_REQUEST = ("SELECT r.id, r.host_id, r.projection, r.action, r.source, r.state, r.cancel, "
+            "r.done, r.total, r.result, r.error, coalesce(h.heartbeat_at > now() - "
+            "make_interval(secs => %s), false) FROM projection_requests r "
+            "LEFT JOIN projection_hosts h USING (host_id) WHERE r.id = %s")
+
+
+class HostDirectory:
+    """The two tables, through one autocommit connection (opened on first use)."""
+
+    def __init__(self, database_url: str) -> None:
+        self.database_url = database_url
+        self._connection: psycopg.Connection | None = None
+
+    def _conn(self) -> psycopg.Connection:
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(libpq_url(self.database_url), autocommit=True,
+                                               connect_timeout=10)
+        return self._connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+    # -- the host's side -------------------------------------------------------------------
+    def register(self, host_id: str, projections: list[str]) -> None:
+        """This host runs ``projections``; rows of hosts long dead go."""
+        with self._conn().transaction():
+            self._conn().execute("DELETE FROM projection_hosts WHERE heartbeat_at < now() - "
+                                 "make_interval(secs => %s)", (ALIVE_S * 6,))
+            self._conn().execute(
+                "INSERT INTO projection_hosts (host_id, projections) VALUES (%s, %s)",
+                (host_id, projections))
+
+    def heartbeat(self, host_id: str) -> None:
+        self._conn().execute("UPDATE projection_hosts SET heartbeat_at = now() "
+                             "WHERE host_id = %s", (host_id,))
+
+    def unregister(self, host_id: str) -> None:
+        """The host stops: its requests not yet claimed fail, so that nobody waits for them."""
+        with self._conn().transaction():
+            self._conn().execute(
+                "UPDATE projection_requests SET state = 'failed', error = 'the host stopped "
+                "before it started the request', updated_at = now() WHERE host_id = %s AND "
+                "state = 'pending'", (host_id,))
+            self._conn().execute("DELETE FROM projection_hosts WHERE host_id = %s", (host_id,))
+
+    def claim(self, host_id: str) -> Request | None:
+        """The oldest request waiting for this host, now running."""
+        row = self._conn().execute(
+            "UPDATE projection_requests SET state = 'running', updated_at = now() WHERE id = ("
+            "SELECT id FROM projection_requests WHERE host_id = %s AND state = 'pending' "
+            "ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED) RETURNING id", (host_id,)).fetchone()
+        return self.request(row[0]) if row else None
+
+    def report(self, request_id: int, done: int, total: int) -> bool:
+        """Progress; whether the requester asked to cancel."""
+        row = self._conn().execute(
+            "UPDATE projection_requests SET done = %s, total = %s, updated_at = now() "
+            "WHERE id = %s RETURNING cancel", (done, total, request_id)).fetchone()
+        return bool(row and row[0])
+
+    def finish(self, request_id: int, state: RequestState,
+               result: dict[str, Any] | None = None, error: str | None = None) -> None:
+        self._conn().execute(
+            "UPDATE projection_requests SET state = %s, result = %s, error = %s, "
+            "updated_at = now() WHERE id = %s",
+            (state, json.dumps(result) if result is not None else None, error, request_id))
+
+    # -- the requester's side --------------------------------------------------------------
+    def host_running(self, projection: str) -> str | None:
+        """The live host that runs ``projection``, if any."""
+        row = self._conn().execute(
+            "SELECT host_id FROM projection_hosts WHERE %s = ANY(projections) AND "
+            "heartbeat_at > now() - make_interval(secs => %s) ORDER BY heartbeat_at DESC "
+            "LIMIT 1", (projection, ALIVE_S)).fetchone()
+        return str(row[0]) if row else None
+
+    def submit(self, host_id: str, projection: str, action: str, source: str) -> int:
+        row = self._conn().execute(
+            "INSERT INTO projection_requests (host_id, projection, action, source) VALUES "
+            "(%s, %s, %s, %s) RETURNING id", (host_id, projection, action, source)).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    def request(self, request_id: int) -> Request:
+        row = self._conn().execute(_REQUEST, (ALIVE_S, request_id)).fetchone()
+        if row is None:
+            raise LookupError(f"no projection request {request_id}")
+        return Request(*row)
+
+    def cancel(self, request_id: int) -> None:
+        self._conn().execute("UPDATE projection_requests SET cancel = true WHERE id = %s",
+                             (request_id,))
