@@ -30,6 +30,7 @@ from eventfold.config import Settings
 from eventfold.contract import libpq_url
 from eventfold.outbox.connector import ConnectError
 from eventfold.projections.state.catalog import builds, live_readers
+from eventfold.projections.state.hosts import live_hosts
 from eventfold.projections.status import ProjectionStatus, projection_status
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class PipelineStatus:
     connector: dict[str, Any]
     projections: list[dict[str, Any]] = field(default_factory=list)
     read_apis: list[dict[str, Any]] = field(default_factory=list)
+    hosts: list[dict[str, Any]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -120,6 +122,7 @@ def _database_side(app: Eventfold, settings: Settings, status: PipelineStatus,
     with psycopg.connect(libpq_url(settings.database_url), connect_timeout=5) as conn:
         building = builds(conn)
         readers = live_readers(conn)
+        hosts = live_hosts(conn)
     for projection in app.projections:
         try:
             found = projection_status(projection, settings.database_url, settings.kafka)
@@ -139,6 +142,10 @@ def _database_side(app: Eventfold, settings: Settings, status: PipelineStatus,
         instance["seen_at"] = max(instance["seen_at"], reader.seen_at)
     status.read_apis = [{**i, "seen_at": i["seen_at"].isoformat(timespec="seconds")}
                         for i in instances.values()]
+    status.hosts = [{"host": h.host_id, "projections": h.projections,
+                     "started_at": h.started_at.isoformat(timespec="seconds"),
+                     "heartbeat_at": h.heartbeat_at.isoformat(timespec="seconds"),
+                     "replays": h.replays} for h in hosts]
 
 
 def projection_entry(found: ProjectionStatus, building: int | None,
@@ -207,6 +214,13 @@ def render(status: PipelineStatus, console: Console) -> None:
                             f"[red]{p['lag']:,}[/]" if p["stale"] else f"{p['lag']:,}", last,
                             _dead_letters(p), "" if p["rows"] is None else f"{p['rows']:,}")
     console.print(projections)
+    hosts = Table(title="Projection hosts", title_justify="left")
+    for column in ("host", "projections", "replaying", "last heartbeat"):
+        hosts.add_column(column)
+    for host in status.hosts:
+        hosts.add_row(host["host"], ", ".join(host["projections"]),
+                      ", ".join(host["replays"]) or "-", host["heartbeat_at"])
+    console.print(hosts if status.hosts else "[dim]No projection host streams.[/]")
     readers = Table(title="Read API instances serving KTables", title_justify="left")
     for column in ("instance", "KTables", "last heartbeat"):
         readers.add_column(column)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal
 
 import psycopg
@@ -44,6 +45,28 @@ _REQUEST = ("SELECT r.id, r.host_id, r.projection, r.action, r.source, r.state, 
             "r.done, r.total, r.result, r.error, coalesce(h.heartbeat_at > now() - "
             "make_interval(secs => %s), false) FROM projection_requests r "
             "LEFT JOIN projection_hosts h USING (host_id) WHERE r.id = %s")
+
+
+@dataclass(frozen=True)
+class LiveHost:
+    host_id: str
+    projections: list[str]
+    started_at: datetime
+    heartbeat_at: datetime
+    replays: list[str]
+    """The replays it runs now: ``name done/total``."""
+
+
+def live_hosts(conn: psycopg.Connection) -> list[LiveHost]:
+    """The hosts whose heartbeat is younger than ``ALIVE_S``, with the replays they run."""
+    rows = conn.execute(
+        "SELECT h.host_id, h.projections, h.started_at, h.heartbeat_at, coalesce(array_agg("
+        "r.projection || ' ' || r.done || '/' || r.total ORDER BY r.id) FILTER (WHERE r.id IS "
+        "NOT NULL), '{}') FROM projection_hosts h LEFT JOIN projection_requests r ON "
+        "r.host_id = h.host_id AND r.state = 'running' WHERE h.heartbeat_at > now() - "
+        "make_interval(secs => %s) GROUP BY h.host_id ORDER BY h.host_id",
+        (ALIVE_S,)).fetchall()
+    return [LiveHost(*row) for row in rows]
 
 
 class HostDirectory:

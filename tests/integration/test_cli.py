@@ -172,11 +172,12 @@ def test_streaming_projection_stops_cleanly_on_ctrl_c(inventory_app, stack_setti
 def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         stack_settings, tmp_path, unique) -> None:
     """SIGKILL of `projection run --all` (the sales app's two projections as one host) at any
-    point loses and doubles nothing; `projection replay`, from the topics or from the event
-    store, rebuilds the same state and notifies no one again."""
+    point loses and doubles nothing once it runs again; `projection replay`, from the topics
+    or from the event store (handed to the running host), rebuilds the same state and
+    notifies no one again."""
     from examples import sales
     from tests.kafka_helpers import read_table, read_topic
-    from tests.pipeline_helpers import wait_until_in_topic
+    from tests.pipeline_helpers import wait_for, wait_until_in_topic
 
     sales.app.setup(stack_settings)
     bus = sales.app.command_bus(stack_settings)
@@ -206,17 +207,17 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         stop_pid(runner.pid, what="projection run")
     assert status.lag > 0, "the kill should have landed mid-stream"
 
-    caught_up = eventfold("projection", "run", "--all", "--once", env=env, timeout=300)
-    assert caught_up.returncode == 0, caught_up.stderr[-3000:]
     expected = {f"{unique}-{p}": sum(250 + r for r in range(10)) for p in range(20)}
-    with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
-        assert dict(conn.execute("SELECT key, revenue::bigint FROM sales_stats WHERE key LIKE %s",
-                                 (f"{unique}-%",)).fetchall()) == expected
 
-    def state() -> tuple[dict, dict, list]:
+    def folded() -> tuple[dict, dict]:
         with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
-            rows = dict(conn.execute("SELECT key, total FROM sales_totals WHERE key LIKE %s",
-                                     (f"{unique}-%",)).fetchall())
+            return (dict(conn.execute("SELECT key, total FROM sales_totals WHERE key LIKE %s",
+                                      (f"{unique}-%",)).fetchall()),
+                    dict(conn.execute("SELECT key, revenue::bigint FROM sales_stats WHERE key "
+                                      "LIKE %s", (f"{unique}-%",)).fetchall()))
+
+    def state() -> tuple[dict, dict, dict, list]:
+        rows, stats = folded()
         active = ProjectionCatalog(stack_settings.database_url).active(totals.name)
         ktable = {k: v["total"] for k, v in read_table(
             stack_settings.kafka, totals.ktable_topic_for(active)).items()
@@ -224,29 +225,39 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
         notes = [json.loads(r["value"]) for r in read_topic(
             stack_settings.kafka, sales.NOTIFICATIONS_TOPIC)
             if (r["key"] or "").startswith(unique)]
-        return rows, ktable, notes
+        return rows, ktable, stats, notes
 
-    rows, ktable, notes = state()
-    assert rows == expected and ktable == expected
-    ids = {n["eventId"]: n["data"]["product"] for n in notes}
-    assert sorted(ids.values()) == sorted(expected)  # once per product, duplicates share ids
+    # started again, streaming; the replays are then handed to it
+    log = tmp_path / "host.log"
+    host = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
+                             "--all"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: folded() == (expected, expected), "the host started again to catch up",
+                 timeout_s=240)
+        rows, ktable, _, notes = state()
+        assert rows == expected and ktable == expected
+        ids = {n["eventId"]: n["data"]["product"] for n in notes}
+        assert sorted(ids.values()) == sorted(expected)  # once per product, copies share ids
 
-    replayed = eventfold("projection", "replay", totals.name, env=env, timeout=300)
-    assert replayed.returncode == 0, replayed.stderr[-3000:]
-    assert "v2 active" in replayed.stdout
-    assert "events/s, ETA" in replayed.stderr  # the progress bar
-    rows, ktable, notes_after = state()
-    assert rows == expected and ktable == expected
-    assert len(notes_after) == len(notes)  # a replay notifies no one again
+        replayed = eventfold("projection", "replay", totals.name, env=env, timeout=300)
+        assert replayed.returncode == 0, replayed.stderr[-3000:]
+        assert "v2 active" in replayed.stdout
+        assert "handed to the host running it" in replayed.stderr
+        assert "events/s, ETA" in replayed.stderr  # its progress, as the host reports it
+        rows, ktable, _, notes_after = state()
+        assert rows == expected and ktable == expected
+        assert len(notes_after) == len(notes)  # a replay notifies no one again
 
-    from_store = eventfold("projection", "replay", totals.name, "--from", "store", env=env,
-                           timeout=300)
-    assert from_store.returncode == 0, from_store.stderr[-3000:]
-    assert "v3 active" in from_store.stdout
-    assert "from the event store up to position" in from_store.stderr
-    rows, ktable, notes_after = state()
-    assert rows == expected and ktable == expected
-    assert len(notes_after) == len(notes)
+        from_store = eventfold("projection", "replay", totals.name, "--from", "store",
+                               env=env, timeout=300)
+        assert from_store.returncode == 0, from_store.stderr[-3000:]
+        assert "v3 active" in from_store.stdout
+        assert "from the event store up to position" in log.read_text()
+        rows, ktable, _, notes_after = state()
+        assert rows == expected and ktable == expected
+        assert len(notes_after) == len(notes)
+    finally:
+        stop_pid(host.pid, what="projection host", timeout_s=90)
 
 
 def test_cli_mistakes_fail_at_once_saying_what_is_known(stack_settings, tmp_path) -> None:

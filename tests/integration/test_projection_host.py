@@ -20,6 +20,7 @@ from eventfold.projections.state.hosts import HostDirectory, Request
 
 from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
+from tests.integration.test_status import status_json
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,
@@ -59,6 +60,10 @@ def test_a_host_runs_an_apps_projections_and_a_poison_one_disturbs_none(
             wait_for(lambda: health()[0] == 200, "every query of the host to run",
                      timeout_s=240)
             assert set(health()[1]["projections"]) == {totals, stats, poison}
+            _, status = status_json(env)  # `eventfold status` shows the host
+            assert [set(h["projections"]) for h in status["hosts"]
+                    if set(h["projections"]) & {totals, stats, poison}] == [
+                {totals, stats, poison}]
 
             def each_folded() -> bool:
                 samples = scrape(metrics)
