@@ -12,7 +12,8 @@ Layers, each importing only those above it:
 - ``state/``: where a version's state lives and how a batch commits: ``store`` (the state
   table, the stage tasks write to, the merge and checkpoint), ``schema``, ``catalog``
   (versions, checkpoints, emission marks, batches under way), ``parking``, ``topics`` (its
-  KTable, dead-letter and derived-event topics);
+  KTable, dead-letter and derived-event topics), ``hosts`` (the streaming hosts and the
+  replays handed to them);
 - ``execution/``: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
   task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
   columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs),

@@ -49,7 +49,8 @@ def stored_events(engine) -> int:
 
 
 @pytest.mark.parametrize(("example", "tokens"), [("orders", (None, TOKEN)),
-                                                 ("point_of_sale", (None,))])
+                                                 ("point_of_sale", (None,))],
+                         ids=["orders", "point_of_sale"])
 def test_both_apis_answer_as_their_openapi_documents_say(example, tokens, stack_settings, spark,
                                                          engine, tmp_path) -> None:
     """The token guard is the same for every app: one example is fuzzed with it too."""
