@@ -39,7 +39,7 @@ from eventfold.projections.execution.engine import (
     run_fold_in_place,
 )
 from eventfold.projections.execution.kafka_source import (
-    FORMAT_NAME,
+    KafkaDataSource,
     KafkaSlice,
     OffsetRange,
     cap_rows,
@@ -204,7 +204,8 @@ class ProjectionRunner:
     def _eventfold_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
         """Ours, as an offset planner: each batch's rows are its offset ranges."""
         return (
-            self.spark.readStream.format(FORMAT_NAME)
+            self.spark.readStream.format(KafkaDataSource.registered_for(
+                self.spark, f"{self.projection.name}_v{self.version}"))
             .options(**self.settings.kafka.spark_options())
             .option("topics", ",".join(self.projection.source_topics))
             .option("rows", "ranges")

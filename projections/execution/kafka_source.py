@@ -23,6 +23,7 @@ checkpoint, so a restarted query resumes where the last committed batch ended. B
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
@@ -34,7 +35,7 @@ from eventfold.outbox.kafka import OffsetPlanner, iter_range
 from eventfold.projections.execution.decode import text_column
 from eventfold.projections.execution.worker import consumer, drop_consumer
 from eventfold.projections.outcome import RawRecords
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -208,9 +209,23 @@ def _to_arrow(messages: list[Message], rng: OffsetRange) -> pa.RecordBatch:
 
 
 class KafkaDataSource(DataSource):
+    format_name = FORMAT_NAME
+
     @classmethod
     def name(cls) -> str:
-        return FORMAT_NAME
+        return cls.format_name
+
+    @classmethod
+    def registered_for(cls, spark: SparkSession, query: str) -> str:
+        """Register this source under a format name of one streaming query's own, and return
+        it for the query to read. Spark's runner of a Python streaming source writes into the
+        registered function's environment map whenever a query starts; another query whose
+        task holding that same map is being serialized at that moment fails with
+        ``java.io.OptionalDataException`` (queries started together in a host kept failing
+        so). A registration per query gives each query a map of its own."""
+        name = f"{FORMAT_NAME}-{re.sub(r'[^a-z0-9]+', '-', query.lower())}"
+        spark.dataSource.register(type(f"{cls.__name__}ForQuery", (cls,), {"format_name": name}))
+        return name
 
     def schema(self) -> StructType:
         return RANGE_SCHEMA if self._ranges() else SCHEMA
