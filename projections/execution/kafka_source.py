@@ -33,7 +33,7 @@ from confluent_kafka import Message
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, iter_range
 from eventfold.projections.execution.decode import text_column
-from eventfold.projections.execution.worker import consumer, drop_consumer
+from eventfold.projections.execution.worker import consumer, drop_consumer, executor_task
 from eventfold.projections.outcome import RawRecords
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import (
@@ -281,6 +281,7 @@ class KafkaBatchReader(DataSourceReader):
         ranges = [OffsetRange(t, p, begin[(t, p)], end[(t, p)]) for t, p in found]
         return [r for r in ranges if r.end > r.start] or [OffsetRange("", 0, 0, 0)]
 
+    @executor_task
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.kafka, partition, self.ranges)
 
@@ -346,6 +347,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         ranges = [OffsetRange(t, p, begin.get((t, p), 0), off) for (t, p), off in finish.items()]
         return [r for r in ranges if r.end > r.start]
 
+    @executor_task
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return read_partition(self.kafka, partition, self.ranges)
 
