@@ -2,8 +2,10 @@
 one fold over the same topic (bench/host_app.py), run first as that many `eventfold projection
 run NAME` processes (a Spark application each), then as one `eventfold projection run --all`.
 For each: the memory of the process trees once every projection has caught up, and the summed
-streaming throughput of folding ``--events`` new events into every projection; then a replay
-of one projection handed to the running host. Prints figures, then one JSON line.
+streaming throughput of folding ``--events`` new events into every projection; then, in the
+host, a live projection's latency (an event's append to Kafka -> its row in the read model)
+idle and while a replay of another projection, handed to the host, runs beside it. Prints
+figures, then one JSON line.
 
     .venv/bin/python -m bench.host [--projections 10] [--events 100000] [--keys 10000]
 """
@@ -17,21 +19,24 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+from confluent_kafka import Producer
 from eventfold.local_stack.process import stop_pid
 from eventfold.outbox.connection import KafkaConnection
 
-from bench.common import own_stack, tree_rss
-from bench.projections import produce_events
+from bench.common import own_stack, percentile, tree_rss
+from bench.projections import SOURCE, produce_events
 from eventfold import migrations
 from eventfold.config import Settings
-from eventfold.contract import libpq_url
+from eventfold.contract import EventEnvelope, event_topic, libpq_url
 
-TARGETS = {"host_rss_ratio": 5.0, "host_vs_separate_throughput_ratio": 1.0}
+TARGETS = {"host_rss_ratio": 5.0, "host_vs_separate_throughput_ratio": 1.0,
+           "live_p50_during_replay_vs_idle": 1.5}
 WARMUP_EVENTS = 2_000
 PARTITIONS = 4
 
@@ -116,10 +121,21 @@ def who_holds(processes: list[subprocess.Popen]) -> str:
                      for name, sizes in sorted(kinds.items(), key=lambda kv: -sum(kv[1])))
 
 
+@dataclass
+class Measured:
+    rss_mb: float
+    ready_s: float
+    events_per_s: float
+    replay_s: float | None = None  # a replay handed to the host
+    live_idle_ms: list[float] = field(default_factory=list)
+    live_during_replay_ms: list[float] = field(default_factory=list)
+
+
 def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int,
-            keys: int) -> tuple[float, float, float, float | None]:
-    """(RSS in MB once caught up, seconds to start and catch up, events/s summed over the
-    projections for ``events`` new ones, seconds of a replay handed to a host)."""
+            keys: int) -> Measured:
+    """Memory once caught up, time to start and catch up, events/s summed over the
+    projections for ``events`` new ones; for a host, a handed replay and the live latency
+    beside it."""
     with phase.running() as processes:
         started = time.perf_counter()
         phase.wait_until_folded(topic_events, processes)
@@ -135,22 +151,109 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
         print(f"{phase.suffix}: {events:,} new events into each of {len(phase.names)} "
               f"projections in {seconds:.1f} s: {rate:,.0f} events/s summed; RSS {rss:,.0f} MB",
               flush=True)
-        replay_s = None if phase.separate else handed_replay(phase)
-    return rss, ready_s, rate, replay_s
+        measured = Measured(rss, ready_s, rate)
+        if not phase.separate:
+            probe = LatencyProbe(phase, kafka, first_position=topic_events + events + 1)
+            measured.live_idle_ms = probe.sample(seconds=10)
+            measured.replay_s, measured.live_during_replay_ms = handed_replay(phase, probe)
+            print(f"host: {phase.names[-1]} live, append -> read model: p50 "
+                  f"{percentile(measured.live_idle_ms, 0.5):,.0f} ms idle "
+                  f"({len(measured.live_idle_ms)} events), "
+                  f"{percentile(measured.live_during_replay_ms, 0.5):,.0f} ms while "
+                  f"{phase.names[0]} replays ({len(measured.live_during_replay_ms)} events)",
+                  flush=True)
+    return measured
 
 
-def handed_replay(phase: Phase) -> float:
+class LatencyProbe:
+    """Events of new keys, one every 100 ms, into the topic the projections read; for each,
+    the time from its append (acknowledged by the broker) to its row in the live projection's
+    read model (the host's last projection). The CDC hop before the append is left out: it
+    is the same whatever the host does (bench/cdc.py measures it)."""
+
+    INTERVAL_S = 0.1
+
+    def __init__(self, phase: Phase, kafka: KafkaConnection, first_position: int) -> None:
+        self.phase, self.position = phase, first_position
+        self.view = phase.names[-1]
+        self.producer = Producer(kafka.client_config(**{"linger.ms": 0}))
+
+    def sample(self, seconds: float | None = None,
+               until: Callable[[], bool] | None = None) -> list[float]:
+        """Latencies in ms of probes sent for ``seconds``, or until ``until()``, every probe
+        waited for."""
+        sent: dict[str, float] = {}
+        latencies: list[float] = []
+        started = time.monotonic()
+        next_send, sending = started, True
+        with psycopg.connect(libpq_url(self.phase.settings.database_url),
+                             autocommit=True) as conn:
+            while sending or sent:
+                now = time.monotonic()
+                if sending and now >= next_send:
+                    sending = (now - started < seconds) if seconds is not None else not (
+                        until is not None and until())
+                    if sending:
+                        sent[self._send()] = time.monotonic()
+                        next_send += self.INTERVAL_S
+                if sent:
+                    for (key,) in conn.execute(f'SELECT key FROM "{self.view}" '
+                                               "WHERE key = ANY(%s)", (list(sent),)):
+                        latencies.append((time.monotonic() - sent.pop(key)) * 1000)
+                time.sleep(0.005)
+        return latencies
+
+    def _send(self) -> str:
+        key = f"probe-{self.position}"
+        envelope_key, value = EventEnvelope(
+            event_id=f"e{self.position}", event_type="SaleRecorded", stream_id=key,
+            stream_version=1, global_position=self.position, recorded_at="",
+            data={"product": key, "value": 1}).encode()
+        self.position += 1
+        self.producer.produce(event_topic(SOURCE), key=envelope_key, value=value)
+        self.producer.flush(10)
+        return key
+
+
+def handed_replay(phase: Phase, probe: LatencyProbe) -> tuple[float, list[float]]:
     """Seconds of `eventfold projection replay` of the host's first projection, which the CLI
-    hands to the running host."""
+    hands to the running host, and the live projection's latencies while the host runs it."""
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "eventfold.cli", "projection", "replay",
-                           phase.names[0]], env=phase.env, capture_output=True, text=True,
-                          check=False, timeout=1800)
+    replaying = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "replay",
+                                  phase.names[0]], env=phase.env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for_replay_state(phase, replaying)
+        during = probe.sample(until=lambda: replay_state(phase) != "running")
+        stdout, stderr = replaying.communicate(timeout=1800)
+    finally:
+        stop_pid(replaying.pid, what="projection replay", timeout_s=60)
     seconds = time.perf_counter() - started
-    if done.returncode != 0 or "handed to the host" not in done.stderr:
-        raise RuntimeError(f"the replay was not handed to the host:\n{done.stderr[-3000:]}")
-    print(f"host: {done.stdout.strip()}; {seconds:.1f} s at the CLI", flush=True)
-    return seconds
+    if replaying.returncode != 0 or "handed to the host" not in stderr:
+        raise RuntimeError(f"the replay was not handed to the host:\n{stderr[-3000:]}")
+    print(f"host: {stdout.strip()}; {seconds:.1f} s at the CLI", flush=True)
+    if not during:
+        raise RuntimeError("the replay ended before a probe saw it run: give it more --events")
+    return seconds, during
+
+
+def replay_state(phase: Phase) -> str | None:
+    """The state of the last replay requested of the host's first projection."""
+    with psycopg.connect(libpq_url(phase.settings.database_url), autocommit=True) as conn:
+        row = conn.execute("SELECT state FROM projection_requests WHERE projection = %s "
+                           "ORDER BY id DESC LIMIT 1", (phase.names[0],)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def wait_for_replay_state(phase: Phase, replaying: subprocess.Popen,
+                          timeout_s: float = 120) -> None:
+    """Until the host runs the replay (or has run it already)."""
+    deadline = time.monotonic() + timeout_s
+    while replay_state(phase) in (None, "pending"):
+        if replaying.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the host did not start the replay of {phase.names[0]}: "
+                               f"{replaying.stderr.read()[-3000:] if replaying.stderr else ''}")
+        time.sleep(0.05)
 
 
 def main() -> None:
@@ -168,31 +271,39 @@ def main() -> None:
         produce_events(kafka, WARMUP_EVENTS, args.keys, PARTITIONS)
         host = measure(Phase(settings, work_dir, "host", args.projections, False),
                        kafka, WARMUP_EVENTS, args.events, args.keys)
-        if args.host_only:
-            print(json.dumps({"projections": args.projections, "host_rss_mb": round(host[0]),
-                              "host_ready_s": round(host[1], 1),
-                              "host_events_per_s": round(host[2]),
-                              "handed_replay_s": round(host[3] or 0, 1),
-                              "handed_replay_events": WARMUP_EVENTS + args.events}))
-            return
-        separate = measure(Phase(settings, work_dir, "separate", args.projections, True),
-                           kafka, WARMUP_EVENTS + args.events, args.events, args.keys)
-    figures = {
+        separate = None if args.host_only else measure(
+            Phase(settings, work_dir, "separate", args.projections, True),
+            kafka, WARMUP_EVENTS + args.events, args.events, args.keys)
+    idle_p50 = percentile(host.live_idle_ms, 0.5)
+    during_p50 = percentile(host.live_during_replay_ms, 0.5)
+    figures: dict[str, float | int] = {
         "projections": args.projections, "events": args.events,
-        "separate_rss_mb": round(separate[0]), "host_rss_mb": round(host[0]),
-        "host_rss_ratio": round(separate[0] / host[0], 2),
-        "separate_ready_s": round(separate[1], 1), "host_ready_s": round(host[1], 1),
-        "separate_events_per_s": round(separate[2]), "host_events_per_s": round(host[2]),
-        "host_vs_separate_throughput_ratio": round(host[2] / separate[2], 2),
-        "handed_replay_s": round(host[3] or 0, 1),
-        "handed_replay_events": WARMUP_EVENTS + args.events}
-    print(f"memory: one host {figures['host_rss_mb']:,} MB against {args.projections} separate "
-          f"runs {figures['separate_rss_mb']:,} MB: {figures['host_rss_ratio']}x less (target "
-          f">= {TARGETS['host_rss_ratio']}x)")
-    print(f"throughput: host {figures['host_events_per_s']:,} against separate "
-          f"{figures['separate_events_per_s']:,} events/s summed: "
-          f"{figures['host_vs_separate_throughput_ratio']}x (target >= "
-          f"{TARGETS['host_vs_separate_throughput_ratio']})")
+        "host_rss_mb": round(host.rss_mb), "host_ready_s": round(host.ready_s, 1),
+        "host_events_per_s": round(host.events_per_s),
+        "handed_replay_s": round(host.replay_s or 0, 1),
+        "handed_replay_events": WARMUP_EVENTS + args.events,
+        "live_p50_idle_ms": round(idle_p50), "live_p50_during_replay_ms": round(during_p50),
+        "live_p99_during_replay_ms": round(percentile(host.live_during_replay_ms, 0.99)),
+        "live_p50_during_replay_vs_idle": round(during_p50 / idle_p50, 2)}
+    print(f"live latency: p50 {figures['live_p50_during_replay_ms']:,} ms while another "
+          f"projection replays against {figures['live_p50_idle_ms']:,} ms idle: "
+          f"{figures['live_p50_during_replay_vs_idle']}x (target <= "
+          f"{TARGETS['live_p50_during_replay_vs_idle']}x)")
+    if separate is not None:
+        figures.update({
+            "separate_rss_mb": round(separate.rss_mb),
+            "host_rss_ratio": round(separate.rss_mb / host.rss_mb, 2),
+            "separate_ready_s": round(separate.ready_s, 1),
+            "separate_events_per_s": round(separate.events_per_s),
+            "host_vs_separate_throughput_ratio": round(
+                host.events_per_s / separate.events_per_s, 2)})
+        print(f"memory: one host {figures['host_rss_mb']:,} MB against {args.projections} "
+              f"separate runs {figures['separate_rss_mb']:,} MB: {figures['host_rss_ratio']}x "
+              f"less (target >= {TARGETS['host_rss_ratio']}x)")
+        print(f"throughput: host {figures['host_events_per_s']:,} against separate "
+              f"{figures['separate_events_per_s']:,} events/s summed: "
+              f"{figures['host_vs_separate_throughput_ratio']}x (target >= "
+              f"{TARGETS['host_vs_separate_throughput_ratio']})")
     print(json.dumps(figures))
 
 
