@@ -1,7 +1,8 @@
 """The pipeline dashboard in a real browser (Debian's headless Chromium through Selenium) on
 the real stack: `serve reads` and a streaming `projection run` as CLI processes. The page
-loads, shows the app's projection and topic with the right numbers after some commands, and
-keeps updating while commands flow. A screenshot is kept in ``test-artifacts/``."""
+loads, shows the app's projection, the host streaming it and the topic with the right numbers
+after some commands, and keeps updating while commands flow. A screenshot is kept in
+``test-artifacts/``."""
 
 from __future__ import annotations
 
@@ -94,6 +95,10 @@ def test_the_dashboard_shows_the_pipeline_and_follows_it(inventory_app, stack_se
         assert applied is not None and applied >= 10
         assert text(browser, "#health") == "healthy"
         assert "RUNNING" in text(browser, '[data-component="connector"]')
+        # `projection run` is a host of one: the page shows it, and which host streams what.
+        assert text(browser, f"{projection} .host").startswith("streamed by host ")
+        host = text(browser, f"{projection} .host").removeprefix("streamed by host ")
+        assert "streams inventory_totals" in text(browser, f'[data-host="{host}"]')
 
         # While commands flow, the figures move from one poll to the next.
         stop = threading.Event()
