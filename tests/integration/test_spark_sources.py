@@ -10,7 +10,13 @@ from eventfold.contract import event_topic
 from examples import sales
 from tests.integration.test_examples import renamed
 from tests.kafka_helpers import produce, read_table, read_topic
-from tests.pipeline_helpers import catch_up, make_runner, rows, wait_until_in_topic
+from tests.pipeline_helpers import (
+    catch_up,
+    make_runner,
+    rows,
+    topic_records,
+    wait_until_in_topic,
+)
 
 SALES = [("a", 1500), ("b", 700), ("a", 1000), ("c", 300), ("b", 2000), ("a", 250)]
 
@@ -45,7 +51,8 @@ def test_spark_kafka_source_folds_like_ours(stack_settings, spark, engine, uniqu
     spark_kafka = renamed(definition, f"{unique}_spark")
     catch_up(spark, stack_settings, ours)
     # Batches smaller than the shared topic: several, each merging into what the last stored.
-    catch_up(spark, stack_settings, spark_kafka, source="kafka", max_rows_per_batch=1000)
+    catch_up(spark, stack_settings, spark_kafka, source="kafka",
+             max_rows_per_batch=topic_records(stack_settings, "ProductSales") // 3 + 1)
     columns = _columns(definition)
     expected = _state(engine, stack_settings, ours, columns, unique)
     assert expected[0][columns[0]][f"{unique}-a"] == 2750

@@ -1,8 +1,9 @@
 """A node of each distributed part dies while commands flow and a projection streams, on the
 cluster stack (three brokers with replication factor 3 and min.insync.replicas 2, two Connect
 workers): the broker leading the busiest partition, then the Connect worker running the
-outbox connector's task. After each: no event lost, none counted twice (the read model and the
-KTable equal a fold of the event store), and the time to recover is printed."""
+outbox connector's task, in one stream. After each, events sent after the kill are folded
+(the time to recover is printed); at the end, no event lost, none counted twice (the read
+model and the KTable equal a fold of the event store)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 import requests
@@ -45,11 +47,20 @@ def cluster_engine(cluster_stack):
     engine.dispose()
 
 
-def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
-              kill: Callable[[], str], while_down: Callable[[str], None] | None = None) -> None:
-    """Stream a projection in a CLI process (as a team runs it: a failed query is started
-    again from the last commit) while commands flow, ``kill`` a node, check the outcome;
+@dataclass(frozen=True)
+class Failure:
+    """A node to kill mid-stream: ``kill()`` SIGKILLs it and says which it was;
     ``while_down(projection)`` runs after the recovery, before the node is started again."""
+
+    what: str
+    kill: Callable[[], str]
+    while_down: Callable[[str], None] | None = None
+
+
+def _survives(cluster_stack, engine, tmp_path, unique: str, failures: list[Failure]) -> None:
+    """Stream a projection in a CLI process (as a team runs it: a failed query is started
+    again from the last commit) while commands flow; each failure in turn kills its node,
+    waits for the pipeline to recover without it, and starts it again. Then: the outcome."""
     stack, settings = cluster_stack
     name = f"sales_totals_{unique}"
     table = f"{name}__v1"
@@ -70,24 +81,28 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
         with selling(settings, unique) as sent:
             wait_for(lambda: folded_total(engine, table, unique) > 0, "the first batch",
                      timeout_s=180)
-            wait_for_more(sent, 50, "after the first batch (mid-stream)")
-            victim = kill()
-            killed_at = time.monotonic()
-            commands_at_kill = sent()
-            # Recovered: an event of a command sent after the kill reaches the read model
-            # (the n-th command sells for n, so the first n commands total n(n+1)/2).
-            before_kill = commands_at_kill * (commands_at_kill + 1) // 2
-            try:
-                wait_for(lambda: folded_total(engine, table, unique) > before_kill,
-                         "events sent after the kill to be folded", timeout_s=300)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}; {_diagnosis(settings, unique)}\n"
-                                     f"{log_path.read_text()[-3000:]}\n"
-                                     f"{supervisor_log.read_text()[-2000:]}") from None
-            recovered_s = time.monotonic() - killed_at
-            if while_down is not None:
-                while_down(name)
-            wait_for_more(sent, 100, "after the recovery")
+            for failure in failures:
+                wait_for_more(sent, 50, f"before the {failure.what} dies (mid-stream)")
+                victim = failure.kill()
+                killed_at = time.monotonic()
+                commands_at_kill = sent()
+                # Recovered: an event of a command sent after the kill reaches the read
+                # model (the n-th command sells for n: the first n total n(n+1)/2).
+                before_kill = commands_at_kill * (commands_at_kill + 1) // 2
+                try:
+                    wait_for(lambda bar=before_kill: folded_total(engine, table, unique) > bar,
+                             f"events sent after the {failure.what} died to be folded",
+                             timeout_s=300)
+                except AssertionError as exc:
+                    raise AssertionError(f"{exc}; {_diagnosis(settings, unique)}\n"
+                                         f"{log_path.read_text()[-3000:]}\n"
+                                         f"{supervisor_log.read_text()[-2000:]}") from None
+                print(f"\n{failure.what} {victim} SIGKILLed mid-stream: events sent after it "
+                      f"folded {time.monotonic() - killed_at:.1f} s later")
+                if failure.while_down is not None:
+                    failure.while_down(name)
+                wait_for_more(sent, 100, f"after the {failure.what} died")
+                stack.up()  # the killed node again, over its data
         wait_until_in_topic(settings, "ProductSales", unique, sent())
         stopped_at = time.monotonic()
         wait_for(lambda: rows(engine, table, unique, "total")
@@ -96,19 +111,20 @@ def _survives(cluster_stack, engine, tmp_path, unique: str, what: str,
         assert runner.poll() is None, log_path.read_text()[-3000:]
         assert supervisor.poll() is None, supervisor_log.read_text()[-3000:]
         restarts = supervisor_log.read_text().count("restarting them")
-        print(f"\n{what} {victim} SIGKILLed mid-stream: events sent after it folded "
-              f"{recovered_s:.1f} s later; {sent()} commands; read model equal to the event "
-              f"store's fold {time.monotonic() - stopped_at:.1f} s after the last command; "
-              f"the supervisor restarted FAILED connector tasks {restarts} time(s)")
+        print(f"{sent()} commands; read model equal to the event store's fold "
+              f"{time.monotonic() - stopped_at:.1f} s after the last command; the supervisor "
+              f"restarted FAILED connector tasks {restarts} time(s)")
         assert ktable_totals(settings, name, unique) == sales_totals_of_the_store(engine, unique)
     finally:
         stop_pid(runner.pid, what="projection run", timeout_s=90)
         stop_pid(supervisor.pid, what="connector supervise", timeout_s=30)
-        stack.up()  # the killed node again, over its data
+        stack.up()  # whatever node is still down
 
 
-def test_the_broker_leading_the_busiest_partition_dies(cluster_stack, cluster_engine, tmp_path,
-                                                       unique) -> None:
+def test_the_busiest_broker_then_the_outbox_tasks_connect_worker_die(
+        cluster_stack, cluster_engine, tmp_path, unique) -> None:
+    """One stream through both failures: the broker leading the busiest partition, then (the
+    broker back) the Connect worker running the outbox connector's task."""
     stack, settings = cluster_stack
 
     def kill_leader() -> str:
@@ -130,14 +146,6 @@ def test_the_broker_leading_the_busiest_partition_dies(cluster_stack, cluster_en
         topics.ensure([f"eventfold.ktable.{projection}"], COMPACTED_TOPIC_CONFIG, kind="ktables",
                       check=True)
 
-    _survives(cluster_stack, cluster_engine, tmp_path, unique, "broker", kill_leader,
-              while_down=topics_still_pass_their_checks)
-
-
-def test_the_connect_worker_running_the_outbox_task_dies(cluster_stack, cluster_engine,
-                                                         tmp_path, unique) -> None:
-    stack, settings = cluster_stack
-
     def kill_task_worker() -> str:
         status = requests.get(f"{settings.connect_url}/connectors/"
                               f"{settings.connector_name}/status", timeout=10).json()
@@ -146,8 +154,9 @@ def test_the_connect_worker_running_the_outbox_task_dies(cluster_stack, cluster_
         os.kill(stack.pid_of(name), signal.SIGKILL)
         return f"{name} ({worker}, running the outbox task)"
 
-    _survives(cluster_stack, cluster_engine, tmp_path, unique, "Connect worker",
-              kill_task_worker)
+    _survives(cluster_stack, cluster_engine, tmp_path, unique, [
+        Failure("broker", kill_leader, while_down=topics_still_pass_their_checks),
+        Failure("Connect worker", kill_task_worker)])
 
 
 def _diagnosis(settings: Settings, unique: str) -> str:
