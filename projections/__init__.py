@@ -17,47 +17,90 @@ Layers, each importing only those above it:
 - ``execution/``: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
   task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
   columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs),
-  ``writes`` (what a task writes), ``task_output`` (the counts tasks hand the driver), the
-  sources (``kafka_source``, ``store_source``);
+  ``writes`` (what a task writes), ``task_output`` (the counts tasks hand the driver),
+  ``worker`` (what a Python worker keeps between tasks), ``executor`` (what every task does
+  first), the sources (``kafka_source``, ``store_source``);
 - what runs them: ``runner``, ``replay``, ``status``, ``dead_letters``, ``metrics``, and
   ``testing`` (an event topic in memory, for users' tests).
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
 pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client, rich (progress
-bars). Never ``write_model`` or ``read_api``.
+bars). Never ``write_model`` or ``read_api``. The names below load on first use: a Spark
+process that needs one module (a streaming query's planner, running ``kafka_source``) loads
+only that one.
 """
 
-from eventfold.projections.definition.aggregates import (
-    AggregateFunction,
-    Avg,
-    CompositeAggregate,
-    Count,
-    Latest,
-    Max,
-    Min,
-    Sum,
-)
-from eventfold.projections.definition.projection import (
-    AggregationProjection,
-    Derived,
-    Dispatch,
-    Event,
-    FoldProjection,
-    Kind,
-    Lookup,
-    Projection,
-    State,
-    StreamProjection,
-    aggregation,
-    on_crossing,
-    projection,
-    stream,
-)
-from eventfold.projections.definition.registry import ProjectionRegistry
-from eventfold.projections.execution.fold import fold_in_memory, fold_records
-from eventfold.projections.outcome import KeyState, SourceRecord
-from eventfold.projections.plan import Pipeline, Plan, compile_projection
-from eventfold.projections.testing import EventLog
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eventfold.projections.definition.aggregates import (
+        AggregateFunction,
+        Avg,
+        CompositeAggregate,
+        Count,
+        Latest,
+        Max,
+        Min,
+        Sum,
+    )
+    from eventfold.projections.definition.projection import (
+        AggregationProjection,
+        Derived,
+        Dispatch,
+        Event,
+        FoldProjection,
+        Kind,
+        Lookup,
+        Projection,
+        State,
+        StreamProjection,
+        aggregation,
+        on_crossing,
+        projection,
+        stream,
+    )
+    from eventfold.projections.definition.registry import ProjectionRegistry
+    from eventfold.projections.execution.fold import fold_in_memory, fold_records
+    from eventfold.projections.outcome import KeyState, SourceRecord
+    from eventfold.projections.plan import Pipeline, Plan, compile_projection
+    from eventfold.projections.testing import EventLog
+
+_EXPORTED_FROM = {
+    "AggregateFunction": "eventfold.projections.definition.aggregates",
+    "AggregationProjection": "eventfold.projections.definition.projection",
+    "Avg": "eventfold.projections.definition.aggregates",
+    "CompositeAggregate": "eventfold.projections.definition.aggregates",
+    "Count": "eventfold.projections.definition.aggregates",
+    "Derived": "eventfold.projections.definition.projection",
+    "Dispatch": "eventfold.projections.definition.projection",
+    "Event": "eventfold.projections.definition.projection",
+    "EventLog": "eventfold.projections.testing",
+    "FoldProjection": "eventfold.projections.definition.projection",
+    "KeyState": "eventfold.projections.outcome",
+    "Kind": "eventfold.projections.definition.projection",
+    "Latest": "eventfold.projections.definition.aggregates",
+    "Lookup": "eventfold.projections.definition.projection",
+    "Max": "eventfold.projections.definition.aggregates",
+    "Min": "eventfold.projections.definition.aggregates",
+    "Pipeline": "eventfold.projections.plan",
+    "Plan": "eventfold.projections.plan",
+    "Projection": "eventfold.projections.definition.projection",
+    "ProjectionRegistry": "eventfold.projections.definition.registry",
+    "SourceRecord": "eventfold.projections.outcome",
+    "State": "eventfold.projections.definition.projection",
+    "StreamProjection": "eventfold.projections.definition.projection",
+    "Sum": "eventfold.projections.definition.aggregates",
+    "aggregation": "eventfold.projections.definition.projection",
+    "compile_projection": "eventfold.projections.plan",
+    "fold_in_memory": "eventfold.projections.execution.fold",
+    "fold_records": "eventfold.projections.execution.fold",
+    "on_crossing": "eventfold.projections.definition.projection",
+    "projection": "eventfold.projections.definition.projection",
+    "stream": "eventfold.projections.definition.projection",
+}
 
 __all__ = [
     "AggregateFunction",
@@ -92,3 +135,14 @@ __all__ = [
     "projection",
     "stream",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, so that a process that needs one module of this package (Spark's planner process
+    # importing our Kafka source) does not load SQLAlchemy, pandas and psycopg with it.
+    module = _EXPORTED_FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -9,15 +9,14 @@ write side, the outbox, the projections and the read API must agree on, declared
 - the database URL in libpq form.
 
 Unlike the composition root beside it (app, CLI, configuration), any package of Eventfold may
-import this package, Spark tasks included: it needs only the standard library, orjson and
-SQLAlchemy's URL parser.
+import this package, Spark tasks included: it needs only the standard library and orjson, and
+SQLAlchemy's URL parser when a URL is converted (imported then: a Spark process that plans
+offsets never loads SQLAlchemy).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-
-from sqlalchemy.engine import make_url
 
 from eventfold.contract.envelope import EventEnvelope, MalformedEvent, trace_of
 
@@ -71,6 +70,8 @@ KTABLE_POSITION_HEADER = "eventfold.position"
 def libpq_url(database_url: str) -> str:
     """A database URL in SQLAlchemy form (``postgresql+psycopg://...``) or libpq form, as a
     libpq connection string (password included: it is for connecting, never for printing)."""
+    from sqlalchemy.engine import make_url
+
     return make_url(database_url).set(drivername="postgresql").render_as_string(
         hide_password=False)
 
@@ -78,5 +79,7 @@ def libpq_url(database_url: str) -> str:
 def split_password(database_url: str) -> tuple[str, str]:
     """``database_url`` without its password, and the password ('' if it has none): the URL
     for a process that gets the password another way (libpq's ``PGPASSWORD``)."""
+    from sqlalchemy.engine import make_url
+
     url = make_url(database_url)
     return url._replace(password=None).render_as_string(hide_password=False), url.password or ""

@@ -44,6 +44,7 @@ from eventfold.projections.execution.decode import (
     spark_ddl,
     spark_records_table,
 )
+from eventfold.projections.execution.executor import executor_task
 from eventfold.projections.execution.fold import BatchFold, KeyFolder, lookup_keys
 from eventfold.projections.execution.guard import EVENT_IDENTITY, drop_applied
 from eventfold.projections.execution.partial import (
@@ -219,7 +220,7 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
                                    SUMMARY_DDL), context)
 
 
-@worker.executor_task
+@executor_task
 def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
                        context: BatchContext) -> Iterator[pa.RecordBatch]:
     with paused_gc(), task_store(context) as store:
@@ -258,7 +259,7 @@ def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
                            spark_ddl(schema))
 
 
-@worker.executor_task
+@executor_task
 def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
                 context: BatchContext) -> Iterator[pa.RecordBatch]:
     with paused_gc(), task_store(context) as store:
@@ -278,7 +279,7 @@ def decode_records(records: DataFrame, context: BatchContext) -> DataFrame:
                               spark_ddl(decoded_schema(context.plan)))
 
 
-@worker.executor_task
+@executor_task
 def decode_records_task(batches: Iterator[pa.RecordBatch],
                         context: BatchContext) -> Iterator[pa.RecordBatch]:
     with paused_gc(), task_store(context) as store:
@@ -311,7 +312,7 @@ def run_fold(events: DataFrame, context: BatchContext) -> StagedBatch:
                                       SUMMARY_DDL), context)
 
 
-@worker.executor_task
+@executor_task
 def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext
               ) -> Iterator[pa.RecordBatch]:
     """One executor task after the shuffle: fold the keys of this partition (rows arrive
@@ -384,7 +385,7 @@ def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
         lambda batches: aggregate_task(batches, tasks, context, schema), SUMMARY_DDL), context)
 
 
-@worker.executor_task
+@executor_task
 def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: BatchContext,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with paused_gc(), task_store(context) as store:
@@ -474,7 +475,7 @@ def run_aggregation(events: DataFrame, context: BatchContext) -> StagedBatch:
     return staged
 
 
-@worker.executor_task
+@executor_task
 def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
                ) -> Iterator[pa.RecordBatch]:
     """One task after Spark's aggregation: its keys' partials merged into the stored rows,
@@ -492,7 +493,7 @@ def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
         yield writer.finish()
 
 
-@worker.executor_task
+@executor_task
 def marks_task(batches: Iterator[pa.RecordBatch], context: BatchContext
                ) -> Iterator[pa.RecordBatch]:
     """Stage the streams' watermarks (``key``, ``v``) a re-keyed aggregation met."""

@@ -26,15 +26,13 @@ import json
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pyarrow as pa
 from confluent_kafka import Message
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, iter_range
-from eventfold.projections.execution.decode import text_column
-from eventfold.projections.execution.worker import consumer, drop_consumer, executor_task
-from eventfold.projections.outcome import RawRecords
+from eventfold.projections.execution.executor import executor_task
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -58,6 +56,13 @@ from pyspark.sql.types import (
 )
 
 from eventfold.contract import PartitionKey, flatten_offsets, nest_offsets
+
+if TYPE_CHECKING:
+    from eventfold.projections.outcome import RawRecords
+
+# What tasks read with (decoding, the worker's consumer) is imported where they read, not
+# here: Spark runs this module in a planner process per streaming query too, which plans
+# offset ranges only and need not load pandas, SQLAlchemy and psycopg.
 
 FORMAT_NAME = "eventfold-kafka"
 SCHEMA = StructType([
@@ -128,6 +133,8 @@ class KafkaSlice:
 
 
 def _raw(topic: str, partition: int, messages: list[Message]) -> RawRecords:
+    from eventfold.projections.outcome import RawRecords
+
     return RawRecords(topic, partition, cast(list[int], [m.offset() for m in messages]),
                       _keys([m.key() for m in messages]), [m.value() for m in messages])
 
@@ -181,6 +188,8 @@ def read_range(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[pa.RecordBa
 
 
 def _messages(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[list[Message]]:
+    from eventfold.projections.execution.worker import consumer, drop_consumer
+
     if rng.end <= rng.start:
         return
     reader = consumer(kafka)
@@ -196,6 +205,8 @@ def _messages(kafka: KafkaConnection, rng: OffsetRange) -> Iterator[list[Message
 def _to_arrow(messages: list[Message], rng: OffsetRange) -> pa.RecordBatch:
     # Bytes go to Arrow as they are and are validated as UTF-8 there, in C, not per message;
     # bytes that are not UTF-8 are read with replacement characters rather than fail the job.
+    from eventfold.projections.execution.decode import text_column
+
     count = len(messages)
     return pa.RecordBatch.from_arrays([
         pa.array([rng.topic] * count, pa.string()),

@@ -1,6 +1,5 @@
 """What a Spark Python worker keeps between the tasks it runs: one database connection, one
-Kafka producer and one consumer per endpoint, and the derived-event topics it has made sure of;
-and what every task does first (``executor_task``).
+Kafka producer and one consumer per endpoint, and the derived-event topics it has made sure of.
 
 Spark reuses its Python workers (``spark.python.worker.reuse``), and a new connection per task
 and batch costs more than the task's work when batches are small. A task that fails lets its
@@ -9,11 +8,8 @@ connection and consumer go, so the next one starts on fresh ones.
 
 from __future__ import annotations
 
-import functools
-import gc
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
 
 import psycopg
 from confluent_kafka import Consumer, Producer
@@ -28,29 +24,6 @@ _connections: dict[str, psycopg.Connection] = {}
 _producers: dict[KafkaConnection, Producer] = {}
 _consumers: dict[KafkaConnection, Consumer] = {}
 _derived_topics: set[tuple[KafkaConnection, str]] = set()
-_settled = False
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-def executor_task(task: Callable[P, R]) -> Callable[P, R]:
-    """Marks a function Spark runs in a Python worker. The first such task of a worker moves
-    everything then in memory (the imported libraries, this task's plan) to the garbage
-    collector's permanent generation: PySpark's worker daemon runs a full ``gc.collect()``
-    after every task of a reused worker, and walking all of pyspark's, pandas', SQLAlchemy's
-    and Eventfold's objects each time cost more than a small batch's fold
-    (docs/benchmarks.md). What later tasks leave behind is collected as before."""
-
-    @functools.wraps(task)
-    def run(*args: P.args, **kwargs: P.kwargs) -> R:
-        global _settled
-        if not _settled:
-            gc.freeze()
-            _settled = True
-        return task(*args, **kwargs)
-    return run
-
 
 @contextmanager
 def connection(database_url: str) -> Iterator[psycopg.Connection]:
