@@ -1,8 +1,9 @@
 """The projection host: ``eventfold projection run`` of one projection, several or ``--all``,
 as streaming queries of one Spark application.
 
-Each projection is supervised on a thread of its own, its query in a FAIR scheduler pool named
-after it (so that one projection's backlog never holds back another's live batches). A failure
+Each projection is supervised on a thread of its own. Live batches share one scheduler pool and
+are served in the order they came, ahead of replays handed to the host, which run in a pool of
+their own (``projections/execution/pools.xml`` says why). A failure
 (the broker or the database away) starts that projection again alone, with growing pauses; one
 that needs a person (events lost to retention, a topic's wrong configs) or keeps failing stops
 alone, and the host says so while the others carry on. SIGTERM and Ctrl-C stop every query
@@ -44,7 +45,6 @@ log = logging.getLogger("eventfold")
 MAX_FAILED_STARTS = 6
 """How often a projection starts again after failures with no batch in between (pauses of 2,
 4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or database)."""
-SCHEDULER_POOL = "spark.scheduler.pool"
 
 
 class GaveUp(RuntimeError):
@@ -129,9 +129,11 @@ class ProjectionHost:
                 f"{name}: {error}" for name, error in sorted(self.stopped_on.items())))
 
     def _supervise(self, spark: SparkSession, name: str, observer: RunObserver | None) -> None:
+        from eventfold.projections.execution.spark import LIVE_POOL, SCHEDULER_POOL
+
         # Jobs of this thread's query (its batches run on the query's own thread, which
-        # inherits this) go to the projection's pool.
-        spark.sparkContext.setLocalProperty(SCHEDULER_POOL, name)
+        # inherits this) go to the live pool.
+        spark.sparkContext.setLocalProperty(SCHEDULER_POOL, LIVE_POOL)
         watched = observer.projections[name] if observer is not None else None
         try:
             _Supervisor(self, spark, name, watched).run()
@@ -326,9 +328,10 @@ class _Requests:
                 thread.start()
 
     def _replay(self, request_id: int, name: str, source: str) -> None:
+        from eventfold.projections.execution.spark import REPLAY_POOL, SCHEDULER_POOL
         from eventfold.projections.state.hosts import HostDirectory
 
-        self.spark.sparkContext.setLocalProperty(SCHEDULER_POOL, f"replay-{name}")
+        self.spark.sparkContext.setLocalProperty(SCHEDULER_POOL, REPLAY_POOL)
         reports = HostDirectory(self.host.settings.database_url)
         log.info("projection host: replay of %s requested (request %d)", name, request_id)
 

@@ -37,14 +37,19 @@ DEFAULTS: Mapping[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
     "spark.sql.streaming.stopTimeout": "30s",
-    # A projection host runs each projection's query in a pool of its own: FAIR shares the
-    # executors among the pools, so that one projection's backlog never holds back another's
-    # live batches (FIFO would run its jobs first, whole).
+    # A projection host's live batches share one pool, served in the order they came, before
+    # the replays' pool (pools.xml says why): a team's own allocation file replaces ours.
     "spark.scheduler.mode": "FAIR",
+    "spark.scheduler.allocation.file": str(Path(__file__).with_name("pools.xml")),
     # Kafka client options (kafka.sasl.jaas.config...) and database URLs are masked wherever
     # Spark prints a plan's options (UI, logs); Spark's default masks only "url".
     "spark.sql.redaction.options.regex": "(?i)url|jaas|password|secret|token|sasl",
 }
+
+
+LIVE_POOL, REPLAY_POOL = "live", "replays"
+"""The pools of ``pools.xml``; a thread's jobs go to one through ``SCHEDULER_POOL``."""
+SCHEDULER_POOL = "spark.scheduler.pool"
 
 
 def launch_conf() -> dict[str, str]:

@@ -7,6 +7,8 @@ import pytest
 from eventfold.projections.execution.spark import (
     DEFAULTS,
     IDLE_PYTHON_WORKERS,
+    LIVE_POOL,
+    REPLAY_POOL,
     session_conf,
     spark_defaults,
 )
@@ -71,3 +73,21 @@ def test_a_local_master_keeps_two_idle_python_workers_per_core() -> None:
     assert session_conf("local", {}, {})[IDLE_PYTHON_WORKERS] == "2"
     assert IDLE_PYTHON_WORKERS not in session_conf("spark://cluster:7077", {}, {})
     assert session_conf("local[3]", {IDLE_PYTHON_WORKERS: "9"}, {})[IDLE_PYTHON_WORKERS] == "9"
+
+
+def test_live_batches_share_one_pool_served_before_the_replays() -> None:
+    """The allocation file Eventfold sets declares the pools the host uses: live batches in
+    one FIFO pool (served in the order they came, whatever the projection's name), ahead of
+    the replays' pool; a team's own file wins."""
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+
+    allocation = session_conf("local[2]", {}, {})["spark.scheduler.allocation.file"]
+    pools = {p.get("name"): {c.tag: c.text for c in p}
+             for p in ET.parse(Path(allocation)).getroot()}
+    assert set(pools) == {LIVE_POOL, REPLAY_POOL}
+    assert pools[LIVE_POOL]["schedulingMode"] == pools[REPLAY_POOL]["schedulingMode"] == "FIFO"
+    assert int(pools[LIVE_POOL]["minShare"]) >= 10_000 > int(pools[REPLAY_POOL]["minShare"])
+    mine = {"spark.scheduler.allocation.file": "/etc/spark/pools.xml"}
+    assert session_conf("local[2]", mine, {})["spark.scheduler.allocation.file"] == (
+        "/etc/spark/pools.xml")
