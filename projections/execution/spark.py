@@ -12,11 +12,14 @@ fixed.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 
 from eventfold.projections.execution.kafka_source import KafkaDataSource
@@ -38,18 +41,36 @@ DEFAULTS: Mapping[str, str] = {
     "spark.python.worker.reuse": "true",
     "spark.sql.streaming.stopTimeout": "30s",
     # A projection host's live batches share one pool, served in the order they came, before
-    # the replays' pool (pools.xml says why): a team's own allocation file replaces ours.
+    # the replays' pool (pools.xml says why; session_conf points at it): a team's own
+    # allocation file replaces ours.
     "spark.scheduler.mode": "FAIR",
-    "spark.scheduler.allocation.file": str(Path(__file__).with_name("pools.xml")),
     # Kafka client options (kafka.sasl.jaas.config...) and database URLs are masked wherever
     # Spark prints a plan's options (UI, logs); Spark's default masks only "url".
     "spark.sql.redaction.options.regex": "(?i)url|jaas|password|secret|token|sasl",
 }
 
 
+ALLOCATION_FILE = "spark.scheduler.allocation.file"
 LIVE_POOL, REPLAY_POOL = "live", "replays"
 """The pools of ``pools.xml``; a thread's jobs go to one through ``SCHEDULER_POOL``."""
 SCHEDULER_POOL = "spark.scheduler.pool"
+
+
+def pools_file() -> str:
+    """``pools.xml`` on disk, where Spark's scheduler can read it: the package's own file, or,
+    when Eventfold is imported from a zip (``spark-submit --py-files``), a copy of it in the
+    temporary directory."""
+    here = Path(__file__).with_name("pools.xml")
+    if here.is_file():
+        return str(here)
+    content = resources.files(__package__ or __name__).joinpath("pools.xml").read_bytes()
+    digest = hashlib.sha256(content).hexdigest()[:16]
+    copy = Path(tempfile.gettempdir()) / f"eventfold-pools-{digest}.xml"
+    if not copy.is_file():
+        partial = copy.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_bytes(content)
+        partial.replace(copy)  # whole or not at all, whoever else writes it
+    return str(copy)
 
 
 def launch_conf() -> dict[str, str]:
@@ -80,7 +101,7 @@ def spark_defaults() -> dict[str, str]:
 def session_conf(master: str, extra_conf: Mapping[str, str], launched: Mapping[str, str],
                  app_name: str = "") -> dict[str, str]:
     """What the builder sets: ours, less what the launch already decided."""
-    wanted = {**DEFAULTS, "spark.master": master, **extra_conf}
+    wanted = {**DEFAULTS, ALLOCATION_FILE: pools_file(), "spark.master": master, **extra_conf}
     if app_name:
         wanted.setdefault("spark.app.name", app_name)
     if (cores := local_cores(master)) is not None:

@@ -91,3 +91,31 @@ def test_live_batches_share_one_pool_served_before_the_replays() -> None:
     mine = {"spark.scheduler.allocation.file": "/etc/spark/pools.xml"}
     assert session_conf("local[2]", mine, {})["spark.scheduler.allocation.file"] == (
         "/etc/spark/pools.xml")
+
+
+def test_the_pools_file_is_on_disk_when_eventfold_runs_from_a_zip(tmp_path) -> None:
+    """``spark-submit --py-files eventfold.zip``: the driver imports Eventfold from the zip,
+    where Spark's scheduler cannot read the file; it gets a copy on disk."""
+    import subprocess
+    import sys
+    import zipfile
+    from pathlib import Path
+
+    from tests.packaging import ROOT
+
+    shipped = tmp_path / "eventfold.zip"
+    with zipfile.ZipFile(shipped, "w") as archive:
+        for package, folder in (("eventfold", "eventfold"), ("eventfold/outbox", "outbox"),
+                                ("eventfold/projections", "projections")):
+            for path in (ROOT / folder).rglob("*"):
+                if path.suffix in (".py", ".xml") and "__pycache__" not in path.parts:
+                    archive.write(path, f"{package}/{path.relative_to(ROOT / folder)}")
+    found = subprocess.run(
+        [sys.executable, "-c", "import eventfold.projections.execution.spark as s; "
+         "print(s.__file__); print(s.pools_file())"],
+        env={"PYTHONPATH": str(shipped), "PATH": "/usr/bin:/bin"}, cwd=tmp_path,
+        capture_output=True, text=True, check=True, timeout=120)
+    module, pools = found.stdout.split()
+    assert module.startswith(str(shipped))  # imported from the zip
+    assert Path(pools).is_file() and not pools.startswith(str(shipped))
+    assert Path(pools).read_bytes() == (ROOT / "projections/execution/pools.xml").read_bytes()
