@@ -1,4 +1,5 @@
-"""End-to-end benchmark on a stack of its own: latency from command to read model, and the
+"""End-to-end benchmark on a stack of its own: latency from command to read model, to KTable
+and to a read-your-writes answer, where a live batch's time goes (p50 per phase), and the
 rates of each stage for 20,000 events. Prints figures, then one JSON line.
 
     .venv/bin/python bench/e2e.py [--latency-commands 200] [--events 20000]
@@ -13,6 +14,7 @@ import logging
 import statistics
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
@@ -22,6 +24,7 @@ from eventfold.local_stack.process import free_port
 from eventfold.outbox.connector import ConnectClient
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from eventfold.projections.state.store import StagedBatch
 
 from bench.common import own_stack, percentile
 from eventfold.config import Settings
@@ -32,13 +35,83 @@ from examples.inventory import ReceiveStock, app, inventory_totals
 WARMUP_COMMANDS = 40
 
 
+class PhaseLog:
+    """The phases of each batch the live projection commits (``Progress``)."""
 
-def measure_latency(settings: Settings, runner: ProjectionRunner, commands: int) -> list[float]:
-    """Commands at ~20/s over HTTP; a poller notes when each product's row appears."""
+    def __init__(self) -> None:
+        self.batches: list[Mapping[str, float]] = []
+        self.recording = False
+
+    def add(self, batch_id: int, records: int, batch: StagedBatch,
+            phases: Mapping[str, float]) -> None:
+        if self.recording:
+            self.batches.append(phases)
+
+    def close(self) -> None:
+        """The figures stay readable after the run."""
+
+    def p50_ms(self) -> dict[str, float]:
+        names = sorted({name for phases in self.batches for name in phases})
+        return {name: percentile([phases.get(name, 0.0) * 1000 for phases in self.batches], .5)
+                for name in names}
+
+
+@dataclasses.dataclass
+class Latencies:
+    read_model_ms: list[float]
+    ktable_ms: list[float]
+    min_version_extra_ms: list[float]
+    """A ``min_version`` read's answer after the row was there (the poller's view)."""
+    phases_p50_ms: dict[str, float]
+
+
+class KTableWatch:
+    """When each ``lat-`` key first shows on the projection's KTable topic."""
+
+    def __init__(self, settings: Settings, topic: str) -> None:
+        self.seen: dict[str, float] = {}
+        self._done = threading.Event()
+        planner = OffsetPlanner(settings.kafka)
+        try:
+            ends = planner.end_offsets(planner.partitions([topic]))
+        finally:
+            planner.close()
+        self._consumer = Consumer(consumer_config(settings.kafka, **{
+            "enable.partition.eof": False, "fetch.wait.max.ms": 5}))
+        self._consumer.assign([TopicPartition(t, p, o) for (t, p), o in ends.items()])
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            for message in self._consumer.consume(1000, timeout=0.05):
+                key = message.key()
+                if message.error() is None and key and key.startswith(b"lat-"):
+                    self.seen.setdefault(key.decode(), time.perf_counter())
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+        self._consumer.close()
+
+
+
+def measure_latency(settings: Settings, runner: ProjectionRunner, phases: PhaseLog,
+                    commands: int) -> Latencies:
+    """Commands at ~20/s over HTTP; a poller notes when each product's row appears, a consumer
+    when its KTable record does, and a ``min_version`` read sent after each command when it
+    is answered."""
     server = BackgroundServer(app.command_api(settings), "127.0.0.1", free_port()).start()
+    reads = BackgroundServer(app.read_api(settings), "127.0.0.1", free_port()).start()
     sent: dict[str, float] = {}
     seen: dict[str, float] = {}
+    answered: dict[str, float] = {}
     done = threading.Event()
+
+    def read_own_write(key: str, version: int) -> None:
+        requests.get(f"{reads.url}/read-models/inventory_totals/rows/{key}",
+                     params={"min_version": version}, timeout=30).raise_for_status()
+        answered[key] = time.perf_counter()
 
     def poll() -> None:
         with psycopg.connect(libpq_url(settings.database_url), autocommit=True) as conn:
@@ -47,7 +120,7 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, commands: int)
                 for (key,) in conn.execute(
                         "SELECT key FROM inventory_totals WHERE key LIKE 'lat-%'"):
                     seen.setdefault(key, now)
-                time.sleep(0.005)
+                time.sleep(0.002)
 
     query = runner.start()
     session = requests.Session()
@@ -64,22 +137,35 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, commands: int)
             time.sleep(0.05)
     poller = threading.Thread(target=poll, daemon=True)
     poller.start()
+    ktable = KTableWatch(settings, inventory_totals.ktable_topic_for(runner.version))
+    phases.recording = True
     try:
-        for i in range(commands):
-            key = f"lat-{i:05d}"
-            sent[key] = time.perf_counter()
-            session.post(f"{server.url}/commands/ReceiveStock",
-                         json={"product": key, "quantity": 1}, timeout=10).raise_for_status()
-            time.sleep(0.05)
-        deadline = time.monotonic() + 120
-        while len(seen) < commands and time.monotonic() < deadline:
-            time.sleep(0.05)
+        with ThreadPoolExecutor(8) as readers:
+            for i in range(commands):
+                key = f"lat-{i:05d}"
+                sent[key] = time.perf_counter()
+                response = session.post(f"{server.url}/commands/ReceiveStock",
+                                        json={"product": key, "quantity": 1}, timeout=10)
+                response.raise_for_status()
+                readers.submit(read_own_write, key, response.json()["version"])
+                time.sleep(0.05)
+            deadline = time.monotonic() + 120
+            while (len(seen) < commands or len(ktable.seen) < commands) and (
+                    time.monotonic() < deadline):
+                time.sleep(0.05)
     finally:
+        phases.recording = False
         done.set()
         poller.join()
+        ktable.stop()
         stop_gracefully(query)
         server.stop()
-    return [(seen[k] - sent[k]) * 1000 for k in sent if k in seen]
+        reads.stop()
+    return Latencies(
+        [(seen[k] - sent[k]) * 1000 for k in sent if k in seen],
+        [(ktable.seen[k] - sent[k]) * 1000 for k in sent if k in ktable.seen],
+        [(answered[k] - seen[k]) * 1000 for k in answered if k in seen],
+        phases.p50_ms())
 
 
 def append_commands(settings: Settings, events: int, clients: int) -> float:
@@ -129,14 +215,22 @@ def main() -> None:
 
 def run(settings: Settings, args: argparse.Namespace) -> None:
     app.setup(settings)
-    runner = app.projection_runner(settings, "inventory_totals")
+    phases = PhaseLog()
+    runner = app.projection_runner(settings, "inventory_totals", phases)
     print(f"stack ready; trigger interval {settings.trigger_interval}", flush=True)
 
-    latencies = measure_latency(settings, runner, args.latency_commands)
+    measured = measure_latency(settings, runner, phases, args.latency_commands)
+    latencies = measured.read_model_ms
     runner.close()
-    print(f"command -> read model visible, {len(latencies)}/{args.latency_commands} commands: "
-          f"p50 {percentile(latencies, .5):.0f} ms, p95 {percentile(latencies, .95):.0f} ms, "
-          f"p99 {percentile(latencies, .99):.0f} ms", flush=True)
+    for what, values in (("read model row", latencies), ("KTable record", measured.ktable_ms)):
+        print(f"command -> {what} visible, {len(values)}/{args.latency_commands} commands: "
+              f"p50 {percentile(values, .5):.0f} ms, p95 {percentile(values, .95):.0f} ms, "
+              f"p99 {percentile(values, .99):.0f} ms", flush=True)
+    print(f"min_version read answered after the row was there: p50 "
+          f"{percentile(measured.min_version_extra_ms, .5):.1f} ms, p99 "
+          f"{percentile(measured.min_version_extra_ms, .99):.1f} ms", flush=True)
+    print(f"a live batch, p50 per phase ({len(phases.batches)} batches): " + ", ".join(
+        f"{name} {ms:.1f} ms" for name, ms in measured.phases_p50_ms.items()), flush=True)
 
     connect = ConnectClient(settings.connect_url)
     connector = app.connector_spec(settings).name
@@ -180,10 +274,15 @@ def run(settings: Settings, args: argparse.Namespace) -> None:
         "e2e_p95_ms": round(percentile(latencies, .95), 1),
         "e2e_p99_ms": round(percentile(latencies, .99), 1),
         "e2e_mean_ms": round(statistics.fmean(latencies), 1),
+        "ktable_e2e_p50_ms": round(percentile(measured.ktable_ms, .5), 1),
+        "ktable_e2e_p99_ms": round(percentile(measured.ktable_ms, .99), 1),
+        "min_version_extra_wait_p50_ms": round(percentile(measured.min_version_extra_ms, .5), 1),
+        **{f"phase_{name}_p50_ms": round(ms, 1) for name, ms in measured.phases_p50_ms.items()},
         "append_events_per_s": round(append_rate),
         "cdc_events_per_s": round(cdc_rate),
         "fold_events_per_s": round(fold_rate),
         "lost_events": lost + (args.latency_commands - len(latencies)),
+        "ktable_lost_events": args.latency_commands - len(measured.ktable_ms),
     }))
 
 

@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as StartSignal
 from pathlib import Path
@@ -181,7 +181,8 @@ class BatchClock:
     def __init__(self) -> None:
         self.batches: list[tuple[float, int]] = []
 
-    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
+    def add(self, batch_id: int, records: int, batch: StagedBatch,
+            phases: Mapping[str, float]) -> None:
         self.batches.append((time.perf_counter(), records))
         logging.getLogger("bench").info("batch %d: %d events", batch_id, records)
 

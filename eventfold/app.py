@@ -193,6 +193,7 @@ class Eventfold:
             checkpoint_root=Path(settings.checkpoint_dir),
             trigger_interval=settings.trigger_interval,
             max_rows_per_batch=max_rows or settings.max_rows_per_batch,
+            driver_batch_max_rows=settings.driver_batch_max_rows,
             retire_wait_s=settings.ktable_retire_wait_s,
             ktable_topic_config=_ktable_topic_config(settings),
             allow_data_loss=settings.allow_data_loss,

@@ -109,10 +109,11 @@ class Settings(BaseSettings):
     stack_dir: Path = Field(default_factory=lambda: find_stack_dir(Path.cwd()))
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
-    trigger_interval: str = "500 milliseconds"
+    trigger_interval: str = "100 milliseconds"
     # projections.limits's defaults, written out: importing projections here would slow every
     # command process's start (docs/benchmarks.md); a test keeps the two equal.
     max_rows_per_batch: int = 500_000
+    driver_batch_max_rows: int = Field(default=1_000, ge=0)
     replay_max_rows_per_batch: int = 1_000_000
     ktable_retire_wait_s: int = 60
     ktable_topic_config: str = ""

@@ -33,11 +33,10 @@ from eventfold.config import Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-    from pyspark.sql.streaming import StreamingQuery
 
     from eventfold.app import Eventfold
     from eventfold.projections.replay import ReplayResult, ReplaySource
-    from eventfold.projections.runner import Progress
+    from eventfold.projections.runner import Progress, RunningQuery
     from eventfold.run_observer import RunObserver, Watched
 
 log = logging.getLogger("eventfold")
@@ -203,15 +202,17 @@ class _Supervisor:
             # Signal handlers only set a flag: the thread may be inside a py4j call, which
             # must not be re-entered from a handler. Wait in slices and stop from here.
             _await_query(query, host.stop_requested, stop_gracefully)
-            if query.exception() is None:
+            if (error := query.exception()) is None:
                 return _RunOutcome(runner.batches)
+            if isinstance(error, needs_a_person()):
+                raise error
             active = runner.versions.active(name)
-            return _RunOutcome(runner.batches, str(query.exception()),
+            return _RunOutcome(runner.batches, _described(error),
                                active if active != runner.version else None)
         except needs_a_person():
             raise  # a person has to decide: starting again would only meet it again
         except Exception as exc:  # the broker or the database unreachable while starting
-            return _RunOutcome(runner.batches if runner else 0, f"{type(exc).__name__}: {exc}")
+            return _RunOutcome(runner.batches if runner else 0, _described(exc))
         finally:
             if runner is not None:
                 try:
@@ -370,6 +371,12 @@ class _Requests:
         self.directory.close()
 
 
+def _described(error: BaseException) -> str:
+    """A run's error: Spark's query exceptions carry the Python traceback in their text."""
+    text = str(error)
+    return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
+
+
 def _gist(error: str) -> str:
     """The line of a (Python-in-Java) traceback that says what went wrong."""
     lines = [line.strip() for line in error.splitlines() if line.strip()]
@@ -378,8 +385,8 @@ def _gist(error: str) -> str:
     return (causes[-1] if causes else lines[0] if lines else "unknown error")[:300]
 
 
-def _await_query(query: StreamingQuery, stop_requested: threading.Event,
-                 stop_gracefully: Callable[[StreamingQuery], None]) -> None:
+def _await_query(query: RunningQuery, stop_requested: threading.Event,
+                 stop_gracefully: Callable[[RunningQuery], None]) -> None:
     """Wait for the query to end: by itself (caught up with ``--once``, or failed) or on a
     signal. A failed query raises from ``awaitTermination``; its ``exception()`` says why and
     the caller decides (a version switch is not a failure)."""

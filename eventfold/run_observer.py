@@ -23,10 +23,8 @@ from eventfold.projections.metrics import ParkedKeys, ProjectionLag
 from eventfold.projections.state.parking import parked_counts
 
 if TYPE_CHECKING:
-    from pyspark.sql.streaming import StreamingQuery
-
     from eventfold.app import Eventfold
-    from eventfold.projections.runner import ProjectionRunner
+    from eventfold.projections.runner import ProjectionRunner, RunningQuery
 
 
 class Watched:
@@ -37,10 +35,10 @@ class Watched:
         self.state = "starting"
         self._database_url = database_url
         self._runner: ProjectionRunner | None = None
-        self._query: StreamingQuery | None = None
+        self._query: RunningQuery | None = None
         self._since = time.time()
 
-    def running(self, runner: ProjectionRunner, query: StreamingQuery) -> None:
+    def running(self, runner: ProjectionRunner, query: RunningQuery) -> None:
         self._runner, self._query, self.state, self._since = runner, query, "running", time.time()
 
     def stopped(self, state: str) -> None:

@@ -99,18 +99,6 @@ class KafkaConnection:
             config.setdefault("ssl.truststore.location", given["ssl.ca.location"])
         return config
 
-    def spark_options(self) -> dict[str, str]:
-        """As string options of a Spark data source, ``kafka.``-prefixed like Spark's own
-        Kafka source; ``from_spark_options`` reads them back."""
-        return {"bootstrap.servers": self.bootstrap_servers,
-                **{f"kafka.{k}": v for k, v in self.settings}}
-
-    @classmethod
-    def from_spark_options(cls, options: Mapping[str, str]) -> KafkaConnection:
-        return cls.of(options["bootstrap.servers"],
-                      {k.removeprefix("kafka."): v for k, v in options.items()
-                       if k.startswith("kafka.")})
-
     def __repr__(self) -> str:
         return (f"KafkaConnection({self.bootstrap_servers!r}, "
                 f"{redact(dict(self.settings))!r})")

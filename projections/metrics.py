@@ -28,11 +28,17 @@ BATCH_SECONDS = Histogram(
     ["projection"], buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
 PHASE_SECONDS = Histogram(
     "eventfold_projection_batch_phase_seconds",
-    "Time a micro-batch spent in each phase: on the driver (fold: the tasks' job end to end; "
-    "commit), and in its tasks, summed over them (task_read, task_load, task_fold, "
-    "task_stage, task_produce, task_flush)",
+    "Time a micro-batch spent in each phase: on the driver (plan: its offset ranges; fold: "
+    "the tasks' job, or the driver's own fold, end to end; commit), and in its tasks, "
+    "summed over them (task_read, task_load, task_fold, task_stage, task_produce, "
+    "task_flush)",
     ["projection", "phase"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                                       10, 30, 60))
+RECORD_WAIT_SECONDS = Histogram(
+    "eventfold_projection_record_wait_seconds",
+    "From the append to Kafka of a batch's earliest record to the batch's start (the broker's "
+    "clock against the driver's; batches that read Kafka in place)",
+    ["projection"], buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 RECORDS = Counter("eventfold_projection_records", "Source records read by batches",
                   ["projection"])
 APPLIED = Counter("eventfold_projection_applied_events",
@@ -50,11 +56,14 @@ REPLAY_EVENTS = Gauge("eventfold_replay_events", "Events a running replay has fo
 
 
 def batch_committed(projection: str, records: int, applied: int, duplicates: int,
-                    dead_letters: int, phases: Mapping[str, float]) -> None:
+                    dead_letters: int, phases: Mapping[str, float],
+                    waited_s: float | None) -> None:
     BATCH_SECONDS.labels(projection).observe(sum(
         seconds for phase, seconds in phases.items() if not phase.startswith("task_")))
     for phase, seconds in phases.items():
         PHASE_SECONDS.labels(projection, phase).observe(seconds)
+    if waited_s is not None:
+        RECORD_WAIT_SECONDS.labels(projection).observe(waited_s)
     RECORDS.labels(projection).inc(records)
     APPLIED.labels(projection).inc(applied)
     DUPLICATES.labels(projection).inc(duplicates)

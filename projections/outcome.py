@@ -35,6 +35,8 @@ class RawRecords:
     offsets: Sequence[int]
     keys: Sequence[str | bytes | None]
     values: Sequence[bytes | str | None]
+    first_append_ms: int | None = None
+    """When the first of them was appended to Kafka (its timestamp), if known."""
 
     def stream_ids(self) -> set[str]:
         """The keys that are text: the streams whose states and watermarks apply."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -83,7 +83,8 @@ class ReplayProgress:
             self._task = self._bar.add_task(f"{what} {name}", total=self.total, rate="-")
             self._bar.start()
 
-    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
+    def add(self, batch_id: int, records: int, batch: StagedBatch,
+            phases: Mapping[str, float]) -> None:
         self.advance_to(self.done + records)
 
     def advance_to(self, done: int) -> None:

@@ -1,7 +1,8 @@
-"""Running a projection as a Spark Structured Streaming query.
+"""Running a projection: a stream thread (``stream_thread``) on the driver finds the records the
+store has not committed, or, with Spark's Kafka source, a Spark Structured Streaming query.
 
-Each micro-batch: Spark plans offset ranges of the source topics (our Kafka data source); the
-executors read, fold and write them (``execution.engine``): each task stages the rows it
+Each batch: the runner shares the offset ranges out over Spark tasks; the executors read, fold
+and write them (``execution.engine``): each task stages the rows it
 changed and produces their KTable records, derived events and dead letters, with delivery
 reports; then the runner commits, in one Postgres transaction, the staged rows, watermarks,
 parked events, offsets and batch id (``state.store``). The driver handles counts, never keys.
@@ -11,6 +12,7 @@ what was committed, and KTable re-writes are the same values again (last value w
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -32,20 +34,15 @@ from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
     SourceSlice,
     decode_records,
+    fold_on_driver,
     read_events,
     run_aggregation,
     run_aggregation_in_place,
     run_fold,
     run_fold_in_place,
 )
-from eventfold.projections.execution.kafka_source import (
-    KafkaDataSource,
-    KafkaSlice,
-    OffsetRange,
-    cap_rows,
-    planned_ranges,
-)
-from eventfold.projections.execution.limits import STREAMING_MAX_ROWS
+from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
+from eventfold.projections.execution.limits import DRIVER_BATCH_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter
@@ -59,9 +56,10 @@ from eventfold.projections.state.store import (
     StagedBatch,
 )
 from eventfold.projections.state.topics import LetterNote, TopicSink
+from eventfold.projections.stream_thread import StreamThread, interval_seconds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
+from pyspark.sql.streaming import StreamingQuery
 
 from eventfold.contract import PartitionKey, nest_offsets, split_password
 
@@ -88,8 +86,11 @@ class RunnerSettings:
     kafka: KafkaConnection
     database_url: str
     checkpoint_root: Path
-    trigger_interval: str = "500 milliseconds"
+    trigger_interval: str = "100 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
+    driver_batch_max_rows: int = DRIVER_BATCH_MAX_ROWS
+    """A batch of at most this many records, of a fold or aggregation in place, runs on the
+    driver instead of as a Spark job (0: every batch is a Spark job)."""
     ktable_topic_config: Mapping[str, str] = field(default_factory=dict)
     """Topic configs of KTable topics beyond ``cleanup.policy=compact`` (segment size,
     dirty ratio, compaction lag...)."""
@@ -108,18 +109,24 @@ class RunnerSettings:
     it (later runs delete it once they have)."""
 
 
+WAITED = "waited"
+"""The phase, before a batch starts, from its earliest record's append to Kafka."""
+
+
 class SourceDataLost(RuntimeError):
     """Retention deleted source events a projection had not read yet."""
 
 
 class Progress(Protocol):
-    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None: ...
+    def add(self, batch_id: int, records: int, batch: StagedBatch,
+            phases: Mapping[str, float]) -> None:
+        """A committed batch: ``phases`` its seconds by phase (``BatchPhases``)."""
 
     def close(self) -> None: ...
 
 
 class ProjectionRunner:
-    """One version of one projection, one streaming query.
+    """One version of one projection: its live run, its catch-ups and replays.
 
     Without ``version`` it runs the active version (registering version 1 on a first run) and
     emits derived events; with a version a replay is building, it emits nothing.
@@ -171,8 +178,8 @@ class ProjectionRunner:
                 self.store.publish_view(self.store.conn)
         self._prepared = True
 
-    def start(self, once: bool = False) -> StreamingQuery:
-        """Start the query: ``once`` catches up with what is there now and stops."""
+    def start(self, once: bool = False) -> RunningQuery:
+        """Start streaming: ``once`` catches up with what is there now and stops."""
         what = f"projection {self.projection.name} v{self.version}"
         clock = _PhaseClock(watching=f"{what}: starting")
         with clock.phase("tables, topics and view"):
@@ -182,38 +189,25 @@ class ProjectionRunner:
         with clock.phase("retention check"):
             self._check_retained(committed)
         with clock.phase("query"):
-            query = self._writer(committed, once).start()
+            query: RunningQuery = (
+                self._spark_query(committed, once) if self.settings.source == "kafka"
+                else StreamThread(self, interval_seconds(self.settings.trigger_interval),
+                                  once).start())
         log.info("%s: %s from %s (%s source); started in %s", what,
                  "catching up" if once else "streaming",
                  ", ".join(self.projection.source_topics), self.settings.source, clock)
         return query
 
-    def _writer(self, committed: Mapping[PartitionKey, int], once: bool) -> DataStreamWriter:
-        if self.settings.source == "kafka":
-            source, process = self._spark_kafka_source(committed), self.process_records
-        else:
-            source, process = self._eventfold_source(committed), self.process_batch
+    def _spark_query(self, committed: Mapping[PartitionKey, int], once: bool
+                     ) -> StreamingQuery:
         writer = (
-            source.writeStream.queryName(f"{self.projection.name}_v{self.version}")
+            self._spark_kafka_source(committed).writeStream
+            .queryName(f"{self.projection.name}_v{self.version}")
             .option("checkpointLocation", str(self.checkpoint_dir))
-            .foreachBatch(process)
+            .foreachBatch(self.process_records)
         )
-        return writer.trigger(availableNow=True) if once else writer.trigger(
-            processingTime=self.settings.trigger_interval)
-
-    def _eventfold_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
-        """Ours, as an offset planner: each batch's rows are its offset ranges."""
-        return (
-            self.spark.readStream.format(KafkaDataSource.registered_for(
-                self.spark, f"{self.projection.name}_v{self.version}"))
-            .options(**self.settings.kafka.spark_options())
-            .option("topics", ",".join(self.projection.source_topics))
-            .option("rows", "ranges")
-            .option("max_rows_per_batch", str(self.settings.max_rows_per_batch))
-            .option("starting_offsets",
-                    json.dumps(nest_offsets(committed)) if committed else "earliest")
-            .load()
-        )
+        return (writer.trigger(availableNow=True) if once else writer.trigger(
+            processingTime=self.settings.trigger_interval)).start()
 
     def _spark_kafka_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
         """Spark's built-in Kafka source (``spark-sql-kafka-0-10`` on the classpath): each
@@ -264,21 +258,6 @@ class ProjectionRunner:
         finally:
             batch.unpersist()
 
-    def process_batch(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch. ``batch`` holds the offset ranges Spark planned (each once per
-        record it covers, so that Spark counts records); the tasks read the ranges."""
-        planned = planned_ranges(batch)
-        committed = self.store.committed_offsets()
-        unread = [OffsetRange(r.topic, r.partition,
-                              max(r.start, committed.get((r.topic, r.partition), 0)), r.end)
-                  for r in planned]
-        slices = [KafkaSlice(self.settings.kafka, r) for r in unread if r.end > r.start]
-        if not slices:
-            return  # a re-run of a batch the store already committed
-        end = {(r.topic, r.partition): r.end for r in planned}
-        self._apply(batch_id, committed, end, sum(s.rows for s in slices),
-                    self.plan.pipeline, self._slices_fold(slices))
-
     # -- bounded catch-ups (a replay): plain Spark jobs, no streaming query --------------------
     # The store's checkpoint is the only one they need, so they skip the query's start-up and
     # its checkpoint files, and an interrupted replay resumes from what the store committed.
@@ -287,20 +266,26 @@ class ProjectionRunner:
         """Fold the source topics up to ``ending``, at most ``max_rows_per_batch`` records
         per batch."""
         self.prepare()
-        batch_id = self._next_batch_id()
+        batch_id = self.next_batch_id()
         self._check_retained(self.store.committed_offsets())
-        while True:
-            committed = self.store.committed_offsets()
-            begin = {k: committed.get(k, 0) for k in ending}
-            end = cap_rows(begin, ending, max(self.settings.max_rows_per_batch, 1))
-            records = sum(end[k] - begin[k] for k in end)
-            if records <= 0:
-                return
-            slices = [KafkaSlice(self.settings.kafka, r)
-                      for r in _unread_ranges(committed, end)]
-            self._apply(batch_id, committed, end, records, self.plan.pipeline,
-                        self._slices_fold(slices))
+        while self.fold_batch_up_to(batch_id, ending):
             batch_id += 1
+
+    def fold_batch_up_to(self, batch_id: int, ending: Mapping[PartitionKey, int]) -> int:
+        """Fold one batch of the records the store has not committed below ``ending``, at
+        most ``max_rows_per_batch`` of them; how many it folded (0: none were left)."""
+        started, clock = time.time(), _PhaseClock()
+        committed = self.store.committed_offsets()
+        begin = {k: committed.get(k, 0) for k in ending}
+        end = cap_rows(begin, ending, max(self.settings.max_rows_per_batch, 1))
+        records = sum(end[k] - begin[k] for k in end)
+        if records <= 0:
+            return 0
+        slices = [KafkaSlice(self.settings.kafka, r) for r in _unread_ranges(committed, end)]
+        clock.lap("plan")
+        self._apply(batch_id, committed, end, records, self.plan.pipeline,
+                    self._slices_fold(slices), clock, started)
+        return records
 
     def fold_store_up_to(self, upto: int, buckets: int) -> None:
         """Fold the event store's log up to global position ``upto``, in windows of
@@ -308,7 +293,7 @@ class ProjectionRunner:
         self.prepare()
         sources = tuple(self.projection.sources)
         window = max(self.settings.max_rows_per_batch, 1)
-        batch_id = self._next_batch_id()
+        batch_id = self.next_batch_id()
         while True:
             committed = self.store.committed_offsets()
             after = committed.get(STORE_PARTITION, 0)
@@ -350,15 +335,18 @@ class ProjectionRunner:
                                  "without them")
         log.warning("%s. Going on without them (EVENTFOLD_ALLOW_DATA_LOSS)", message)
 
-    def _next_batch_id(self) -> int:
+    def next_batch_id(self) -> int:
         checkpoint = self.store.checkpoint()
         return checkpoint.batch_id + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
                end: dict[PartitionKey, int], records: int, pipeline: Pipeline | None,
-               fold: Fold) -> None:
-        """Fold the batch (its tasks write what they fold), then commit up to ``end``."""
-        clock = _PhaseClock()
+               fold: Fold, clock: _PhaseClock | None = None, started: float | None = None
+               ) -> None:
+        """Fold the batch (its tasks write what they fold), then commit up to ``end``.
+        ``clock`` has timed the batch's planning, which began at ``started`` (Unix time)."""
+        clock = clock or _PhaseClock()
+        started = started or time.time()
         name = self.projection.name
         emit_from = self.versions.emitted_offsets(name) if self.is_active else None
         if self.is_active:
@@ -376,18 +364,21 @@ class ProjectionRunner:
             log.warning("projection %s batch %d: %d dead letters in all (`eventfold dlq list "
                         "%s`)", name, batch_id, staged.dead_letters, name)
         self.offsets = {**committed, **staged.next_offsets}
+        phases = {**clock.laps, **{f"task_{phase}": seconds
+                                   for phase, seconds in staged.seconds.items()}}
+        waited = None if staged.first_append_ms is None else max(
+            started - staged.first_append_ms / 1000, 0.0)
         if self.settings.metrics:
             metrics.batch_committed(self.projection.name, records, staged.applied,
-                                    staged.duplicates, staged.dead_letters, {
-                                        **clock.laps, **{f"task_{phase}": seconds for phase,
-                                                         seconds in staged.seconds.items()}})
+                                    staged.duplicates, staged.dead_letters, phases, waited)
         log.debug("projection %s batch %d: %d records, %d rows written; %s; the tasks' %s",
                   name, batch_id, records,
                   staged.new_rows + staged.known_rows + staged.direct_rows, clock,
                   ", ".join(f"{phase} {seconds:.2f} s" for phase, seconds
                             in sorted(staged.seconds.items())))
         self.batches += 1
-        self.progress.add(batch_id, records, staged)
+        self.progress.add(batch_id, records, staged,
+                          phases if waited is None else {**phases, WAITED: waited})
         if self.group_progress is not None:
             self.group_progress.commit({k: o for k, o in staged.next_offsets.items()
                                         if k != STORE_PARTITION})
@@ -472,6 +463,10 @@ class ProjectionRunner:
 
     def _fold(self, slices: Sequence[SourceSlice], context: BatchContext,
               pipeline: Pipeline | None) -> StagedBatch:
+        if pipeline in _IN_PLACE and sum(s.rows for s in slices) <= (
+                self.settings.driver_batch_max_rows):
+            return fold_on_driver(slices, dataclasses.replace(
+                context, database_url=self.settings.database_url), pipeline)
         if pipeline is Pipeline.FOLD_IN_PLACE:
             return run_fold_in_place(self.spark, slices, context)
         if pipeline is Pipeline.AGGREGATE_IN_PLACE:
@@ -493,6 +488,8 @@ class ProjectionRunner:
         if self.group_progress is not None:
             self.group_progress.close()
 
+
+_IN_PLACE = (Pipeline.FOLD_IN_PLACE, Pipeline.AGGREGATE_IN_PLACE)
 
 Fold = Callable[[BatchContext, Pipeline | None], StagedBatch]
 """One attempt at a batch's fold, along a pipeline: its tasks' counts."""
@@ -573,7 +570,8 @@ class ProgressLog:
         self._first = True
         self._counts = [0, 0, 0, 0, 0]  # batches, records, applied, duplicates, dead letters
 
-    def add(self, batch_id: int, records: int, batch: StagedBatch) -> None:
+    def add(self, batch_id: int, records: int, batch: StagedBatch,
+            phases: Mapping[str, float]) -> None:
         for i, value in enumerate((1, records, batch.applied, batch.duplicates,
                                    batch.dead_letters)):
             self._counts[i] += value
@@ -590,9 +588,27 @@ class ProgressLog:
         """Nothing to let go: each line is complete when logged."""
 
 
-def stop_gracefully(query: StreamingQuery, timeout_s: float = 60) -> None:
-    """Stop between micro-batches: cancelling one mid-flight only wastes its work (the guards
-    make its replay safe, but there is no reason to pay for it)."""
+class RunningQuery(Protocol):
+    """A running projection: a ``StreamThread``, or Spark's ``StreamingQuery`` for Spark's
+    Kafka source. What callers use of either."""
+
+    @property
+    def isActive(self) -> bool: ...
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None: ...
+
+    def exception(self) -> BaseException | None: ...
+
+    def stop(self) -> None: ...
+
+
+def stop_gracefully(query: RunningQuery, timeout_s: float = 60) -> None:
+    """Stop between batches: cancelling one mid-flight only wastes its work (the guards make
+    its replay safe, but there is no reason to pay for it)."""
+    if isinstance(query, StreamThread):
+        query.stop(timeout_s)
+        return
+    assert isinstance(query, StreamingQuery)
     deadline = time.monotonic() + timeout_s
     while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
         time.sleep(0.02)

@@ -23,7 +23,7 @@ number of keys.
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import groupby
 from operator import itemgetter
@@ -65,7 +65,7 @@ from eventfold.projections.outcome import (
     RawRecords,
     SourceRecord,
 )
-from eventfold.projections.plan import Plan
+from eventfold.projections.plan import Pipeline, Plan
 from eventfold.projections.state.store import ReadModelStore, StagedBatch, lookup_rows
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -148,6 +148,19 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+def fold_on_driver(slices: Sequence[SourceSlice], context: BatchContext,
+                   pipeline: Pipeline) -> StagedBatch:
+    """A small batch of a pipeline that folds where it reads, as one task on the driver's
+    thread: a Spark job has a fixed price (docs/benchmarks.md) above a few hundred records'
+    fold. What it stages and produces, and the commit after it, are those of Spark's tasks."""
+    if pipeline is Pipeline.AGGREGATE_IN_PLACE:
+        summary = aggregate_slices(slices, context,
+                                   partial_schema(context.plan, decoded_schema(context.plan)))
+    else:
+        summary = fold_slices(slices, context)
+    return task_output.decode(pa.Table.from_batches([summary]), context.attempt)
+
+
 def collect(results: DataFrame, context: BatchContext) -> StagedBatch:
     """Run the job whose tasks yield their summaries; the batch's counts."""
     return task_output.decode(results.toArrow(), context.attempt)
@@ -223,11 +236,17 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
 @executor_task
 def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
                        context: BatchContext) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), task_store(context) as store:
+    with paused_gc():
+        yield fold_slices(_slices_of_task(batches, tasks), context)
+
+
+def fold_slices(slices: Iterable[SourceSlice], context: BatchContext) -> pa.RecordBatch:
+    """One task's work: read, fold and write ``slices``; its summary."""
+    with task_store(context) as store:
         writer = TaskWriter(store, context)
-        for source_slice in _slices_of_task(batches, tasks):
+        for source_slice in slices:
             writer.add(*fold_slice(source_slice, store, context, writer.clock))
-        yield writer.finish()
+        return writer.finish()
 
 
 def fold_slice(source_slice: SourceSlice, store: ReadModelStore, context: BatchContext,
@@ -238,6 +257,7 @@ def fold_slice(source_slice: SourceSlice, store: ReadModelStore, context: BatchC
     batch = BatchFold(context.plan, context.committed, known.watermarks, context.emit_from,
                       known.parked)
     for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
+        clock.saw(records)
         known.load(records.stream_ids())
         with clock.phase("fold"):
             batch.add(records)
@@ -388,13 +408,21 @@ def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
 @executor_task
 def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: BatchContext,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), task_store(context) as store:
+    with paused_gc():
+        yield aggregate_slices(_slices_of_task(batches, tasks), context, schema)
+
+
+def aggregate_slices(slices: Iterable[SourceSlice], context: BatchContext,
+                     schema: pa.Schema) -> pa.RecordBatch:
+    """One task's work: read, aggregate and write ``slices``; its summary."""
+    with task_store(context) as store:
         writer = TaskWriter(store, context)
         watermarks = watermarks_of(store, context)
-        for source_slice in _slices_of_task(batches, tasks):
+        for source_slice in slices:
             partition = PartitionAggregate(context.plan, schema)
-            for records in _chunks(source_slice):
-                events = decode_events(records, context.plan)
+            for raw in source_slice.record_chunks(TASK_CHUNK_ROWS):
+                writer.clock.saw(raw)
+                events = decode_events(records_table(raw), context.plan)
                 with writer.clock.phase("load"):
                     events = drop_applied(events, watermarks)
                 with writer.clock.phase("fold"):
@@ -402,7 +430,7 @@ def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: Bat
             partials = partition.result()
             writer.add(*_merged(partials, partials.filter(
                 pc.equal(partials.column("kind"), "dlq")), store, context, writer.clock))
-        yield writer.finish()
+        return writer.finish()
 
 
 def _merged(partials: pa.Table, letters: pa.Table, store: ReadModelStore,

@@ -1,6 +1,6 @@
 """What every task Spark runs on a Python worker does first (``executor_task``). Its own module,
-importing nothing but the standard library, so that the modules of Spark's planner process
-(our Kafka source's) can mark their worker-side functions without loading what the tasks use.
+importing nothing but the standard library, so that any module can mark its worker-side
+functions without loading what the tasks use.
 """
 
 from __future__ import annotations

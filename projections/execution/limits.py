@@ -7,4 +7,7 @@ and otherwise holds what arrived since the last one.
 """
 
 STREAMING_MAX_ROWS = 500_000
+DRIVER_BATCH_MAX_ROWS = 1_000
+"""A batch of at most this many records, of a pipeline that folds where it reads, is folded on
+the driver: a Spark job's fixed price is above that many records' fold (docs/benchmarks.md)."""
 REPLAY_MAX_ROWS = 1_000_000

@@ -22,7 +22,6 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from eventfold.projections.execution.kafka_source import KafkaDataSource
 from pyspark import SparkConf, SparkContext
 from pyspark.find_spark_home import _find_spark_home as find_spark_home
 from pyspark.sql import SparkSession
@@ -143,5 +142,4 @@ def spark_session(master: str = "local[2]", app_name: str = "eventfold",
     log.info("Spark master %s%s", session.sparkContext.master,
              f"; kept from the launch: {', '.join(sorted(launched))}" if launched else "")
     session.sparkContext.setLogLevel(log_level)
-    session.dataSource.register(KafkaDataSource)
     return session

@@ -31,6 +31,7 @@ SCHEMA = pa.schema([
     ("known_rows", pa.int64()), ("marks", pa.int64()), ("applied", pa.int64()),
     ("duplicates", pa.int64()), ("dead_letters", pa.int64()),
     ("server", pa.string()), ("event_id", pa.string()), ("correlation_id", pa.string()),
+    ("first_append_ms", pa.int64()),
     *((f"{phase}_s", pa.float64()) for phase in TASK_PHASES),
 ])
 
@@ -43,6 +44,7 @@ def encode(counts: StagedBatch, server: datetime | None) -> pa.RecordBatch:
         "marks": counts.marks, "applied": counts.applied, "duplicates": counts.duplicates,
         "dead_letters": counts.dead_letters,
         "server": None if server is None else server.isoformat(),
+        "first_append_ms": counts.first_append_ms,
         **{f"{phase}_s": counts.seconds.get(phase, 0.0) for phase in TASK_PHASES}}]
     rows += [{"kind": Row.HELD, "name": key} for key in sorted(counts.held)]
     rows += [{"kind": Row.TOPIC, "name": topic} for topic in sorted(counts.topics)]
@@ -63,7 +65,8 @@ def decode(table: pa.Table, attempt: str) -> StagedBatch:
             batch.notes.append(LetterNote(row["name"], row["event_id"], row["correlation_id"]))
         else:
             batch.add(StagedBatch(attempt, **{name: row[name] for name in COUNTS}, seconds={
-                phase: row[f"{phase}_s"] for phase in TASK_PHASES}))
+                phase: row[f"{phase}_s"] for phase in TASK_PHASES},
+                first_append_ms=row["first_append_ms"]))
             if row["server"] is not None:
                 batch.servers.add(datetime.fromisoformat(row["server"]))
     return batch

@@ -8,6 +8,7 @@ connection and consumer go, so the next one starts on fresh ones.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -20,22 +21,32 @@ from eventfold.projections.state.topics import new_producer
 
 from eventfold.contract import libpq_url
 
-_connections: dict[str, psycopg.Connection] = {}
-_producers: dict[KafkaConnection, Producer] = {}
-_consumers: dict[KafkaConnection, Consumer] = {}
+
+class _Held(threading.local):
+    """Per thread: a worker runs its tasks on one thread, and a driver that folds small batches
+    itself (``engine.fold_on_driver``) does so on each projection's thread at once."""
+
+    def __init__(self) -> None:
+        self.connections: dict[str, psycopg.Connection] = {}
+        self.producers: dict[KafkaConnection, Producer] = {}
+        self.consumers: dict[KafkaConnection, Consumer] = {}
+
+
+_held = _Held()
 _derived_topics: set[tuple[KafkaConnection, str]] = set()
+
 
 @contextmanager
 def connection(database_url: str) -> Iterator[psycopg.Connection]:
     """This worker's connection to ``database_url`` for the duration of a task; dropped if
     the task fails with it (it may be broken, or inside a failed transaction)."""
-    conn = _connections.get(database_url)
+    conn = _held.connections.get(database_url)
     if conn is None or conn.closed or conn.broken:
-        conn = _connections[database_url] = psycopg.connect(libpq_url(database_url))
+        conn = _held.connections[database_url] = psycopg.connect(libpq_url(database_url))
     try:
         yield conn
     except BaseException:
-        _connections.pop(database_url, None)
+        _held.connections.pop(database_url, None)
         conn.close()
         raise
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
@@ -44,23 +55,23 @@ def connection(database_url: str) -> Iterator[psycopg.Connection]:
 
 def producer(kafka: KafkaConnection) -> Producer:
     """This worker's producer of projection outputs."""
-    found = _producers.get(kafka)
+    found = _held.producers.get(kafka)
     if found is None:
-        found = _producers[kafka] = new_producer(kafka)
+        found = _held.producers[kafka] = new_producer(kafka)
     return found
 
 
 def consumer(kafka: KafkaConnection) -> Consumer:
     """This worker's range reader (``kafka_source``): a new connection per partition and
     micro-batch costs more than reading its events (docs/benchmarks.md)."""
-    found = _consumers.get(kafka)
+    found = _held.consumers.get(kafka)
     if found is None:
-        found = _consumers[kafka] = Consumer(consumer_config(kafka, **{"fetch.min.bytes": 1}))
+        found = _held.consumers[kafka] = Consumer(consumer_config(kafka, **{"fetch.min.bytes": 1}))
     return found
 
 
 def drop_consumer(kafka: KafkaConnection) -> None:
-    found = _consumers.pop(kafka, None)
+    found = _held.consumers.pop(kafka, None)
     if found is not None:
         found.close()
 

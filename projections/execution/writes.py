@@ -18,7 +18,7 @@ import pyarrow as pa
 from eventfold.projections.execution import task_output, worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.faults import crash_point
-from eventfold.projections.outcome import FoldOutcome
+from eventfold.projections.outcome import FoldOutcome, RawRecords
 from eventfold.projections.state.store import (
     NOTED_LETTERS,
     ReadModelStore,
@@ -35,6 +35,14 @@ class TaskClock:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.seconds: dict[str, float] = {}
+        self.first_append_ms: int | None = None
+
+    def saw(self, records: RawRecords) -> None:
+        """Note when the earliest of ``records`` was appended to Kafka: the batch's driver
+        measures from it how long records waited for their batch."""
+        first = records.first_append_ms
+        if first is not None and (self.first_append_ms is None or first < self.first_append_ms):
+            self.first_append_ms = first
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -110,6 +118,7 @@ class TaskWriter:
             self.output.flush()
         crash_point("task.written")
         self.counts.seconds = self.clock.total()
+        self.counts.first_append_ms = self.clock.first_append_ms
         # What was staged lives in UNLOGGED tables: the commit checks the server that holds
         # them is the one they were written to.
         server = server_started(self.store.conn) if self._staged else None

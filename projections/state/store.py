@@ -125,6 +125,8 @@ class StagedBatch:
     seconds: dict[str, float] = field(default_factory=dict)
     """Where the tasks' time went, summed over them, by phase (``TASK_PHASES``)."""
     next_offsets: dict[PartitionKey, int] = field(default_factory=dict)
+    first_append_ms: int | None = None
+    """When the earliest record the tasks read was appended to Kafka, if they know."""
 
     def add(self, other: StagedBatch) -> None:
         """``other``'s counts (another job of the same attempt) added to these."""
@@ -137,6 +139,8 @@ class StagedBatch:
         self.notes += other.notes
         for phase, seconds in other.seconds.items():
             self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+        self.first_append_ms = min((ms for ms in (self.first_append_ms, other.first_append_ms)
+                                    if ms is not None), default=None)
 
 
 class ReadModelStore:

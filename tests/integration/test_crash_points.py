@@ -1,7 +1,8 @@
 """Exactly-once effect at the worst moments: a projection process dies at each step of a
 batch's write and commit protocol (``projections.faults``: an executor's Python worker after
-it staged its rows and handed its records to the producer, or after it flushed them; the
-driver inside the commit's transaction, or right after it), as the CLI runs it. Started again,
+it staged its rows and handed its records to the producer, or after it flushed them, and the
+driver at the first of these when it folds a small batch itself; the driver inside the
+commit's transaction, or right after it), as the CLI runs it. Started again,
 it leaves the read model, the KTable and the derived events exactly what a fold of the event
 store gives: nothing lost, nothing counted twice (a derived event may be sent twice, with the
 same id and content: consumers drop the copy)."""
@@ -47,17 +48,20 @@ def sold(stack_settings, tmp_path_factory) -> str:
     return prefix
 
 
-@pytest.mark.parametrize("point", sorted(POINTS))
+@pytest.mark.parametrize(("point", "on_driver"), [
+    *((point, False) for point in sorted(POINTS)), ("task.produced", True)],
+    ids=lambda value: {True: "small-batch-on-the-driver", False: "spark-tasks"}.get(value, value))
 def test_a_crash_at_each_step_of_a_batch_leaves_every_output_exact(
-        point, sold, stack_settings, engine, tmp_path) -> None:
+        point, on_driver, sold, stack_settings, engine, tmp_path) -> None:
     name = f"crash_{point.replace('.', '_')}_{tmp_path.name[-8:]}"
     crashed = tmp_path / "crashed"
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.renamed_app:app",
-                    EVENTFOLD_TEST_PROJECTION=name)
+                    EVENTFOLD_TEST_PROJECTION=name,
+                    EVENTFOLD_DRIVER_BATCH_MAX_ROWS="1000000" if on_driver else "0")
     first = eventfold("projection", "run", name, "--once", env={
         **env, "EVENTFOLD_CRASH_AT": point, "EVENTFOLD_CRASH_ONCE": str(crashed)}, timeout=300)
     assert crashed.read_text() == point, first.stderr[-3000:]  # it died where armed
-    if point.startswith("commit."):  # the driver died: the run with it; run it again
+    if point.startswith("commit.") or on_driver:  # the driver died: run it again
         assert first.returncode == CRASH_EXIT_CODE, first.stderr[-3000:]
         again = eventfold("projection", "run", name, "--once", env=env, timeout=300)
         assert again.returncode == 0, again.stderr[-3000:]

@@ -14,7 +14,7 @@ import pytest
 from eventfold.outbox.design import OutboxDesign
 from eventfold.projections import Lookup, Projection
 from eventfold.projections.replay import replay
-from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.catalog import ProjectionCatalog, VersionSwitched
 from sqlalchemy import Engine, text
 
 from eventfold.contract import EventEnvelope, event_topic
@@ -97,7 +97,7 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
         # The old live version stops at its next batch; `projection run` restarts on v2.
         bus.execute(sales.DelistProduct(product=product(1)))
         wait_for(lambda: not query.isActive, "the v1 query to stop after the switch")
-        assert "VersionSwitched" in str(query.exception())
+        assert isinstance(query.exception(), VersionSwitched)
         assert "v1 is no longer active or building (active: v2)" in str(query.exception())
     finally:
         if query.isActive:

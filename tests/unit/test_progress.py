@@ -15,7 +15,7 @@ def test_without_a_terminal_it_logs_every_few_seconds_and_at_the_end(
     progress = ReplayProgress("totals", 1000, terminal=False, log_every_s=60)
     with caplog.at_level(logging.INFO, logger="eventfold.projections.replay"):
         for batch in range(10):
-            progress.add(batch, 100, FoldOutcome())
+            progress.add(batch, 100, FoldOutcome(), {})
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 2, lines  # the first batch, then the last one
     assert lines[0].startswith("replay totals:  10%, 100 of 1,000 events")
@@ -25,8 +25,8 @@ def test_without_a_terminal_it_logs_every_few_seconds_and_at_the_end(
 
 def test_on_a_terminal_it_draws_a_bar(capsys: pytest.CaptureFixture[str]) -> None:
     progress = ReplayProgress("totals", 1000, what="catching up", terminal=True)
-    progress.add(0, 400, FoldOutcome())
-    progress.add(1, 600, FoldOutcome())
+    progress.add(0, 400, FoldOutcome(), {})
+    progress.add(1, 600, FoldOutcome(), {})
     progress.close()
     progress.close()  # the runner and the replay both close it
     drawn = capsys.readouterr().err

@@ -1,7 +1,6 @@
 """What Spark's Python processes hold: a worker's first task puts what is in memory then out of
 the garbage collector's reach (PySpark collects after every task of a reused worker) while
-later tasks' garbage is still collected; a streaming query's planner process loads our Kafka
-source without the libraries tasks use."""
+later tasks' garbage is still collected."""
 
 from __future__ import annotations
 
@@ -39,14 +38,3 @@ def test_the_first_task_freezes_the_libraries_once_and_later_garbage_is_collecte
     assert first > 1000  # the imported libraries' objects
     assert second - first < 1_000  # frozen once: not the first task's 10,000 lists
     assert collected >= 2  # the tasks' cycles: made after the freeze, still collected
-
-
-def test_spark_planner_process_loads_our_source_without_what_tasks_use() -> None:
-    """Spark runs our Kafka source's module in a planner process per streaming query: it
-    plans offset ranges and must not carry pandas, SQLAlchemy and psycopg (a host of ten
-    projections has ten such processes)."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; import eventfold.projections.execution.kafka_source; "
-         "print(' '.join(m for m in ('pandas', 'sqlalchemy', 'psycopg') if m in sys.modules))"],
-        capture_output=True, text=True, check=True, timeout=60)
-    assert done.stdout.split() == []
