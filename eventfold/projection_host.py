@@ -189,7 +189,7 @@ class _Supervisor:
             self.watched.stopped("stopped")
 
     def _run_until_it_ends(self) -> _RunOutcome:
-        from eventfold.projections.runner import stop_gracefully
+        from eventfold.projections.runner import described, stop_gracefully
 
         host, name = self.host, self.name
         runner = None
@@ -207,12 +207,12 @@ class _Supervisor:
             if isinstance(error, needs_a_person()):
                 raise error
             active = runner.versions.active(name)
-            return _RunOutcome(runner.batches, _described(error),
+            return _RunOutcome(runner.batches, described(error),
                                active if active != runner.version else None)
         except needs_a_person():
             raise  # a person has to decide: starting again would only meet it again
         except Exception as exc:  # the broker or the database unreachable while starting
-            return _RunOutcome(runner.batches if runner else 0, _described(exc))
+            return _RunOutcome(runner.batches if runner else 0, described(exc))
         finally:
             if runner is not None:
                 try:
@@ -369,12 +369,6 @@ class _Requests:
         except Exception as exc:
             log.warning("projection host: leaving the directory: %s", _gist(str(exc)))
         self.directory.close()
-
-
-def _described(error: BaseException) -> str:
-    """A run's error: Spark's query exceptions carry the Python traceback in their text."""
-    text = str(error)
-    return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
 
 
 def _gist(error: str) -> str:

@@ -237,9 +237,9 @@ class ProjectionRunner:
             query.stop()
             raise TimeoutError(f"projection {self.projection.name} v{self.version} had not "
                                f"caught up after {timeout_s:.0f} s")
-        if query.exception() is not None:
+        if (error := query.exception()) is not None:
             raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
-                               f"{query.exception()}")
+                               f"{described(error)}") from error
 
     def process_records(self, batch: DataFrame, batch_id: int) -> None:
         """One micro-batch of Spark's Kafka source: ``batch`` holds its records. They are
@@ -586,6 +586,13 @@ class ProgressLog:
 
     def close(self) -> None:
         """Nothing to let go: each line is complete when logged."""
+
+
+def described(error: BaseException) -> str:
+    """A run's error as text that names it: Spark's query exceptions carry the Python
+    traceback in their text, a stream thread's are the exception itself."""
+    text = str(error)
+    return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
 
 
 class RunningQuery(Protocol):

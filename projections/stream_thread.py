@@ -17,6 +17,7 @@ import threading
 from typing import TYPE_CHECKING
 
 from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.projections.execution import worker
 from pyspark import InheritableThread
 
 from eventfold.contract import PartitionKey
@@ -90,6 +91,7 @@ class StreamThread:
             self._error = exc
         finally:
             planner.close()
+            worker.release()
             self._ended.set()
 
     def _end_offsets(self, planner: OffsetPlanner) -> dict[PartitionKey, int]:

@@ -76,6 +76,21 @@ def drop_consumer(kafka: KafkaConnection) -> None:
         found.close()
 
 
+def release() -> None:
+    """Close what this thread holds: a stream thread that folded small batches itself lets
+    its clients go when it ends (a worker's live as long as the worker)."""
+    held = _held
+    for conn in held.connections.values():
+        conn.close()
+    for reader in held.consumers.values():
+        reader.close()
+    for writer in held.producers.values():
+        writer.flush(30)  # every task flushed already: nothing is waiting
+    held.connections.clear()
+    held.consumers.clear()
+    held.producers.clear()
+
+
 def ensure_derived_topics(kafka: KafkaConnection, replication: Replication,
                           topics: Iterable[str]) -> None:
     """Create the derived-event topics a fold emits to before producing to them (once per

@@ -1,5 +1,6 @@
 """Parity of the plain-Python harness with Spark: random logs (hypothesis), produced to a real
-topic of two partitions, folded by every pipeline Spark runs in two batches, each written by
+topic of two partitions, folded by every pipeline Spark runs (and, for the pipelines that fold
+where they read, as one task on the driver, as a small batch is) in two batches, each written by
 its tasks (stage, KTable records, derived events, dead letters) and committed through the real
 store, come out as the reference fold of the whole log: the same rows (states, versions,
 positions) per key, the same KTable, the same derived events and dead letters in their topics.
@@ -18,9 +19,11 @@ import pytest
 from confluent_kafka import Producer
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.projections import Pipeline, Plan, compile_projection, fold_records
+from eventfold.projections.execution import worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
     SourceSlice,
+    fold_on_driver,
     read_events,
     run_aggregation,
     run_aggregation_in_place,
@@ -48,7 +51,9 @@ more to hunt."""
 
 
 def run_pipeline(spark, pipeline: Pipeline, slices: Sequence[SourceSlice],
-                 context: BatchContext) -> StagedBatch:
+                 context: BatchContext, on_driver: bool) -> StagedBatch:
+    if on_driver:
+        return fold_on_driver(slices, context, pipeline)
     if pipeline is Pipeline.FOLD_IN_PLACE:
         return run_fold_in_place(spark, slices, context)
     if pipeline is Pipeline.AGGREGATE_IN_PLACE:
@@ -78,10 +83,11 @@ def produce_log(settings, topic: str, records: list[SourceRecord]) -> None:
     assert producer.flush(30) == 0
 
 
-def fold_in_two_batches(spark, settings, plan: Plan, pipeline: Pipeline, topic: str,
-                        batches: list[list[SourceRecord]]) -> dict[str, KeyState]:
-    """Fold the batches' records from the topic on Spark, each batch written by its tasks
-    and committed as the runner commits it; the stored rows."""
+def fold_in_two_batches(spark, settings, plan: Plan, pipeline: Pipeline, on_driver: bool,
+                        topic: str, batches: list[list[SourceRecord]]) -> dict[str, KeyState]:
+    """Fold the batches' records from the topic on Spark (or as one task on the driver, as a
+    small batch is), each batch written by its tasks and committed as the runner commits it;
+    the stored rows."""
     versions = ProjectionCatalog(settings.database_url)
     versions.register(plan.name)
     versions.close()
@@ -101,7 +107,7 @@ def fold_in_two_batches(spark, settings, plan: Plan, pipeline: Pipeline, topic: 
                 plan, 1, settings.database_url, settings.kafka, uuid.uuid4().hex, EMIT_ALL,
                 dict(committed), fresh=store.checkpoint() is None,
                 any_parked=plan.parks and store.any_parked())
-            staged = run_pipeline(spark, pipeline, slices, context)
+            staged = run_pipeline(spark, pipeline, slices, context, on_driver)
             staged.next_offsets = {(topic, p): end for p, end in ends.items()}
             sink.ensure_outputs(staged.topics)
 
@@ -111,6 +117,7 @@ def fold_in_two_batches(spark, settings, plan: Plan, pipeline: Pipeline, topic: 
 
             store.commit(batch_id, staged, committed, produce_held)
             committed.update(staged.next_offsets)
+        worker.release()  # what the driver's folds held, on this thread
         keys = [key for (key,) in store.conn.execute(sql.SQL("SELECT key FROM {}").format(
             sql.Identifier(f"{plan.projection.table}__v1")))] if plan.stateful else []
         rows = store.load(keys)
@@ -128,15 +135,20 @@ def _in_two_batches(log: list[Step], topic: str) -> list[list[SourceRecord]]:
 
 
 KINDS = kinds()
-PIPELINES = [(kind, pipeline) for kind, projection in sorted(KINDS.items())
+PIPELINES = [(kind, pipeline, on_driver) for kind, projection in sorted(KINDS.items())
              for pipeline in sorted({compile_projection(projection).pipeline,
-                                     compile_projection(projection).fallback} - {None})]
+                                     compile_projection(projection).fallback} - {None})
+             for on_driver in (False, True)
+             if not on_driver or pipeline in (Pipeline.FOLD_IN_PLACE,
+                                              Pipeline.AGGREGATE_IN_PLACE)]
 
 
-@pytest.mark.parametrize(("kind", "pipeline"), PIPELINES,
-                         ids=[f"{k}-{p.name.lower()}" for k, p in PIPELINES])
+@pytest.mark.parametrize(("kind", "pipeline", "on_driver"), PIPELINES,
+                         ids=[f"{k}-{p.name.lower()}{'-on-the-driver' if d else ''}"
+                              for k, p, d in PIPELINES])
 def test_spark_pipelines_fold_as_the_python_harness(spark, stack_settings, kind: str,
-                                                    pipeline: Pipeline) -> None:
+                                                    pipeline: Pipeline,
+                                                    on_driver: bool) -> None:
     database_url = stack_settings.database_url
     migrations.upgrade(database_url)
 
@@ -155,7 +167,7 @@ def test_spark_pipelines_fold_as_the_python_harness(spark, stack_settings, kind:
         produce_log(stack_settings, topic, records)
         reference = fold_records(plan, {}, records, lookup_rows=LOOKUP_ROWS)
         expected = comparable(reference)
-        rows = fold_in_two_batches(spark, stack_settings, plan, pipeline, topic,
+        rows = fold_in_two_batches(spark, stack_settings, plan, pipeline, on_driver, topic,
                                    _in_two_batches(log, topic))
         assert comparable(FoldOutcome(changed=rows))["changed"] == expected["changed"]
         if plan.stateful:

@@ -87,7 +87,10 @@ def _environment(stack_settings, shipped, name: str, **extra: str) -> dict[str, 
             "EVENTFOLD_CHECKPOINT_DIR": str(shipped["app"].parent / f"checkpoints-{name}"),
             "PYSPARK_PYTHON": str(shipped["python"]),
             "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PYTHONPATH": str(shipped["app"])}
+            "PYTHONPATH": str(shipped["app"]),
+            # Every batch on the executors, however small: they run the shipped code, and a
+            # killed worker must take batches with it.
+            "EVENTFOLD_DRIVER_BATCH_MAX_ROWS": "0"}
 
 
 def _record_sales(stack_settings, unique: str, count: int) -> None:
