@@ -1,13 +1,13 @@
 """The projection host: ``eventfold projection run`` of one projection, several or ``--all``,
-as streaming queries of one Spark application.
+in one Spark application, each on a stream thread of its own (``projections.stream_thread``).
 
 Each projection is supervised on a thread of its own. Live batches share one scheduler pool and
 are served in the order they came, ahead of replays handed to the host, which run in a pool of
 their own (``projections/execution/pools.xml`` says why). A failure
 (the broker or the database away) starts that projection again alone, with growing pauses; one
 that needs a person (events lost to retention, a topic's wrong configs) or keeps failing stops
-alone, and the host says so while the others carry on. SIGTERM and Ctrl-C stop every query
-between batches.
+alone, and the host says so while the others carry on. SIGTERM and Ctrl-C stop every
+projection between batches.
 
 It uses the app (its projections, runners and Spark session) and ``projections``; only the
 command line uses it.
@@ -130,8 +130,8 @@ class ProjectionHost:
     def _supervise(self, spark: SparkSession, name: str, observer: RunObserver | None) -> None:
         from eventfold.projections.execution.spark import LIVE_POOL, SCHEDULER_POOL
 
-        # Jobs of this thread's query (its batches run on the query's own thread, which
-        # inherits this) go to the live pool.
+        # Jobs of this projection's batches (they run on its stream thread, which inherits
+        # this) go to the live pool.
         spark.sparkContext.setLocalProperty(SCHEDULER_POOL, LIVE_POOL)
         watched = observer.projections[name] if observer is not None else None
         try:
@@ -291,7 +291,7 @@ def replay_on_a_host(settings: Settings, name: str, source: str) -> ReplayResult
 class _Requests:
     """A host's registration and the replays handed to it: a thread that heartbeats, claims
     requests for this host and runs each replay on a thread of its own (its jobs in a pool of
-    their own, beside the live queries)."""
+    their own, beside the live batches)."""
 
     def __init__(self, host: ProjectionHost, spark: SparkSession) -> None:
         from eventfold.projections.state.hosts import HostDirectory
@@ -317,7 +317,7 @@ class _Requests:
                              ", ".join(self.host.names))
                 self.directory.heartbeat(self.host_id)
                 request = self.directory.claim(self.host_id)
-            except Exception as exc:  # the database away: the host's queries say so too
+            except Exception as exc:  # the database away: the host's projections say so too
                 log.warning("projection host: heartbeat: %s", _gist(str(exc)))
                 self._stopped.wait(5)
                 continue
@@ -381,7 +381,7 @@ def _gist(error: str) -> str:
 
 def _await_query(query: RunningQuery, stop_requested: threading.Event,
                  stop_gracefully: Callable[[RunningQuery], None]) -> None:
-    """Wait for the query to end: by itself (caught up with ``--once``, or failed) or on a
+    """Wait for the run to end: by itself (caught up with ``--once``, or failed) or on a
     signal. A failed query raises from ``awaitTermination``; its ``exception()`` says why and
     the caller decides (a version switch is not a failure)."""
     from pyspark.errors import StreamingQueryException

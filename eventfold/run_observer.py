@@ -46,7 +46,7 @@ class Watched:
         self._query, self.state, self._since = None, state, time.time()
 
     def replaying(self) -> None:
-        """A replay runs batch by batch without a streaming query: healthy while it does."""
+        """A replay runs batch by batch: healthy while it does."""
         self.state, self._since = "replaying", time.time()
 
     def health(self) -> tuple[bool, dict[str, object]]:

@@ -25,9 +25,8 @@ Layers, each importing only those above it:
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
 pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client, rich (progress
-bars). Never ``write_model`` or ``read_api``. The names below load on first use: a Spark
-process that needs one module (a streaming query's planner, running ``kafka_source``) loads
-only that one.
+bars). Never ``write_model`` or ``read_api``. The names below load on first use: a process
+that needs one module (a Spark Python worker running a task) loads only what it imports.
 """
 
 from __future__ import annotations

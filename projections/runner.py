@@ -161,8 +161,8 @@ class ProjectionRunner:
 
     @property
     def checkpoint_dir(self) -> Path:
-        """Spark's checkpoint of the query: one per source, as neither resumes the other's
-        (the store's own checkpoint is where a new query starts)."""
+        """The Spark checkpoint of a streaming query over Spark's Kafka source (the store's
+        own checkpoint is where a new query starts; a stream thread needs no other)."""
         suffix = "" if self.settings.source == "eventfold" else f".{self.settings.source}"
         return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}{suffix}"
 
