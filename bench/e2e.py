@@ -2,7 +2,7 @@
 and to a read-your-writes answer, where a live batch's time goes (p50 per phase), and the
 rates of each stage for 20,000 events. Prints figures, then one JSON line.
 
-    .venv/bin/python bench/e2e.py [--latency-commands 200] [--events 20000]
+    .venv/bin/python -m bench.e2e [--latency-commands 200] [--events 20000]
 """
 
 from __future__ import annotations
@@ -16,17 +16,19 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psycopg
 import requests
 from confluent_kafka import Consumer, KafkaError, TopicPartition
-from eventfold.local_stack.process import free_port
+from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.outbox.connector import ConnectClient
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config
 from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
 from eventfold.projections.state.store import StagedBatch
 
 from bench.common import own_stack, percentile
+from bench.read_api import start_read_api, wait_ready
 from eventfold.config import Settings
 from eventfold.contract import event_topic, libpq_url
 from eventfold.serving import BackgroundServer
@@ -97,19 +99,19 @@ class KTableWatch:
 
 
 def measure_latency(settings: Settings, runner: ProjectionRunner, phases: PhaseLog,
-                    commands: int) -> Latencies:
+                    commands: int, work_dir: Path) -> Latencies:
     """Commands at ~20/s over HTTP; a poller notes when each product's row appears, a consumer
-    when its KTable record does, and a ``min_version`` read sent after each command when it
-    is answered."""
+    when its KTable record does, and a ``min_version`` read sent after each command (to
+    ``eventfold serve reads`` in a process of its own, as deployed) when it is answered."""
     server = BackgroundServer(app.command_api(settings), "127.0.0.1", free_port()).start()
-    reads = BackgroundServer(app.read_api(settings), "127.0.0.1", free_port()).start()
+    reads_pid, reads_url = start_read_api(settings, 1, work_dir / "read_api.log")
     sent: dict[str, float] = {}
     seen: dict[str, float] = {}
     answered: dict[str, float] = {}
     done = threading.Event()
 
     def read_own_write(key: str, version: int) -> None:
-        requests.get(f"{reads.url}/read-models/inventory_totals/rows/{key}",
+        requests.get(f"{reads_url}/read-models/inventory_totals/rows/{key}",
                      params={"min_version": version}, timeout=30).raise_for_status()
         answered[key] = time.perf_counter()
 
@@ -122,6 +124,7 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, phases: PhaseL
                     seen.setdefault(key, now)
                 time.sleep(0.002)
 
+    wait_ready(reads_url, reads_pid)
     query = runner.start()
     session = requests.Session()
     # Warm-up: the first micro-batches start Spark's Python workers (seconds each); spread
@@ -160,7 +163,7 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, phases: PhaseL
         ktable.stop()
         stop_gracefully(query)
         server.stop()
-        reads.stop()
+        stop_pid(reads_pid, what="read API")
     return Latencies(
         [(seen[k] - sent[k]) * 1000 for k in sent if k in seen],
         [(ktable.seen[k] - sent[k]) * 1000 for k in sent if k in ktable.seen],
@@ -209,17 +212,17 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    with own_stack("eventfold-bench-") as (settings, _):
-        run(settings, args)
+    with own_stack("eventfold-bench-") as (settings, work_dir):
+        run(settings, work_dir, args)
 
 
-def run(settings: Settings, args: argparse.Namespace) -> None:
+def run(settings: Settings, work_dir: Path, args: argparse.Namespace) -> None:
     app.setup(settings)
     phases = PhaseLog()
     runner = app.projection_runner(settings, "inventory_totals", phases)
     print(f"stack ready; trigger interval {settings.trigger_interval}", flush=True)
 
-    measured = measure_latency(settings, runner, phases, args.latency_commands)
+    measured = measure_latency(settings, runner, phases, args.latency_commands, work_dir)
     latencies = measured.read_model_ms
     runner.close()
     for what, values in (("read model row", latencies), ("KTable record", measured.ktable_ms)):
