@@ -53,7 +53,7 @@ class Watched:
         query, runner = self._query, self._runner
         healthy = self.state == "replaying" or (query is not None and query.isActive)
         return healthy, {
-            "state": self.state if healthy or query is None else "query ended",
+            "state": self.state if healthy or query is None else "ended",
             "since": self._since, "version": runner.version if runner else None,
             "batches": runner.batches if runner else 0}
 
