@@ -303,18 +303,26 @@ class _Requests:
         self._stopped = threading.Event()
         self._replays: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._run, name="host-requests", daemon=True)
+        # Registered before its projections start: a projection folds within a second of its
+        # start, and whoever sees its batches must also see which host runs it.
+        try:
+            self._register()
+        except Exception as exc:  # the database away: the thread tries again
+            log.warning("projection host: registering: %s", _gist(str(exc)))
         self._thread.start()
+
+    def _register(self) -> None:
+        if not self._registered:
+            self.directory.register(self.host_id, self.host.names)
+            self._registered = True
+            log.info("projection host %s runs %s", self.host_id, ", ".join(self.host.names))
 
     def _run(self) -> None:
         # Every half second, so that a replay starts soon after it is asked for; each replay
         # reports through a connection of its own.
         while not self._stopped.wait(0.5):
             try:
-                if not self._registered:
-                    self.directory.register(self.host_id, self.host.names)
-                    self._registered = True
-                    log.info("projection host %s runs %s", self.host_id,
-                             ", ".join(self.host.names))
+                self._register()
                 self.directory.heartbeat(self.host_id)
                 request = self.directory.claim(self.host_id)
             except Exception as exc:  # the database away: the host's projections say so too
