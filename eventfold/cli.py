@@ -51,6 +51,9 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
         if stack.auth.sasl:
             print(f"broker: {stack.auth.protocol}, {stack.auth.mechanism} user "
                   f"{stack.auth.username} (from EVENTFOLD_KAFKA_CONFIG)")
+        if endpoints.kafka_ca_location:
+            print(f"clients trust the stack's CA: {endpoints.kafka_ca_location} "
+                  "(ssl.ca.location; eventfold's clients of this stack use it by themselves)")
         for name, value in endpoints.as_env().items():
             print(f"export {name}={value}")
         if spark := stack.spark.state():

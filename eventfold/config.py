@@ -246,7 +246,17 @@ class Settings(BaseSettings):
             database_url=self.database_url or state["database_url"],
             kafka_bootstrap=self.kafka_bootstrap or state["kafka_bootstrap"],
             connect_url=self.connect_url or state["connect_url"],
+            kafka_config=self.kafka_config if self.kafka_bootstrap else self._trusting(
+                state.get("kafka_ca_location", "")),
         )
+
+    def _trusting(self, ca_location: str) -> str:
+        """The Kafka client settings, trusting the local stack's CA (a broker that takes
+        SASL_SSL) unless they name a trust store of their own."""
+        if not ca_location or "ssl.ca.location" in self.kafka_client_settings:
+            return self.kafka_config
+        entry = "ssl.ca.location=" + ca_location.replace(",", "\\,")
+        return f"{self.kafka_config},{entry}" if self.kafka_config else entry
 
     def replace(self, **changes: object) -> Settings:
         """A copy with ``changes``, validated (and its derived values computed) anew."""

@@ -1,6 +1,7 @@
-"""How the local stack's Kafka clients authenticate: not at all (PLAINTEXT), or SASL_PLAINTEXT
-with one SCRAM user. The broker is formatted with that user, authenticates its own
-inter-broker traffic as it, and the Connect worker logs in as it.
+"""How the local stack's Kafka clients authenticate: not at all (PLAINTEXT), or with one SCRAM
+user over SASL_PLAINTEXT or SASL_SSL. The broker is formatted with that user, authenticates
+its own inter-broker traffic as it, and the Connect worker logs in as it. Over SASL_SSL every
+client trusts the stack's own CA (``local_stack.tls``).
 
 The settings arrive in Java's names (``eventfold`` translates the pipeline's client settings);
 nothing here knows the Python clients.
@@ -16,6 +17,7 @@ from pathlib import Path
 from eventfold.local_stack.process import StackError
 
 SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
 CLIENT_PREFIXES = ("", "producer.", "consumer.", "admin.")
 """A Connect worker's own clients, its connectors' producers and consumers, and its admin
 client each read their settings under their own prefix."""
@@ -44,17 +46,34 @@ class ClientAuth:
 
     @property
     def sasl(self) -> bool:
-        return self.protocol == "SASL_PLAINTEXT"
+        return self.protocol in SASL_PROTOCOLS
+
+    @property
+    def tls(self) -> bool:
+        return self.protocol == "SASL_SSL"
+
+    def trusting(self, ca_location: Path) -> ClientAuth:
+        """These settings with the stack's CA as the trust store: the local broker's
+        certificate is signed by it and by nothing a client may have been given."""
+        config = dict(self.java_config)
+        given = config.setdefault("ssl.truststore.location", str(ca_location))
+        if Path(given).resolve() != ca_location.resolve():
+            raise StackError(
+                f"the local broker's certificate is signed by the stack's own CA, "
+                f"{ca_location}; leave ssl.ca.location unset (clients of the local stack trust "
+                f"that CA) or set it to that file, not {given}")
+        config["ssl.truststore.type"] = "PEM"
+        return ClientAuth.of(config, self.username, self.password)
 
     def check(self) -> None:
         if self.protocol == "PLAINTEXT":
             return
         if not self.sasl or self.mechanism not in SCRAM_MECHANISMS or not self.username:
             raise StackError(
-                f"the local broker takes PLAINTEXT, or SASL_PLAINTEXT with "
+                f"the local broker takes PLAINTEXT, or {' or '.join(SASL_PROTOCOLS)} with "
                 f"{' or '.join(SCRAM_MECHANISMS)} and sasl.username/sasl.password; got "
                 f"security.protocol={self.protocol} sasl.mechanism={self.mechanism or '-'} "
-                "(for SSL, point EVENTFOLD_KAFKA_BOOTSTRAP at a cluster of your own)")
+                "(for other setups, point EVENTFOLD_KAFKA_BOOTSTRAP at a cluster of your own)")
         unsafe = [c for c in ',[]="' if c in self.username + self.password]
         if unsafe:
             raise StackError(f"the local broker's SCRAM user and password cannot hold "

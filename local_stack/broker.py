@@ -19,6 +19,7 @@ from pathlib import Path
 from eventfold.local_stack.auth import ClientAuth
 from eventfold.local_stack.java import classpath, java_binary, log4j_config
 from eventfold.local_stack.process import StackError, port_is_open, spawn, wait_until
+from eventfold.local_stack.tls import BrokerTls
 
 BROKER_MAIN = "kafka.Kafka"
 STORAGE_TOOL = "kafka.tools.StorageTool"
@@ -43,7 +44,7 @@ def quorum(nodes: Sequence[Node]) -> str:
 
 
 def server_properties(data_dir: Path, node: Node, nodes: Sequence[Node],
-                      auth: ClientAuth) -> dict[str, str]:
+                      auth: ClientAuth, tls: BrokerTls | None = None) -> dict[str, str]:
     listener = auth.protocol
     port, controller_port = node.port, node.controller_port
     replicas = str(min(len(nodes), 3))
@@ -58,6 +59,7 @@ def server_properties(data_dir: Path, node: Node, nodes: Sequence[Node],
         "inter.broker.listener.name": listener,
         "listener.security.protocol.map": f"CONTROLLER:PLAINTEXT,{listener}:{listener}",
         **(_sasl_properties(auth) if auth.sasl else {}),
+        **(tls.server_properties() if tls else {}),
         "log.dirs": str(data_dir / "logs"),
         # Internal topics on every node of a cluster (of up to three), one copy may be down.
         "offsets.topic.replication.factor": replicas,
@@ -78,12 +80,12 @@ def server_properties(data_dir: Path, node: Node, nodes: Sequence[Node],
 
 def _sasl_properties(auth: ClientAuth) -> dict[str, str]:
     """Clients and the broker itself log in over SCRAM. The controller listener stays
-    PLAINTEXT: it is bound to loopback and serves only the KRaft quorum of this one node."""
+    PLAINTEXT: it is bound to loopback and serves only the KRaft quorum of the stack."""
     mechanism = auth.mechanism
     return {
         "sasl.enabled.mechanisms": mechanism,
         "sasl.mechanism.inter.broker.protocol": mechanism,
-        f"listener.name.sasl_plaintext.{mechanism.lower()}.sasl.jaas.config":
+        f"listener.name.{auth.protocol.lower()}.{mechanism.lower()}.sasl.jaas.config":
             dict(auth.java_config)["sasl.jaas.config"],
     }
 
@@ -107,8 +109,9 @@ class StartingBroker:
 
 
 def start(data_dir: Path, node: Node, nodes: Sequence[Node], cluster_id: str, log_path: Path,
-          auth: ClientAuth) -> StartingBroker:
-    """Start ``node`` of ``nodes``, formatting its storage for ``cluster_id`` the first time."""
+          auth: ClientAuth, tls: BrokerTls | None = None) -> StartingBroker:
+    """Start ``node`` of ``nodes``, formatting its storage for ``cluster_id`` the first time;
+    with ``tls``, its listener for clients takes TLS."""
     port = node.port
     for taken in (port, node.controller_port):
         if port_is_open(taken):
@@ -117,7 +120,7 @@ def start(data_dir: Path, node: Node, nodes: Sequence[Node], cluster_id: str, lo
     log_path.parent.mkdir(parents=True, exist_ok=True)
     config = data_dir / "server.properties"
     config.write_text("".join(f"{k}={v}\n" for k, v in
-                              server_properties(data_dir, node, nodes, auth).items()))
+                              server_properties(data_dir, node, nodes, auth, tls).items()))
     log4j = log4j_config(data_dir / "log4j2.properties",
                          {"server": "kafka.server.KafkaRaftServer"})
     if not (data_dir / "logs" / "meta.properties").exists():

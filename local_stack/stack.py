@@ -32,6 +32,7 @@ from eventfold.local_stack.process import (
     wait_port_closed,
 )
 from eventfold.local_stack.spark_cluster import SparkCluster
+from eventfold.local_stack.tls import CA_FILE, BrokerTls
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class StackEndpoints:
     connect_pid: int
     more_pids: dict[str, int] = field(default_factory=dict)
     """The other nodes of a cluster stack: ``broker-2``, ``broker-3``, ``connect-2``."""
+    kafka_ca_location: str = ""
+    """The CA certificate (PEM) Kafka clients trust when the broker takes SASL_SSL."""
 
     def as_env(self) -> dict[str, str]:
         return {
@@ -96,7 +99,9 @@ class LocalStack:
 
     def __init__(self, data_dir: Path, auth: ClientAuth | None = None) -> None:
         self.data_dir = data_dir.resolve()
-        self.auth = auth or ClientAuth()
+        self.tls_dir = self.data_dir / "tls"
+        auth = auth or ClientAuth()
+        self.auth = auth.trusting(self.tls_dir / CA_FILE) if auth.tls else auth
         self.spark = SparkCluster(self.data_dir / "spark")
         path = self.data_dir / SHAPE_FILE
         self.shape = Shape(**json.loads(path.read_text())) if path.exists() else Shape()
@@ -191,7 +196,8 @@ class LocalStack:
             connect_url=f"http://127.0.0.1:{ports['connect']}",
             postgres_pid=pids["postgres"], broker_pid=pids["broker"],
             connect_pid=pids["connect"],
-            more_pids={name: pid for name, pid in pids.items() if name not in first}))
+            more_pids={name: pid for name, pid in pids.items() if name not in first},
+            kafka_ca_location=str(self.tls_dir / CA_FILE) if self.auth.tls else ""))
 
     @staticmethod
     def _ready(name: str, ports: dict[str, int], t0: float) -> None:
@@ -213,11 +219,13 @@ class LocalStack:
         nodes = [broker.Node(index, ports[name], ports[_controller_key(name)])
                  for index, name in enumerate(self.shape.brokers_names, start=1)]
         cluster_id = broker.new_cluster_id()  # used by nodes whose storage is not formatted
+        tls = BrokerTls.ensure(self.tls_dir) if self.auth.tls and names else None
         starting = {}
         for name in names:
             node = nodes[self.shape.brokers_names.index(name)]
             starting[name] = broker.start(self.data_dir / _kafka_dir(name), node, nodes,
-                                          cluster_id, self.logs / f"{name}.log", self.auth)
+                                          cluster_id, self.logs / f"{name}.log", self.auth,
+                                          tls)
             started.append((name, starting[name].process.pid))
         return {name: process.wait() for name, process in starting.items()}
 

@@ -1,7 +1,8 @@
 """A broker that takes credentials: strangers are refused, and the whole pipeline (CDC through
 the Connect worker, projections on Spark, KTable reads) works with the credentials given once,
 in EVENTFOLD_KAFKA_CONFIG. The Debezium database password reaches Connect through a config
-provider and is never printed."""
+provider and is never printed. Over SASL_SSL, every client trusts the stack's own CA, and a
+client that does not is refused at the handshake."""
 
 from __future__ import annotations
 
@@ -20,20 +21,26 @@ from confluent_kafka.admin import AdminClient
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.outbox.connection import KafkaConnection
+from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from eventfold.config import Settings
 from tests.integration.test_cli import eventfold
 from tests.kafka_helpers import read_table
-from tests.pipeline_helpers import wait_until_in_topic
+from tests.pipeline_helpers import rows, wait_until_in_topic
 
 USER = "eventfold-app"
 CDC_ROLE = "cdc_secret"
 
 
-def scram(password: str) -> dict[str, str]:
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+def scram(password: str, protocol: str = "SASL_PLAINTEXT",
+          mechanism: str = "SCRAM-SHA-256") -> dict[str, str]:
+    return {"security.protocol": protocol, "sasl.mechanism": mechanism,
             "sasl.username": USER, "sasl.password": password}
+
+
+def as_config(settings: dict[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in settings.items())
 
 
 def refused(bootstrap: str, settings: dict[str, str]) -> str:
@@ -62,9 +69,9 @@ def require_password_for(stack: LocalStack, database_url: str, role: str, passwo
 
 def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Path) -> None:
     password, db_password = secrets.token_hex(12), secrets.token_hex(12)
-    client = ",".join(f"{k}={v}" for k, v in scram(password).items())
     env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack"),
-           "EVENTFOLD_KAFKA_CONFIG": client, "EVENTFOLD_APP": "examples.inventory:app",
+           "EVENTFOLD_KAFKA_CONFIG": as_config(scram(password)),
+           "EVENTFOLD_APP": "examples.inventory:app",
            "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
     stack = Settings.from_env(env).local_stack()
     server: subprocess.Popen | None = None
@@ -147,4 +154,60 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
     finally:
         if server is not None:
             stop_pid(server.pid, what="serve reads")
+        stack.down()
+
+
+def test_sasl_ssl_with_the_stacks_own_ca_carries_cdc_and_sparks_kafka_source(
+        tmp_path: Path) -> None:
+    """SCRAM-SHA-512 over TLS: the stack makes its CA and the broker's certificate at its
+    first start; Connect (Debezium's producer), the command side, Spark's own Kafka source
+    and the KTable reader all verify the broker against that CA."""
+    password = secrets.token_hex(12)
+    client = scram(password, "SASL_SSL", "SCRAM-SHA-512")
+    checkpoints = tmp_path / "checkpoints"
+    env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack"),
+           "EVENTFOLD_KAFKA_CONFIG": as_config(client), "EVENTFOLD_APP": "examples.inventory:app",
+           "EVENTFOLD_CHECKPOINT_DIR": str(checkpoints), "EVENTFOLD_SPARK_SOURCE": "kafka"}
+    stack = Settings.from_env(env).local_stack()
+    ca = stack.tls_dir / "ca.pem"
+    try:
+        up = eventfold("stack", "up", env=env)
+        assert up.returncode == 0, up.stderr[-3000:]
+        assert f"broker: SASL_SSL, SCRAM-SHA-512 user {USER}" in up.stdout
+        assert f"clients trust the stack's CA: {ca}" in up.stdout
+        assert password not in up.stdout + up.stderr
+        settings = Settings.from_env(env).with_local_stack()
+        assert settings.kafka.client_config()["ssl.ca.location"] == str(ca)
+        bootstrap = settings.kafka_bootstrap
+
+        assert "certificate verify failed" in refused(bootstrap, client)  # CA not trusted
+        assert "Authentication failed" in refused(
+            bootstrap, {**scram("not-the-password", "SASL_SSL", "SCRAM-SHA-512"),
+                        "ssl.ca.location": str(ca)})
+        refused(bootstrap, scram(password, "SASL_PLAINTEXT", "SCRAM-SHA-512"))  # no TLS
+
+        setup = eventfold("setup", env=env, timeout=300)
+        assert setup.returncode == 0, setup.stderr[-3000:]
+        from examples.inventory import ReceiveStock, app, inventory_totals
+
+        bus = app.command_bus(settings)
+        for n in range(4):
+            bus.execute(ReceiveStock(product=f"tls-{n}", quantity=10 * (n + 1)))
+        wait_until_in_topic(settings, "Product", "tls-", 4)  # through Connect, over TLS
+
+        ran = eventfold("projection", "run", "inventory_totals", "--once", env=env,
+                        timeout=300)
+        assert ran.returncode == 0, ran.stderr[-3000:]
+        assert password not in ran.stdout + ran.stderr
+        # Spark's Kafka source is the one source that keeps a Spark checkpoint.
+        assert list(checkpoints.rglob("offsets/0")), ran.stderr[-3000:]
+        expected = {f"tls-{n}": 10 * (n + 1) for n in range(4)}
+        ktable = read_table(settings.kafka, inventory_totals.ktable_topic_for(1))
+        assert {k: v["quantity"] for k, v in ktable.items()} == expected
+        engine = create_engine(settings.database_url)
+        try:
+            assert rows(engine, inventory_totals.table, "tls-", "quantity") == expected
+        finally:
+            engine.dispose()
+    finally:
         stack.down()

@@ -1,5 +1,6 @@
 """The local stack's failure messages: a person must know what to do next."""
 
+import json
 import logging
 import socket
 from pathlib import Path
@@ -86,10 +87,46 @@ def test_the_stack_directory_is_found_from_below_the_project(tmp_path, monkeypat
 
 
 def test_the_local_broker_refuses_security_it_cannot_serve() -> None:
-    with pytest.raises(StackError, match="PLAINTEXT, or SASL_PLAINTEXT with SCRAM"):
+    with pytest.raises(StackError, match="PLAINTEXT, or SASL_PLAINTEXT or SASL_SSL with SCRAM"):
         ClientAuth.of({"security.protocol": "SSL"})
     with pytest.raises(StackError, match=r"sasl\.mechanism=PLAIN"):
         ClientAuth.of({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN"}, "u")
+
+
+def test_clients_of_a_tls_stack_trust_its_own_ca_and_no_other(tmp_path) -> None:
+    ca = tmp_path / "stack" / "tls" / "ca.pem"
+    sasl_ssl = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}
+    trusting = dict(ClientAuth.of(sasl_ssl, "app", "pw").trusting(ca).java_config)
+    assert (trusting["ssl.truststore.type"], trusting["ssl.truststore.location"]) == (
+        "PEM", str(ca))
+    assert ClientAuth.of({**sasl_ssl, "ssl.truststore.location": str(ca)}, "app",
+                         "pw").trusting(ca).tls
+    with pytest.raises(StackError, match=r"signed by the stack's own CA, .*ca\.pem; leave "
+                                         r"ssl\.ca\.location unset .* not /etc/ssl/ours\.pem"):
+        ClientAuth.of({**sasl_ssl, "ssl.truststore.location": "/etc/ssl/ours.pem"}, "app",
+                      "pw").trusting(ca)
+
+
+def test_settings_of_a_tls_stack_trust_the_ca_it_names(tmp_path) -> None:
+    from eventfold.config import Settings
+
+    stack = tmp_path / "stack"
+    stack.mkdir()
+    state = {"database_url": "postgresql+psycopg://u@127.0.0.1:1/db",
+             "kafka_bootstrap": "127.0.0.1:2", "connect_url": "http://127.0.0.1:3",
+             "kafka_ca_location": "/stack,a/tls/ca.pem"}
+    (stack / "stack.json").write_text(json.dumps(state))
+    env = {"EVENTFOLD_STACK_DIR": str(stack),
+           "EVENTFOLD_KAFKA_CONFIG": "security.protocol=SASL_SSL,sasl.username=app"}
+    kafka = Settings.from_env(env).with_local_stack().kafka
+    assert kafka.client_config()["ssl.ca.location"] == "/stack,a/tls/ca.pem"
+    assert kafka.java_config()["ssl.truststore.location"] == "/stack,a/tls/ca.pem"
+    own = {**env, "EVENTFOLD_KAFKA_CONFIG": "security.protocol=SASL_SSL,ssl.ca.location=/o.pem"}
+    assert Settings.from_env(own).with_local_stack().kafka.client_config()[
+        "ssl.ca.location"] == "/o.pem"
+    elsewhere = {**env, "EVENTFOLD_KAFKA_BOOTSTRAP": "kafka.example.com:9093"}
+    assert "ssl.ca.location" not in Settings.from_env(elsewhere).with_local_stack(
+        ).kafka.client_config()
 
 
 def test_a_broker_formatted_without_credentials_is_not_started_with_them(tmp_path) -> None:
