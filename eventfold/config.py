@@ -25,6 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from eventfold.contract import interval_seconds
 from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
 from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.outbox.topics import Replication
@@ -182,6 +183,10 @@ class Settings(BaseSettings):
                 getattr(self, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
+        try:
+            interval_seconds(self.trigger_interval)
+        except ValueError as exc:
+            raise ConfigError(f"EVENTFOLD_TRIGGER_INTERVAL: {exc}") from None
         if self.app_dir and not Path(self.app_dir).is_dir():
             raise ConfigError(f"EVENTFOLD_APP_DIR names {self.app_dir}, which is not a "
                               "directory")

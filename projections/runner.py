@@ -56,12 +56,12 @@ from eventfold.projections.state.store import (
     StagedBatch,
 )
 from eventfold.projections.state.topics import LetterNote, TopicSink
-from eventfold.projections.stream_thread import StreamThread, interval_seconds
+from eventfold.projections.stream_thread import StreamThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
-from eventfold.contract import PartitionKey, nest_offsets, split_password
+from eventfold.contract import PartitionKey, interval_seconds, nest_offsets, split_password
 
 log = logging.getLogger(__name__)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from eventfold.outbox.kafka import OffsetPlanner
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from eventfold.projections.runner import ProjectionRunner
 
 log = logging.getLogger(__name__)
+
+PARTITIONS_REFRESH_S = 5.0
+"""How old the source topics' partition list may get before a look asks for it again."""
 
 
 class StreamThread:
@@ -46,6 +50,8 @@ class StreamThread:
         self._stopping = threading.Event()
         self._ended = threading.Event()
         self._error: BaseException | None = None
+        self._partitions: list[PartitionKey] = []
+        self._partitions_due = 0.0
         self._thread = InheritableThread(self._run, name=f"stream-{runner.projection.name}",
                                          daemon=True)
 
@@ -95,25 +101,11 @@ class StreamThread:
             self._ended.set()
 
     def _end_offsets(self, planner: OffsetPlanner) -> dict[PartitionKey, int]:
-        """Every source partition's end: partitions added since the start are read too."""
-        return planner.end_offsets(planner.partitions(self._runner.projection.source_topics))
-
-
-_UNIT_SECONDS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0,
-                 "min": 60.0, "minute": 60.0}
-
-
-def interval_seconds(interval: str) -> float:
-    """Seconds of an interval written as Spark's triggers take it: ``500 milliseconds``,
-    ``1 second``, ``2 s``."""
-    amount, _, unit = interval.strip().partition(" ")
-    unit = unit.strip().lower()
-    seconds = _UNIT_SECONDS.get(unit.removesuffix("s") if unit not in _UNIT_SECONDS else unit)
-    try:
-        value = float(amount)
-    except ValueError:
-        value = -1.0
-    if seconds is None or value < 0:
-        raise ValueError(f"not an interval: {interval!r} (say, '500 milliseconds' or "
-                         "'1 second')")
-    return value * seconds
+        """Every source partition's end. The partitions are asked for again every few
+        seconds, not at every look: they change rarely, and partitions added since the start
+        are read too."""
+        now = time.monotonic()
+        if now >= self._partitions_due:
+            self._partitions = planner.partitions(self._runner.projection.source_topics)
+            self._partitions_due = now + PARTITIONS_REFRESH_S
+        return planner.end_offsets(self._partitions)

@@ -6,7 +6,8 @@ write side, the outbox, the projections and the read API must agree on, declared
 - Kafka partitions and offsets: ``PartitionKey`` and the JSON form of offsets that Spark's
   offset log and projection checkpoints keep;
 - KTable record headers;
-- the database URL in libpq form.
+- the database URL in libpq form;
+- intervals written as Spark's triggers take them.
 
 Unlike the composition root beside it (app, CLI, configuration), any package of Eventfold may
 import this package, Spark tasks included: it needs only the standard library and orjson, and
@@ -83,3 +84,23 @@ def split_password(database_url: str) -> tuple[str, str]:
 
     url = make_url(database_url)
     return url._replace(password=None).render_as_string(hide_password=False), url.password or ""
+
+
+_UNIT_SECONDS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0,
+                 "min": 60.0, "minute": 60.0}
+
+
+def interval_seconds(interval: str) -> float:
+    """Seconds of an interval written as Spark's triggers take it, as
+    ``EVENTFOLD_TRIGGER_INTERVAL`` is: ``500 milliseconds``, ``1 second``, ``2 s``."""
+    amount, _, unit = interval.strip().partition(" ")
+    unit = unit.strip().lower()
+    seconds = _UNIT_SECONDS.get(unit.removesuffix("s") if unit not in _UNIT_SECONDS else unit)
+    try:
+        value = float(amount)
+    except ValueError:
+        value = -1.0
+    if seconds is None or value < 0:
+        raise ValueError(f"not an interval: {interval!r} (say, '500 milliseconds' or "
+                         "'1 second')")
+    return value * seconds

@@ -1,9 +1,12 @@
-"""The stream thread's idle pause, written as Spark's triggers take it."""
+"""The stream thread's idle pause, written as Spark's triggers take it, refused when the
+configuration loads if it is not an interval."""
 
 from __future__ import annotations
 
 import pytest
-from eventfold.projections.stream_thread import interval_seconds
+
+from eventfold.config import ConfigError, Settings
+from eventfold.contract import interval_seconds
 
 
 @pytest.mark.parametrize(("interval", "seconds"), [
@@ -17,3 +20,9 @@ def test_intervals_as_spark_writes_them(interval: str, seconds: float) -> None:
 def test_anything_else_is_refused_with_an_example(interval: str) -> None:
     with pytest.raises(ValueError, match="'500 milliseconds'"):
         interval_seconds(interval)
+
+
+def test_a_malformed_trigger_interval_is_refused_as_the_configuration_loads() -> None:
+    with pytest.raises(ConfigError, match=r"EVENTFOLD_TRIGGER_INTERVAL: not an interval: "
+                                          r"'fast' \(say, '500 milliseconds'"):
+        Settings.from_env({"EVENTFOLD_TRIGGER_INTERVAL": "fast"})
