@@ -186,7 +186,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     def follow_version(name: str, version: int) -> None:
         host = hosts.get(name)
         if host is not None:
-            host.follow(version, read_models[name].projection.ktable_topic_for(version))
+            host.follow(version)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -201,8 +201,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         presence.start()
         for p in stateful:
             version = monitor.active_version(p.name) or 1
-            hosts[p.name] = KTableHost(options.kafka, p.name,
-                                       p.ktable_topic_for(version), version, presence).start()
+            hosts[p.name] = KTableHost(options.kafka, p.name, p.ktable_topic_for, version,
+                                       presence).start()
         KTABLES.watch(instance_id, lambda: hosts)
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
         try:

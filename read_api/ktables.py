@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -313,13 +313,17 @@ class KTableHost:
     unregistered once that consumer has closed, so that a replay deletes the old topic only
     after this instance has moved off it."""
 
-    def __init__(self, kafka: KafkaConnection, projection: str, topic: str, version: int,
+    def __init__(self, kafka: KafkaConnection, projection: str,
+                 topic_for: Callable[[int], str], version: int,
                  presence: ReaderPresence | None = None) -> None:
         self.kafka = kafka
         self.projection = projection
+        self.topic_for = topic_for
         self.presence = presence
+        while (moved_to := self._register(version)) is not None:
+            version = moved_to  # a switch came between reading the registry and registering
         self.version = version
-        self.view = self._open(version, topic)
+        self.view = KTableView(kafka, topic_for(version))
         self._next: tuple[int, KTableView] | None = None
         self._lock = threading.Lock()
 
@@ -333,7 +337,7 @@ class KTableHost:
         for view in views:
             self._close(view)
 
-    def follow(self, version: int, topic: str) -> None:
+    def follow(self, version: int) -> None:
         """Called when the registry shows ``version`` active; cheap when nothing changed."""
         with self._lock:
             if version == self.version:
@@ -341,9 +345,13 @@ class KTableHost:
             if self._next is None or self._next[0] != version:
                 if self._next is not None:
                     self._close(self._next[1])
+                    self._next = None
+                if self._register(version) is not None:
+                    return  # switched again meanwhile: the registry's next answer says to what
+                topic = self.topic_for(version)
                 log.info("ktable %s: version %d is active, restoring %s", self.view.topic,
                          version, topic)
-                self._next = (version, self._open(version, topic).start())
+                self._next = (version, KTableView(self.kafka, topic).start())
             next_version, next_view = self._next
             if not next_view.restored:
                 return
@@ -351,10 +359,12 @@ class KTableHost:
         self._close(old)
         log.info("ktable now served from %s (version %d)", self.view.topic, self.version)
 
-    def _open(self, version: int, topic: str) -> KTableView:
-        if self.presence is not None:
-            self.presence.opening(self.projection, version, topic)
-        return KTableView(self.kafka, topic)
+    def _register(self, version: int) -> int | None:
+        """Register ``version``'s topic before a consumer assigns it; None if registered (or
+        nothing registers), else the version active instead."""
+        if self.presence is None:
+            return None
+        return self.presence.opening(self.projection, version, self.topic_for(version))
 
     def _close(self, view: KTableView) -> None:
         if view.stop() and self.presence is not None:

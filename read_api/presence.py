@@ -3,8 +3,9 @@
 A replay deletes a replaced version's KTable topic only once no instance has it open
 (``projections.catalog.ProjectionCatalog.delete_retired_topics``), so that no reader
 serves from a topic being deleted under it. An instance registers a topic
-before its consumer assigns it, renews its rows every few seconds, and removes a topic's row
-once its consumer has closed; the rows of an instance that died simply go stale.
+before its consumer assigns it (refused if a switch has made another version active
+meanwhile), renews its rows every few seconds, and removes a topic's row once its consumer has
+closed; the rows of an instance that died simply go stale.
 """
 
 from __future__ import annotations
@@ -14,7 +15,12 @@ import threading
 from collections.abc import Callable
 
 import psycopg
-from eventfold.projections.state.catalog import READER_HEARTBEAT_S, forget_reader, note_reader
+from eventfold.projections.state.catalog import (
+    READER_HEARTBEAT_S,
+    forget_reader,
+    note_reader,
+    renew_reader,
+)
 from eventfold.read_api.freshness import connect_as_reader
 
 log = logging.getLogger(__name__)
@@ -35,11 +41,21 @@ class ReaderPresence:
         self._thread.start()
         return self
 
-    def opening(self, projection: str, version: int, topic: str) -> None:
-        """Call before a consumer assigns ``topic``: from now on no replay deletes it."""
+    def opening(self, projection: str, version: int, topic: str) -> int | None:
+        """Call before a consumer assigns ``topic``, the KTable of ``version``: None when from
+        now on no replay deletes it; else the version a switch made active meanwhile (open
+        that one's instead). With the database unreachable it answers None, and the
+        heartbeat registers the topic once it can."""
         with self._lock:
-            self._open[topic] = (projection, version)
-            self._execute(note_reader, self.instance_id, topic, projection, version)
+            try:
+                moved_to = note_reader(self._connection(), self.instance_id, topic,
+                                       projection, version)
+            except psycopg.Error as exc:
+                self._failed(exc)
+                moved_to = None
+            if moved_to is None:
+                self._open[topic] = (projection, version)
+            return moved_to
 
     def closed(self, topic: str) -> None:
         """Call once the consumer of ``topic`` has closed."""
@@ -60,20 +76,26 @@ class ReaderPresence:
         while not self._stop.wait(READER_HEARTBEAT_S):
             with self._lock:
                 for topic, (projection, version) in self._open.items():
-                    if not self._execute(note_reader, self.instance_id, topic, projection,
+                    if not self._execute(renew_reader, self.instance_id, topic, projection,
                                          version):
                         break
 
     def _execute(self, write: Callable[..., None], *args: object) -> bool:
         """Run one catalog write; a database error is logged (the next beat tries again)."""
         try:
-            if self._conn is None or self._conn.closed:
-                self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
-            write(self._conn, *args)
+            write(self._connection(), *args)
             return True
         except psycopg.Error as exc:
-            log.warning("ktable presence: %s (will retry)", exc)
-            if self._conn is not None:
-                self._conn.close()
-            self._conn = None
+            self._failed(exc)
             return False
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
+        return self._conn
+
+    def _failed(self, error: psycopg.Error) -> None:
+        log.warning("ktable presence: %s (will retry)", error)
+        if self._conn is not None:
+            self._conn.close()
+        self._conn = None

@@ -44,14 +44,16 @@ _TABLE = sql.Identifier(VERSIONS_TABLE)
 _CHECKPOINTS = sql.Identifier(CHECKPOINTS_TABLE)
 _RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)
 _IN_FLIGHT = sql.Identifier("batches_in_flight")
-# A retired topic nobody reads: no fresh heartbeat for it, and retired long enough that a
-# reader who saw the old version just before the switch has registered itself by now.
+# A retired topic nobody reads: no fresh heartbeat for it. A reader that saw the old version
+# just before the switch has its row by then (``note_reader``, under ``_SWITCH_LOCK``).
 _UNREAD_RETIRED = sql.SQL("""
     SELECT r.topic FROM {retired} r
-    WHERE r.retired_at < now() - make_interval(secs => %s)
-      AND NOT EXISTS (SELECT 1 FROM {readers} k WHERE k.topic = r.topic
+    WHERE NOT EXISTS (SELECT 1 FROM {readers} k WHERE k.topic = r.topic
                       AND k.seen_at > now() - make_interval(secs => %s))
 """).format(retired=_RETIRED, readers=sql.Identifier(KTABLE_READERS_TABLE))
+_SWITCH_LOCK = "eventfold.switch:"
+"""Per projection, an advisory lock a switch takes exclusively as it retires the old topic,
+and a reader shares while it checks the active version and registers that version's topic."""
 
 log = logging.getLogger(__name__)
 
@@ -180,6 +182,7 @@ class ProjectionCatalog:
         """Queue a replaced version's KTable topic for deletion (in the switch's transaction).
         It is deleted once no read API instance has it open, so that no reader serves from
         a topic being deleted under it."""
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_SWITCH_LOCK + name,))
         conn.execute(sql.SQL("INSERT INTO {} (topic, projection, version) VALUES (%s, %s, %s) "
                              "ON CONFLICT (topic) DO NOTHING").format(_RETIRED),
                      (topic, name, version))
@@ -193,7 +196,7 @@ class ProjectionCatalog:
         deleted: list[str] = []
         while True:
             topics = [row[0] for row in self._conn().execute(
-                _UNREAD_RETIRED, (2 * READER_HEARTBEAT_S, READER_TTL_S)).fetchall()]
+                _UNREAD_RETIRED, (READER_TTL_S,)).fetchall()]
             if topics:
                 delete(topics)
                 self._conn().execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s)")
@@ -351,8 +354,29 @@ _READERS = sql.Identifier(KTABLE_READERS_TABLE)
 
 
 def note_reader(conn: psycopg.Connection, instance_id: str, topic: str, projection: str,
-                version: int) -> None:
-    """A read API instance has ``topic`` open (or still has: the heartbeat)."""
+                version: int) -> int | None:
+    """A read API instance is about to open ``topic``, the KTable of ``version``: registered
+    if that version is still the active one (or the projection has none yet), and None; else
+    nothing is registered, and the version a switch made active meanwhile is returned.
+
+    Both happen under a lock the switch takes as it retires the old topic (``retire_topic``),
+    so either the reader's row is there before the switch commits, and the old topic is not
+    deleted under it, or the reader sees the switch: no wait is needed for readers that saw
+    the old version just before the switch."""
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))",
+                     (_SWITCH_LOCK + projection,))
+        row = conn.execute(sql.SQL("SELECT active_version FROM {} WHERE projection = %s")
+                           .format(_TABLE), (projection,)).fetchone()
+        if row is not None and row[0] is not None and int(row[0]) != version:
+            return int(row[0])
+        renew_reader(conn, instance_id, topic, projection, version)
+    return None
+
+
+def renew_reader(conn: psycopg.Connection, instance_id: str, topic: str, projection: str,
+                 version: int) -> None:
+    """A read API instance still has ``topic`` open: its heartbeat."""
     conn.execute(sql.SQL("""
         INSERT INTO {} (instance_id, topic, projection, version) VALUES (%s, %s, %s, %s)
         ON CONFLICT (instance_id, topic) DO UPDATE SET seen_at = now()
