@@ -11,6 +11,7 @@ Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
     .venv/bin/python -m bench.scale --events 10000000 --keys 5000000
+    .venv/bin/python -m bench.scale --cluster    # on a Spark standalone cluster of two workers
 """
 
 from __future__ import annotations
@@ -48,9 +49,10 @@ log = logging.getLogger("bench")
 
 
 def measured(memory: list[tuple[str, PeakMemory]], name: str, stack_pids: frozenset[int],
-             work: Callable[[], T]) -> T:
-    """``work()``, its process tree's peak memory recorded under ``name``."""
-    with PeakMemory(exclude=stack_pids) as peak:
+             work: Callable[[], T], cluster_pids: frozenset[int] = frozenset()) -> T:
+    """``work()``, its process tree's peak memory (and a Spark cluster's, whose executors run
+    there) recorded under ``name``."""
+    with PeakMemory(exclude=stack_pids, also=cluster_pids) as peak:
         result = work()
     memory.append((name, peak))
     log.info("%s: driver peak %s MB, executors peak %s MB", name,
@@ -64,6 +66,9 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=1_000_000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--cluster", action="store_true",
+                        help="start a Spark standalone master and two workers (1 core each) "
+                             "beside the stack and run on them (the master given is ignored)")
     parser.add_argument("--skip-store", action="store_true",
                         help="leave out the replay from the event store")
     args = parser.parse_args()
@@ -72,18 +77,22 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="eventfold-scale-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")
-        endpoints = stack.up()
+        endpoints = stack.up(spark_cluster=args.cluster)
         try:
             migrations.upgrade(endpoints.database_url)
+            cluster = stack.spark.state()
+            if cluster is not None:
+                args.master = cluster.master_url
             run(args, endpoints.database_url, KafkaConnection.of(endpoints.kafka_bootstrap),
                 Path(tmp), frozenset({endpoints.postgres_pid, endpoints.broker_pid,
-                                      endpoints.connect_pid}))
+                                      endpoints.connect_pid}),
+                frozenset(node.pid for node in cluster.nodes) if cluster else frozenset())
         finally:
             stack.down()
 
 
 def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
-        stack_pids: frozenset[int]) -> None:
+        stack_pids: frozenset[int], cluster_pids: frozenset[int]) -> None:
     produce_events(kafka, args.events, args.keys, args.partitions)
     seen, seconds = plain_python_fold(kafka, range(args.partitions))
     plain = seen / seconds
@@ -100,24 +109,25 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     memory: list[tuple[str, PeakMemory]] = []
     figures: dict[str, float] = {}
 
+    def measure(name: str, work: Callable[[], T]) -> T:
+        return measured(memory, name, stack_pids, work, cluster_pids)
+
     def report(name: str, rate: float) -> None:
         figures[f"{name}_events_per_s"] = round(rate)
         print(f"{name.replace('_', ' ')}: {rate:,.0f} events/s ({rate / plain:.2f}x the plain "
               f"loop)", flush=True)
 
-    report("streaming_fold", measured(memory, "streaming fold", stack_pids, lambda: streaming(
+    report("streaming_fold", measure("streaming fold", lambda: streaming(
         spark, settings, bench_totals, args.events)))
-    report("replay_fold", measured(memory, "replay of the fold", stack_pids, lambda: replay(
+    report("replay_fold", measure("replay of the fold", lambda: replay(
         spark, bench_totals, replay_settings)).events_per_s)
-    report("streaming_aggregation", measured(
-        memory, "streaming aggregation", stack_pids,
-        lambda: streaming(spark, settings, bench_stats, args.events)))
-    report("replay_aggregation", measured(
-        memory, "replay of the aggregation", stack_pids,
-        lambda: replay(spark, bench_stats, replay_settings)).events_per_s)
+    report("streaming_aggregation", measure("streaming aggregation", lambda: streaming(
+        spark, settings, bench_stats, args.events)))
+    report("replay_aggregation", measure("replay of the aggregation", lambda: replay(
+        spark, bench_stats, replay_settings)).events_per_s)
     if not args.skip_store:
         write_history(database_url, args.events, args.keys)
-        store = measured(memory, "replay from the event store", stack_pids, lambda: replay(
+        store = measure("replay from the event store", lambda: replay(
             spark, bench_totals, replay_settings, source="store"))
         report("replay_from_store", args.events / store.seconds)
     spark.stop()
