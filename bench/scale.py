@@ -11,7 +11,7 @@ Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
     .venv/bin/python -m bench.scale --events 10000000 --keys 5000000
-    .venv/bin/python -m bench.scale --cluster    # on a Spark standalone cluster of two workers
+    .venv/bin/python -m bench.scale --cluster    # on the cluster stack (stack up --cluster)
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from eventfold.local_stack import LocalStack
+from eventfold.local_stack.stack import CLUSTER
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.spark import spark_session
@@ -67,8 +68,9 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--cluster", action="store_true",
-                        help="start a Spark standalone master and two workers (1 core each) "
-                             "beside the stack and run on them (the master given is ignored)")
+                        help="run on the cluster stack, as `eventfold stack up --cluster` starts "
+                             "it: three brokers, two Connect workers, and a Spark standalone "
+                             "master with two workers (1 core each); the master given is ignored")
     parser.add_argument("--skip-store", action="store_true",
                         help="leave out the replay from the event store")
     args = parser.parse_args()
@@ -77,7 +79,7 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="eventfold-scale-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")
-        endpoints = stack.up(spark_cluster=args.cluster)
+        endpoints = stack.up(CLUSTER if args.cluster else None, spark_cluster=args.cluster)
         try:
             migrations.upgrade(endpoints.database_url)
             cluster = stack.spark.state()
@@ -85,7 +87,7 @@ def main() -> None:
                 args.master = cluster.master_url
             run(args, endpoints.database_url, KafkaConnection.of(endpoints.kafka_bootstrap),
                 Path(tmp), frozenset({endpoints.postgres_pid, endpoints.broker_pid,
-                                      endpoints.connect_pid}),
+                                      endpoints.connect_pid, *endpoints.more_pids.values()}),
                 frozenset(node.pid for node in cluster.nodes) if cluster else frozenset())
         finally:
             stack.down()
