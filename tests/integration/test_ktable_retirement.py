@@ -1,17 +1,21 @@
 """A replaced KTable topic is deleted once no reader has it open, and at once when none has:
 a read API instance that read the registry just before a switch either has its row before the
 switch commits (and keeps the old topic), or sees the switch and is told the new version.
-On the stack's Postgres, through the catalog's own functions."""
+On the stack's Postgres, through the catalog's own functions, the reader logged in as read
+API instances are (the reader role)."""
 
 from __future__ import annotations
 
 import threading
 import uuid
 
-import psycopg
-from eventfold.projections.state.catalog import ProjectionCatalog, forget_reader, note_reader
-
-from eventfold.contract import libpq_url
+from eventfold.projections.state.catalog import (
+    READER_ROLE,
+    ProjectionCatalog,
+    forget_reader,
+    note_reader,
+)
+from eventfold.read_api.freshness import connect_as_reader
 
 
 def test_a_reader_registering_as_a_switch_retires_its_topic_is_waited_for_or_told(
@@ -30,7 +34,7 @@ def test_a_reader_registering_as_a_switch_retires_its_topic_is_waited_for_or_tol
         switched.set()
 
     deleted: list[str] = []
-    with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as reader:
+    with connect_as_reader(stack_settings.database_url, READER_ROLE, read_only=False) as reader:
         try:
             with reader.transaction():  # a registration of v1 under way as the switch comes
                 assert note_reader(reader, "instance-a", old_topic, name, 1) is None
