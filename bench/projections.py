@@ -178,13 +178,15 @@ def plain_python_fold_parallel(kafka: KafkaConnection, partitions: int, processe
 class BatchClock:
     """Records when each batch finished and how many events it covered."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_each: bool = True) -> None:
         self.batches: list[tuple[float, int]] = []
+        self.log_each = log_each
 
     def add(self, batch_id: int, records: int, batch: StagedBatch,
             phases: Mapping[str, float]) -> None:
         self.batches.append((time.perf_counter(), records))
-        logging.getLogger("bench").info("batch %d: %d events", batch_id, records)
+        if self.log_each:
+            logging.getLogger("bench").info("batch %d: %d events", batch_id, records)
 
     def close(self) -> None:
         """The figures stay readable after the run."""

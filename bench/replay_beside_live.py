@@ -20,14 +20,12 @@ import itertools
 import json
 import logging
 import statistics
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Producer
-from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.spark import (
@@ -43,33 +41,15 @@ from eventfold.projections.runner import (
     RunningQuery,
     stop_gracefully,
 )
-from eventfold.projections.state.store import StagedBatch
 
-from bench.projections import SOURCE, bench_totals, produce_events
+from bench.common import own_stack
+from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
 from eventfold import migrations
 from eventfold.app import spark_conf
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic
 
 log = logging.getLogger("bench")
-
-
-class CommitTimes:
-    """When each batch of one runner committed, and how many events it covered."""
-
-    def __init__(self) -> None:
-        self.commits: list[tuple[float, int]] = []
-
-    def add(self, batch_id: int, records: int, batch: StagedBatch,
-            phases: Mapping[str, float]) -> None:
-        self.commits.append((time.monotonic(), records))
-
-    def close(self) -> None:
-        """The times stay readable after the run."""
-
-    @property
-    def events(self) -> int:
-        return sum(n for _, n in self.commits)
 
 
 class SteadyEvents:
@@ -124,15 +104,9 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("py4j", "alembic", "eventfold.outbox.topics", "eventfold.projections.runner"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    with tempfile.TemporaryDirectory(prefix="eventfold-replay-live-") as tmp:
-        stack = LocalStack(Path(tmp) / "stack")
-        endpoints = stack.up()
-        try:
-            migrations.upgrade(endpoints.database_url)
-            run(args, endpoints.database_url, KafkaConnection.of(endpoints.kafka_bootstrap),
-                Path(tmp))
-        finally:
-            stack.down()
+    with own_stack("eventfold-replay-live-") as (settings, work_dir):
+        migrations.upgrade(settings.database_url)
+        run(args, settings.database_url, settings.kafka, work_dir)
 
 
 def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection,
@@ -145,7 +119,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection,
                               max_rows_per_batch=STREAMING_MAX_ROWS)
     spark = spark_session(args.master, app_name="eventfold-replay-beside-live",
                           extra_conf=spark_conf(Settings.from_env()))
-    live = LiveVersion(spark, settings, CommitTimes())
+    live = LiveVersion(spark, settings, BatchClock(log_each=False))
     steady = SteadyEvents(kafka, args.events, args.keys, args.partitions, args.rate)
     try:
         live.supervise_until(lambda: live.commits.events >= args.events)
@@ -155,7 +129,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection,
         live.supervise_for(5.0)  # its steady commits before the replay
         builder = ReplayThread(spark, settings).start()
         live.supervise_until(lambda: not builder.thread.is_alive())
-        switched = time.monotonic()
+        switched = time.perf_counter()
         live.supervise_for(5.0)  # it notices the switch and commits on the new version
         result = builder.result()
     finally:
@@ -169,7 +143,7 @@ class LiveVersion:
     """The projection's live run, started again on the new version after a switch, as a
     projection host's supervisor does; its jobs in the live pool."""
 
-    def __init__(self, spark, settings: RunnerSettings, commits: CommitTimes  # noqa: ANN001
+    def __init__(self, spark, settings: RunnerSettings, commits: BatchClock  # noqa: ANN001
                  ) -> None:
         self.spark, self.settings, self.commits = spark, settings, commits
         self.runner: ProjectionRunner | None = None
@@ -217,7 +191,7 @@ class ReplayThread:
         self.thread = threading.Thread(target=self._build, name="replay", daemon=True)
 
     def start(self) -> ReplayThread:
-        self.started = time.monotonic()
+        self.started = time.perf_counter()
         self.thread.start()
         return self
 
@@ -232,10 +206,10 @@ class ReplayThread:
         return self.outcome[0], self.started
 
 
-def report(args: argparse.Namespace, live: CommitTimes,
+def report(args: argparse.Namespace, live: BatchClock,
            replayed: tuple[ReplayResult, float], switched: float) -> None:
     result, started = replayed
-    times = [t for t, _ in live.commits]
+    times = [t for t, _ in live.batches]
     during = [t for t in times if t >= started]
     first_after = next((t for t in during if t > switched), None)
     window = [started, *[t for t in during if first_after is None or t <= first_after]]

@@ -102,6 +102,7 @@ class LocalStack:
         self.tls_dir = self.data_dir / "tls"
         auth = auth or ClientAuth()
         self.auth = auth.trusting(self.tls_dir / CA_FILE) if auth.tls else auth
+        self.ca_location = str(self.tls_dir / CA_FILE) if self.auth.tls else ""
         self.spark = SparkCluster(self.data_dir / "spark")
         path = self.data_dir / SHAPE_FILE
         self.shape = Shape(**json.loads(path.read_text())) if path.exists() else Shape()
@@ -197,7 +198,7 @@ class LocalStack:
             postgres_pid=pids["postgres"], broker_pid=pids["broker"],
             connect_pid=pids["connect"],
             more_pids={name: pid for name, pid in pids.items() if name not in first},
-            kafka_ca_location=str(self.tls_dir / CA_FILE) if self.auth.tls else ""))
+            kafka_ca_location=self.ca_location))
 
     @staticmethod
     def _ready(name: str, ports: dict[str, int], t0: float) -> None:
