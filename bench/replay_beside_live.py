@@ -19,7 +19,6 @@ import argparse
 import itertools
 import json
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -42,7 +41,7 @@ from eventfold.projections.runner import (
     stop_gracefully,
 )
 
-from bench.common import own_stack
+from bench.common import own_stack, percentile
 from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
 from eventfold import migrations
 from eventfold.app import spark_conf
@@ -215,7 +214,7 @@ def report(args: argparse.Namespace, live: BatchClock,
     window = [started, *[t for t in during if first_after is None or t <= first_after]]
     gaps = [b - a for a, b in itertools.pairwise(window)]
     longest = max(gaps, default=0.0)
-    p99 = statistics.quantiles(gaps, n=100)[98] if len(gaps) >= 2 else longest
+    p99 = percentile(gaps, 0.99) if gaps else 0.0
     print(f"replay of {result.events:,} events (v{result.old_version} -> "
           f"v{result.new_version}): {result.seconds:.1f} s, {result.events_per_s:,.0f} "
           f"events/s, beside the live version", flush=True)
