@@ -305,9 +305,19 @@ class ConnectClient:
             time.sleep(0.25)
         raise ConnectError(f"connector {name} not RUNNING after {timeout_s:.0f} s: {status}")
 
-    def apply(self, spec: OutboxConnectorSpec, timeout_s: float = 60) -> dict[str, Any]:
-        """Create or update ``spec``'s connector and wait for it to run (idempotent)."""
+    def apply(self, spec: OutboxConnectorSpec, timeout_s: float = 60,
+              stop_first: bool = False) -> dict[str, Any]:
+        """Create or update ``spec``'s connector and wait for it to run (idempotent).
+
+        A config PUT restarts the tasks asynchronously: a task of the old config can go on
+        capturing for a moment after it returns, and its last records are then captured again
+        by the new one. ``stop_first`` (for an existing connector) stops it before the PUT
+        and resumes it after, so the two never overlap."""
+        if stop_first:
+            self.stop(spec.name)
         self.put_config(spec.name, spec.config())
+        if stop_first:
+            self.resume(spec.name)
         status = self.wait_running(spec.name, timeout_s)
         log.info("connector %s RUNNING (%d task(s))", spec.name, len(status["tasks"]))
         return status

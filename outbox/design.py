@@ -90,7 +90,9 @@ def switch_design(database_url: str, wanted: OutboxDesign,
             conn.execute(f"UPDATE {OUTBOX_DESIGN_TABLE} SET design = %s, changed_at = now()",
                          (wanted.value,))
             if connector is not None and live:
-                connector.apply()
+                # Stopped first: a task of the old design must not capture the appends that
+                # follow the switch, which the new one captures too.
+                connector.apply(stop_first=True)
         _unpublish(conn, current.captured_table)
     log.info("outbox design switched from %s to %s%s", current, wanted,
              " (the connector was drained and reconfigured meanwhile)" if live else "")

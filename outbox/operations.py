@@ -110,7 +110,9 @@ class ConnectorOperations:
     def diff(self) -> ConfigDiff:
         return config_diff(self.client.get_config(self.spec.name), self.spec.config())
 
-    def apply(self, timeout_s: float = 60) -> ApplyResult:
+    def apply(self, timeout_s: float = 60, stop_first: bool = False) -> ApplyResult:
+        """Create the connector or bring its config to the spec (``stop_first``: see
+        ``ConnectClient.apply``)."""
         current = self.client.get_config(self.spec.name)
         difference = config_diff(current, self.spec.config())
         if current is not None and not difference:
@@ -118,7 +120,7 @@ class ConnectorOperations:
             return ApplyResult("unchanged", {})
         if self.topics is not None:
             self.topics.ensure(self.spec.heartbeat_topics, HEARTBEAT_TOPIC_CONFIG)
-        self.client.apply(self.spec, timeout_s)
+        self.client.apply(self.spec, timeout_s, stop_first=stop_first and current is not None)
         return ApplyResult("created" if current is None else "updated", difference)
 
     def validate(self) -> list[tuple[str, str]]:
