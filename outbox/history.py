@@ -1,10 +1,10 @@
-"""The event store's global log as the records the outbox connector puts on the event topics.
+"""The event store's global log as the events the outbox connector puts on the event topics.
 
 Kafka topics keep events for their retention period; the event store keeps them forever. A
 consumer that must start from the very beginning after the topics dropped their head (a replay
-of a projection) reads the head here instead, in the same envelope the connector writes, and
-then goes on from the topics: events it sees twice are the same events, with the same stream
-versions, so its usual duplicate guard applies.
+of a projection) reads the head here instead, with the fields of the envelope the connector
+writes, and then goes on from the topics: events it sees twice are the same events, with the
+same stream versions, so its usual duplicate guard applies.
 
 Records read here come from ``STORE_TOPIC``: the partition is a bucket of stream ids (every
 event of a stream in one bucket, as every event of a key is in one Kafka partition) and the
@@ -21,18 +21,19 @@ from psycopg import sql
 
 STORE_TOPIC = "eventfold.event-store"
 _EVENTS = sql.Identifier(EVENTS_TABLE)
-# The envelope as Debezium's EventRouter renders it: payload and metadata as JSON text, the
-# record time as an ISO-8601 UTC string without trailing zeros.
-_ENVELOPE = sql.SQL("""json_build_object(
-    'payload', data::text, 'eventId', event_id, 'eventType', event_type,
-    'streamVersion', stream_version, 'globalPosition', global_position,
-    'recordedAt', rtrim(rtrim(to_char(recorded_at AT TIME ZONE 'UTC',
-                                      'YYYY-MM-DD"T"HH24:MI:SS.US'), '0'), '.') || 'Z',
-    'schemaVersion', schema_version, 'metadata', metadata::text)::text""")
+# An event's columns, the record time rendered as Debezium's EventRouter renders it: an
+# ISO-8601 UTC string without trailing zeros. No envelope: building one in Postgres (JSON with
+# the payload as escaped text) cost more than reading the rows, and its reader would parse it
+# back (docs/benchmarks.md, "A replay from the event store").
+_COLUMNS = sql.SQL("""global_position, stream_id, event_id::text, event_type, stream_version,
+    rtrim(rtrim(to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '0'),
+          '.') || 'Z',
+    data::text""")
 _IN_SLICE = sql.SQL("stream_type = ANY(%(types)s) AND global_position > %(after)s "
                     "AND global_position <= %(upto)s")
-HistoryRow = tuple[int, str, str]
-"""(global position, stream id, envelope JSON); the record time is in the envelope."""
+HistoryRow = tuple[int, str, str, str, int, str, str]
+"""(global position, stream id, event id, event type, stream version, record time, payload
+JSON): what the connector's envelope carries, less the metadata, which folds never read."""
 
 
 def head_position(conn: psycopg.Connection) -> int:
@@ -55,10 +56,10 @@ def read_history(conn: psycopg.Connection, stream_types: Sequence[str], after: i
     """Events of ``stream_types`` at positions (after, upto] whose stream falls in ``bucket``
     of ``buckets``, in position order, in chunks."""
     query = sql.SQL("""
-        SELECT global_position, stream_id, {envelope} FROM {events}
+        SELECT {columns} FROM {events}
         WHERE {in_slice} AND (hashtext(stream_id) & 2147483647) %% %(buckets)s = %(bucket)s
         ORDER BY global_position
-    """).format(envelope=_ENVELOPE, events=_EVENTS, in_slice=_IN_SLICE)
+    """).format(columns=_COLUMNS, events=_EVENTS, in_slice=_IN_SLICE)
     params = {"types": list(stream_types), "after": after, "upto": upto, "bucket": bucket,
               "buckets": buckets}
     with conn.transaction(), conn.cursor(name="eventfold_history") as cursor:

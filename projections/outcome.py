@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from eventfold.projections.definition.projection import State
+from eventfold.projections.definition.projection import Event, State
 
 from eventfold.contract import PartitionKey
 
@@ -37,6 +37,10 @@ class RawRecords:
     values: Sequence[bytes | str | None]
     first_append_ms: int | None = None
     """When the first of them was appended to Kafka (its timestamp), if known."""
+    events: Sequence[Event | None] | None = None
+    """The records' events, when the reader decoded them (the event store's rows are columns,
+    not envelopes): a None event leaves its record's value to decode, and a decoded event's
+    value may be None."""
 
     def stream_ids(self) -> set[str]:
         """The keys that are text: the streams whose states and watermarks apply."""

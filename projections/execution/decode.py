@@ -23,6 +23,7 @@ from eventfold.projections.definition.projection import Event
 from eventfold.projections.execution.fold import (
     KEY_NOT_UTF8,
     VALUE_NOT_UTF8,
+    envelope_of,
     is_utf8,
     missing_key_reason,
 )
@@ -88,10 +89,13 @@ def records_table(raw: RawRecords) -> pa.Table:
     """``raw`` as ``RECORDS_ARROW`` columns. Keys and values are checked as UTF-8 by Arrow, in
     C; one that is not keeps its text with replacement characters, and the reason."""
     count = len(raw.offsets)
+    values = raw.values if raw.events is None else [
+        value if event is None else envelope_of(event)
+        for value, event in zip(raw.values, raw.events, strict=True)]
     return _records(pa.array([raw.topic] * count, pa.string()),
                     pa.array([raw.partition] * count, pa.int32()),
                     pa.array(raw.offsets, pa.int64()),
-                    pa.array(raw.keys, pa.binary()), pa.array(raw.values, pa.binary()))
+                    pa.array(raw.keys, pa.binary()), pa.array(values, pa.binary()))
 
 
 def spark_records_table(batch: pa.RecordBatch) -> pa.Table:

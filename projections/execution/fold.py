@@ -182,10 +182,15 @@ def with_value(record: SourceRecord, event: Event) -> SourceRecord:
     decoded, so the event is written back as the envelope it came in."""
     if record.value is not None:
         return record
-    return record._replace(value=EventEnvelope(
+    return record._replace(value=envelope_of(event))
+
+
+def envelope_of(event: Event) -> str:
+    """The envelope the connector would have written for ``event`` (without metadata)."""
+    return EventEnvelope(
         event_id=event.event_id, event_type=event.type, stream_id=event.stream_id,
         stream_version=event.stream_version, global_position=event.global_position,
-        recorded_at=event.recorded_at, data=dict(event.data)).encode()[1])
+        recorded_at=event.recorded_at, data=dict(event.data)).encode()[1]
 
 
 def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) -> Event:
@@ -268,13 +273,14 @@ class BatchFold:
         start = self.committed.get((topic, partition), 0)
         types, rekeyed = projection.event_types, self.plan.rekeyed
         last = -1
-        for offset, key, value in zip(records.offsets, records.keys, records.values,
-                                      strict=True):
+        events = (map(_parse_event, records.keys, records.values) if records.events is None
+                  else records.events)
+        for offset, key, value, event in zip(records.offsets, records.keys, records.values,
+                                             events, strict=True):
             if offset < start:
                 outcome.skipped += 1
                 continue
             last = offset
-            event = _parse_event(key, value)
             if event is None:
                 event = self._decode_slowly(SourceRecord(topic, partition, offset, _text(key),
                                                          _text(value)), key, value)

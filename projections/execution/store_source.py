@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import orjson
 import psycopg
-from eventfold.outbox.history import STORE_TOPIC, read_history
+from eventfold.outbox.history import STORE_TOPIC, HistoryRow, read_history
+from eventfold.projections.definition.projection import Event
 from eventfold.projections.outcome import RawRecords
 
 from eventfold.contract import PartitionKey, libpq_url
@@ -37,12 +39,42 @@ class StoreSlice:
         return self.upto - self.after  # the buckets share the positions: a bound, not a count
 
     def record_chunks(self, rows: int) -> Iterator[RawRecords]:
-        """The slice's events as records, about ``rows`` at a time, for a fold in Python."""
+        """The slice's events as records, decoded, about ``rows`` at a time."""
         with psycopg.connect(libpq_url(self.database_url)) as conn:
             for chunk in read_history(conn, self.stream_types, self.after, self.upto,
                                       self.bucket, self.buckets, chunk=rows):
-                positions, keys, values = zip(*chunk, strict=True)
-                yield RawRecords(STORE_TOPIC, self.bucket, positions, keys, values)
+                yield self._records(chunk)
+
+    def _records(self, rows: list[HistoryRow]) -> RawRecords:
+        positions: list[int] = []
+        keys: list[str] = []
+        values: list[str | None] = []
+        events: list[Event | None] = []
+        for row in rows:
+            position, stream_id, event_id, event_type, version, recorded_at, payload = row
+            data = _loads(payload)
+            positions.append(position)
+            keys.append(stream_id)
+            if type(data) is dict:
+                values.append(None)
+                events.append(_new_tuple(Event, (event_type, data, stream_id, version,
+                                                 event_id, position, recorded_at, None)))
+            else:  # for the decoder to name as a dead letter, as it came in
+                values.append(_envelope(row))
+                events.append(None)
+        return RawRecords(STORE_TOPIC, self.bucket, positions, keys, values, events=events)
+
+
+_loads = orjson.loads
+_new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
+
+
+def _envelope(row: HistoryRow) -> str:
+    """The envelope the connector writes for an event (without metadata)."""
+    position, _, event_id, event_type, version, recorded_at, payload = row
+    return orjson.dumps({"payload": payload, "eventId": event_id, "eventType": event_type,
+                         "streamVersion": version, "globalPosition": position,
+                         "recordedAt": recorded_at}).decode()
 
 
 def store_slices(database_url: str, stream_types: tuple[str, ...], after: int, upto: int,
