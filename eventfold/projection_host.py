@@ -269,6 +269,12 @@ def replay_on_a_host(settings: Settings, name: str, source: str) -> ReplayResult
                 progress.advance_to(request.done)
             if request.state in ENDED:
                 break
+            if not request.host_alive and request.state == "pending" and (
+                    moved := directory.reroute(request_id, name)) is not None:
+                log.info("the host %s stopped answering before it started the replay; "
+                         "handed to %s", host_id, moved)
+                host_id = moved
+                continue
             if not request.host_alive:
                 raise ReplayFailed(f"the host {host_id} stopped answering during the replay "
                                    f"of {name}; run the replay again: it resumes")

@@ -147,6 +147,17 @@ class HostDirectory:
         assert row is not None
         return int(row[0])
 
+    def reroute(self, request_id: int, projection: str) -> str | None:
+        """Hand a request its host died before claiming to the live host that runs
+        ``projection`` now (a host started again after a crash, say); that host, or None."""
+        host_id = self.host_running(projection)
+        if host_id is None:
+            return None
+        row = self._conn().execute(
+            "UPDATE projection_requests SET host_id = %s, updated_at = now() WHERE id = %s "
+            "AND state = 'pending' RETURNING id", (host_id, request_id)).fetchone()
+        return host_id if row else None
+
     def request(self, request_id: int) -> Request:
         row = self._conn().execute(_REQUEST, (ALIVE_S, request_id)).fetchone()
         if row is None:

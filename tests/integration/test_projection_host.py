@@ -18,6 +18,7 @@ from eventfold.projections.dead_letters import read_dead_letters
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.hosts import HostDirectory, Request
 
+from eventfold import migrations
 from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
 from tests.integration.test_status import status_json
@@ -176,3 +177,34 @@ def test_a_replay_handed_to_a_host_stops_on_ctrl_c_and_resumes_there(
         stop_pid(host.pid, what="projection host", timeout_s=90)
         directory.close()
         catalog.close()
+
+
+def test_a_replay_asked_of_a_host_that_died_before_claiming_it_goes_to_the_one_after_it(
+        stack_settings, unique) -> None:
+    """A host killed a moment ago still looks alive for ``ALIVE_S``: a replay asked then is
+    handed to it. Once it is taken for dead, the request, still pending, moves to the host
+    that runs the projection now, which claims it; the dead one could no longer."""
+    migrations.upgrade(stack_settings.database_url)
+    name = f"rerouted_{unique}"
+    directory = HostDirectory(stack_settings.database_url)
+    dead, restarted = f"dead-{unique}", f"restarted-{unique}"
+    try:
+        directory.register(dead, [name])
+        request_id = directory.submit(dead, name, "replay", "topics")
+        assert directory.reroute(request_id, name) == dead  # alive: nothing to move
+        directory._conn().execute(
+            "UPDATE projection_hosts SET heartbeat_at = now() - interval '1 minute' "
+            "WHERE host_id = %s", (dead,))
+        assert not directory.request(request_id).host_alive
+        assert directory.reroute(request_id, name) is None  # no live host runs it yet
+        directory.register(restarted, [name])
+        assert directory.reroute(request_id, name) == restarted
+        assert directory.request(request_id).host_alive
+        assert directory.claim(dead) is None
+        claimed = directory.claim(restarted)
+        assert claimed is not None and claimed.id == request_id
+        assert directory.reroute(request_id, name) is None  # running: it stays where it is
+    finally:
+        directory.unregister(dead)
+        directory.unregister(restarted)
+        directory.close()
