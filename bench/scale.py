@@ -5,8 +5,9 @@ run's plain single-process confluent-kafka loop folding them into a dict.
 For the fold and the aggregation: the streaming run (steady state, after the first batch), a
 replay from the topics (end to end, switch included), and a replay of the fold from the event
 store (the events written to it by COPY). For each: events/s and its ratio to the plain loop.
-And the peak RSS of the driver (this process and its JVM) and of the executors (Spark's Python
-workers), to show that the driver's memory does not grow with the keys.
+And the peak RSS of the driver (this process and its JVM; the plain loop runs in a process of
+its own) and of the executors (Spark's Python workers), to show that the driver's memory does
+not grow with the keys.
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
@@ -36,7 +37,7 @@ from bench.common import PeakMemory
 from bench.projections import (
     bench_stats,
     bench_totals,
-    plain_python_fold,
+    plain_python_fold_parallel,
     produce_events,
     streaming,
     write_history,
@@ -96,8 +97,9 @@ def main() -> None:
 def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
         stack_pids: frozenset[int], cluster_pids: frozenset[int]) -> None:
     produce_events(kafka, args.events, args.keys, args.partitions)
-    seen, seconds = plain_python_fold(kafka, range(args.partitions))
-    plain = seen / seconds
+    # In a process of its own: its dict of every key would stay in this one's heap after it
+    # returns, and count as the driver's.
+    plain = plain_python_fold_parallel(kafka, args.partitions, processes=1)
     print(f"{args.events:,} events over {args.keys:,} keys; plain Python fold (one process, "
           f"confluent-kafka loop into a dict): {plain:,.0f} events/s", flush=True)
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
