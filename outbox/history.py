@@ -7,19 +7,22 @@ writes, and then goes on from the topics: events it sees twice are the same even
 same stream versions, so its usual duplicate guard applies.
 
 Records read here come from ``STORE_TOPIC``: the partition is a bucket of stream ids (every
-event of a stream in one bucket, as every event of a key is in one Kafka partition) and the
-offset is the event's global position.
+event of a stream in one bucket, as every event of a key is in one Kafka partition; a bucket
+is read through an index of its own) and the offset is the event's global position.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import psycopg
-from eventfold.write_model.persistence.schema import EVENTS_TABLE
+from eventfold.write_model.persistence.schema import EVENTS_TABLE, STREAM_BUCKET, STREAM_BUCKETS
 from psycopg import sql
 
 STORE_TOPIC = "eventfold.event-store"
+__all__ = ["STORE_TOPIC", "STREAM_BUCKETS", "HistoryRow", "bucket_query", "count_events",
+           "head_position", "read_history"]
 _EVENTS = sql.Identifier(EVENTS_TABLE)
 # An event's columns, the record time rendered as Debezium's EventRouter renders it: an
 # ISO-8601 UTC string without trailing zeros. No envelope: building one in Postgres (JSON with
@@ -51,18 +54,22 @@ def count_events(conn: psycopg.Connection, stream_types: Sequence[str], after: i
 
 
 def read_history(conn: psycopg.Connection, stream_types: Sequence[str], after: int, upto: int,
-                 bucket: int = 0, buckets: int = 1,
-                 chunk: int = 20_000) -> Iterator[list[HistoryRow]]:
-    """Events of ``stream_types`` at positions (after, upto] whose stream falls in ``bucket``
-    of ``buckets``, in position order, in chunks."""
-    query = sql.SQL("""
-        SELECT {columns} FROM {events}
-        WHERE {in_slice} AND (hashtext(stream_id) & 2147483647) %% %(buckets)s = %(bucket)s
-        ORDER BY global_position
-    """).format(columns=_COLUMNS, events=_EVENTS, in_slice=_IN_SLICE)
-    params = {"types": list(stream_types), "after": after, "upto": upto, "bucket": bucket,
-              "buckets": buckets}
+                 bucket: int, chunk: int = 20_000) -> Iterator[list[HistoryRow]]:
+    """Events of ``stream_types`` at positions (after, upto] in stream bucket ``bucket``, in
+    position order, in chunks: one range of the bucket's index."""
     with conn.transaction(), conn.cursor(name="eventfold_history") as cursor:
-        cursor.execute(query, params)
+        cursor.execute(*bucket_query(stream_types, after, upto, bucket))
         while rows := cursor.fetchmany(chunk):
             yield rows
+
+
+def bucket_query(stream_types: Sequence[str], after: int, upto: int,
+                 bucket: int) -> tuple[sql.Composed, dict[str, Any]]:
+    """``read_history``'s query and its parameters."""
+    query = sql.SQL("""
+        SELECT {columns} FROM {events}
+        WHERE {bucket_of_stream} = %(bucket)s AND {in_slice}
+        ORDER BY global_position
+    """).format(columns=_COLUMNS, events=_EVENTS, in_slice=_IN_SLICE,
+                bucket_of_stream=sql.SQL(STREAM_BUCKET.replace("%", "%%")))
+    return query, {"types": list(stream_types), "after": after, "upto": upto, "bucket": bucket}

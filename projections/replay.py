@@ -137,7 +137,7 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
                                   terminal=False if listener else None, listener=listener)
         builder = ProjectionRunner(spark, projection, settings, version=new, progress=progress)
         if plan.store_head:
-            builder.fold_store_up_to(plan.store_head, spark.sparkContext.defaultParallelism)
+            builder.fold_store_up_to(plan.store_head)
         bound = _caught_up_to_a_short_tail(builder, live, settings, projection, plan.bound)
         with versions.locked(projection.name) as conn:
             # The live version's batch under way wrote its KTable records already: the new

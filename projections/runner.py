@@ -287,9 +287,9 @@ class ProjectionRunner:
                     self._slices_fold(slices), clock, started)
         return records
 
-    def fold_store_up_to(self, upto: int, buckets: int) -> None:
+    def fold_store_up_to(self, upto: int) -> None:
         """Fold the event store's log up to global position ``upto``, in windows of
-        ``max_rows_per_batch`` positions, each read by ``buckets`` tasks."""
+        ``max_rows_per_batch`` positions, each read as its stream buckets."""
         self.prepare()
         sources = tuple(self.projection.sources)
         window = max(self.settings.max_rows_per_batch, 1)
@@ -302,7 +302,7 @@ class ProjectionRunner:
             end = min(after + window, upto)
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
-            slices = store_slices(self.executor_database_url, sources, after, end, buckets)
+            slices = store_slices(self.executor_database_url, sources, after, end)
             self._apply(batch_id, committed, {STORE_PARTITION: end}, records,
                         self.plan.pipeline, self._slices_fold(slices))
             batch_id += 1

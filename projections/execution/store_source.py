@@ -12,12 +12,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import orjson
-import psycopg
-from eventfold.outbox.history import STORE_TOPIC, HistoryRow, read_history
+from eventfold.outbox.history import STORE_TOPIC, STREAM_BUCKETS, HistoryRow, read_history
 from eventfold.projections.definition.projection import Event
+from eventfold.projections.execution import worker
 from eventfold.projections.outcome import RawRecords
 
-from eventfold.contract import PartitionKey, libpq_url
+from eventfold.contract import PartitionKey
 
 STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
 """Where a version's checkpoint keeps the last global position it applied from the store."""
@@ -25,24 +25,25 @@ STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
 
 @dataclass(frozen=True)
 class StoreSlice:
-    """One bucket of stream ids over the positions (after, upto]: what one task reads."""
+    """One stream bucket of the log over the positions (after, upto]: what a task reads, by
+    the bucket's index, disjoint from every other slice."""
 
     database_url: str
     stream_types: tuple[str, ...]
     after: int
     upto: int
     bucket: int
-    buckets: int
 
     @property
     def rows(self) -> int:
-        return self.upto - self.after  # the buckets share the positions: a bound, not a count
+        """At most how many events it holds: its share of the window, the buckets being alike."""
+        return (self.upto - self.after) // STREAM_BUCKETS + 1
 
     def record_chunks(self, rows: int) -> Iterator[RawRecords]:
         """The slice's events as records, decoded, about ``rows`` at a time."""
-        with psycopg.connect(libpq_url(self.database_url)) as conn:
+        with worker.connection(self.database_url, "history") as conn:
             for chunk in read_history(conn, self.stream_types, self.after, self.upto,
-                                      self.bucket, self.buckets, chunk=rows):
+                                      self.bucket, chunk=rows):
                 yield self._records(chunk)
 
     def _records(self, rows: list[HistoryRow]) -> RawRecords:
@@ -77,7 +78,8 @@ def _envelope(row: HistoryRow) -> str:
                          "recordedAt": recorded_at}).decode()
 
 
-def store_slices(database_url: str, stream_types: tuple[str, ...], after: int, upto: int,
-                 buckets: int) -> list[StoreSlice]:
-    return [StoreSlice(database_url, stream_types, after, upto, bucket, buckets)
-            for bucket in range(buckets)]
+def store_slices(database_url: str, stream_types: tuple[str, ...], after: int,
+                 upto: int) -> list[StoreSlice]:
+    """The window (after, upto] of the log, one slice per stream bucket."""
+    return [StoreSlice(database_url, stream_types, after, upto, bucket)
+            for bucket in range(STREAM_BUCKETS)]

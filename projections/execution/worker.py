@@ -27,7 +27,7 @@ class _Held(threading.local):
     itself (``engine.fold_on_driver``) does so on each projection's thread at once."""
 
     def __init__(self) -> None:
-        self.connections: dict[str, psycopg.Connection] = {}
+        self.connections: dict[tuple[str, str], psycopg.Connection] = {}
         self.producers: dict[KafkaConnection, Producer] = {}
         self.consumers: dict[KafkaConnection, Consumer] = {}
 
@@ -37,16 +37,18 @@ _derived_topics: set[tuple[KafkaConnection, str]] = set()
 
 
 @contextmanager
-def connection(database_url: str) -> Iterator[psycopg.Connection]:
-    """This worker's connection to ``database_url`` for the duration of a task; dropped if
-    the task fails with it (it may be broken, or inside a failed transaction)."""
-    conn = _held.connections.get(database_url)
+def connection(database_url: str, purpose: str = "store") -> Iterator[psycopg.Connection]:
+    """This worker's connection to ``database_url`` for ``purpose`` for the duration of a task
+    (a read that goes on while the task writes has one of its own); dropped if the task fails
+    with it (it may be broken, or inside a failed transaction)."""
+    held = (database_url, purpose)
+    conn = _held.connections.get(held)
     if conn is None or conn.closed or conn.broken:
-        conn = _held.connections[database_url] = psycopg.connect(libpq_url(database_url))
+        conn = _held.connections[held] = psycopg.connect(libpq_url(database_url))
     try:
         yield conn
     except BaseException:
-        _held.connections.pop(database_url, None)
+        _held.connections.pop(held, None)
         conn.close()
         raise
     if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:

@@ -187,9 +187,10 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
     wait_until_in_topic(stack_settings, "ProductSales", unique, 200)
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app")
     totals = sales.sales_totals
-    # small batches, so that the kill lands between two of them (later runs: the default)
+    # small batches, so that the kill lands between two of them (later runs: the default):
+    # twenty, each folded in milliseconds, so that the poll below finds one behind the others
     runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
-                               "--all"], env={**env, "EVENTFOLD_MAX_ROWS_PER_BATCH": "60"},
+                               "--all"], env={**env, "EVENTFOLD_MAX_ROWS_PER_BATCH": "10"},
                               stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import psycopg
 import pytest
+from eventfold.outbox.history import STREAM_BUCKETS, bucket_query, read_history
 from eventfold.write_model import CommandBus, ConcurrencyError, EventStore, Repository
 from eventfold.write_model.domain.events import NewEvent
+from psycopg import sql
 from sqlalchemy import text
 
+from eventfold.contract import libpq_url
 from examples.inventory import Product, ReceiveStock
 from tests.concurrency import run_together
 
@@ -79,3 +83,35 @@ def test_command_bus_retries_lost_races_without_expected_version(store, inventor
     run_together(five_commands, 4)
     loaded = Repository(store).load(Product, product)
     assert (loaded.version, loaded.on_hand) == (20, 20)
+
+
+def test_the_log_read_by_stream_bucket_is_disjoint_complete_and_indexed(
+        store, stack_settings, unique) -> None:
+    """What each task of a replay from the event store reads: the buckets together hold every
+    event of the window once, a stream's events all in one bucket and in position order, and
+    a bucket is read through its index, not by scanning the window."""
+    stream_type = f"Bucketed{unique}"
+    appended = {f"{unique}-{n}": store.append(stream_type, f"{unique}-{n}", 0, [
+        NewEvent("Happened", {"n": n, "i": i}) for i in range(3)]).global_positions
+        for n in range(40)}
+    after, upto = min(min(p) for p in appended.values()) - 1, max(max(p) for p in
+                                                                    appended.values())
+    with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+        buckets = {bucket: [row for chunk in read_history(conn, [stream_type], after, upto,
+                                                          bucket, chunk=7) for row in chunk]
+                   for bucket in range(STREAM_BUCKETS)}
+        conn.execute("ANALYZE events")
+        conn.execute("SET enable_seqscan = off")  # a test's table is small enough to scan
+        query, params = bucket_query([stream_type], after, upto, 5)
+        plan = "\n".join(row[0] for row in conn.execute(
+            sql.SQL("EXPLAIN ") + query, params).fetchall())
+    read = [(row[1], row[0]) for rows in buckets.values() for row in rows]
+    assert sorted(read) == sorted((stream, p) for stream, ps in appended.items() for p in ps)
+    for rows in buckets.values():
+        assert [row[0] for row in rows] == sorted(row[0] for row in rows)
+    bucket_of = {stream: bucket for bucket, rows in buckets.items() for _, stream, *_ in rows}
+    assert len(bucket_of) == len(appended)  # one bucket per stream
+    assert len(set(bucket_of.values())) > 10  # and the streams spread over the buckets
+    index_conditions = [line for line in plan.splitlines() if "Index Cond" in line]
+    assert "events_by_stream_bucket" in plan, plan
+    assert any("hashtext(stream_id)" in line for line in index_conditions), plan  # a range

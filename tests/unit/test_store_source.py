@@ -29,7 +29,7 @@ ROWS = [row(1, "a", 1, {"product": "a", "quantity": 5}),
 
 
 def from_store(rows: list[HistoryRow]) -> RawRecords:
-    return StoreSlice("postgresql://unused", ("Product",), 0, 4, 0, 1)._records(rows)
+    return StoreSlice("postgresql://unused", ("Product",), 0, 4, 0)._records(rows)
 
 
 def as_envelopes(rows: list[HistoryRow]) -> RawRecords:
