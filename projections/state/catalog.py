@@ -51,6 +51,10 @@ _UNREAD_RETIRED = sql.SQL("""
     WHERE NOT EXISTS (SELECT 1 FROM {readers} k WHERE k.topic = r.topic
                       AND k.seen_at > now() - make_interval(secs => %s))
 """).format(retired=_RETIRED, readers=sql.Identifier(KTABLE_READERS_TABLE))
+# Rows of instances that crashed: they hold no topic (as above), and would stay forever.
+_FORGET_GONE_READERS = sql.SQL(
+    "DELETE FROM {readers} WHERE seen_at <= now() - make_interval(secs => %s)"
+).format(readers=sql.Identifier(KTABLE_READERS_TABLE))
 _SWITCH_LOCK = "eventfold.switch:"
 """Per projection, an advisory lock a switch takes exclusively as it retires the old topic,
 and a reader shares while it checks the active version and registers that version's topic."""
@@ -191,9 +195,11 @@ class ProjectionCatalog:
                               wait_s: float = 0.0) -> list[str]:
         """Delete every retired topic no live reader has open, waiting up to ``wait_s`` for
         readers to move off. The topics still read are left for a later call (the next
-        replay, or a streaming run, which calls this as it goes)."""
+        replay, or a streaming run, which calls this as it goes). Rows of readers gone for
+        ``READER_TTL_S`` go first."""
         deadline = time.monotonic() + wait_s
         deleted: list[str] = []
+        self._conn().execute(_FORGET_GONE_READERS, (READER_TTL_S,))
         while True:
             topics = [row[0] for row in self._conn().execute(
                 _UNREAD_RETIRED, (READER_TTL_S,)).fetchall()]

@@ -9,13 +9,17 @@ from __future__ import annotations
 import threading
 import uuid
 
+import psycopg
 from eventfold.projections.state.catalog import (
     READER_ROLE,
+    READER_TTL_S,
     ProjectionCatalog,
     forget_reader,
     note_reader,
 )
 from eventfold.read_api.freshness import connect_as_reader
+
+from eventfold.contract import libpq_url
 
 
 def test_a_reader_registering_as_a_switch_retires_its_topic_is_waited_for_or_told(
@@ -56,3 +60,24 @@ def test_a_reader_registering_as_a_switch_retires_its_topic_is_waited_for_or_tol
         finally:
             forget_reader(reader, "instance-b")
             catalog.close()
+
+
+def test_rows_of_readers_that_crashed_go_at_the_next_cleanup(inventory_app,
+                                                             stack_settings) -> None:
+    name = f"gone_{uuid.uuid4().hex[:8]}"
+    topic = f"eventfold.ktable.{name}"
+    catalog = ProjectionCatalog(stack_settings.database_url)
+    catalog.register(name)
+    try:
+        with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
+            for instance in ("crashed", "alive"):
+                assert note_reader(conn, f"{name}-{instance}", topic, name, 1) is None
+            conn.execute("UPDATE ktable_readers SET seen_at = now() - make_interval(secs => %s) "
+                         "WHERE instance_id = %s", (READER_TTL_S + 1, f"{name}-crashed"))
+            catalog.delete_retired_topics(lambda topics: None)
+            left = [row[0] for row in conn.execute(
+                "SELECT instance_id FROM ktable_readers WHERE projection = %s", (name,))]
+            assert left == [f"{name}-alive"]
+            forget_reader(conn, f"{name}-alive")
+    finally:
+        catalog.close()
