@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI
 
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
-from eventfold.contract import event_topic, split_password
+from eventfold.contract import event_topic, interval_seconds, split_password
 from eventfold.dashboard import add_dashboard
 from eventfold.loading import AppNotFound, app_directories, import_app_module, python_path
 from eventfold.local_stack.java import spark_kafka_jars
@@ -142,7 +142,9 @@ class Eventfold:
                                      concurrent_commits=settings.command_commit_slots)
         app = create_command_app(bus, title=f"{self.name} commands",
                                  api_token=settings.api_token or None,
-                                 max_body_bytes=settings.max_body_bytes)
+                                 max_body_bytes=settings.max_body_bytes,
+                                 command_id_retention_s=interval_seconds(
+                                     settings.command_id_retention))
         return _with_observability(app, settings, "commands", request_log=False)
 
     def read_api(self, settings: Settings) -> FastAPI:

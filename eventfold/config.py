@@ -133,6 +133,7 @@ class Settings(BaseSettings):
     metrics_port: int = 0
     api_token: str = ""
     max_body_bytes: int = 1024 * 1024
+    command_id_retention: str = "7 days"
     log_level: str = "INFO"
     log_format: str = "text"
 
@@ -183,10 +184,11 @@ class Settings(BaseSettings):
                 getattr(self, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        try:
-            interval_seconds(self.trigger_interval)
-        except ValueError as exc:
-            raise ConfigError(f"EVENTFOLD_TRIGGER_INTERVAL: {exc}") from None
+        for name in ("trigger_interval", "command_id_retention"):
+            try:
+                interval_seconds(getattr(self, name))
+            except ValueError as exc:
+                raise ConfigError(f"EVENTFOLD_{name.upper()}: {exc}") from None
         if self.app_dir and not Path(self.app_dir).is_dir():
             raise ConfigError(f"EVENTFOLD_APP_DIR names {self.app_dir}, which is not a "
                               "directory")

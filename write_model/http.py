@@ -10,15 +10,18 @@ payload or header that does not parse or validate; 503 while the database is unr
 Bad input never gives a 5xx.
 """
 
+import asyncio
 import json
 import logging
 import secrets
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, cast
 
+import psycopg
 from eventfold.write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
 from eventfold.write_model.domain.aggregate import DomainError
 from eventfold.write_model.domain.values import (
@@ -30,12 +33,14 @@ from eventfold.write_model.domain.values import (
     storable_problem,
     text_problem,
 )
+from eventfold.write_model.persistence.async_store import AsyncEventStore
 from eventfold.write_model.persistence.store import (
     CommandIdReused,
     ConcurrencyError,
     StoreUnavailable,
     StreamNotFound,
     StreamOwnedByAnotherType,
+    first_line,
 )
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -60,19 +65,33 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
+DEFAULT_COMMAND_ID_RETENTION_S = 7 * 86_400.0
+PRUNE_EVERY_S = 300.0
+KEPT_UNTIL_HEADER = "Command-Id-Kept-Until"
 
 
 def create_command_app(
     bus: AsyncCommandBus, title: str = "Eventfold command API", api_token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    command_id_retention_s: float | None = DEFAULT_COMMAND_ID_RETENTION_S,
 ) -> FastAPI:
     """The app opens the bus's event store on startup and closes it on shutdown. Commands
-    run on the event loop; concurrent ones share transactions (group commit)."""
+    run on the event loop; concurrent ones share transactions (group commit). The results of
+    commands with an id are kept ``command_id_retention_s`` (None: forever), and the app
+    forgets older ones as it runs."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with bus.repository.store:
-            yield
+            pruning = None if command_id_retention_s is None else asyncio.create_task(
+                _forget_old_command_results(bus.repository.store, command_id_retention_s))
+            try:
+                yield
+            finally:
+                if pruning is not None:
+                    pruning.cancel()
+                    with suppress(asyncio.CancelledError):
+                        await pruning
 
     # FastAPI's native OpenTelemetry looks its providers up again on every request (3% of a
     # command's server time, docs/benchmarks.md); the API has Prometheus metrics and
@@ -82,7 +101,8 @@ def create_command_app(
     specs = list(bus.registry)
     document_commands(app, specs, secured=api_token is not None)
     check_token = token_check(api_token)
-    endpoints = {command_path(spec.command): _command_endpoint(bus, spec.command, check_token)
+    endpoints = {command_path(spec.command): _command_endpoint(bus, spec.command, check_token,
+                                                               command_id_retention_s)
                  for spec in specs}
     authorize = bearer_auth(api_token)
 
@@ -109,6 +129,27 @@ def create_command_app(
     app.add_middleware(CommandDispatch, endpoints=endpoints, handlers=app.exception_handlers)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
+
+
+async def _forget_old_command_results(store: AsyncEventStore, retention_s: float) -> None:
+    """Every few minutes (more often for a short retention), until cancelled."""
+    every_s = min(PRUNE_EVERY_S, max(retention_s / 2, 0.5))
+    while True:
+        await asyncio.sleep(every_s)
+        try:
+            pruned = await store.prune_command_results(retention_s)
+        except (StoreUnavailable, psycopg.Error) as exc:
+            log.warning("forgetting old command results: %s", first_line(exc))
+            continue
+        if pruned:
+            log.info("forgot the results of %d command(s) older than %s s; their ids would "
+                     "append again", pruned, f"{retention_s:,.0f}")
+
+
+def kept_until(retention_s: float) -> str:
+    """When a command id given now stops returning its first result (at the earliest)."""
+    until = datetime.now(UTC) + timedelta(seconds=retention_s)
+    return until.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def token_check(api_token: str | None) -> Callable[[str | None], None]:
@@ -262,6 +303,11 @@ def _operation(spec: HandlerSpec[Any, Any], request_schema: dict[str, Any],
                         "content": {"application/json": {"schema": request_schema}}},
         "responses": {
             "201": {"description": "events appended",
+                    "headers": {KEPT_UNTIL_HEADER: {
+                        "description": "with a command id: the same id returns this result "
+                                       "at least until then, and appends again after it "
+                                       "(EVENTFOLD_COMMAND_ID_RETENTION)",
+                        "schema": {"type": "string", "format": "date-time"}}},
                     "content": {"application/json": {"schema": result_schema}}},
             "200": {"description": "the command id was executed before (its first result, "
                                    "`replayed: true`), or the command recorded nothing",
@@ -282,7 +328,8 @@ Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 def _command_endpoint(bus: AsyncCommandBus, command_model: type[Command],
-                      check_token: Callable[[str | None], None]) -> Endpoint:
+                      check_token: Callable[[str | None], None],
+                      command_id_retention_s: float | None) -> Endpoint:
     async def execute(request: Request) -> Response:
         check_token(bearer_token(request.headers.get("authorization")))
         command = parse_command(command_model, await request.body())
@@ -291,9 +338,12 @@ def _command_endpoint(bus: AsyncCommandBus, command_model: type[Command],
             command = command.model_copy(update={"command_id": headers.idempotency_key})
         result = await bus.execute(command, metadata=headers.metadata,
                                    correlation_id=headers.correlation_id)
-        return Response(result.model_dump_json(),
-                        status_code=201 if result.event_ids and not result.replayed else 200,
-                        media_type="application/json")
+        appended = bool(result.event_ids) and not result.replayed
+        response = Response(result.model_dump_json(), status_code=201 if appended else 200,
+                            media_type="application/json")
+        if appended and command.command_id is not None and command_id_retention_s is not None:
+            response.headers[KEPT_UNTIL_HEADER] = kept_until(command_id_retention_s)
+        return response
 
     return execute
 

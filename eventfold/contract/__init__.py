@@ -87,12 +87,14 @@ def split_password(database_url: str) -> tuple[str, str]:
 
 
 _UNIT_SECONDS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "second": 1.0,
-                 "min": 60.0, "minute": 60.0}
+                 "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0, "d": 86400.0,
+                 "day": 86400.0}
 
 
 def interval_seconds(interval: str) -> float:
     """Seconds of an interval written as Spark's triggers take it, as
-    ``EVENTFOLD_TRIGGER_INTERVAL`` is: ``500 milliseconds``, ``1 second``, ``2 s``."""
+    ``EVENTFOLD_TRIGGER_INTERVAL`` is: ``500 milliseconds``, ``1 second``, ``2 s``; or in
+    hours or days (``7 days``), as retentions are."""
     amount, _, unit = interval.strip().partition(" ")
     unit = unit.strip().lower()
     seconds = _UNIT_SECONDS.get(unit.removesuffix("s") if unit not in _UNIT_SECONDS else unit)

@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import psycopg
 import pytest
+from eventfold.write_model.persistence.async_store import AsyncEventStore
 from fastapi.testclient import TestClient
 from sqlalchemy import text
+
+from eventfold.contract import libpq_url
+from examples.inventory import ReceiveStock
+from tests.pipeline_helpers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -148,3 +158,54 @@ def test_a_command_mounted_under_a_prefix_is_dispatched(inventory_app, stack_set
         assert response.status_code == 201, response.text
         assert client.post("/api/commands/ReceiveStock", content="{",
                            headers={"content-type": "application/json"}).status_code == 422
+
+
+def test_a_command_id_returns_its_result_for_the_retention_then_appends_again(
+        inventory_app, stack_settings, events_count, unique) -> None:
+    """The 201 says until when the id holds; within it the same id gets the first result,
+    after it the app has forgotten the result (its own pruning, a batch at a time) and the
+    same command appends again. Results younger than the retention stay."""
+    command_id = str(uuid.uuid4())
+    body = {"product": unique, "quantity": 3, "command_id": command_id}
+    settings = stack_settings.model_copy(update={"command_id_retention": "2 seconds"})
+    with TestClient(inventory_app.command_api(settings)) as client:
+        sent_at = datetime.now(UTC)
+        first = client.post("/commands/ReceiveStock", json=body)
+        assert first.status_code == 201
+        kept_until = datetime.fromisoformat(first.headers["Command-Id-Kept-Until"])
+        assert timedelta(seconds=1) <= kept_until - sent_at <= timedelta(seconds=4)
+        again = client.post("/commands/ReceiveStock", json=body)
+        assert (again.status_code, again.json()["replayed"]) == (200, True)
+        assert "Command-Id-Kept-Until" not in again.headers
+        wait_for(lambda: not command_result_kept(stack_settings, command_id),
+                 "the app to forget the result", timeout_s=15)
+        later = client.post("/commands/ReceiveStock", json=body)
+        assert (later.status_code, later.json()["version"]) == (201, 2)
+        assert events_count(unique) == 2
+
+
+def test_pruning_forgets_only_results_older_than_the_retention(inventory_app, stack_settings,
+                                                                unique) -> None:
+    bus = inventory_app.command_bus(stack_settings)
+    old, fresh = uuid.uuid4(), uuid.uuid4()
+    for command_id in (old, fresh):
+        bus.execute(ReceiveStock(product=f"{unique}-{command_id}", quantity=1,
+                                 command_id=command_id))
+    with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+        conn.execute("UPDATE command_log SET recorded_at = now() - interval '8 days' "
+                     "WHERE command_id = %s", (old,))
+
+    async def prune() -> int:
+        async with AsyncEventStore.from_url(stack_settings.database_url) as store:
+            return await store.prune_command_results(7 * 86_400, batch=1)
+
+    assert asyncio.run(prune()) >= 1
+    assert not command_result_kept(stack_settings, str(old))
+    assert command_result_kept(stack_settings, str(fresh))
+
+
+def command_result_kept(settings, command_id: str) -> bool:
+    with psycopg.connect(libpq_url(settings.database_url)) as conn:
+        row = conn.execute("SELECT count(*) FROM command_log WHERE command_id::text = %s",
+                           (command_id,)).fetchone()
+    return bool(row and row[0])

@@ -25,6 +25,8 @@ from eventfold.write_model.persistence.store import (
     COMMAND_RESULT,
     LOAD_EVENTS,
     LOAD_SNAPSHOT,
+    PRUNE_BATCH,
+    PRUNE_COMMAND_RESULTS,
     RACE_RETRIES,
     SAVE_SNAPSHOT,
     AppendResult,
@@ -128,6 +130,19 @@ class AsyncEventStore:
         async with self.connection() as conn:
             await conn.execute(SAVE_SNAPSHOT, (stream_id, aggregate_type, schema_version,
                                                stream_version, json.dumps(state)))
+
+    async def prune_command_results(self, older_than_s: float,
+                                    batch: int = PRUNE_BATCH) -> int:
+        """Forget the results of commands recorded more than ``older_than_s`` ago, in
+        batches; how many. A command sent again with such an id appends again."""
+        pruned = 0
+        while True:
+            async with self.connection() as conn:
+                deleted = (await conn.execute(PRUNE_COMMAND_RESULTS,
+                                              (older_than_s, batch))).rowcount
+            pruned += max(deleted, 0)
+            if deleted < batch:
+                return pruned
 
     # -- reading ----------------------------------------------------------------------------
     async def command_result(self, command_id: uuid.UUID) -> AppendResult | None:

@@ -181,6 +181,16 @@ _READ_ALL = (f"SELECT tx_id::text::bigint, {_RECORDED_COLUMNS} FROM events "
              "ORDER BY events.tx_id, global_position LIMIT %s")
 _CURRENT_VERSION = "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = %s"
 COMMAND_RESULT = "SELECT result FROM command_log WHERE command_id = %s"
+# The oldest results past the retention, a batch at a time (by migration 0014's index): each
+# batch a short transaction that locks only rows no append reads any more, and skips those
+# another process's pruning holds (each HTTP worker prunes).
+PRUNE_COMMAND_RESULTS = """
+    DELETE FROM command_log WHERE command_id IN (
+        SELECT command_id FROM command_log
+        WHERE recorded_at < now() - make_interval(secs => %s)
+        ORDER BY recorded_at LIMIT %s FOR UPDATE SKIP LOCKED)
+"""
+PRUNE_BATCH = 5_000
 LOAD_SNAPSHOT = ("SELECT stream_version, state FROM snapshots "
                   "WHERE stream_id = %s AND aggregate_type = %s AND schema_version = %s")
 SAVE_SNAPSHOT = """
