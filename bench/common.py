@@ -4,6 +4,7 @@ threaded clients and a stack of our own."""
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 import re
 import subprocess
@@ -14,11 +15,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from queue import Empty
+from typing import Any, TypeVar, cast
 
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import process_tree
 
 from eventfold.config import Settings
+
+T = TypeVar("T")
 
 log = logging.getLogger("bench")
 
@@ -44,6 +49,30 @@ def threaded_round(command: Callable[[int, int], object], clients: int,
     for thread in threads:
         thread.join()
     return sum(done_counts)
+
+
+def _call_into(queue: Any, work: Callable[..., T], args: tuple[Any, ...]) -> None:
+    queue.put(work(*args))
+
+
+def in_a_process(work: Callable[..., T], *args: Any) -> T:
+    """``work(*args)`` in a spawned process of its own, its result back: for a bench's own
+    load (producing, loading the store) whose memory must not count as the driver's, since
+    freed heap mostly stays in a process's RSS."""
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_call_into, args=(queue, work, args))
+    process.start()
+    try:
+        while True:
+            try:
+                return cast(T, queue.get(timeout=1.0))
+            except Empty:
+                if not process.is_alive():
+                    raise RuntimeError(f"{work.__name__} failed in its process (exit code "
+                                       f"{process.exitcode})") from None
+    finally:
+        process.join()
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -106,6 +135,7 @@ class PeakMemory:
         self.also = also
         self.driver_peak = self.executor_peak = 0
         self.at_peak: dict[int, tuple[str, int]] = {}
+        self.at_driver_peak: dict[int, tuple[str, int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -128,12 +158,23 @@ class PeakMemory:
             executors = _executors(set(sample))
             executor_rss = sum(rss for pid, (_, rss) in sample.items() if pid in executors)
             self.executor_peak = max(self.executor_peak, executor_rss)
-            self.driver_peak = max(self.driver_peak, total - executor_rss)
+            if total - executor_rss > self.driver_peak:
+                self.driver_peak = total - executor_rss
+                self.at_driver_peak = {pid: found for pid, found in sample.items()
+                                       if pid not in executors}
 
     def describe_peak(self) -> str:
         """Who held the memory at the peak: ``java 1,234 MB, python3 456 MB, ...``."""
-        parts = sorted(((rss, name) for name, rss in self.at_peak.values()), reverse=True)
-        return ", ".join(f"{name} {rss / 2**20:,.0f} MB" for rss, name in parts if rss)
+        return _describe(self.at_peak)
+
+    def describe_driver_peak(self) -> str:
+        """The same at the driver's peak: its Python process and its JVM."""
+        return _describe(self.at_driver_peak)
+
+
+def _describe(sample: dict[int, tuple[str, int]]) -> str:
+    parts = sorted(((rss, name) for name, rss in sample.values()), reverse=True)
+    return ", ".join(f"{name} {rss / 2**20:,.0f} MB" for rss, name in parts if rss)
 
 
 def _executors(pids: set[int]) -> set[int]:

@@ -5,9 +5,9 @@ run's plain single-process confluent-kafka loop folding them into a dict.
 For the fold and the aggregation: the streaming run (steady state, after the first batch), a
 replay from the topics (end to end, switch included), and a replay of the fold from the event
 store (the events written to it by COPY). For each: events/s and its ratio to the plain loop.
-And the peak RSS of the driver (this process and its JVM; the plain loop runs in a process of
-its own) and of the executors (Spark's Python workers), to show that the driver's memory does
-not grow with the keys.
+And the peak RSS of the driver (this process and its JVM; the producer, the store's loading
+and the plain loop run in processes of their own) and of the executors (Spark's Python
+workers), to show that the driver's memory does not grow with the keys.
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
@@ -33,7 +33,7 @@ from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.replay import replay
 from eventfold.projections.runner import RunnerSettings
 
-from bench.common import PeakMemory
+from bench.common import PeakMemory, in_a_process
 from bench.projections import (
     bench_stats,
     bench_totals,
@@ -57,8 +57,9 @@ def measured(memory: list[tuple[str, PeakMemory]], name: str, stack_pids: frozen
     with PeakMemory(exclude=stack_pids, also=cluster_pids) as peak:
         result = work()
     memory.append((name, peak))
-    log.info("%s: driver peak %s MB, executors peak %s MB", name,
-             f"{peak.driver_peak / 2**20:,.0f}", f"{peak.executor_peak / 2**20:,.0f}")
+    log.info("%s: driver peak %s MB (%s), executors peak %s MB", name,
+             f"{peak.driver_peak / 2**20:,.0f}", peak.describe_driver_peak(),
+             f"{peak.executor_peak / 2**20:,.0f}")
     return result
 
 
@@ -96,9 +97,9 @@ def main() -> None:
 
 def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
         stack_pids: frozenset[int], cluster_pids: frozenset[int]) -> None:
-    produce_events(kafka, args.events, args.keys, args.partitions)
-    # In a process of its own: its dict of every key would stay in this one's heap after it
-    # returns, and count as the driver's.
+    # The bench's own work runs in processes of their own: the producer's buffers and the
+    # plain loop's dict of every key would stay in this one's heap and count as the driver's.
+    in_a_process(produce_events, kafka, args.events, args.keys, args.partitions)
     plain = plain_python_fold_parallel(kafka, args.partitions, processes=1)
     print(f"{args.events:,} events over {args.keys:,} keys; plain Python fold (one process, "
           f"confluent-kafka loop into a dict): {plain:,.0f} events/s", flush=True)
@@ -130,7 +131,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     report("replay_aggregation", measure("replay of the aggregation", lambda: replay(
         spark, bench_stats, replay_settings)).events_per_s)
     if not args.skip_store:
-        write_history(database_url, args.events, args.keys)
+        in_a_process(write_history, database_url, args.events, args.keys)
         store = measure("replay from the event store", lambda: replay(
             spark, bench_totals, replay_settings, source="store"))
         report("replay_from_store", args.events / store.seconds)

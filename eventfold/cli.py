@@ -400,7 +400,8 @@ def _dlq_list(settings: Settings, projection: Projection, args: argparse.Namespa
     from eventfold.projections.dead_letters import read_dead_letters, resolutions_of
 
     letters = read_dead_letters(settings.kafka, projection.dead_letter_topic, args.last)
-    done = resolutions_of(settings.database_url, projection.name)
+    done = resolutions_of(settings.database_url, projection.name,
+                          [letter.dead_letter_offset for letter in letters])
     if args.json:
         print(json.dumps([{**letter.as_json(), "status": _status_of(done.get(
             letter.dead_letter_offset))} for letter in letters], indent=2, default=str))

@@ -193,6 +193,26 @@ def read_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
     return messages
 
 
+def read_message(kafka: KafkaConnection, topic: str, offset: int, partition: int = 0,
+                 timeout_s: float = 30) -> tuple[int, int, str | None, str | None] | None:
+    """The message at ``offset`` of one partition, as ``read_messages`` gives it, read from
+    there and nowhere else; None when there is none (before the partition's first offset,
+    past its end, or compacted away)."""
+    consumer = Consumer(consumer_config(kafka))
+    try:
+        first, end = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                    timeout=timeout_s)
+        if not first <= offset < end:
+            return None
+        for chunk in iter_range(consumer, (topic, partition), offset, offset + 1, timeout_s):
+            for message in chunk:
+                if offset_of(message) == offset:
+                    return partition, offset, _text(message.key()), _text(message.value())
+        return None
+    finally:
+        consumer.close()
+
+
 def offset_of(message: Message) -> int:
     """A consumed message's offset (the client's type says optional: only a message being
     produced has none)."""

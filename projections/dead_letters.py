@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.kafka import read_message, read_messages
 from eventfold.outbox.topics import Replication
 from eventfold.projections.definition.projection import Event, Projection, State
 from eventfold.projections.execution.fold import (
@@ -86,22 +87,25 @@ class DeadLetterRecord:
 def read_dead_letters(kafka: KafkaConnection, topic: str,
                       last: int | None = None) -> list[DeadLetterRecord]:
     """The letters on ``topic`` (with ``last``: the newest ones), oldest first."""
-    letters = []
-    for _, offset, _, value in read_messages(kafka, topic, timeout_s=30, last=last):
-        body = json.loads(value or "{}")
-        letters.append(DeadLetterRecord(
-            offset, str(body.get("error", "")), str(body.get("topic", "")),
-            int(body.get("partition", -1)), int(body.get("offset", -1)), body.get("key"),
-            body.get("value"), body.get("version"), body.get("fold_key")))
-    return letters
+    return [_letter(offset, value)
+            for _, offset, _, value in read_messages(kafka, topic, timeout_s=30, last=last)]
 
 
 def find_dead_letter(kafka: KafkaConnection, topic: str, offset: int) -> DeadLetterRecord:
-    """The letter at ``offset`` of ``topic``; LookupError when there is none."""
-    for letter in read_dead_letters(kafka, topic):
-        if letter.dead_letter_offset == offset:
-            return letter
-    raise LookupError(f"no dead letter at offset {offset} of {topic}")
+    """The letter at ``offset`` of ``topic``, read at that offset; LookupError when there is
+    none."""
+    found = read_message(kafka, topic, offset)
+    if found is None:
+        raise LookupError(f"no dead letter at offset {offset} of {topic}")
+    return _letter(offset, found[3])
+
+
+def _letter(offset: int, value: str | None) -> DeadLetterRecord:
+    body = json.loads(value or "{}")
+    return DeadLetterRecord(
+        offset, str(body.get("error", "")), str(body.get("topic", "")),
+        int(body.get("partition", -1)), int(body.get("offset", -1)), body.get("key"),
+        body.get("value"), body.get("version"), body.get("fold_key"))
 
 
 # -- acting on them: retry a parked key, discard a letter ---------------------------------------
@@ -249,7 +253,8 @@ def discard(database_url: str, kafka: KafkaConnection, projection: Projection,
     return Discarded(letter, key, left)
 
 
-def resolutions_of(database_url: str, name: str) -> dict[int, Resolution]:
-    """What was done with ``name``'s dead letters, by dead-letter offset."""
+def resolutions_of(database_url: str, name: str,
+                   offsets: Sequence[int]) -> dict[int, Resolution]:
+    """What was done with those of ``name``'s dead letters, by dead-letter offset."""
     with psycopg.connect(libpq_url(database_url)) as conn:
-        return resolutions(conn, name)
+        return resolutions(conn, name, offsets)

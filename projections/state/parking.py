@@ -12,7 +12,7 @@ and folds again.
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -212,9 +212,13 @@ def resolve(conn: psycopg.Connection, name: str, dead_letter_offsets: Iterable[i
             [(name, offset, action, by, reason) for offset in dead_letter_offsets])
 
 
-def resolutions(conn: psycopg.Connection, name: str) -> dict[int, Resolution]:
-    """What was done with ``name``'s dead letters, by dead-letter offset."""
+def resolutions(conn: psycopg.Connection, name: str,
+                offsets: Sequence[int]) -> dict[int, Resolution]:
+    """What was done with those of ``name``'s dead letters, by dead-letter offset (looked
+    up by key, however many were resolved before)."""
     query = sql.SQL("SELECT dead_letter_offset, action, resolved_by, reason, resolved_at "
-                    "FROM {} WHERE projection = %s").format(_RESOLUTIONS)
+                    "FROM {} WHERE projection = %s AND dead_letter_offset = ANY(%s)"
+                    ).format(_RESOLUTIONS)
     with conn.transaction():
-        return {offset: Resolution(*rest) for offset, *rest in conn.execute(query, (name,))}
+        return {offset: Resolution(*rest)
+                for offset, *rest in conn.execute(query, (name, list(offsets)))}
