@@ -196,13 +196,15 @@ class ProjectionCatalog:
         """Delete every retired topic no live reader has open, waiting up to ``wait_s`` for
         readers to move off. The topics still read are left for a later call (the next
         replay, or a streaming run, which calls this as it goes). Rows of readers gone for
-        ``READER_TTL_S`` go first."""
+        ``READER_TTL_S`` go first, so a topic deleted because its reader is gone takes the
+        reader's row with it."""
         deadline = time.monotonic() + wait_s
         deleted: list[str] = []
-        self._conn().execute(_FORGET_GONE_READERS, (READER_TTL_S,))
         while True:
-            topics = [row[0] for row in self._conn().execute(
-                _UNREAD_RETIRED, (READER_TTL_S,)).fetchall()]
+            with self._conn().transaction():  # one now(): a row forgotten, or one that counts
+                self._conn().execute(_FORGET_GONE_READERS, (READER_TTL_S,))
+                topics = [row[0] for row in self._conn().execute(
+                    _UNREAD_RETIRED, (READER_TTL_S,)).fetchall()]
             if topics:
                 delete(topics)
                 self._conn().execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s)")
