@@ -65,7 +65,6 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 1024 * 1024
-DEFAULT_COMMAND_ID_RETENTION_S = 7 * 86_400.0
 PRUNE_EVERY_S = 300.0
 KEPT_UNTIL_HEADER = "Command-Id-Kept-Until"
 
@@ -73,12 +72,13 @@ KEPT_UNTIL_HEADER = "Command-Id-Kept-Until"
 def create_command_app(
     bus: AsyncCommandBus, title: str = "Eventfold command API", api_token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    command_id_retention_s: float | None = DEFAULT_COMMAND_ID_RETENTION_S,
+    command_id_retention_s: float | None = None,
 ) -> FastAPI:
     """The app opens the bus's event store on startup and closes it on shutdown. Commands
     run on the event loop; concurrent ones share transactions (group commit). The results of
-    commands with an id are kept ``command_id_retention_s`` (None: forever), and the app
-    forgets older ones as it runs."""
+    commands with an id are kept ``command_id_retention_s`` (None: forever; an app's
+    ``Settings.command_id_retention`` holds the default), and the app forgets older ones as it
+    runs."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from eventfold.contract.envelope import EventEnvelope, MalformedEvent, trace_of
+from eventfold.contract.envelope import EventEnvelope, MalformedEvent, envelope_value, trace_of
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -29,6 +29,7 @@ __all__ = [
     "MalformedEvent",
     "NestedOffsets",
     "PartitionKey",
+    "envelope_value",
     "event_topic",
     "flatten_offsets",
     "libpq_url",

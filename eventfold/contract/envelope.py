@@ -73,12 +73,22 @@ class EventEnvelope:
 
     def encode(self) -> tuple[str, str]:
         """The (key, value) pair the connector would produce: used by tests and tools."""
-        return self.stream_id, json.dumps({
-            "payload": json.dumps(self.data), "eventId": self.event_id,
-            "eventType": self.event_type, "streamVersion": self.stream_version,
-            "globalPosition": self.global_position, "recordedAt": self.recorded_at,
-            "schemaVersion": self.schema_version, "metadata": json.dumps(self.metadata),
-        })
+        return self.stream_id, envelope_value(
+            self.event_id, self.event_type, self.stream_version, self.global_position,
+            self.recorded_at, json.dumps(self.data), self.schema_version,
+            json.dumps(self.metadata))
+
+
+def envelope_value(event_id: str, event_type: str, stream_version: int, global_position: int,
+                   recorded_at: str, payload: str, schema_version: int = 1,
+                   metadata: str = "{}") -> str:
+    """The value the connector writes for an event whose payload column holds ``payload``
+    (JSON text, not necessarily an object: a tool may need the envelope of a bad one)."""
+    return json.dumps({
+        "payload": payload, "eventId": event_id, "eventType": event_type,
+        "streamVersion": stream_version, "globalPosition": global_position,
+        "recordedAt": recorded_at, "schemaVersion": schema_version, "metadata": metadata,
+    })
 
 
 def _json_object(value: Any) -> dict[str, Any]:

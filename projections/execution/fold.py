@@ -200,16 +200,16 @@ def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) ->
                  joined=joined)
 
 
-_loads = orjson.loads
-_new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
+loads_json = orjson.loads
+new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
 
 
 def _parse_event(key: str | bytes | None, value: bytes | str | None) -> Event | None:
     """The event of a well-formed envelope, parsed fast; None for anything else (which
     ``EventEnvelope.decode`` then judges, with the reason)."""
     try:
-        outer = _loads(value)  # type: ignore[arg-type]
-        data = _loads(outer["payload"])
+        outer = loads_json(value)  # type: ignore[arg-type]
+        data = loads_json(outer["payload"])
         event_type, event_id = outer["eventType"], outer["eventId"]
         version, position = outer["streamVersion"], outer["globalPosition"]
         recorded_at = outer.get("recordedAt", "")
@@ -219,7 +219,7 @@ def _parse_event(key: str | bytes | None, value: bytes | str | None) -> Event | 
     if (type(data) is dict and type(version) is int and type(position) is int
             and type(event_type) is str and type(event_id) is str
             and type(recorded_at) is str and type(key) is str):
-        return _new_tuple(Event, (event_type, data, key, version, event_id, position,
+        return new_tuple(Event, (event_type, data, key, version, event_id, position,
                                   recorded_at, None))
     return None
 
@@ -298,7 +298,7 @@ class BatchFold:
                     SourceRecord(topic, partition, offset, _text(key), _text(value)),
                     missing_key_reason(projection)))
                 continue
-            item = (_new_tuple(SourceRecord, (topic, partition, offset, key, None)), event)
+            item = (new_tuple(SourceRecord, (topic, partition, offset, key, None)), event)
             items = pending.get(fold_by)
             if items is None:
                 pending[fold_by] = [item]

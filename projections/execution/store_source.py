@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import orjson
 from eventfold.outbox.history import STORE_TOPIC, STREAM_BUCKETS, HistoryRow, read_history
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.execution import worker
+from eventfold.projections.execution.fold import loads_json, new_tuple
 from eventfold.projections.outcome import RawRecords
 
-from eventfold.contract import PartitionKey
+from eventfold.contract import PartitionKey, envelope_value
 
 STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
 """Where a version's checkpoint keeps the last global position it applied from the store."""
@@ -53,29 +53,18 @@ class StoreSlice:
         events: list[Event | None] = []
         for row in rows:
             position, stream_id, event_id, event_type, version, recorded_at, payload = row
-            data = _loads(payload)
+            data = loads_json(payload)
             positions.append(position)
             keys.append(stream_id)
             if type(data) is dict:
                 values.append(None)
-                events.append(_new_tuple(Event, (event_type, data, stream_id, version,
-                                                 event_id, position, recorded_at, None)))
+                events.append(new_tuple(Event, (event_type, data, stream_id, version,
+                                                event_id, position, recorded_at, None)))
             else:  # for the decoder to name as a dead letter, as it came in
-                values.append(_envelope(row))
+                values.append(envelope_value(event_id, event_type, version, position,
+                                             recorded_at, payload))
                 events.append(None)
         return RawRecords(STORE_TOPIC, self.bucket, positions, keys, values, events=events)
-
-
-_loads = orjson.loads
-_new_tuple = tuple.__new__  # builds a named tuple without its Python-level __new__
-
-
-def _envelope(row: HistoryRow) -> str:
-    """The envelope the connector writes for an event (without metadata)."""
-    position, _, event_id, event_type, version, recorded_at, payload = row
-    return orjson.dumps({"payload": payload, "eventId": event_id, "eventType": event_type,
-                         "streamVersion": version, "globalPosition": position,
-                         "recordedAt": recorded_at}).decode()
 
 
 def store_slices(database_url: str, stream_types: tuple[str, ...], after: int,

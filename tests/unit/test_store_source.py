@@ -11,7 +11,7 @@ from eventfold.projections.execution.store_source import StoreSlice
 from eventfold.projections.outcome import RawRecords
 from eventfold.projections.plan import as_plan
 
-from eventfold.contract import EventEnvelope
+from eventfold.contract import EventEnvelope, envelope_value
 from examples.inventory import inventory_totals
 
 RECORDED_AT = "2026-11-26T13:11:34.1234Z"
@@ -37,10 +37,8 @@ def as_envelopes(rows: list[HistoryRow]) -> RawRecords:
     values = [EventEnvelope(event_id=event_id, event_type=event_type, stream_id=stream_id,
                             stream_version=version, global_position=position,
                             recorded_at=recorded_at, data=orjson.loads(payload)).encode()[1]
-              if payload.startswith("{") else orjson.dumps({
-                  "payload": payload, "eventId": event_id, "eventType": event_type,
-                  "streamVersion": version, "globalPosition": position,
-                  "recordedAt": recorded_at}).decode()
+              if payload.startswith("{") else envelope_value(
+                  event_id, event_type, version, position, recorded_at, payload)
               for position, stream_id, event_id, event_type, version, recorded_at, payload
               in rows]
     return RawRecords(STORE_TOPIC, 0, [r[0] for r in rows], [r[1] for r in rows], values)
