@@ -27,7 +27,7 @@ from eventfold.logs import CorrelationIds
 from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.design import OutboxDesign, switch_design
-from eventfold.outbox.kafka import read_messages
+from eventfold.outbox.kafka import iter_messages
 from eventfold.outbox.operations import ConnectorOperations
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
@@ -116,10 +116,10 @@ class Eventfold:
                    stream_prefix: str = "") -> LogReport:
         """Compare the event store with the aggregate type's topic (missing, duplicated,
         out-of-order events per aggregate)."""
-        stored = [LoggedEvent(*identity) for identity in
-                  self.event_store(settings).event_identities(aggregate_type)]
-        messages = [(key, value) for _, _, key, value in
-                    read_messages(settings.kafka, event_topic(aggregate_type))]
+        stored = (LoggedEvent(*identity) for identity in
+                  self.event_store(settings).event_identities(aggregate_type))
+        messages = ((key, value) for _, _, key, value in
+                    iter_messages(settings.kafka, event_topic(aggregate_type)))
         return verify_topic(stored, messages, include=lambda s: s.startswith(stream_prefix))
 
     # -- services ---------------------------------------------------------------------------

@@ -340,6 +340,8 @@ def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
     print(report.summary())
     for stream_id, versions in list(report.missing.items())[:20]:
         print(f"  missing {stream_id}: versions {versions[:10]}")
+    if report.missing_count > 0:
+        print(f"  (the first aggregates by id; {report.missing_count} events missing in all)")
     for stream_id, versions in list(report.out_of_order.items())[:20]:
         print(f"  out of order {stream_id}: {versions[:10]}")
     return 0 if report.ok else 1

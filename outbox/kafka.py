@@ -174,6 +174,12 @@ def read_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
     """Every message on ``topic`` now (with ``last``: only those among each partition's
     ``last`` offsets), as (partition, offset, key, value), in offset order per partition: what
     a consumer from the beginning sees."""
+    return list(iter_messages(kafka, topic, timeout_s, last))
+
+
+def iter_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
+                  last: int | None = None) -> Iterator[tuple[int, int, str | None, str | None]]:
+    """``read_messages``, a chunk at a time: for topics larger than memory."""
     planner = OffsetPlanner(kafka)
     try:
         partitions = planner.partitions([topic])
@@ -182,15 +188,15 @@ def read_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
         planner.close()
     if last is not None:
         begin = {key: max(first, end[key] - last) for key, first in begin.items()}
-    messages: list[tuple[int, int, str | None, str | None]] = []
     consumer = Consumer(consumer_config(kafka))
     try:
         for key in partitions:
             if end[key] > begin[key]:
-                messages.extend(_read_partition(consumer, key, begin[key], end[key], timeout_s))
+                for chunk in iter_range(consumer, key, begin[key], end[key], timeout_s):
+                    yield from [(key[1], offset_of(m), _text(m.key()), _text(m.value()))
+                                for m in chunk]
     finally:
         consumer.close()
-    return messages
 
 
 def read_message(kafka: KafkaConnection, topic: str, offset: int, partition: int = 0,
@@ -217,12 +223,6 @@ def offset_of(message: Message) -> int:
     """A consumed message's offset (the client's type says optional: only a message being
     produced has none)."""
     return cast(int, message.offset())
-
-
-def _read_partition(consumer: Consumer, partition: PartitionKey, start: int, end: int,
-                    timeout_s: float) -> list[tuple[int, int, str | None, str | None]]:
-    return [(partition[1], offset_of(m), _text(m.key()), _text(m.value()))
-            for chunk in iter_range(consumer, partition, start, end, timeout_s) for m in chunk]
 
 
 def _text(raw: bytes | None) -> str | None:

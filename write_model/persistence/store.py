@@ -310,13 +310,17 @@ class EventStore:
             rows = conn.execute(LOAD_EVENTS, (stream_id, after_version)).fetchall()
         return snapshot, [StoredEvent(*row) for row in rows]
 
-    def event_identities(self, stream_type: str) -> list[tuple[str, str, int]]:
-        """(event id, stream id, stream version) of every event of one aggregate type."""
-        with self.connection() as conn:
-            rows = conn.execute(
-                "SELECT event_id::text, stream_id, stream_version FROM events "
-                "WHERE stream_type = %s ORDER BY global_position", (stream_type,)).fetchall()
-        return [(str(a), str(b), int(c)) for a, b, c in rows]
+    def event_identities(self, stream_type: str,
+                         chunk: int = 10_000) -> Iterator[tuple[str, str, int]]:
+        """(event id, stream id, stream version) of every event of one aggregate type, in log
+        order, streamed from a server-side cursor ``chunk`` rows at a time (the log may hold
+        more than a process can)."""
+        with self.connection() as conn, conn.transaction(), conn.cursor(
+                name="event_identities") as cursor:
+            cursor.execute("SELECT event_id::text, stream_id, stream_version FROM events "
+                           "WHERE stream_type = %s ORDER BY global_position", (stream_type,))
+            while rows := cursor.fetchmany(chunk):
+                yield from rows
 
     def read_stream(self, stream_id: str, after_version: int = 0) -> list[RecordedEvent]:
         with self.connection() as conn:
