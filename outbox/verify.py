@@ -67,10 +67,15 @@ def compare(stored: Iterable[LoggedEvent], delivered: Iterable[LoggedEvent]) -> 
 
 
 def logged_from_message(key: str | None, value: str | None) -> LoggedEvent | None:
+    """The event a message carries; None for one that carries none (a poison message is
+    the projections' concern: they dead-letter it)."""
     if key is None or value is None:
         return None
-    envelope = json.loads(value)
-    return LoggedEvent(str(envelope["eventId"]), key, int(envelope["streamVersion"]))
+    try:
+        envelope = json.loads(value)
+        return LoggedEvent(str(envelope["eventId"]), key, int(envelope["streamVersion"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def verify_topic(

@@ -273,6 +273,37 @@ def test_cli_mistakes_fail_at_once_saying_what_is_known(stack_settings, tmp_path
     assert verify.returncode == 2 and "known: Product" in verify.stderr
 
 
+def test_verify_log_compares_the_store_with_the_topic(stack_settings, tmp_path,
+                                                      unique) -> None:
+    """`eventfold verify-log` as people run it: every event delivered, a redelivery counted
+    as a duplicate (allowed), a message that is no event passed over."""
+    from eventfold.contract import event_topic
+    from examples import sales
+    from tests.kafka_helpers import produce, read_topic
+    from tests.pipeline_helpers import wait_until_in_topic
+
+    sales.app.setup(stack_settings)
+    bus = sales.app.command_bus(stack_settings)
+    for product in range(30):
+        bus.execute(sales.RecordSale(product=f"{unique}-{product}", value=10))
+    wait_until_in_topic(stack_settings, "ProductSales", unique, 30)
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app")
+    verify = eventfold("verify-log", "ProductSales", "--prefix", unique, env=env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert ("30 events in the store, 30 messages on the topic: 0 missing, 0 duplicates, "
+            "0 aggregates out of order") in verify.stdout
+
+    topic = event_topic("ProductSales")
+    again = next(m for m in read_topic(stack_settings.kafka, topic)
+                 if (m["key"] or "").startswith(unique))
+    produce(stack_settings.kafka, topic, again["key"], again["value"])
+    produce(stack_settings.kafka, topic, f"{unique}-x", "not an event")
+    verify = eventfold("verify-log", "ProductSales", "--prefix", unique, env=env)
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    assert ("30 events in the store, 31 messages on the topic: 0 missing, 1 duplicates"
+            in verify.stdout)
+
+
 def test_serve_prints_its_url_and_refuses_a_port_in_use(inventory_app, stack_settings,
                                                        tmp_path) -> None:
     port = free_port()
