@@ -20,7 +20,6 @@ from fastapi import Depends, FastAPI
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic, interval_seconds, split_password
-from eventfold.dashboard import add_dashboard
 from eventfold.loading import AppNotFound, app_directories, import_app_module, python_path
 from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.logs import CorrelationIds
@@ -32,22 +31,7 @@ from eventfold.outbox.operations import ConnectorOperations
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
-from eventfold.projections.replay import (
-    ProgressListener,
-    ReplayResult,
-    ReplaySource,
-    replay,
-)
-from eventfold.projections.runner import (
-    EXECUTOR_PASSWORD,
-    KafkaSource,
-    Progress,
-    ProjectionRunner,
-    RunnerSettings,
-)
 from eventfold.projections.state.topics import ensure_projection_topics
-from eventfold.read_api import ReadApiOptions, create_read_app
-from eventfold.read_api.metrics import KTABLES
 from eventfold.request_log import RequestLog
 from eventfold.write_model import (
     AsyncCommandBus,
@@ -63,9 +47,13 @@ from eventfold.write_model.http import bearer_auth, create_command_app
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger(__name__)
+    from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
+    from eventfold.projections.runner import Progress, ProjectionRunner, RunnerSettings
 
-PROCESS_COLLECTORS.register(KTABLES)
+# Spark, pandas, pyarrow and the read API are imported by the services that use them, so
+# that a command such as verify-log starts without them (about 120 MB of a process).
+
+log = logging.getLogger(__name__)
 
 
 class Eventfold:
@@ -149,6 +137,11 @@ class Eventfold:
 
     def read_api(self, settings: Settings) -> FastAPI:
         """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
+        from eventfold.dashboard import add_dashboard
+        from eventfold.read_api import ReadApiOptions, create_read_app
+        from eventfold.read_api.metrics import register_ktable_metrics
+
+        register_ktable_metrics(PROCESS_COLLECTORS)
         options = ReadApiOptions(
             database_url=settings.read_database_url or settings.database_url,
             kafka=settings.kafka, reader_role=settings.reader_role,
@@ -165,6 +158,8 @@ class Eventfold:
                           spark: SparkSession | None = None) -> ProjectionRunner:
         """The active version of projection ``name``, ready to start (in ``spark``, the
         session of a host running several, else one of its own)."""
+        from eventfold.projections.runner import ProjectionRunner
+
         return ProjectionRunner(spark or self.spark_session(settings, f"eventfold-{name}"),
                                 self.projections.get(name), self._runner_settings(settings),
                                 progress=progress)
@@ -175,6 +170,8 @@ class Eventfold:
         """Rebuild projection ``name`` from the beginning (the topics, or the event store when
         they no longer hold it) beside the live version, then switch. ``spark``: a host's
         session; ``listener``: told the progress (``projections.replay.replay``)."""
+        from eventfold.projections.replay import replay
+
         return replay(spark or self.spark_session(settings, f"eventfold-{name}"),
                       self.projections.get(name),
                       self._runner_settings(settings, settings.replay_max_rows_per_batch),
@@ -189,6 +186,8 @@ class Eventfold:
 
     @staticmethod
     def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
+        from eventfold.projections.runner import KafkaSource, RunnerSettings
+
         return RunnerSettings(
             kafka=settings.kafka,
             database_url=settings.database_url,
@@ -215,6 +214,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     and Spark's UI masks), so that task closures carry the URL without it; and Spark's Kafka
     source from the jars setup fetched, when the settings name no jars or packages of their
     own."""
+    from eventfold.projections.runner import EXECUTOR_PASSWORD
+
     conf = dict(settings.spark_settings)
     # Python workers import the app's module to run its folds (pickled by reference).
     conf[EXECUTOR_PYTHONPATH] = python_path(app_directories(settings.app_dir),

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import suppress
 
 from eventfold.read_api.ktables import KTableHost
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 
 READ_YOUR_WRITES = Counter(
     "eventfold_read_your_writes_waits", "Reads that asked for a minimum version (min_version), "
@@ -60,3 +61,10 @@ class KTableMetrics(Collector):
 
 KTABLES = KTableMetrics()
 """One per process (the composition root registers it where ``/metrics`` reads)."""
+
+
+def register_ktable_metrics(registry: CollectorRegistry) -> None:
+    """Add ``KTABLES`` to ``registry`` unless it is there (a process may build its read API
+    more than once: tests do)."""
+    with suppress(ValueError):  # already registered: its names are taken by itself
+        registry.register(KTABLES)

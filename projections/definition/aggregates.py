@@ -19,11 +19,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import pyarrow as pa
-from pyspark.sql import Column
-from pyspark.sql import functions as F
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column
+
+# pyarrow and Spark's functions are imported where a fold is planned, not where an aggregate
+# is declared: an app module is imported by every command, most of which run no Spark.
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,8 @@ class Sum(AggregateFunction):
         return current if value is None else (current or 0) + value
 
     def spark(self, value: Column, position: Column) -> Column:
+        from pyspark.sql import functions as F
+
         return F.sum(value)
 
 
@@ -89,9 +94,13 @@ class Count(AggregateFunction):
         return (current or 0) + (self.field is None or value is not None)
 
     def spark(self, value: Column, position: Column) -> Column:
+        from pyspark.sql import functions as F
+
         return F.count(value)
 
     def partial_type(self, field_type: pa.DataType) -> pa.DataType:
+        import pyarrow as pa
+
         return pa.int64()
 
     def result_type(self, field_type: str) -> str:
@@ -109,6 +118,8 @@ class _Extreme(AggregateFunction):
         return min(current, value) if self.smallest else max(current, value)
 
     def spark(self, value: Column, position: Column) -> Column:
+        from pyspark.sql import functions as F
+
         return F.min(value) if self.smallest else F.max(value)
 
 
@@ -135,6 +146,8 @@ class Latest(AggregateFunction):
         return current if value is None else value
 
     def spark(self, value: Column, position: Column) -> Column:
+        from pyspark.sql import functions as F
+
         return F.max_by(value, F.when(value.isNotNull(), position))
 
 
