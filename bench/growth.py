@@ -187,7 +187,7 @@ def plans(dsn: str, prefix: str) -> str:
              "(%s, %s) AND tx_id < pg_snapshot_xmin(pg_current_snapshot()) "
              "ORDER BY tx_id, global_position LIMIT 1000", deep),
             ("a store replay's bucket", "SELECT global_position FROM events WHERE "
-             "(hashtext(stream_id) & 2147483647) % 64 = 5 AND global_position > 0 AND "
+             "(hashtext(stream_id) & 2147483647) %% 64 = 5 AND global_position > 0 AND "
              "global_position <= 100000000 AND stream_type = 'Product' "
              "ORDER BY global_position LIMIT 10000", ()),
         ]:

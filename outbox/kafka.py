@@ -124,6 +124,15 @@ class OffsetPlanner:
     def beginning_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         return self._list_offsets(partitions, _EARLIEST)
 
+    def offsets_at(self, partitions: Iterable[PartitionKey], timestamp_ms: int
+                   ) -> dict[PartitionKey, int]:
+        """Each partition's first offset whose timestamp is ``timestamp_ms`` or later (by the
+        broker's time index), its end offset where there is none."""
+        partitions = list(partitions)
+        found = self._list_offsets(partitions, max(0, timestamp_ms))
+        ends = self.end_offsets(key for key, offset in found.items() if offset < 0)
+        return {key: ends.get(key, offset) for key, offset in found.items()}
+
     def end_offsets(self, partitions: Iterable[PartitionKey]) -> dict[PartitionKey, int]:
         """The high watermarks: the offset the next message of each partition will have."""
         return self._list_offsets(partitions, _LATEST)
@@ -178,12 +187,19 @@ def read_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
 
 
 def iter_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
-                  last: int | None = None) -> Iterator[tuple[int, int, str | None, str | None]]:
-    """``read_messages``, a chunk at a time: for topics larger than memory."""
+                  last: int | None = None, since_ms: int | None = None,
+                  until_ms: int | None = None
+                  ) -> Iterator[tuple[int, int, str | None, str | None]]:
+    """``read_messages``, a chunk at a time: for topics larger than memory. With
+    ``since_ms``, each partition is read from its first message of that time or later (found
+    by the broker's time index, not by reading); with ``until_ms``, up to its first message
+    past that time."""
     planner = OffsetPlanner(kafka)
     try:
         partitions = planner.partitions([topic])
-        begin, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
+        begin = (planner.beginning_offsets(partitions) if since_ms is None
+                 else planner.offsets_at(partitions, since_ms))
+        end = planner.end_offsets(partitions)
     finally:
         planner.close()
     if last is not None:
@@ -192,11 +208,20 @@ def iter_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
     try:
         for key in partitions:
             if end[key] > begin[key]:
-                for chunk in iter_range(consumer, key, begin[key], end[key], timeout_s):
-                    yield from [(key[1], offset_of(m), _text(m.key()), _text(m.value()))
-                                for m in chunk]
+                yield from _partition_messages(consumer, key, begin[key], end[key], timeout_s,
+                                               until_ms)
     finally:
         consumer.close()
+
+
+def _partition_messages(consumer: Consumer, partition: PartitionKey, start: int, end: int,
+                        timeout_s: float, until_ms: int | None
+                        ) -> Iterator[tuple[int, int, str | None, str | None]]:
+    for chunk in iter_range(consumer, partition, start, end, timeout_s):
+        for message in chunk:
+            if until_ms is not None and message.timestamp()[1] > until_ms:
+                return
+            yield partition[1], offset_of(message), _text(message.key()), _text(message.value())
 
 
 def read_message(kafka: KafkaConnection, topic: str, offset: int, partition: int = 0,

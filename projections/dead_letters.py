@@ -13,11 +13,12 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import read_message, read_messages
+from eventfold.outbox.kafka import iter_messages, read_message, read_messages
 from eventfold.outbox.topics import Replication
 from eventfold.projections.definition.projection import Event, Projection, State
 from eventfold.projections.execution.fold import (
@@ -125,16 +126,24 @@ class RetryResult:
     state: State | None
 
 
+LETTER_CLOCK_SKEW = timedelta(minutes=2)
+"""How far the clocks of the tasks that write dead letters, the brokers and the database may
+disagree: a retry reads this much more of the dead-letter topic on either side."""
+
+_RETRY_ATTEMPTS = 3
+
+
 def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection, key: str,
               by: str, replication: Replication | None = None) -> RetryResult:
     """Fold the events ``key`` of ``projection``'s active version holds, in order, onto its
     state; write the row and its KTable record, unpark the key and record the letters as
     retried, all or nothing.
 
-    It holds the projection's registry row throughout, so no batch of the active version
-    commits meanwhile; a batch that held the key's events back while this ran folds again
-    (``ParkedKeysReleased``). Raises ``RetryFailed`` (and changes nothing) when the fold still
-    raises."""
+    The letters are read first, from the dead-letter topic around the time they were
+    written; then the retry holds the projection's registry row for its own commit only, so
+    no batch of the active version commits meanwhile, and a batch that held the key's events
+    back while it ran folds again (``ParkedKeysReleased``). Raises ``RetryFailed`` (and
+    changes nothing) when the fold still raises."""
     if not compile_projection(projection).parks:
         raise RetryFailed(f"projection {projection.name} does not park keys (only a fold "
                           "projection with park_on_failure does): its letters were folded past; "
@@ -144,24 +153,36 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
         version = catalog.active(projection.name)
     finally:
         catalog.close()
+    name = projection.name
     sink = TopicSink(kafka, projection, version, replication=replication)
     try:
-        with (ReadModelStore(database_url, projection, version) as store,
-              store.conn.transaction()):
-            if lock_registry(store.conn, projection.name) != version:
-                raise RetryFailed(f"projection {projection.name} switched versions; "
-                                  "run the retry again")
-            return _retry(store, sink, key, by)
+        with ReadModelStore(database_url, projection, version) as store:
+            for _ in range(_RETRY_ATTEMPTS):
+                with store.conn.transaction():
+                    held = held_events(store.conn, name, version, key)
+                if not held:
+                    raise RetryFailed(f"key {key!r} of {name} v{version} is not parked")
+                letters = held_letters(kafka, projection.dead_letter_topic, version, held)
+                with store.conn.transaction():
+                    if lock_registry(store.conn, name) != version:
+                        raise RetryFailed(f"projection {name} switched versions; "
+                                          "run the retry again")
+                    now_held = held_events(store.conn, name, version, key)
+                    if [h.source for h in now_held] == [h.source for h in held]:
+                        return _retry(store, sink, key, by, letters)
+                log.info("dlq retry %s key %r: its held events changed while their letters "
+                         "were read; reading again", name, key)
+            raise RetryFailed(f"key {key!r} of {name}: its held events kept changing while "
+                              "the retry read their letters; run it again")
     finally:
         sink.close()
 
 
-def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str) -> RetryResult:
+def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str,
+           letters: list[list[DeadLetterRecord]]) -> RetryResult:
+    """In the transaction that holds the registry row: fold the letters (each held event's
+    copies, in order) onto the key's state and commit it."""
     name, version = store.projection.name, store.version
-    held = held_events(store.conn, name, version, key)
-    if not held:
-        raise RetryFailed(f"key {key!r} of {name} v{version} is not parked")
-    letters = _letters_of(sink, held)
     items = [(_source_record(copies[-1]), _event(copies[-1])) for copies in letters]
     stored = store.load([key]).get(key)
     outcome = FoldOutcome()
@@ -186,7 +207,8 @@ def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str) -> RetryRe
     store.unstage(stage.attempt)
     sink.output.states((changed, outcome.changed[changed]) for changed in outcome.published)
     sink.output.flush()
-    release(store.conn, name, version, [(h.topic, h.partition, h.offset) for h in held])
+    release(store.conn, name, version, [(c[-1].topic, c[-1].partition, c[-1].offset)
+                                        for c in letters])
     offsets = tuple(letter.dead_letter_offset for copies in letters for letter in copies)
     resolve(store.conn, name, offsets, "retried", by)
     log.info("dlq retry %s key %r: %d event(s) folded by %s", name, key, outcome.applied, by)
@@ -195,21 +217,38 @@ def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str) -> RetryRe
                        after.state if after is not None else None)
 
 
-def _letters_of(sink: TopicSink, held: list[HeldEvent]) -> list[list[DeadLetterRecord]]:
+def held_letters(kafka: KafkaConnection, topic: str, version: int, held: list[HeldEvent]
+                 ) -> list[list[DeadLetterRecord]]:
     """The dead letters of each held event, in order (more than one when a batch that wrote
-    them ran again after a crash)."""
+    them ran again after a crash), read from the dead-letter topic between when they were
+    written and when their batch committed (the whole topic for events parked before that
+    was kept)."""
+    since = [h.letters_after for h in held]
+    until = [h.parked_at for h in held]
+    since_ms = (None if None in since
+                else _ms(min(t for t in since if t is not None) - LETTER_CLOCK_SKEW))
+    until_ms = (None if None in until
+                else _ms(max(t for t in until if t is not None) + LETTER_CLOCK_SKEW))
+    wanted = {h.source for h in held}
     by_source: dict[tuple[str, int, int], list[DeadLetterRecord]] = {}
-    for letter in read_dead_letters(sink.kafka, sink.projection.dead_letter_topic):
-        if letter.version in (None, sink.version):
-            by_source.setdefault((letter.topic, letter.partition, letter.offset), []).append(
-                letter)
-    missing = [h for h in held if (h.topic, h.partition, h.offset) not in by_source]
+    for _, offset, _, value in iter_messages(kafka, topic, timeout_s=30, since_ms=since_ms,
+                                             until_ms=until_ms):
+        letter = _letter(offset, value)
+        source = (letter.topic, letter.partition, letter.offset)
+        if source in wanted and letter.version in (None, version):
+            by_source.setdefault(source, []).append(letter)
+    missing = [h for h in held if h.source not in by_source]
     if missing:
         first = missing[0]
         raise RetryFailed(f"{len(missing)} held event(s) have no dead letter left in "
-                          f"{sink.projection.dead_letter_topic} (first: {first.topic}"
-                          f"[{first.partition}]@{first.offset}); was the topic truncated?")
-    return [by_source[(h.topic, h.partition, h.offset)] for h in held]
+                          f"{topic} (first: {first.topic}"
+                          f"[{first.partition}]@{first.offset}); did the topic's retention "
+                          "drop it, or was the topic truncated?")
+    return [by_source[h.source] for h in held]
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
 
 
 def _source_record(letter: DeadLetterRecord) -> SourceRecord:

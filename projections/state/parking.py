@@ -12,9 +12,10 @@ and folds again.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -49,6 +50,14 @@ class HeldEvent:
     event_id: str
     position: int
     reason: str
+    letters_after: datetime | None = None
+    """No later than its letter was written (None: unknown, parked before this was kept)."""
+    parked_at: datetime | None = None
+    """When the batch that wrote its letter committed: no letter of it comes later."""
+
+    @property
+    def source(self) -> tuple[str, int, int]:
+        return self.topic, self.partition, self.offset
 
 
 def parked_keys(conn: psycopg.Connection, name: str, version: int) -> dict[str, ParkedKey]:
@@ -88,21 +97,23 @@ def still_parked(conn: psycopg.Connection, name: str, version: int, keys: Iterab
     return {key for (key,) in rows}
 
 
-def park(conn: psycopg.Connection, name: str, version: int,
-         letters: Iterable[DeadLetter]) -> None:
+def park(conn: psycopg.Connection, name: str, version: int, letters: Iterable[DeadLetter],
+         letters_after: datetime | None = None) -> None:
     """In the batch's transaction: hold the letters that park their keys (a batch run again
-    after a crash holds the same ones once)."""
+    after a crash holds the same ones once); ``letters_after``: no later than any of them was
+    written."""
     rows = [(name, version, letter.fold_key, letter.record.topic, letter.record.partition,
-             letter.record.offset, letter.event_id, letter.position, letter.reason)
+             letter.record.offset, letter.event_id, letter.position, letter.reason,
+             letters_after)
             for letter in letters if letter.parks]
     if not rows:
         return
     with conn.cursor() as cursor:
         cursor.executemany(sql.SQL(
             "INSERT INTO {} (projection, version, key, source_topic, source_partition, "
-            "source_offset, event_id, global_position, reason) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING").format(_PARKED),
-            rows)
+            "source_offset, event_id, global_position, reason, letters_after) "
+            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
+        ).format(_PARKED), rows)
 
 
 STAGED_TABLE = "staged_letters"
@@ -113,7 +124,9 @@ def stage_letters(conn: psycopg.Connection, name: str, version: int, attempt: st
                   letters: Iterable[DeadLetter], held: Container[str]) -> int:
     """A task's parking letters of a batch attempt, for its commit (``take_staged``);
     ``held``: the keys that were parked before the batch. How many were staged."""
-    rows = [(name, version, attempt, letter.fold_key in held, Jsonb(_as_json(letter)))
+    staged_at = time.time()  # before the task produces them: the retry reads from here
+    rows = [(name, version, attempt, letter.fold_key in held,
+             Jsonb({**_as_json(letter), "staged_at": staged_at}))
             for letter in letters if letter.parks]
     if rows:
         with conn.cursor().copy(sql.SQL(
@@ -134,7 +147,10 @@ def take_staged(conn: psycopg.Connection, name: str, version: int,
         "SELECT letter, held FROM {} WHERE projection = %s AND version = %s AND attempt = %s")
         .format(_STAGED), (name, version, attempt)).fetchall()
     letters = [(_from_json(letter), held) for letter, held in staged]
-    park(conn, name, version, [letter for letter, _ in letters])
+    times = [letter.get("staged_at") for letter, _ in staged]
+    written_after = (datetime.fromtimestamp(min(times), UTC)
+                     if times and None not in times else None)
+    park(conn, name, version, [letter for letter, _ in letters], written_after)
     return [letter for letter, held in letters if held]
 
 
@@ -160,7 +176,8 @@ def held_events(conn: psycopg.Connection, name: str, version: int, key: str
     locked."""
     rows = conn.execute(sql.SQL(
         "SELECT source_topic, source_partition, source_offset, event_id, global_position, "
-        "reason FROM {} WHERE {} AND key = %s ORDER BY global_position FOR UPDATE")
+        "reason, letters_after, parked_at FROM {} WHERE {} AND key = %s "
+        "ORDER BY global_position FOR UPDATE")
         .format(_PARKED, _OF_VERSION), (name, version, key))
     return [HeldEvent(*row) for row in rows]
 

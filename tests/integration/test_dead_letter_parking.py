@@ -7,14 +7,17 @@ The read model and KTable end equal to a fold of the event store with the fixed 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections import projection
+from eventfold.projections.dead_letters import held_letters
 from eventfold.projections.outcome import (
     PARKED_BEHIND,
     DeadLetter,
@@ -22,15 +25,16 @@ from eventfold.projections.outcome import (
     SourceRecord,
 )
 from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.parking import ParkedKeysReleased, release
+from eventfold.projections.state.parking import ParkedKeysReleased, held_events, release
 from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.topics import TopicSink
 from sqlalchemy import BigInteger, create_engine
 from sqlalchemy.exc import ProgrammingError
 
 from examples.inventory import ReceiveStock
 from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
-from tests.kafka_helpers import read_table
+from tests.kafka_helpers import produce, read_table
 from tests.packaging import ROOT
 from tests.pipeline_helpers import rows, store_totals, wait_for
 
@@ -196,3 +200,48 @@ def test_a_batch_that_held_back_a_key_retried_meanwhile_does_not_commit(
         assert produced == []
         assert store.committed_offsets() == {(topic, 0): 6}
         assert store.parked(["k"]) == {}
+
+
+def test_a_retry_reads_the_letters_from_when_they_were_written_not_from_the_start(
+        stack_settings, unique) -> None:
+    """A parked event keeps a time no later than its letter's: the retry finds the letter
+    by the topic's time index. An hour-old letter of the same event at the topic's start (as
+    a topic read whole would meet it) is not read."""
+    name = f"bytime_{unique}"
+    parked = projection(name, sources=["Product"], columns={"quantity": BigInteger()},
+                        park_on_failure=True)(lambda state, _event: state)
+    catalog = ProjectionCatalog(stack_settings.database_url)
+    catalog.register(name)
+    catalog.close()
+    topic, kafka = "eventfold.events.Product", stack_settings.kafka
+    failed = DeadLetter(SourceRecord(topic, 0, 5, "k", '{"not": "read"}'),
+                        "fold raised ValueError()", "k", "k-1", 6, parks=True)
+    sink = TopicSink(kafka, parked, 1)
+    try:
+        sink.ensure_topics()
+        old = {"projection": name, "version": 1, "error": "an hour ago", "topic": topic,
+               "partition": 0, "offset": 5, "key": "k", "fold_key": "k", "value": "{}"}
+        produce(kafka, parked.dead_letter_topic, "k", json.dumps(old),
+                timestamp_ms=int((time.time() - 3600) * 1000))
+        with ReadModelStore(stack_settings.database_url, parked, 1) as store:
+            store.ensure_schema()
+            store.stage("first").letters([failed], held=())  # as the task stages it...
+            sink.output.dead_letters([failed])  # ...then produces it
+            sink.output.flush()
+            store.commit(0, StagedBatch("first", dead_letters=1,
+                                        next_offsets={(topic, 0): 6}), {},
+                         produce_held=lambda letters: pytest.fail("nothing held before"))
+            with store.conn.transaction():
+                held = held_events(store.conn, name, 1, "k")
+    finally:
+        sink.close()
+    assert held[0].letters_after is not None and held[0].parked_at is not None
+    assert held[0].letters_after <= held[0].parked_at
+
+    letters = held_letters(kafka, parked.dead_letter_topic, 1, held)
+    assert [[(c.dead_letter_offset, c.error) for c in copies] for copies in letters] == [
+        [(1, "fold raised ValueError()")]]
+    # Without the time (an event parked before it was kept), the topic is read whole.
+    whole = held_letters(kafka, parked.dead_letter_topic, 1,
+                         [dataclasses.replace(held[0], letters_after=None)])
+    assert [c.dead_letter_offset for c in whole[0]] == [0, 1]
