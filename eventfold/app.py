@@ -19,7 +19,7 @@ from fastapi import Depends, FastAPI
 
 from eventfold import migrations
 from eventfold.config import ConfigError, Settings
-from eventfold.contract import event_topic, interval_seconds, split_password
+from eventfold.contract import event_topic, interval_seconds, retention_ms, split_password
 from eventfold.loading import AppNotFound, app_directories, import_app_module, python_path
 from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.logs import CorrelationIds
@@ -31,7 +31,7 @@ from eventfold.outbox.operations import ConnectorOperations
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
-from eventfold.projections.state.topics import ensure_projection_topics
+from eventfold.projections.state.topics import OutputTopicConfigs, ensure_projection_topics
 from eventfold.request_log import RequestLog
 from eventfold.write_model import (
     AsyncCommandBus,
@@ -88,8 +88,7 @@ class Eventfold:
         admin.ensure([event_topic(t) for t in self.aggregate_types], EVENT_TOPIC_CONFIG,
                      partitions=settings.event_topic_partitions, check=True, fix=fix_topics)
         for projection in self.projections:
-            ensure_projection_topics(admin, projection,
-                                     ktable_config=_ktable_topic_config(settings),
+            ensure_projection_topics(admin, projection, configs=output_topic_configs(settings),
                                      fix=fix_topics)
         connector = self.connector(settings)
         switch_design(settings.database_url, connector.spec.design, connector)
@@ -196,7 +195,7 @@ class Eventfold:
             max_rows_per_batch=max_rows or settings.max_rows_per_batch,
             driver_batch_max_rows=settings.driver_batch_max_rows,
             retire_wait_s=settings.ktable_retire_wait_s,
-            ktable_topic_config=_ktable_topic_config(settings),
+            topic_configs=output_topic_configs(settings),
             allow_data_loss=settings.allow_data_loss,
             replication=settings.replication,
             source=cast(KafkaSource, settings.spark_source),
@@ -229,11 +228,15 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     return conf
 
 
-def _ktable_topic_config(settings: Settings) -> dict[str, str]:
+def output_topic_configs(settings: Settings) -> OutputTopicConfigs:
+    """``EVENTFOLD_KTABLE_TOPIC_CONFIG``, ``EVENTFOLD_DEAD_LETTER_RETENTION`` and
+    ``EVENTFOLD_DERIVED_EVENT_RETENTION``, as the projections' topics take them."""
     try:
-        return parse_topic_config(settings.ktable_topic_config)
+        ktable = parse_topic_config(settings.ktable_topic_config)
     except ValueError as exc:
         raise ConfigError(f"EVENTFOLD_KTABLE_TOPIC_CONFIG: {exc}") from None
+    return OutputTopicConfigs(ktable, retention_ms(settings.dead_letter_retention),
+                              retention_ms(settings.derived_event_retention))
 
 
 def _with_observability(app: FastAPI, settings: Settings, api: str,

@@ -422,11 +422,12 @@ def _status_of(resolution: Resolution | None) -> str:
 
 
 def _dlq_retry(settings: Settings, projection: Projection, key: str, by: str) -> int:
+    from eventfold.app import output_topic_configs
     from eventfold.projections.dead_letters import RetryFailed, retry_key
 
     try:
         result = retry_key(settings.database_url, settings.kafka, projection, key, by,
-                           settings.replication)
+                           settings.replication, output_topic_configs(settings))
     except RetryFailed as exc:
         print(f"eventfold: {exc}", file=sys.stderr)
         return 1

@@ -25,7 +25,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from eventfold.contract import interval_seconds
+from eventfold.contract import interval_seconds, retention_ms
 from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
 from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.outbox.topics import Replication
@@ -134,6 +134,8 @@ class Settings(BaseSettings):
     api_token: str = ""
     max_body_bytes: int = 1024 * 1024
     command_id_retention: str = "7 days"
+    dead_letter_retention: str = "30 days"
+    derived_event_retention: str = "forever"
     log_level: str = "INFO"
     log_format: str = "text"
 
@@ -184,9 +186,12 @@ class Settings(BaseSettings):
                 getattr(self, name)
             except ValueError as exc:
                 raise ConfigError(str(exc)) from None
-        for name in ("trigger_interval", "command_id_retention"):
+        for name, parse in (("trigger_interval", interval_seconds),
+                            ("command_id_retention", interval_seconds),
+                            ("dead_letter_retention", retention_ms),
+                            ("derived_event_retention", retention_ms)):
             try:
-                interval_seconds(getattr(self, name))
+                parse(getattr(self, name))
             except ValueError as exc:
                 raise ConfigError(f"EVENTFOLD_{name.upper()}: {exc}") from None
         if self.app_dir and not Path(self.app_dir).is_dir():

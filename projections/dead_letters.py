@@ -39,7 +39,7 @@ from eventfold.projections.state.parking import (
     resolve,
 )
 from eventfold.projections.state.store import ReadModelStore, StagedBatch, lookup_rows
-from eventfold.projections.state.topics import TopicSink
+from eventfold.projections.state.topics import OutputTopicConfigs, TopicSink
 
 from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
 
@@ -134,7 +134,8 @@ _RETRY_ATTEMPTS = 3
 
 
 def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection, key: str,
-              by: str, replication: Replication | None = None) -> RetryResult:
+              by: str, replication: Replication | None = None,
+              configs: OutputTopicConfigs | None = None) -> RetryResult:
     """Fold the events ``key`` of ``projection``'s active version holds, in order, onto its
     state; write the row and its KTable record, unpark the key and record the letters as
     retried, all or nothing.
@@ -154,7 +155,7 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
     finally:
         catalog.close()
     name = projection.name
-    sink = TopicSink(kafka, projection, version, replication=replication)
+    sink = TopicSink(kafka, projection, version, configs, replication)
     try:
         with ReadModelStore(database_url, projection, version) as store:
             for _ in range(_RETRY_ATTEMPTS):

@@ -55,7 +55,7 @@ from eventfold.projections.state.store import (
     ReadModelStore,
     StagedBatch,
 )
-from eventfold.projections.state.topics import LetterNote, TopicSink
+from eventfold.projections.state.topics import LetterNote, OutputTopicConfigs, TopicSink
 from eventfold.projections.stream_thread import StreamThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -91,9 +91,9 @@ class RunnerSettings:
     driver_batch_max_rows: int = DRIVER_BATCH_MAX_ROWS
     """A batch of at most this many records, of a fold or aggregation in place, runs on the
     driver instead of as a Spark job (0: every batch is a Spark job)."""
-    ktable_topic_config: Mapping[str, str] = field(default_factory=dict)
-    """Topic configs of KTable topics beyond ``cleanup.policy=compact`` (segment size,
-    dirty ratio, compaction lag...)."""
+    topic_configs: OutputTopicConfigs = field(default_factory=OutputTopicConfigs)
+    """Of the KTable topics beyond ``cleanup.policy=compact`` (segment size, dirty ratio,
+    compaction lag...), and the retention of dead letters and derived events."""
     replication: Replication = field(default_factory=Replication)
     """Replication of the KTable, dead-letter and derived-event topics this projection
     creates."""
@@ -146,7 +146,7 @@ class ProjectionRunner:
         self.store = ReadModelStore(settings.database_url, projection, self.version)
         self.executor_database_url = executor_database_url(spark, settings.database_url)
         self.topics = TopicSink(settings.kafka, projection, self.version,
-                                settings.ktable_topic_config, settings.replication)
+                                settings.topic_configs, settings.replication)
         self.batches = 0
         self.offsets: dict[PartitionKey, int] = {}
         """What the store has committed, as of the last batch (or the start)."""
@@ -439,6 +439,7 @@ class ProjectionRunner:
         return BatchContext(
             self.plan, self.version, self.executor_database_url, self.settings.kafka,
             uuid.uuid4().hex, emit_from, committed, self.settings.replication,
+            self.settings.topic_configs.derived_config(),
             fresh=fresh, direct=fresh and not self.is_active,
             any_parked=self.plan.parks and self.store.any_parked())
 

@@ -92,6 +92,17 @@ _UNIT_SECONDS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "secon
                  "day": 86400.0}
 
 
+FOREVER = "forever"
+
+
+def retention_ms(retention: str) -> int:
+    """A retention as Kafka's ``retention.ms`` takes it: an interval (``30 days``), or
+    ``forever`` (-1)."""
+    if retention.strip().lower() == FOREVER:
+        return -1
+    return round(interval_seconds(retention) * 1000)
+
+
 def interval_seconds(interval: str) -> float:
     """Seconds of an interval written as Spark's triggers take it, as
     ``EVENTFOLD_TRIGGER_INTERVAL`` is: ``500 milliseconds``, ``1 second``, ``2 s``; or in

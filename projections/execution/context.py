@@ -25,6 +25,8 @@ class BatchContext:
     committed: Mapping[PartitionKey, int]
     replication: Replication = field(default_factory=Replication)
     """Of the derived-event topics the tasks create."""
+    derived_topic_config: Mapping[str, str] = field(default_factory=dict)
+    """The configs the derived-event topics the tasks create get."""
     fresh: bool = False
     """The version has committed nothing yet: no key has a state or a watermark to load."""
     direct: bool = False

@@ -9,7 +9,7 @@ connection and consumer go, so the next one starts on fresh ones.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 
 import psycopg
@@ -94,10 +94,11 @@ def release() -> None:
 
 
 def ensure_derived_topics(kafka: KafkaConnection, replication: Replication,
-                          topics: Iterable[str]) -> None:
+                          topics: Iterable[str], config: Mapping[str, str]) -> None:
     """Create the derived-event topics a fold emits to before producing to them (once per
     worker and topic)."""
     missing = {topic for topic in topics if (kafka, topic) not in _derived_topics}
     if missing:
-        TopicAdmin(kafka, replication).ensure(missing, EVENT_TOPIC_CONFIG, kind="derived")
+        TopicAdmin(kafka, replication).ensure(missing, {**EVENT_TOPIC_CONFIG, **config},
+                                              kind="derived")
         _derived_topics.update((kafka, topic) for topic in missing)

@@ -91,7 +91,8 @@ class TaskWriter:
                 counts.marks += self.stage.watermarks(outcome.watermarks)
         if outcome.emissions:
             topics = {emission.topic for emission in outcome.emissions}
-            worker.ensure_derived_topics(self.context.kafka, self.context.replication, topics)
+            worker.ensure_derived_topics(self.context.kafka, self.context.replication, topics,
+                                         self.context.derived_topic_config)
             counts.topics |= topics
             with clock.phase("produce"):
                 self.output.emissions(outcome.emissions)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
@@ -58,17 +58,36 @@ class DeliveryFailed(RuntimeError):
     not commit."""
 
 
+@dataclass(frozen=True)
+class OutputTopicConfigs:
+    """How a projection's output topics are configured: a KTable topic is compacted (plus
+    ``ktable``); dead letters and derived events are kept for their retention (-1: forever)."""
+
+    ktable: Mapping[str, str] = field(default_factory=dict)
+    dead_letter_retention_ms: int = -1
+    derived_retention_ms: int = -1
+
+    def ktable_config(self) -> dict[str, str]:
+        return {**COMPACTED_TOPIC_CONFIG, **self.ktable}
+
+    def dead_letter_config(self) -> dict[str, str]:
+        return {**EVENT_TOPIC_CONFIG, "retention.ms": str(self.dead_letter_retention_ms)}
+
+    def derived_config(self) -> dict[str, str]:
+        return {**EVENT_TOPIC_CONFIG, "retention.ms": str(self.derived_retention_ms)}
+
+
 def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version: int = 1,
-                             ktable_config: Mapping[str, str] | None = None,
+                             configs: OutputTopicConfigs | None = None,
                              fix: bool = False) -> None:
     """The KTable and dead-letter topics, created if missing and their configs checked:
     a KTable topic that is not compacted would grow forever and restore ever slower."""
+    configs = configs or OutputTopicConfigs()
     if projection.has_state:
-        admin.ensure([projection.ktable_topic_for(version)],
-                     {**COMPACTED_TOPIC_CONFIG, **(ktable_config or {})}, kind="ktables",
-                     check=True, fix=fix)
-    admin.ensure([projection.dead_letter_topic], EVENT_TOPIC_CONFIG, kind="dead_letters",
-                 check=True, fix=fix)
+        admin.ensure([projection.ktable_topic_for(version)], configs.ktable_config(),
+                     kind="ktables", check=True, fix=fix)
+    admin.ensure([projection.dead_letter_topic], configs.dead_letter_config(),
+                 kind="dead_letters", check=True, fix=fix)
 
 
 def new_producer(kafka: KafkaConnection) -> Producer:
@@ -228,10 +247,10 @@ class TopicSink:
     commit itself writes."""
 
     def __init__(self, kafka: KafkaConnection, projection: Projection, version: int,
-                 ktable_config: Mapping[str, str] | None = None,
+                 configs: OutputTopicConfigs | None = None,
                  replication: Replication | None = None) -> None:
         self.projection = projection
-        self.ktable_config = dict(ktable_config or {})
+        self.configs = configs or OutputTopicConfigs()
         self.version = version
         self.kafka = kafka
         self.output = OutputProducer(new_producer(kafka), kafka, projection, version)
@@ -239,8 +258,7 @@ class TopicSink:
         self._output_topics: set[str] = set()
 
     def ensure_topics(self) -> None:
-        ensure_projection_topics(self._admin, self.projection, self.version,
-                                 self.ktable_config)
+        ensure_projection_topics(self._admin, self.projection, self.version, self.configs)
 
     def delete_topics(self, topics: list[str]) -> None:
         self._admin.delete(topics)
@@ -250,7 +268,7 @@ class TopicSink:
         written to before."""
         new_topics = set(topics) - self._output_topics
         if new_topics:
-            self._admin.ensure(new_topics, EVENT_TOPIC_CONFIG, kind="derived")
+            self._admin.ensure(new_topics, self.configs.derived_config(), kind="derived")
             self._output_topics |= new_topics
         return new_topics
 

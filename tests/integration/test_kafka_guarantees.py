@@ -23,7 +23,12 @@ from eventfold.outbox.topics import (
 )
 from eventfold.projections import FoldProjection
 from eventfold.projections.runner import SourceDataLost
-from eventfold.projections.state.topics import DeliveryFailed, ensure_projection_topics
+from eventfold.projections.state.topics import (
+    DeliveryFailed,
+    OutputTopicConfigs,
+    TopicSink,
+    ensure_projection_topics,
+)
 from eventfold.read_api.ktables import KTableView
 from sqlalchemy import BigInteger, Text
 
@@ -95,13 +100,13 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
     # deleted, then a new key.
     publish(stack_settings, f"Counted{unique}",
             [(key, "Counted", {"note": f"n{i}"}) for i in range(5) for key in keys])
-    catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
+    catch_up(spark, stack_settings, projection, topic_configs=OutputTopicConfigs(COMPACT_FAST))
     wait_for(segment_ms_passed, "segment.ms to pass since the first batch's records")
     publish(stack_settings, f"Counted{unique}", [(key, "Dropped", {}) for key in keys[:3]])
-    catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
+    catch_up(spark, stack_settings, projection, topic_configs=OutputTopicConfigs(COMPACT_FAST))
     wait_for(segment_ms_passed, "segment.ms to pass since the second batch's records")
     publish(stack_settings, f"Counted{unique}", [("k10", "Counted", {"note": "last"})])
-    catch_up(spark, stack_settings, projection, ktable_topic_config=COMPACT_FAST)
+    catch_up(spark, stack_settings, projection, topic_configs=OutputTopicConfigs(COMPACT_FAST))
     assert TopicAdmin(stack_settings.kafka).configs(topic)["cleanup.policy"] == \
         "compact"
     # What was written, by the end offset: reading the log now would race the cleaner,
@@ -174,6 +179,29 @@ def test_an_existing_ktable_topic_that_is_not_compacted_is_refused_then_fixed(
     ensure_projection_topics(admin, projection)  # now it passes
 
 
+def test_dead_letters_and_derived_events_are_kept_for_their_retention(
+        inventory_app, stack_settings, unique) -> None:
+    """The retention settings reach the topics: a dead-letter topic created with one, checked
+    against another (refused, then fixed), and a derived topic made on first use."""
+    projection = counter(unique)
+    admin = TopicAdmin(stack_settings.kafka)
+    hours = OutputTopicConfigs(dead_letter_retention_ms=7_200_000, derived_retention_ms=3_600_000)
+    ensure_projection_topics(admin, projection, configs=hours)
+    assert admin.configs(projection.dead_letter_topic)["retention.ms"] == "7200000"
+    with pytest.raises(TopicConfigMismatch, match=r"retention\.ms is '7200000', needs '-1'"):
+        ensure_projection_topics(admin, projection)  # kept forever, as the default once was
+    ensure_projection_topics(admin, projection, fix=True)
+    assert admin.configs(projection.dead_letter_topic)["retention.ms"] == "-1"
+
+    sink = TopicSink(stack_settings.kafka, projection, 1, hours)
+    try:
+        derived = f"{unique}.derived"
+        assert sink.ensure_outputs([derived]) == {derived}
+    finally:
+        sink.close()
+    assert admin.configs(derived)["retention.ms"] == "3600000"
+
+
 # -- delivery reports -------------------------------------------------------------------------
 def test_a_ktable_record_the_broker_refuses_fails_the_batch_and_moves_no_checkpoint(
         inventory_app, spark, stack_settings, unique) -> None:
@@ -183,10 +211,11 @@ def test_a_ktable_record_the_broker_refuses_fails_the_batch_and_moves_no_checkpo
                                                  ("big", "Counted", {"note": big})])
     limited = {"max.message.bytes": "10000"}
     with pytest.raises(Exception, match="not delivered") as failed:
-        catch_up(spark, stack_settings, projection, ktable_topic_config=limited)
+        catch_up(spark, stack_settings, projection, topic_configs=OutputTopicConfigs(limited))
     assert "MSG_SIZE_TOO_LARGE" in str(failed.value) or "too large" in str(failed.value)
     assert DeliveryFailed.__name__ in str(failed.value)  # the sink's check, not another error
-    runner = make_runner(spark, stack_settings, projection, ktable_topic_config=limited)
+    runner = make_runner(spark, stack_settings, projection,
+                         topic_configs=OutputTopicConfigs(limited))
     try:
         assert runner.store.committed_offsets() == {}  # the checkpoint did not move
     finally:

@@ -18,6 +18,10 @@ from eventfold.config import ConfigError, Settings
     ("EVENTFOLD_METRICS_PORT", "1e999", "EVENTFOLD_METRICS_PORT must be an integer"),
     ("EVENTFOLD_COMMAND_COMMIT_SLOTS", "0",
      "EVENTFOLD_COMMAND_COMMIT_SLOTS must be an integer of at least 1, not '0'"),
+    ("EVENTFOLD_DEAD_LETTER_RETENTION", "a month",
+     "EVENTFOLD_DEAD_LETTER_RETENTION: not an interval: 'a month'"),
+    ("EVENTFOLD_DERIVED_EVENT_RETENTION", "-1 days",
+     "EVENTFOLD_DERIVED_EVENT_RETENTION: not an interval"),
 ])
 def test_a_wrong_value_is_an_error_naming_its_variable(variable: str, value: str,
                                                        message: str) -> None:
@@ -68,3 +72,20 @@ def test_every_setting_has_a_row_in_the_readme_table() -> None:
     rows = "\n".join(line for line in readme.splitlines() if line.startswith("| `EVENTFOLD_"))
     documented = set(re.findall(r"`(EVENTFOLD_[A-Z_]+)`", rows))
     assert {f"EVENTFOLD_{name.upper()}" for name in Settings.model_fields} <= documented
+
+
+def test_retentions_become_the_topic_configs_of_the_projections_outputs() -> None:
+    from eventfold.app import output_topic_configs
+
+    default = output_topic_configs(Settings())
+    assert default.dead_letter_config()["retention.ms"] == str(30 * 86_400_000)
+    assert default.derived_config()["retention.ms"] == "-1"
+    given = output_topic_configs(Settings.from_env({
+        "EVENTFOLD_DEAD_LETTER_RETENTION": "12 hours",
+        "EVENTFOLD_DERIVED_EVENT_RETENTION": "90 days",
+        "EVENTFOLD_KTABLE_TOPIC_CONFIG": "segment.ms=600000"}))
+    assert given.dead_letter_config() == {"cleanup.policy": "delete",
+                                          "retention.ms": "43200000", "retention.bytes": "-1"}
+    assert given.derived_config()["retention.ms"] == str(90 * 86_400_000)
+    assert given.ktable_config() == {"cleanup.policy": "compact", "retention.ms": "-1",
+                                     "retention.bytes": "-1", "segment.ms": "600000"}
