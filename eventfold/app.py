@@ -196,6 +196,7 @@ class Eventfold:
             driver_batch_max_rows=settings.driver_batch_max_rows,
             retire_wait_s=settings.ktable_retire_wait_s,
             topic_configs=output_topic_configs(settings),
+            deleted_key_retention_s=_seconds_or_forever(settings.deleted_key_retention),
             allow_data_loss=settings.allow_data_loss,
             replication=settings.replication,
             source=cast(KafkaSource, settings.spark_source),
@@ -226,6 +227,11 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     if local_jars and not {"spark.jars", "spark.jars.packages"} & conf.keys():
         conf["spark.jars"] = ",".join(str(jar) for jar in local_jars)
     return conf
+
+
+def _seconds_or_forever(retention: str) -> float | None:
+    milliseconds = retention_ms(retention)
+    return None if milliseconds < 0 else milliseconds / 1000
 
 
 def output_topic_configs(settings: Settings) -> OutputTopicConfigs:

@@ -135,6 +135,7 @@ class Settings(BaseSettings):
     max_body_bytes: int = 1024 * 1024
     command_id_retention: str = "7 days"
     dead_letter_retention: str = "30 days"
+    deleted_key_retention: str = "7 days"
     derived_event_retention: str = "forever"
     log_level: str = "INFO"
     log_format: str = "text"
@@ -189,6 +190,7 @@ class Settings(BaseSettings):
         for name, parse in (("trigger_interval", interval_seconds),
                             ("command_id_retention", interval_seconds),
                             ("dead_letter_retention", retention_ms),
+                            ("deleted_key_retention", retention_ms),
                             ("derived_event_retention", retention_ms)):
             try:
                 parse(getattr(self, name))

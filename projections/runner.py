@@ -107,6 +107,10 @@ class RunnerSettings:
     retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
+    deleted_key_retention_s: float | None = None
+    """How long the row of a deleted key stays (with its version guard) before the active
+    version prunes it (None: forever; an app's ``Settings.deleted_key_retention`` holds the
+    default)."""
 
 
 WAITED = "waited"
@@ -384,7 +388,22 @@ class ProjectionRunner:
                                         if k != STORE_PARTITION})
         if self.is_active and time.monotonic() >= self._next_cleanup:
             self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
-            self.versions.delete_retired_topics(self.topics.delete_topics)
+            self._housekeeping()
+
+    def _housekeeping(self) -> None:
+        """Between two batches of the active version: retired KTable topics that readers have
+        left are deleted, and rows past their retention pruned, a bounded amount each time
+        (deleted keys, resolutions of letters the dead-letter topic no longer holds)."""
+        name = self.projection.name
+        self.versions.delete_retired_topics(self.topics.delete_topics)
+        retention = self.settings.deleted_key_retention_s
+        if retention is not None and (forgotten := self.store.forget_deleted(retention)):
+            log.info("projection %s: %d deleted key(s) older than %.0f s forgotten", name,
+                     forgotten, retention)
+        first = self.topics.first_dead_letter_offset()
+        if first > 0 and (forgotten := self.store.forget_resolutions_before(first)):
+            log.info("projection %s: %d resolution(s) of dead letters the topic no longer "
+                     "holds (below offset %d) forgotten", name, forgotten, first)
 
     def _fold_and_commit(self, batch_id: int, committed: dict[PartitionKey, int],
                          end: dict[PartitionKey, int], pipeline: Pipeline | None, fold: Fold,

@@ -229,6 +229,14 @@ def resolve(conn: psycopg.Connection, name: str, dead_letter_offsets: Iterable[i
             [(name, offset, action, by, reason) for offset in dead_letter_offsets])
 
 
+def forget_resolutions_before(conn: psycopg.Connection, name: str, first_offset: int) -> int:
+    """What was done with the letters the dead-letter topic no longer holds (its retention
+    dropped them, offsets below ``first_offset``), deleted by the key's range; how many."""
+    return conn.execute(sql.SQL("DELETE FROM {} WHERE projection = %s AND "
+                                "dead_letter_offset < %s").format(_RESOLUTIONS),
+                        (name, first_offset)).rowcount
+
+
 def resolutions(conn: psycopg.Connection, name: str,
                 offsets: Sequence[int]) -> dict[int, Resolution]:
     """What was done with those of ``name``'s dead letters, by dead-letter offset (looked

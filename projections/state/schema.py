@@ -109,7 +109,9 @@ def version_metadata(projection: Projection, version: int) -> MetaData:
               Column("_updated_at", TIMESTAMP(timezone=True), nullable=False,
                      server_default=func.now()),
               # (column, key): the read API pages sorted on a column, the key breaks ties
-              *(Index(f"{name}_{column}", column, "key") for column in projection.indexes))
+              *(Index(f"{name}_{column}", column, "key") for column in projection.indexes),
+              # deleted keys by age, for their retention (``ReadModelStore.forget_deleted``)
+              Index(f"{name}__deleted", "_updated_at", postgresql_where=text("_deleted")))
         Table(stage_table(projection, version), metadata,
               Column("_attempt", Text, nullable=False),
               Column("_known", Boolean, nullable=False),

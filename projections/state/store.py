@@ -42,6 +42,7 @@ from eventfold.projections.state.parking import (
     any_parked,
     clear_staged,
     drop_parked,
+    forget_resolutions_before,
     parked_counts,
     parked_heads,
     stage_letters,
@@ -67,6 +68,11 @@ from eventfold.contract import PartitionKey, libpq_url
 log = logging.getLogger(__name__)
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
+
+PRUNE_BATCH = 5_000
+PRUNE_BATCHES = 10
+"""Pruning deletes this many rows a transaction, this many transactions a pass: a pass
+between two batches stays short, and the rest waits for the next."""
 TASK_PHASES = ("read", "load", "fold", "stage", "produce", "flush")
 """Where a task's time goes: reading and decoding its records, loading its keys' states,
 folding, staging the rows, handing records to the producer, waiting for their delivery."""
@@ -278,6 +284,35 @@ class ReadModelStore:
             counted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
                 sql.Identifier(self.projection.table))).fetchone()  # the view: live rows
         return int(counted[0]) if counted else 0
+
+    def forget_deleted(self, older_than_s: float, batch: int = PRUNE_BATCH,
+                       batches: int = PRUNE_BATCHES) -> int:
+        """Delete the rows of keys deleted more than ``older_than_s`` ago, at most
+        ``batches`` transactions of ``batch`` rows (the rest next time), by the index of
+        deleted rows; how many went. A key's version guard goes with its row: an event of it
+        redelivered after that (a connector replaying from further back than the retention)
+        would fold as new."""
+        if not self.projection.has_state:
+            return 0
+        query = sql.SQL("""
+            DELETE FROM {table} WHERE key IN (
+                SELECT key FROM {table} WHERE _deleted
+                AND _updated_at < now() - make_interval(secs => %s)
+                ORDER BY _updated_at LIMIT %s FOR UPDATE SKIP LOCKED)""").format(
+            table=self._table)
+        forgotten = 0
+        for _ in range(batches):
+            with self.conn.transaction():
+                deleted = self.conn.execute(query, (older_than_s, batch)).rowcount
+            forgotten += deleted
+            if deleted < batch:
+                break
+        return forgotten
+
+    def forget_resolutions_before(self, first_offset: int) -> int:
+        """What was done with the letters below the dead-letter topic's first offset."""
+        with self.conn.transaction():
+            return forget_resolutions_before(self.conn, self.projection.name, first_offset)
 
     def committed_offsets(self) -> dict[PartitionKey, int]:
         checkpoint = self.checkpoint()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import consumer_config, iter_range, offset_of
+from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range, offset_of
 from eventfold.outbox.topics import (
     COMPACTED_TOPIC_CONFIG,
     EVENT_TOPIC_CONFIG,
@@ -262,6 +262,15 @@ class TopicSink:
 
     def delete_topics(self, topics: list[str]) -> None:
         self._admin.delete(topics)
+
+    def first_dead_letter_offset(self) -> int:
+        """The dead-letter topic's first offset: letters below it are gone (its retention)."""
+        planner = OffsetPlanner(self.kafka)
+        try:
+            partition = (self.projection.dead_letter_topic, 0)
+            return planner.beginning_offsets([partition]).get(partition, 0)
+        finally:
+            planner.close()
 
     def ensure_outputs(self, topics: Iterable[str]) -> set[str]:
         """Create the derived-event ``topics`` on first use; returns those this sink had not

@@ -61,12 +61,56 @@ def test_tables_are_created_grow_columns_and_indexes_and_drop_undeclared_indexes
     found = inspect(engine)
     assert {c["name"] for c in found.get_columns(table)} == SYSTEM | set(grown.columns)
     assert [(i["name"], i["column_names"]) for i in found.get_indexes(table)] == [
-        (f"{table}_label", ["label", "key"])]
+        (f"{table}__deleted", ["_updated_at"]), (f"{table}_label", ["label", "key"])]
     with engine.begin() as conn:  # every declared type reads back as itself: nothing to do
         assert migrate(conn, grown, 1) == []
 
     ensure(stack_settings, dataclasses.replace(grown, indexes=()))  # an index no longer declared
-    assert inspect(engine).get_indexes(table) == []
+    assert [i["name"] for i in inspect(engine).get_indexes(table)] == [f"{table}__deleted"]
+
+
+def test_deleted_keys_are_forgotten_after_their_retention_a_bounded_batch_at_a_time(
+        stack_settings, engine, unique) -> None:
+    """Rows of keys deleted long enough ago go, by the partial index of deleted rows, at most
+    ``batch`` x ``batches`` a pass; live rows and recently deleted ones stay. Resolutions of
+    letters below the dead-letter topic's first offset go too."""
+    projection = FoldProjection(name=f"forget_{unique}", sources=("Thing",), apply=keep,
+                                columns={"total": BigInteger()})
+    ensure(stack_settings, projection)
+    table = state_table(projection, 1)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(
+            f"INSERT INTO {table} (key, total, _version, _position, _deleted, _updated_at) "
+            "SELECT 'old-' || n, NULL, 3, n, true, now() - interval '8 days' "
+            "FROM generate_series(1, 5) AS n UNION ALL "
+            "SELECT 'recent', NULL, 2, 9, true, now() - interval '1 day' UNION ALL "
+            "SELECT 'live', 7, 1, 10, false, now() - interval '30 days'")
+        conn.exec_driver_sql(
+            "INSERT INTO dead_letter_resolutions (projection, dead_letter_offset, action, "
+            f"resolved_by) SELECT '{projection.name}', n, 'discarded', 'tester' "
+            "FROM generate_series(0, 4) AS n")
+        conn.exec_driver_sql("SET LOCAL enable_seqscan = off")  # can the index serve it?
+        plan = "\n".join(row[0] for row in conn.exec_driver_sql(
+            f"EXPLAIN SELECT key FROM {table} WHERE _deleted AND _updated_at < now() "
+            "ORDER BY _updated_at LIMIT 5000"))
+    assert f"{table}__deleted" in plan, plan
+
+    store = ReadModelStore(stack_settings.database_url, projection, 1)
+    try:
+        week = 7 * 86_400.0
+        assert store.forget_deleted(week, batch=2, batches=2) == 4  # bounded: 2 x 2
+        assert store.forget_deleted(week, batch=2, batches=2) == 1
+        assert store.forget_deleted(week) == 0
+        assert store.forget_resolutions_before(3) == 3
+    finally:
+        store.close()
+    with engine.begin() as conn:
+        left = {key for (key,) in conn.exec_driver_sql(f"SELECT key FROM {table}")}
+        offsets = [o for (o,) in conn.exec_driver_sql(
+            "SELECT dead_letter_offset FROM dead_letter_resolutions WHERE projection = "
+            f"'{projection.name}' ORDER BY 1")]
+    assert left == {"recent", "live"}
+    assert offsets == [3, 4]
 
 
 def test_a_removed_or_retyped_column_asks_for_a_replay(stack_settings, engine, unique) -> None:
