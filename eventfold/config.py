@@ -25,7 +25,12 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from eventfold.contract import interval_seconds, retention_ms
+from eventfold.contract import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    DEFAULT_DERIVED_EVENT_RETENTION,
+    interval_seconds,
+    retention_ms,
+)
 from eventfold.outbox.connection import KafkaConnection, is_provider_reference, parse_key_values
 from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.outbox.topics import Replication
@@ -134,9 +139,9 @@ class Settings(BaseSettings):
     api_token: str = ""
     max_body_bytes: int = 1024 * 1024
     command_id_retention: str = "7 days"
-    dead_letter_retention: str = "30 days"
+    dead_letter_retention: str = DEFAULT_DEAD_LETTER_RETENTION
     deleted_key_retention: str = "7 days"
-    derived_event_retention: str = "forever"
+    derived_event_retention: str = DEFAULT_DERIVED_EVENT_RETENTION
     log_level: str = "INFO"
     log_format: str = "text"
 

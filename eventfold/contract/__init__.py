@@ -93,6 +93,10 @@ _UNIT_SECONDS = {"ms": 0.001, "millisecond": 0.001, "s": 1.0, "sec": 1.0, "secon
 
 
 FOREVER = "forever"
+DEFAULT_DEAD_LETTER_RETENTION = "30 days"
+DEFAULT_DERIVED_EVENT_RETENTION = FOREVER
+"""The retentions of a projection's dead-letter and derived-event topics unless configured
+(``EVENTFOLD_DEAD_LETTER_RETENTION``, ``EVENTFOLD_DERIVED_EVENT_RETENTION``)."""
 
 
 def retention_ms(retention: str) -> int:

@@ -29,9 +29,12 @@ from eventfold.projections.definition.projection import Projection
 from eventfold.projections.outcome import DeadLetter, Emission, KeyState
 
 from eventfold.contract import (
+    DEFAULT_DEAD_LETTER_RETENTION,
+    DEFAULT_DERIVED_EVENT_RETENTION,
     KTABLE_POSITION_HEADER,
     KTABLE_VERSION_HEADER,
     PartitionKey,
+    retention_ms,
     trace_of,
 )
 
@@ -64,8 +67,8 @@ class OutputTopicConfigs:
     ``ktable``); dead letters and derived events are kept for their retention (-1: forever)."""
 
     ktable: Mapping[str, str] = field(default_factory=dict)
-    dead_letter_retention_ms: int = -1
-    derived_retention_ms: int = -1
+    dead_letter_retention_ms: int = retention_ms(DEFAULT_DEAD_LETTER_RETENTION)
+    derived_retention_ms: int = retention_ms(DEFAULT_DERIVED_EVENT_RETENTION)
 
     def ktable_config(self) -> dict[str, str]:
         return {**COMPACTED_TOPIC_CONFIG, **self.ktable}

@@ -188,10 +188,11 @@ def test_dead_letters_and_derived_events_are_kept_for_their_retention(
     hours = OutputTopicConfigs(dead_letter_retention_ms=7_200_000, derived_retention_ms=3_600_000)
     ensure_projection_topics(admin, projection, configs=hours)
     assert admin.configs(projection.dead_letter_topic)["retention.ms"] == "7200000"
-    with pytest.raises(TopicConfigMismatch, match=r"retention\.ms is '7200000', needs '-1'"):
-        ensure_projection_topics(admin, projection)  # kept forever, as the default once was
+    month = str(30 * 86_400_000)  # the default
+    with pytest.raises(TopicConfigMismatch, match=rf"retention\.ms is '7200000', needs '{month}'"):
+        ensure_projection_topics(admin, projection)
     ensure_projection_topics(admin, projection, fix=True)
-    assert admin.configs(projection.dead_letter_topic)["retention.ms"] == "-1"
+    assert admin.configs(projection.dead_letter_topic)["retention.ms"] == month
 
     sink = TopicSink(stack_settings.kafka, projection, 1, hours)
     try:

@@ -81,7 +81,7 @@ def test_deleted_keys_are_forgotten_after_their_retention_a_bounded_batch_at_a_t
     with engine.begin() as conn:
         conn.exec_driver_sql(
             f"INSERT INTO {table} (key, total, _version, _position, _deleted, _updated_at) "
-            "SELECT 'old-' || n, NULL, 3, n, true, now() - interval '8 days' "
+            "SELECT 'old-' || n, NULL::bigint, 3, n, true, now() - interval '8 days' "
             "FROM generate_series(1, 5) AS n UNION ALL "
             "SELECT 'recent', NULL, 2, 9, true, now() - interval '1 day' UNION ALL "
             "SELECT 'live', 7, 1, 10, false, now() - interval '30 days'")
