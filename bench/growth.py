@@ -10,7 +10,7 @@ interleave them). At each size it measures:
 - ``read_stream`` p99 of a random ten-event stream;
 - a ``read_all`` page (1,000 events) p99 at the log's start and at its end;
 - ``eventfold verify-log Product`` as a user runs it, with its peak RSS, the topic holding
-  every event (produced from the store by the benchmark, as the connector would have);
+  every event (produced from the store by the benchmark, in the connector's envelope);
 - the events table's size and its indexes' sizes, with the plans of the reads.
 
     .venv/bin/python -m bench.growth [--events 10000000] [--first 100000]
@@ -43,7 +43,7 @@ from eventfold.write_model.persistence.store import EventStore
 from bench.append import APPEND_FUNCTION_CALL, pgbench_tps
 from bench.common import in_a_process, own_stack, percentile, tree_rss
 from eventfold.config import Settings
-from eventfold.contract import envelope_value, event_topic, libpq_url
+from eventfold.contract import event_topic, libpq_url
 
 log = logging.getLogger("bench.growth")
 
@@ -94,20 +94,25 @@ def fill(dsn: str, prefix: str, events: int) -> None:
 
 
 def produce_topic(dsn: str, kafka: KafkaConnection, after: int) -> int:
-    """The events after position ``after`` on their topic, as the connector writes them."""
+    """The events after position ``after`` on their topic, as the connector writes them
+    (``envelope_value``'s fields, built by Postgres: Python only hands them to the
+    producer)."""
     producer = Producer(kafka.client_config(partitioner="murmur2_random",
                                             **{"linger.ms": 50, "compression.type": "lz4"}))
     topic, sent = event_topic(STREAM_TYPE), 0
     with (psycopg.connect(dsn) as conn, conn.cursor(name="growth") as cursor):
-        cursor.execute("SELECT global_position, stream_id, event_id::text, event_type, "
-                       "stream_version, recorded_at::text, data::text FROM events "
-                       "WHERE global_position > %s ORDER BY global_position", (after,))
-        while rows := cursor.fetchmany(10_000):
-            for position, stream_id, event_id, event_type, version, recorded_at, data in rows:
+        cursor.execute("""
+            SELECT stream_id, json_build_object(
+                'payload', data::text, 'eventId', event_id, 'eventType', event_type,
+                'streamVersion', stream_version, 'globalPosition', global_position,
+                'recordedAt', recorded_at, 'schemaVersion', schema_version,
+                'metadata', metadata::text)::text
+            FROM events WHERE global_position > %s ORDER BY global_position""", (after,))
+        while rows := cursor.fetchmany(20_000):
+            for key, value in rows:
                 while True:
                     try:
-                        producer.produce(topic, key=stream_id, value=envelope_value(
-                            event_id, event_type, version, position, recorded_at, data))
+                        producer.produce(topic, key=key, value=value)
                         break
                     except BufferError:
                         producer.poll(0.05)
