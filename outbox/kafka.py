@@ -204,7 +204,8 @@ def iter_messages(kafka: KafkaConnection, topic: str, timeout_s: float = 120,
         planner.close()
     if last is not None:
         begin = {key: max(first, end[key] - last) for key, first in begin.items()}
-    consumer = Consumer(consumer_config(kafka))
+    # A bounded prefetch (librdkafka's default queues up to 64 MB): the caller streams.
+    consumer = Consumer(consumer_config(kafka, **{"queued.max.messages.kbytes": 16 * 1024}))
     try:
         for key in partitions:
             if end[key] > begin[key]:

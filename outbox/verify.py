@@ -22,7 +22,7 @@ DETAIL = 100
 """At most how many aggregates (or events) a report names per kind of problem: the counts are
 exact, the names are a sample to start looking from."""
 
-_CACHE_KIB = 64 * 1024
+_CACHE_KIB = 16 * 1024
 _CHUNK = 10_000
 
 
