@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 
     from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
     from eventfold.projections.runner import Progress, ProjectionRunner, RunnerSettings
+    from eventfold.read_api.state.stores import StoreKind
 
 # Spark, pandas, pyarrow and the read API are imported by the services that use them, so
 # that a command such as verify-log starts without them (about 120 MB of a process).
@@ -137,7 +138,7 @@ class Eventfold:
     def read_api(self, settings: Settings) -> FastAPI:
         """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
         from eventfold.dashboard import add_dashboard
-        from eventfold.read_api import ReadApiOptions, create_read_app
+        from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
         from eventfold.read_api.metrics import register_ktable_metrics
 
         register_ktable_metrics(PROCESS_COLLECTORS)
@@ -146,7 +147,9 @@ class Eventfold:
             kafka=settings.kafka, reader_role=settings.reader_role,
             instance_id=settings.instance_id, pool_size=settings.read_pool_size,
             statement_timeout_ms=settings.read_statement_timeout_ms,
-            count_timeout_ms=settings.read_count_timeout_ms, title=f"{self.name} reads")
+            count_timeout_ms=settings.read_count_timeout_ms, title=f"{self.name} reads",
+            ktable_store=StoreConfig(cast("StoreKind", settings.ktable_store),
+                                     Path(settings.state_dir), settings.ktable_cache_mb))
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
         app = create_read_app(self.projections, options, auth=auth)
         add_dashboard(app, self, settings)

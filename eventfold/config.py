@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     replay_max_rows_per_batch: int = 1_000_000
     ktable_retire_wait_s: int = 60
     ktable_topic_config: str = ""
+    ktable_store: str = "rocksdb"
+    state_dir: Path = Path(".eventfold/state")
+    ktable_cache_mb: int = Field(default=64, ge=1)
     allow_data_loss: bool = False
     http_host: str = "127.0.0.1"
     command_api_port: int = 8000
@@ -204,6 +207,9 @@ class Settings(BaseSettings):
         if self.app_dir and not Path(self.app_dir).is_dir():
             raise ConfigError(f"EVENTFOLD_APP_DIR names {self.app_dir}, which is not a "
                               "directory")
+        if self.ktable_store not in ("rocksdb", "memory"):
+            raise ConfigError(f"EVENTFOLD_KTABLE_STORE is rocksdb or memory, not "
+                              f"{self.ktable_store!r}")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"EVENTFOLD_LOG_FORMAT is text or json, not {self.log_format!r}")
         if self.outbox_design not in tuple(OutboxDesign):

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
@@ -178,6 +178,17 @@ class TopicAdmin:
             future.result(timeout=self._timeout_s)
         for topic, key, actual, value in mismatches:
             log.warning("topic %s: %s altered from %r to %r", topic, key, actual, value)
+
+    def topic_id(self, topic: str) -> str | None:
+        """The id the cluster gave the topic when it was created (a topic deleted and made
+        again has another); None when it does not exist."""
+        future = self._admin.describe_topics(TopicCollection([topic]))[topic]
+        try:
+            return str(future.result(timeout=self._timeout_s).topic_id)
+        except KafkaException as exc:
+            if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                return None
+            raise
 
     def partitions(self, topic: str) -> int:
         metadata = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)

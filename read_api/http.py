@@ -26,7 +26,7 @@ import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
@@ -36,7 +36,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections import Projection
 from eventfold.read_api.commits import CommitNotifications
 from eventfold.read_api.freshness import FreshnessMonitor
-from eventfold.read_api.ktables import KTableEntry, KTableHost
+from eventfold.read_api.ktables import KTableHost
 from eventfold.read_api.metrics import KTABLES, READ_YOUR_WRITES
 from eventfold.read_api.presence import ReaderPresence
 from eventfold.read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
@@ -51,6 +51,7 @@ from eventfold.read_api.responses import (
     not_found,
 )
 from eventfold.read_api.schema import QueryError, check_text
+from eventfold.read_api.state import KTableEntry, StoreConfig
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
@@ -78,6 +79,7 @@ class ReadApiOptions:
     statement_timeout_ms: int = 5_000
     count_timeout_ms: int = 200
     title: str = "Eventfold read API"
+    ktable_store: StoreConfig = field(default_factory=StoreConfig)
 
 
 def _json_default(value: Any) -> Any:
@@ -202,7 +204,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         for p in stateful:
             version = monitor.active_version(p.name) or 1
             hosts[p.name] = KTableHost(options.kafka, p.name, p.ktable_topic_for, version,
-                                       presence).start()
+                                       presence, options.ktable_store).start()
         KTABLES.watch(instance_id, lambda: hosts)
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
         try:

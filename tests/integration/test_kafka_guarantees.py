@@ -29,7 +29,7 @@ from eventfold.projections.state.topics import (
     TopicSink,
     ensure_projection_topics,
 )
-from eventfold.read_api.ktables import KTableView
+from eventfold.read_api.state import KTableView
 from sqlalchemy import BigInteger, Text
 
 from eventfold.contract import EventEnvelope, event_topic, libpq_url

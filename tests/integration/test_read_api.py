@@ -4,6 +4,7 @@ into Postgres and Kafka, queried over HTTP as the read-only role."""
 from __future__ import annotations
 
 import base64
+import logging
 import random
 import signal
 import time
@@ -20,7 +21,7 @@ from eventfold.local_stack.process import free_port
 from eventfold.projections import FoldProjection
 from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
-from eventfold.read_api import ReadApiOptions, create_read_app
+from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
 from eventfold.read_api import http as read_http
 from eventfold.read_api.metrics import READ_YOUR_WRITES
 from eventfold.read_api.query import encode_cursor, page_query, parse_list_query, parse_sort
@@ -60,8 +61,11 @@ def catalog_rows(count: int, seed: int) -> dict[str, dict]:
 
 
 def read_api(projections, settings, instance: str, **limits: int) -> BackgroundServer:
+    """A read API instance as the product runs it: KTables in RocksDB stores of its own."""
     options = ReadApiOptions(database_url=settings.database_url,
-                             kafka=settings.kafka, instance_id=instance, **limits)
+                             kafka=settings.kafka, instance_id=instance,
+                             ktable_store=StoreConfig("rocksdb", settings.state_dir / instance),
+                             **limits)
     server = BackgroundServer(create_read_app(projections, options), "127.0.0.1",
                               free_port()).start()
     wait_for(lambda: requests.get(f"{server.url}/ready", timeout=5).status_code == 200,
@@ -420,6 +424,35 @@ def test_two_instances_each_hold_the_full_ktable(reads, catalog, stack_settings)
                 "stock"] == states["p100"]["stock"]
     finally:
         other.stop()
+
+
+def test_a_restarted_instance_restores_only_what_came_after_its_checkpoint(
+        inventory_app, stack_settings, caplog) -> None:
+    """Its RocksDB store kept the topic's offset with the data: a restart reads the records
+    written while it was down, and nothing before them."""
+    caplog.set_level(logging.INFO, logger="eventfold.read_api.state.view")
+    projection = catalog_projection(uuid.uuid4().hex[:8])
+    path = f"/ktables/{projection.name}"
+    materialize(stack_settings, projection, {f"k{i}": {"stock": i} for i in range(50)})
+    first = read_api([projection], stack_settings, "restarting")
+    try:
+        assert get(first, "/ktables").json()["ktables"][0]["restore"]["records"] == 50
+    finally:
+        first.stop()
+    materialize(stack_settings, projection, {"k1": {"stock": 100}, "k2": None,
+                                             "new": {"stock": 7}},
+                batch_id=1, first_stream_version=51)
+    again = read_api([projection], stack_settings, "restarting")
+    try:
+        (table,) = get(again, "/ktables").json()["ktables"]
+        assert (table["restore"]["records"], table["keys"]) == (3, 50)
+        assert get(again, f"{path}/entries/k1").json()["value"]["stock"] == 100
+        assert get(again, f"{path}/entries/k2").status_code == 404
+        assert get(again, f"{path}/entries/k40").json()["value"]["stock"] == 40
+        assert get(again, f"{path}/count").json()["count"] == 50
+    finally:
+        again.stop()
+    assert "restoring 3 records after the store's checkpoint" in caplog.text
 
 
 def test_a_version_switch_moves_reads_to_the_new_table_and_topic(inventory_app, stack_settings):

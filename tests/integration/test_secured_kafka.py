@@ -72,7 +72,8 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
     env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack"),
            "EVENTFOLD_KAFKA_CONFIG": as_config(scram(password)),
            "EVENTFOLD_APP": "examples.inventory:app",
-           "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints")}
+           "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
+           "EVENTFOLD_STATE_DIR": str(tmp_path / "state")}
     stack = Settings.from_env(env).local_stack()
     server: subprocess.Popen | None = None
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 from eventfold.projections import FoldProjection
-from eventfold.read_api.ktables import KTableEntry, KTableStore
 from eventfold.read_api.query import (
     decode_cursor,
     encode_cursor,
@@ -90,17 +89,3 @@ def test_limit_and_repeated_parameters():
         parse_list_query(SCHEMA, [("limit", "1000")])
     with pytest.raises(QueryError, match="give it once"):
         parse_list_query(SCHEMA, [("sort", "total"), ("sort", "name")])
-
-
-def test_ktable_store_ranges_in_key_order():
-    store = KTableStore()
-    for key in ["b", "d", "a", "c", "e"]:
-        store.put(key, KTableEntry(b'{"k": 1}', [("eventfold.version", b"3")]))
-    store.put("c", None)
-    assert [k for k, _ in store.range()] == ["a", "b", "d", "e"]
-    assert [k for k, _ in store.range("b", "d")] == ["b", "d"]
-    assert [k for k, _ in store.range("a", None, after="b", limit=1)] == ["d"]
-    assert [k for k, _ in store.scan(chunk=2)] == ["a", "b", "d", "e"]
-    assert len(store) == 4
-    assert store.get("a") == KTableEntry(b'{"k": 1}', [("eventfold.version", b"3")])
-    assert (store.get("a").value, store.get("a").version) == ({"k": 1}, 3)

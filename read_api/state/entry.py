@@ -1,0 +1,51 @@
+"""A KTable entry: a key's value as the projection published it, and the version it wrote."""
+
+from __future__ import annotations
+
+import logging
+import struct
+from typing import Any, NamedTuple
+
+import orjson
+
+from eventfold.contract import KTABLE_VERSION_HEADER
+
+log = logging.getLogger(__name__)
+
+_VERSION = struct.Struct(">q")
+
+
+class KTableEntry(NamedTuple):
+    """Decoded when read, not when restored: a restore builds one per record and most are
+    never asked for."""
+
+    raw: bytes
+    version: int = 0
+    """The projection version that wrote the value (its ``eventfold.version`` header)."""
+
+    @property
+    def value(self) -> Any:
+        try:
+            return orjson.loads(self.raw)
+        except orjson.JSONDecodeError:
+            log.warning("ktable value is not JSON: %r", self.raw[:100])
+            return None
+
+    @classmethod
+    def of_record(cls, value: bytes | None,
+                  headers: list[tuple[str, bytes | None]] | None) -> KTableEntry | None:
+        """The entry of a KTable record; None for a tombstone."""
+        if value is None:
+            return None
+        for name, header in headers or ():
+            if name == KTABLE_VERSION_HEADER and header:
+                return cls(value, int(header))
+        return cls(value)
+
+    def encode(self) -> bytes:
+        """As a store keeps it on disk: the version, then the value."""
+        return _VERSION.pack(self.version) + self.raw
+
+    @classmethod
+    def decode(cls, stored: bytes) -> KTableEntry:
+        return cls(stored[_VERSION.size:], _VERSION.unpack_from(stored)[0])

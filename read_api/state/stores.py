@@ -1,0 +1,437 @@
+"""State stores of a KTable topic: in memory, or RocksDB on local disk.
+
+A RocksDB store keeps one database per topic partition, as Kafka Streams keeps one store per
+task: the partition's entries (keys prefixed ``k``), and beside them, written in the same
+write batch, the changelog offset the store has applied up to, its exact key count, the
+topic's id and the highest offset its writer saw (keys prefixed ``m:``). The HTTP workers of
+one instance share the databases: the worker that holds the directory's writer lock restores
+and follows the topic; the others open the databases as RocksDB secondaries and catch up with
+the writer's files, and one of them takes the lock if the writer dies.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import heapq
+import logging
+import os
+import re
+import shutil
+import struct
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, Literal, cast
+
+from eventfold.read_api.state.entry import KTableEntry
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Options,
+    Rdict,
+    WriteBatch,
+)
+from sortedcontainers import SortedDict
+
+log = logging.getLogger(__name__)
+
+StoreKind = Literal["rocksdb", "memory"]
+STORE_KINDS: tuple[StoreKind, ...] = ("rocksdb", "memory")
+
+Change = tuple[str, KTableEntry | None]
+"""A key and its new entry (None: a tombstone deletes it)."""
+
+
+@dataclass(frozen=True)
+class StoreConfig:
+    """Where and how KTable stores are kept (``EVENTFOLD_KTABLE_STORE``,
+    ``EVENTFOLD_STATE_DIR``, ``EVENTFOLD_KTABLE_CACHE_MB``)."""
+
+    kind: StoreKind = "memory"
+    directory: Path = Path(".eventfold/state")
+    cache_mb: int = 64
+    """RocksDB's block cache, shared by every store of the process."""
+    write_buffer_mb: int = 8
+    """Each partition database's memtable (two at most): what a store holds in memory
+    before it flushes, besides the cache."""
+
+
+class StoreClosed(RuntimeError):
+    """The store was let go before it opened."""
+
+
+class StateStore(ABC):
+    """One KTable topic's entries across its partitions, in key order. Safe to read from
+    request handlers while the view writes."""
+
+    writer = True
+    """Whether this process applies the topic's records (else it reads what the writer
+    applied: ``catch_up``)."""
+
+    @abstractmethod
+    def positions(self) -> dict[int, int]:
+        """Per partition, the next offset to apply: where a restore starts (empty: from the
+        beginning)."""
+
+    @abstractmethod
+    def write(self, partition: int, changes: Sequence[Change], next_offset: int,
+              high_watermark: int) -> None:
+        """Apply ``changes`` of one partition and record ``next_offset``, atomically."""
+
+    def restored(self) -> None:
+        """The restore reached the end offsets seen at start."""
+        return None
+
+    @abstractmethod
+    def get(self, key: str) -> KTableEntry | None: ...
+
+    @abstractmethod
+    def range(self, start: str | None = None, end: str | None = None,
+              after: str | None = None, limit: int | None = None
+              ) -> list[tuple[str, KTableEntry]]:
+        """Entries with start <= key <= end (either bound optional) and key > after, in key
+        order, at most ``limit`` of them."""
+
+    @abstractmethod
+    def __len__(self) -> int: ...
+
+    def scan(self, start: str | None = None, end: str | None = None, chunk: int = 1000
+             ) -> Iterator[tuple[str, KTableEntry]]:
+        """All entries in range, a chunk at a time (no lock is held across a yield)."""
+        after: str | None = None
+        while True:
+            batch = self.range(start, end, after, chunk)
+            yield from batch
+            if len(batch) < chunk:
+                return
+            after = batch[-1][0]
+
+    def close(self) -> None:
+        """Let go of the store (its files stay, for the next start)."""
+        return None
+
+    def destroy(self) -> None:
+        """Close it and delete what it kept (its topic is retired)."""
+        self.close()
+
+
+def _lower_bound(start: str | None, after: str | None) -> tuple[str | None, bool]:
+    """The range's lower bound and whether it is inclusive."""
+    if after is not None and (start is None or after >= start):
+        return after, False
+    return start, True
+
+
+class MemoryStore(StateStore):
+    """Every entry in a sorted dict: restored from the beginning at every start."""
+
+    def __init__(self) -> None:
+        self._entries: SortedDict = SortedDict()
+        self._loading: dict[str, KTableEntry | None] | None = {}
+        self._lock = threading.Lock()
+
+    def positions(self) -> dict[int, int]:
+        return {}
+
+    def write(self, partition: int, changes: Sequence[Change], next_offset: int,
+              high_watermark: int) -> None:
+        if self._loading is not None:  # restoring: a plain dict, sorted once at the end
+            self._loading.update(changes)
+            return
+        with self._lock:
+            for key, entry in changes:
+                if entry is None:
+                    self._entries.pop(key, None)
+                else:
+                    self._entries[key] = entry
+
+    def restored(self) -> None:
+        if self._loading is None:
+            return
+        loaded = SortedDict({k: e for k, e in self._loading.items() if e is not None})
+        with self._lock:
+            self._entries, self._loading = loaded, None
+
+    def get(self, key: str) -> KTableEntry | None:
+        entry: KTableEntry | None = self._entries.get(key)
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def range(self, start: str | None = None, end: str | None = None,
+              after: str | None = None, limit: int | None = None
+              ) -> list[tuple[str, KTableEntry]]:
+        low, inclusive_low = _lower_bound(start, after)
+        with self._lock:
+            found = []
+            for key in self._entries.irange(low, end, inclusive=(inclusive_low, True)):
+                found.append((key, self._entries[key]))
+                if limit is not None and len(found) >= limit:
+                    break
+        return found
+
+
+# -- RocksDB -------------------------------------------------------------------------------------
+_DATA = b"k"
+_OFFSET, _COUNT, _TOPIC_ID, _HIGH = b"m:offset", b"m:count", b"m:topic_id", b"m:high"
+_RESTORED = b"m:restored"
+_INT = struct.Struct(">q")
+_WRITER_WAIT_S = 0.2
+_CACHES: dict[int, Cache] = {}
+_CACHES_LOCK = threading.Lock()
+
+
+def _shared_cache(mb: int) -> Cache:
+    """One block cache per process and size: the bound on what every store reads into
+    memory."""
+    with _CACHES_LOCK:
+        if mb not in _CACHES:
+            _CACHES[mb] = Cache(mb * 1024 * 1024)
+        return _CACHES[mb]
+
+
+def _options(config: StoreConfig) -> Options:
+    options = Options(raw_mode=True)
+    options.create_if_missing(True)
+    table = BlockBasedOptions()
+    table.set_block_cache(_shared_cache(config.cache_mb))
+    table.set_bloom_filter(10, False)  # a get of a key another partition holds reads no block
+    options.set_block_based_table_factory(table)
+    options.set_write_buffer_size(config.write_buffer_mb * 1024 * 1024)
+    options.set_max_write_buffer_number(2)
+    options.set_max_open_files(256)
+    return options
+
+
+def _int(raw: bytes | None, default: int = 0) -> int:
+    return default if raw is None else int(_INT.unpack(raw)[0])
+
+
+class _Partition:
+    """One partition's database, as its writer (primary) or as a reader (secondary)."""
+
+    def __init__(self, path: Path, options: Options, writer: bool) -> None:
+        self.path, self.options, self.writer = path, options, writer
+        if writer:
+            self.db = Rdict(str(path), options)
+        else:
+            secondary = path.with_name(f"{path.name}.reader-{os.getpid()}")
+            self.db = Rdict(str(path), options,
+                            access_type=AccessType.secondary(str(secondary)))
+            self._secondary = secondary
+
+    def meta(self, name: bytes) -> bytes | None:
+        value: bytes | None = self.db.get(name)
+        return value
+
+    def write(self, changes: Sequence[Change], next_offset: int, high_watermark: int) -> None:
+        batch = WriteBatch(raw_mode=True)
+        latest: dict[bytes, KTableEntry | None] = {}
+        for key, entry in changes:
+            latest[_DATA + key.encode()] = entry
+        keys = list(latest)
+        existed = cast(list[bytes | None], self.db.get(cast(Any, keys)))
+        delta = 0
+        for stored_key, before in zip(keys, existed, strict=True):
+            entry = latest[stored_key]
+            if entry is None:
+                batch.delete(stored_key)
+                delta -= before is not None
+            else:
+                batch.put(stored_key, entry.encode())
+                delta += before is None
+        batch.put(_COUNT, _INT.pack(_int(self.meta(_COUNT)) + delta))
+        batch.put(_OFFSET, _INT.pack(next_offset))
+        batch.put(_HIGH, _INT.pack(max(high_watermark, next_offset)))
+        self.db.write(batch)
+
+    def put_meta(self, name: bytes, value: bytes) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.put(name, value)
+        self.db.write(batch)
+
+    def get(self, key: str) -> KTableEntry | None:
+        stored = self.db.get(_DATA + key.encode())
+        return None if stored is None else KTableEntry.decode(stored)
+
+    def items(self, low: str | None, inclusive_low: bool, high: str | None
+              ) -> Iterator[tuple[str, KTableEntry]]:
+        iterator = self.db.iter()
+        try:
+            iterator.seek(_DATA + (low or "").encode())
+            while iterator.valid():
+                stored_key = iterator.key()
+                if not stored_key.startswith(_DATA):
+                    return
+                key = stored_key[1:].decode()
+                if high is not None and key > high:
+                    return
+                if inclusive_low or key != low:
+                    yield key, KTableEntry.decode(iterator.value())
+                iterator.next()
+        finally:
+            del iterator
+
+    def catch_up(self) -> None:
+        self.db.try_catch_up_with_primary()
+
+    def close(self) -> None:
+        self.db.close()
+        if not self.writer:
+            shutil.rmtree(self._secondary, ignore_errors=True)
+
+
+def _directory_name(topic: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", topic)
+
+
+class RocksDBStore(StateStore):
+    """A KTable topic's partitions, each a RocksDB database under
+    ``<state dir>/<topic>/p<partition>``."""
+
+    def __init__(self, config: StoreConfig, topic: str, partitions: Sequence[int],
+                 topic_id: str, begin: Mapping[int, int], end: Mapping[int, int],
+                 stop: threading.Event | None = None) -> None:
+        self.topic = topic
+        self.directory = config.directory / _directory_name(topic)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._options = _options(config)
+        self._lock_file: IO[bytes] | None = None
+        self.writer = self._take_writer_lock()
+        if not self.writer:
+            self._wait_for_the_writer(partitions, stop or threading.Event())
+        self._partitions: dict[int, _Partition] = {}
+        for partition in partitions:
+            self._partitions[partition] = self._open(partition, topic_id, begin.get(partition, 0),
+                                                     end.get(partition, 0))
+
+    def _wait_for_the_writer(self, partitions: Sequence[int], stop: threading.Event) -> None:
+        """A reader: wait until the writer has created every partition's database (or has
+        gone, and this process takes its place); raises ``StoreClosed`` if ``stop`` is set
+        meanwhile."""
+        while not all((self.directory / f"p{p}" / "CURRENT").exists() for p in partitions):
+            if self._take_writer_lock():
+                self.writer = True
+                return
+            if stop.wait(_WRITER_WAIT_S):
+                raise StoreClosed(f"ktable {self.topic}: stopped while waiting for its writer")
+
+    def take_writer_lock(self) -> bool:
+        """A reader: take the directory's writer lock if the writer has gone; True if taken
+        (then ``become_writer``)."""
+        return not self.writer and self._take_writer_lock()
+
+    def become_writer(self, topic_id: str, begin: Mapping[int, int],
+                      end: Mapping[int, int]) -> None:
+        """Holding the writer lock: reopen every partition as its writer."""
+        partitions = list(self._partitions)
+        for store in self._partitions.values():
+            store.close()
+        self.writer = True
+        self._partitions = {p: self._open(p, topic_id, begin.get(p, 0), end.get(p, 0))
+                            for p in partitions}
+        log.info("ktable %s: this process now writes its store (the writer before it is "
+                 "gone)", self.topic)
+
+    def _take_writer_lock(self) -> bool:
+        """Whether this process is the directory's writer (the lock holds until it exits or
+        closes the store)."""
+        handle = (self.directory / "writer.lock").open("ab")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._lock_file = handle
+        return True
+
+    def _open(self, partition: int, topic_id: str, begin: int, end: int) -> _Partition:
+        path = self.directory / f"p{partition}"
+        if not self.writer:
+            return _Partition(path, self._options, writer=False)
+        opened = _Partition(path, self._options, writer=True)
+        offset = opened.meta(_OFFSET)
+        stored_id = opened.meta(_TOPIC_ID)
+        reason = None
+        if offset is not None and stored_id is not None and stored_id.decode() != topic_id:
+            reason = "the topic was recreated since it was written"
+        elif offset is not None and _int(offset) > end:
+            reason = f"its checkpoint (offset {_int(offset)}) is past the topic's end ({end})"
+        elif offset is not None and _int(offset) < begin:
+            reason = (f"its checkpoint (offset {_int(offset)}) is before the topic's first "
+                      f"offset ({begin}): records it never applied are gone")
+        if reason is not None:
+            log.warning("ktable %s partition %d: %s; its store is wiped and restored from the "
+                        "beginning", self.topic, partition, reason)
+            opened.close()
+            Rdict.destroy(str(path), self._options)
+            opened = _Partition(path, self._options, writer=True)
+        if opened.meta(_TOPIC_ID) is None:
+            opened.put_meta(_TOPIC_ID, topic_id.encode())
+        return opened
+
+    def positions(self) -> dict[int, int]:
+        return {p: _int(store.meta(_OFFSET)) for p, store in self._partitions.items()
+                if store.meta(_OFFSET) is not None}
+
+    def high_watermarks(self) -> dict[int, int]:
+        """What the writer last saw of each partition's end."""
+        return {p: _int(store.meta(_HIGH)) for p, store in self._partitions.items()}
+
+    def write(self, partition: int, changes: Sequence[Change], next_offset: int,
+              high_watermark: int) -> None:
+        self._partitions[partition].write(changes, next_offset, high_watermark)
+
+    def restored(self) -> None:
+        for store in self._partitions.values():
+            store.put_meta(_RESTORED, b"1")
+
+    def was_restored(self) -> bool:
+        """Whether the writer has restored every partition once (a reader's question)."""
+        return all(store.meta(_RESTORED) is not None for store in self._partitions.values())
+
+    def catch_up(self) -> None:
+        """A reader: see what the writer has written since."""
+        for store in self._partitions.values():
+            store.catch_up()
+
+    def get(self, key: str) -> KTableEntry | None:
+        for store in self._partitions.values():
+            entry = store.get(key)
+            if entry is not None:
+                return entry
+        return None
+
+    def __len__(self) -> int:
+        return sum(_int(store.meta(_COUNT)) for store in self._partitions.values())
+
+    def range(self, start: str | None = None, end: str | None = None,
+              after: str | None = None, limit: int | None = None
+              ) -> list[tuple[str, KTableEntry]]:
+        low, inclusive_low = _lower_bound(start, after)
+        merged = heapq.merge(*(store.items(low, inclusive_low, end)
+                               for store in self._partitions.values()), key=lambda kv: kv[0])
+        found = []
+        for item in merged:
+            found.append(item)
+            if limit is not None and len(found) >= limit:
+                break
+        return found
+
+    def close(self) -> None:
+        for store in self._partitions.values():
+            store.close()
+        self._partitions = {}
+        if self._lock_file is not None:
+            self._lock_file.close()
+            self._lock_file = None
+
+    def destroy(self) -> None:
+        was_writer = self.writer
+        self.close()
+        if was_writer:
+            shutil.rmtree(self.directory, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""KTable state stores on local disk and in memory: the same queries over both; a RocksDB
+store keeps its changelog position with its data, is wiped when that position is not valid
+for the topic, and is shared by a writer and readers in other processes."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pytest
+from eventfold.read_api.state import KTableEntry, MemoryStore, RocksDBStore, StoreConfig
+from eventfold.read_api.state.stores import StateStore
+
+TOPIC, TOPIC_ID = "eventfold.ktable.totals.v1", "topic-id-1"
+
+
+def entry(n: int) -> KTableEntry:
+    return KTableEntry(b'{"k": %d}' % n, 3)
+
+
+def rocksdb(directory: Path, topic_id: str = TOPIC_ID, end: int = 100,
+            partitions: tuple[int, ...] = (0, 1)) -> RocksDBStore:
+    return RocksDBStore(StoreConfig("rocksdb", directory), TOPIC, partitions, topic_id,
+                        {p: 0 for p in partitions}, {p: end for p in partitions})
+
+
+@pytest.fixture(params=["memory", "rocksdb"])
+def store(request, tmp_path):
+    made: StateStore = MemoryStore() if request.param == "memory" else rocksdb(tmp_path)
+    yield made
+    made.close()
+
+
+def test_both_stores_answer_gets_ranges_scans_and_counts_in_key_order(store) -> None:
+    # keys in two partitions: a range merges them in key order
+    store.write(0, [("b", entry(1)), ("d", entry(2)), ("c", entry(9))], 3, 3)
+    store.write(1, [("a", entry(3)), ("e", entry(4)), ("é", entry(5))], 3, 3)
+    store.restored()
+    store.write(0, [("c", None), ("x", None)], 5, 5)  # a tombstone, and one of no key
+    assert [k for k, _ in store.range()] == ["a", "b", "d", "e", "é"]
+    assert [k for k, _ in store.range("b", "d")] == ["b", "d"]
+    assert [k for k, _ in store.range("a", None, after="b", limit=1)] == ["d"]
+    assert [k for k, _ in store.scan(chunk=2)] == ["a", "b", "d", "e", "é"]
+    assert len(store) == 5
+    assert store.get("a") == entry(3)
+    assert (store.get("a").value, store.get("a").version) == ({"k": 3}, 3)
+    assert store.get("c") is None
+
+
+def test_a_rocksdb_store_reopens_at_its_checkpoint_with_its_entries(tmp_path) -> None:
+    first = rocksdb(tmp_path)
+    first.write(0, [("a", entry(1)), ("b", entry(2))], 7, 9)
+    first.write(1, [("c", entry(3))], 4, 4)
+    first.close()
+    again = rocksdb(tmp_path)
+    try:
+        assert again.positions() == {0: 7, 1: 4}
+        assert again.high_watermarks() == {0: 9, 1: 4}
+        assert (len(again), again.get("b")) == (3, entry(2))
+    finally:
+        again.close()
+
+
+@pytest.mark.parametrize(("topic_id", "end", "why"), [
+    ("topic-id-2", 100, "the topic was recreated"),
+    (TOPIC_ID, 5, "its checkpoint (offset 7) is past the topic's end (5)"),
+])
+def test_a_checkpoint_that_is_not_valid_for_the_topic_wipes_the_store(
+        tmp_path, caplog, topic_id: str, end: int, why: str) -> None:
+    first = rocksdb(tmp_path)
+    first.write(0, [("a", entry(1))], 7, 7)
+    first.close()
+    again = rocksdb(tmp_path, topic_id=topic_id, end=end)
+    try:
+        assert (again.positions(), len(again), again.get("a")) == ({}, 0, None)
+    finally:
+        again.close()
+    assert why in caplog.text and "wiped and restored from the beginning" in caplog.text
+
+
+def _read_in_another_process(directory: str, found: mp.Queue) -> None:
+    reader = rocksdb(Path(directory))
+    reader.catch_up()
+    found.put((reader.writer, reader.positions(), len(reader), reader.get("a")))
+    reader.close()
+
+
+def test_a_second_process_reads_the_writers_store_and_takes_over_when_it_is_gone(
+        tmp_path) -> None:
+    writer = rocksdb(tmp_path)
+    assert writer.writer
+    writer.write(0, [("a", entry(1))], 1, 1)
+    found: mp.Queue = mp.get_context("spawn").Queue()
+    reader = mp.get_context("spawn").Process(target=_read_in_another_process,
+                                             args=(str(tmp_path), found))
+    reader.start()
+    reader.join(60)
+    assert found.get(timeout=5) == (False, {0: 1}, 1, entry(1))
+
+    in_process_reader = rocksdb(tmp_path)  # the lock is per open file: a second one waits
+    try:
+        assert not in_process_reader.writer
+        assert not in_process_reader.take_writer_lock()
+        writer.close()
+        assert in_process_reader.take_writer_lock()
+        in_process_reader.become_writer(TOPIC_ID, {0: 0, 1: 0}, {0: 100, 1: 100})
+        in_process_reader.write(0, [("b", entry(2))], 2, 2)
+        assert (in_process_reader.writer, len(in_process_reader)) == (True, 2)
+    finally:
+        in_process_reader.close()
+
+
+def test_destroying_a_retired_store_deletes_its_files(tmp_path) -> None:
+    store = rocksdb(tmp_path)
+    store.write(0, [("a", entry(1))], 1, 1)
+    store.destroy()
+    assert not store.directory.exists()
