@@ -99,7 +99,8 @@ def start_read_api(settings: Settings, workers: int, log_path: Path) -> tuple[in
            "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
            "EVENTFOLD_CONNECT_URL": settings.connect_url,
            "EVENTFOLD_READ_API_PORT": str(port), "EVENTFOLD_HTTP_WORKERS": str(workers),
-           "EVENTFOLD_REQUEST_LOG": "false", "EVENTFOLD_READ_POOL_SIZE": "4"}
+           "EVENTFOLD_REQUEST_LOG": "false", "EVENTFOLD_READ_POOL_SIZE": "4",
+           "EVENTFOLD_STATE_DIR": str(log_path.parent / "state")}
     with log_path.open("w") as out:
         process = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "reads"],
                                    env=env, stdout=out, stderr=subprocess.STDOUT,

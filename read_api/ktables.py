@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_RETIRE_AFTER_S = 2.0
+
 
 class KTableHost:
     """Serves a projection's KTable at its active version, restoring the next version's topic
@@ -45,6 +47,7 @@ class KTableHost:
         self.version = version
         self.view = KTableView(kafka, topic_for(version), self.store_config)
         self._next: tuple[int, KTableView] | None = None
+        self._retiring: list[tuple[threading.Timer, KTableView]] = []
         self._lock = threading.Lock()
 
     def start(self) -> KTableHost:
@@ -54,6 +57,10 @@ class KTableHost:
     def stop(self) -> None:
         with self._lock:
             views = [self.view] + ([self._next[1]] if self._next else [])
+            retiring, self._retiring = self._retiring, []
+        for timer, old in retiring:
+            timer.cancel()
+            self._close(old, retired=True)
         for view in views:
             self._close(view)
 
@@ -76,7 +83,13 @@ class KTableHost:
             if not next_view.restored:
                 return
             old, self.view, self.version, self._next = self.view, next_view, next_version, None
-        self._close(old, retired=True)
+        # Reads that took the old view just before the swap finish on it first.
+        retiring = threading.Timer(_RETIRE_AFTER_S, self._close, (old, True))
+        retiring.daemon = True
+        with self._lock:
+            self._retiring = [(t, v) for t, v in self._retiring if t.is_alive()]
+            self._retiring.append((retiring, old))
+        retiring.start()
         log.info("ktable now served from %s (version %d)", self.view.topic, self.version)
 
     def _register(self, version: int) -> int | None:

@@ -1,20 +1,31 @@
 """The read API as operators run it: behind a bearer token, on its own login that can only
 read, answering KTable routes with 503 while their store cannot restore (and read models
-meanwhile), and finishing in-flight reads on SIGTERM."""
+meanwhile), finishing in-flight reads on SIGTERM, and with several HTTP workers sharing one
+KTable store (one writes it; another takes over when it dies)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import psycopg
 import pytest
 import requests
-from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
+from eventfold.local_stack.process import (
+    descendants,
+    free_port,
+    port_is_open,
+    stop_pid,
+    wait_until,
+)
+from eventfold.projections import projection
 from eventfold.read_api.read_models import reader_session
 from psycopg import sql
+from sqlalchemy import BigInteger
 
 from eventfold import Eventfold
 from eventfold.config import Settings
@@ -142,3 +153,60 @@ def test_sigterm_lets_an_in_flight_read_finish(inventory_app, stack_settings, tm
     finally:
         stop_pid(reads.pid, what="serve reads", timeout_s=60)
     assert "stopped cleanly" in log.read_text()
+
+
+def _lock_holder(pids: list[int], lock: Path) -> int | None:
+    """The process that has ``lock`` open (the store's writer)."""
+    for pid in pids:
+        try:
+            if any(os.readlink(fd) == str(lock) for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
+def test_http_workers_share_one_store_and_a_reader_takes_over_from_a_dead_writer(
+        inventory_app, stack_settings, tmp_path) -> None:
+    """`serve reads` with two workers: both answer every key from one RocksDB store (one
+    directory, one writer); SIGKILL the writer and the other worker writes on: a record
+    published after the kill is served."""
+    name = f"shared_{uuid.uuid4().hex[:8]}"
+    kept = projection(name, sources=["Product"], columns={"quantity": BigInteger()})(
+        lambda state, _event: state)
+    materialize(stack_settings, kept, {f"k{i}": {"quantity": i} for i in range(20)})
+    port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_READ_API_PORT=str(port),
+                    EVENTFOLD_HTTP_WORKERS="2")
+    log = tmp_path / "reads.log"
+    reads = start_serving("reads", env, log)
+    url = f"http://127.0.0.1:{port}/ktables/{name}/entries"
+
+    def answers(key: str) -> dict[str, int]:
+        """Which worker answered what, over fresh connections (each may land on either)."""
+        seen: dict[str, int] = {}
+        for _ in range(40):
+            response = requests.get(f"{url}/{key}", timeout=10)
+            if response.status_code == 200:
+                body = response.json()
+                seen[body["freshness"]["instance"]] = body["value"]["quantity"]
+        return seen
+
+    try:
+        wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
+        wait_for(lambda: len(answers("k7")) == 2, "both workers serving k7", 60)
+        assert set(answers("k7").values()) == {7}
+        stores = list((tmp_path / "state").iterdir())
+        assert [d.name for d in stores] == [f"eventfold.ktable.{name}"]  # one copy
+        workers = descendants(reads.pid)
+        writer = _lock_holder(workers, stores[0] / "writer.lock")
+        assert writer is not None, workers
+        os.kill(writer, signal.SIGKILL)
+        materialize(stack_settings, kept, {"k7": {"quantity": 70}}, batch_id=1,
+                    first_stream_version=100)
+        wait_for(lambda: set(answers("k7").values()) == {70},
+                 "the record published after the writer died, served", 60)
+        assert "now writes its store (the writer before it is gone)" in log.read_text()
+    finally:
+        stop_pid(reads.pid, what="serve reads", timeout_s=60)
