@@ -40,6 +40,7 @@ from eventfold.projections.state.topics import TopicSink
 
 from bench.common import in_a_process, own_stack, tree_rss
 from bench.read_api import restored_figures, wait_ready, wrk
+from eventfold import migrations
 from eventfold.config import Settings
 from examples.inventory import inventory_totals
 
@@ -53,6 +54,7 @@ CHUNK = 50_000
 def publish(settings: Settings, keys: int) -> None:
     """``keys`` states of inventory_totals v1 on its KTable topic, through its sink, and its
     read model's (empty) table and view, so that the read API is ready once restored."""
+    migrations.upgrade(settings.database_url)
     catalog = ProjectionCatalog(settings.database_url)
     catalog.register(inventory_totals.name)
     catalog.close()
