@@ -100,11 +100,18 @@ class StateStore(ABC):
 
     def scan(self, start: str | None = None, end: str | None = None, chunk: int = 1000
              ) -> Iterator[tuple[str, KTableEntry]]:
-        """All entries in range, a chunk at a time (no lock is held across a yield)."""
+        """All entries in range (no lock is held across a yield)."""
+        for batch in self.chunks(start, end, chunk):
+            yield from batch
+
+    def chunks(self, start: str | None = None, end: str | None = None, chunk: int = 1000
+               ) -> Iterator[list[tuple[str, KTableEntry]]]:
+        """All entries in range, ``chunk`` at a time."""
         after: str | None = None
         while True:
             batch = self.range(start, end, after, chunk)
-            yield from batch
+            if batch:
+                yield batch
             if len(batch) < chunk:
                 return
             after = batch[-1][0]
