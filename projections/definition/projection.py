@@ -114,6 +114,9 @@ class Projection:
     indexes: tuple[str, ...] = ()
     table: str = ""
     ktable_topic: str = ""
+    ktable_partitions: int | None = None
+    """Of the KTable topic a version creates (None: as many as its source topics have). A
+    change applies to the next version: a replay."""
     topic_prefix: str = DEFAULT_TOPIC_PREFIX
     description: str = ""
 
@@ -138,6 +141,8 @@ class Projection:
         for path in (self.key_by, self.lookup.on if self.lookup else None):
             if path is not None and not all(part for part in path.split(".")):
                 raise ValueError(f"projection {self.name!r}: {path!r} is not a field path")
+        if self.ktable_partitions is not None and self.ktable_partitions < 1:
+            raise ValueError(f"projection {self.name!r}: ktable_partitions must be at least 1")
         if self.table and not self.table.isidentifier():
             raise ValueError(f"table name {self.table!r} must be an identifier")
         object.__setattr__(self, "table", self.table or self.name)
@@ -346,6 +351,7 @@ def projection(
     event_types: Iterable[str] | None = None, key_by: str | None = None,
     lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
     ktable_topic: str = "", indexes: Iterable[str] = (), park_on_failure: bool = True,
+    ktable_partitions: int | None = None,
 ) -> Callable[[Fold], FoldProjection]:
     """Decorator: turn a fold function (or a ``Dispatch``) into a projection. ``indexes`` are
     the columns the read model indexes (the read API sorts on them and on the key);
@@ -359,7 +365,8 @@ def projection(
         return FoldProjection(
             name=name, columns=dict(columns), apply=fold, key_by=key_by, lookup=lookup,
             derive=derive, table=table, ktable_topic=ktable_topic, indexes=tuple(indexes),
-            park_on_failure=park_on_failure, description=(fold.__doc__ or "").strip(),
+            ktable_partitions=ktable_partitions, park_on_failure=park_on_failure,
+            description=(fold.__doc__ or "").strip(),
             **_options(sources, handled),
         )
 
@@ -370,12 +377,12 @@ def aggregation(
     name: str, *, sources: Iterable[str], aggregates: Mapping[str, AggregateFunction],
     columns: Mapping[str, TypeEngine[Any]], event_types: Iterable[str] | None = None,
     key_by: str | None = None, table: str = "", description: str = "",
-    indexes: Iterable[str] = (),
+    indexes: Iterable[str] = (), ktable_partitions: int | None = None,
 ) -> AggregationProjection:
     """A projection Spark computes natively: ``{"total": Sum("value"), "sales": Count()}``."""
     return AggregationProjection(name=name, columns=dict(columns), aggregates=dict(aggregates),
                       key_by=key_by, table=table, description=description,
-                      indexes=tuple(indexes),
+                      indexes=tuple(indexes), ktable_partitions=ktable_partitions,
                       **_options(sources, event_types))
 
 

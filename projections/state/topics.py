@@ -87,10 +87,27 @@ def ensure_projection_topics(admin: TopicAdmin, projection: Projection, version:
     a KTable topic that is not compacted would grow forever and restore ever slower."""
     configs = configs or OutputTopicConfigs()
     if projection.has_state:
-        admin.ensure([projection.ktable_topic_for(version)], configs.ktable_config(),
-                     kind="ktables", check=True, fix=fix)
+        topic = projection.ktable_topic_for(version)
+        partitions = ktable_partitions(admin, projection)
+        admin.ensure([topic], configs.ktable_config(), partitions=partitions, kind="ktables",
+                     check=True, fix=fix)
+        if (found := admin.partitions(topic)) != partitions:
+            level = logging.WARNING if projection.ktable_partitions else logging.INFO
+            log.log(level, "projection %s: its KTable topic %s has %d partition(s), %s %d; a "
+                        "replay (`eventfold projection replay %s`) builds the next version's "
+                        "topic with them", projection.name, topic, found,
+                        "it declares" if projection.ktable_partitions else "its sources have",
+                        partitions, projection.name)
     admin.ensure([projection.dead_letter_topic], configs.dead_letter_config(),
                  kind="dead_letters", check=True, fix=fix)
+
+
+def ktable_partitions(admin: TopicAdmin, projection: Projection) -> int:
+    """How many partitions the KTable topic of a new version gets: as declared, else as many
+    as the most of its source topics have (1 before they exist)."""
+    if projection.ktable_partitions is not None:
+        return projection.ktable_partitions
+    return max((admin.partitions(topic) for topic in projection.source_topics), default=1) or 1
 
 
 def new_producer(kafka: KafkaConnection) -> Producer:

@@ -5,7 +5,9 @@ projection loudly."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import logging
 import os
 import time
 
@@ -201,6 +203,27 @@ def test_dead_letters_and_derived_events_are_kept_for_their_retention(
     finally:
         sink.close()
     assert admin.configs(derived)["retention.ms"] == "3600000"
+
+
+def test_a_ktable_topic_has_its_sources_partitions_unless_declared_and_a_change_waits_for_a_replay(
+        inventory_app, stack_settings, unique, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="eventfold.projections.state.topics")
+    admin = TopicAdmin(stack_settings.kafka)
+    projection = FoldProjection(name=f"parts_{unique}", sources=("Product",),
+                                columns={"count": BigInteger()}, apply=lambda s, _e: s)
+    ensure_projection_topics(admin, projection)
+    sources = admin.partitions("eventfold.events.Product")
+    assert sources > 1 and admin.partitions(projection.ktable_topic_for(1)) == sources
+
+    declared = dataclasses.replace(projection, ktable_partitions=sources + 2)
+    ensure_projection_topics(admin, declared)  # the live version's topic keeps its partitions
+    assert admin.partitions(declared.ktable_topic_for(1)) == sources
+    assert (f"has {sources} partition(s), it declares {sources + 2}; a replay "
+            f"(`eventfold projection replay {projection.name}`)") in caplog.text
+    ensure_projection_topics(admin, declared, version=2)  # what a replay's version makes
+    assert admin.partitions(declared.ktable_topic_for(2)) == sources + 2
+    with pytest.raises(ValueError, match="ktable_partitions must be at least 1"):
+        dataclasses.replace(projection, ktable_partitions=0)
 
 
 # -- delivery reports -------------------------------------------------------------------------

@@ -4,6 +4,7 @@ into Postgres and Kafka, queried over HTTP as the read-only role."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import random
 import signal
@@ -431,7 +432,9 @@ def test_a_restarted_instance_restores_only_what_came_after_its_checkpoint(
     """Its RocksDB store kept the topic's offset with the data: a restart reads the records
     written while it was down, and nothing before them."""
     caplog.set_level(logging.INFO, logger="eventfold.read_api.state.view")
-    projection = catalog_projection(uuid.uuid4().hex[:8])
+    # three partitions: a store per partition, each with its own checkpoint
+    projection = dataclasses.replace(catalog_projection(uuid.uuid4().hex[:8]),
+                                     ktable_partitions=3)
     path = f"/ktables/{projection.name}"
     materialize(stack_settings, projection, {f"k{i}": {"stock": i} for i in range(50)})
     first = read_api([projection], stack_settings, "restarting")
