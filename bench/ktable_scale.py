@@ -138,6 +138,9 @@ def measure(settings: Settings, kind: str, keys: int, seconds: int, work_dir: Pa
         gets = wrk(first.url, ENTRY + KEY, keys - 1, seconds, work_dir)
         scanned = range_records_per_s(first.url)
         rss_after = first.rss()
+        by_process = sorted(rss for _, rss in tree_rss(first.process.pid).values())
+        print(f"{kind}: RSS by process once restored (MB): "
+              + ", ".join(f"{rss / 1e6:,.0f}" for rss in by_process), flush=True)
     finally:
         first.stop()
     again = Instance(settings, kind, state_dir, log_path)
