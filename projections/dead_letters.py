@@ -130,9 +130,6 @@ LETTER_CLOCK_SKEW = timedelta(minutes=2)
 """How far the clocks of the tasks that write dead letters, the brokers and the database may
 disagree: a retry reads this much more of the dead-letter topic on either side."""
 
-_RETRY_ATTEMPTS = 3
-
-
 def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection, key: str,
               by: str, replication: Replication | None = None,
               configs: OutputTopicConfigs | None = None) -> RetryResult:
@@ -141,10 +138,11 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
     retried, all or nothing.
 
     The letters are read first, from the dead-letter topic around the time they were
-    written; then the retry holds the projection's registry row for its own commit only, so
-    no batch of the active version commits meanwhile, and a batch that held the key's events
-    back while it ran folds again (``ParkedKeysReleased``). Raises ``RetryFailed`` (and
-    changes nothing) when the fold still raises."""
+    written; then the retry holds the projection's registry row for its own commit only (and
+    the letters of events parked meanwhile, the newest), so no batch of the active version
+    commits meanwhile, and a batch that held the key's events back while it ran folds again
+    (``ParkedKeysReleased``). Raises ``RetryFailed`` (and changes nothing) when the fold still
+    raises."""
     if not compile_projection(projection).parks:
         raise RetryFailed(f"projection {projection.name} does not park keys (only a fold "
                           "projection with park_on_failure does): its letters were folded past; "
@@ -155,28 +153,34 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
     finally:
         catalog.close()
     name = projection.name
+    topic = projection.dead_letter_topic
     sink = TopicSink(kafka, projection, version, configs, replication)
     try:
         with ReadModelStore(database_url, projection, version) as store:
-            for _ in range(_RETRY_ATTEMPTS):
-                with store.conn.transaction():
-                    held = held_events(store.conn, name, version, key)
+            with store.conn.transaction():
+                read_ahead = held_events(store.conn, name, version, key)
+            if not read_ahead:
+                raise RetryFailed(f"key {key!r} of {name} v{version} is not parked")
+            letters = _by_source(read_ahead, held_letters(kafka, topic, version, read_ahead))
+            with store.conn.transaction():
+                if lock_registry(store.conn, name) != version:
+                    raise RetryFailed(f"projection {name} switched versions; "
+                                      "run the retry again")
+                held = held_events(store.conn, name, version, key)
                 if not held:
                     raise RetryFailed(f"key {key!r} of {name} v{version} is not parked")
-                letters = held_letters(kafka, projection.dead_letter_topic, version, held)
-                with store.conn.transaction():
-                    if lock_registry(store.conn, name) != version:
-                        raise RetryFailed(f"projection {name} switched versions; "
-                                          "run the retry again")
-                    now_held = held_events(store.conn, name, version, key)
-                    if [h.source for h in now_held] == [h.source for h in held]:
-                        return _retry(store, sink, key, by, letters)
-                log.info("dlq retry %s key %r: its held events changed while their letters "
-                         "were read; reading again", name, key)
-            raise RetryFailed(f"key {key!r} of {name}: its held events kept changing while "
-                              "the retry read their letters; run it again")
+                # Events parked since the letters were read (a live run holds the key's new
+                # events back): theirs are the newest letters, read from their time.
+                if later := [h for h in held if h.source not in letters]:
+                    letters |= _by_source(later, held_letters(kafka, topic, version, later))
+                return _retry(store, sink, key, by, [letters[h.source] for h in held])
     finally:
         sink.close()
+
+
+def _by_source(held: list[HeldEvent], letters: list[list[DeadLetterRecord]]
+               ) -> dict[tuple[str, int, int], list[DeadLetterRecord]]:
+    return {h.source: copies for h, copies in zip(held, letters, strict=True)}
 
 
 def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str,

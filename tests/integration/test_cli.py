@@ -277,7 +277,7 @@ def test_cli_mistakes_fail_at_once_saying_what_is_known(stack_settings, tmp_path
 def test_verify_log_compares_the_store_with_the_topic(stack_settings, tmp_path,
                                                       unique) -> None:
     """`eventfold verify-log` as people run it: every event delivered, a redelivery counted
-    as a duplicate (allowed), a message that is no event passed over."""
+    as a duplicate (allowed)."""
     from eventfold.contract import event_topic
     from examples import sales
     from tests.kafka_helpers import produce, read_topic
@@ -297,8 +297,9 @@ def test_verify_log_compares_the_store_with_the_topic(stack_settings, tmp_path,
     topic = event_topic("ProductSales")
     again = next(m for m in read_topic(stack_settings.kafka, topic)
                  if (m["key"] or "").startswith(unique))
+    # (a message that is no event would poison the shared topic for other tests' projections:
+    # tests/unit/test_verify_log.py passes one over)
     produce(stack_settings.kafka, topic, again["key"], again["value"])
-    produce(stack_settings.kafka, topic, f"{unique}-x", "not an event")
     verify = eventfold("verify-log", "ProductSales", "--prefix", unique, env=env)
     assert verify.returncode == 0, verify.stdout + verify.stderr
     assert ("30 events in the store, 31 messages on the topic: 0 missing, 1 duplicates"

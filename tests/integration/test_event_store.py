@@ -102,7 +102,9 @@ def test_the_log_read_by_stream_bucket_is_disjoint_complete_and_indexed(
                    for bucket in range(STREAM_BUCKETS)}
         conn.execute("ANALYZE events")
         conn.execute("SET enable_seqscan = off")  # a test's table is small enough to scan
-        query, params = bucket_query([stream_type], after, upto, 5)
+        # The log from its start, as a replay's first window reads it: a window of a hundred
+        # positions would rather be read by the primary key's range, whatever the bucket.
+        query, params = bucket_query([stream_type], 0, upto, 5)
         plan = "\n".join(row[0] for row in conn.execute(
             sql.SQL("EXPLAIN ") + query, params).fetchall())
     read = [(row[1], row[0]) for rows in buckets.values() for row in rows]

@@ -1,7 +1,7 @@
 import tracemalloc
 from collections.abc import Iterator
 
-from eventfold.outbox.verify import DETAIL, LoggedEvent, compare
+from eventfold.outbox.verify import DETAIL, LoggedEvent, compare, verify_topic
 
 
 def ev(stream: str, version: int) -> LoggedEvent:
@@ -58,3 +58,10 @@ def test_the_comparison_holds_chunks_not_the_log_in_memory() -> None:
     assert report.ok and (report.expected, report.delivered) == (count, count)
     # Both sides held in lists took 107 MB here; a chunk of each, 4.
     assert peak < 10 * 1024 * 1024, f"peak {peak / 1e6:.1f} MB"
+
+
+def test_a_message_that_carries_no_event_is_passed_over() -> None:
+    envelope = '{"eventId": "a-1", "streamVersion": 1, "payload": "{}"}'
+    report = verify_topic([ev("a", 1)], [("a", envelope), ("a", "not an event"), ("b", None),
+                                         (None, envelope), ("a", '{"eventId": "a-1"}')])
+    assert (report.ok, report.expected, report.delivered) == (True, 1, 1)
