@@ -207,10 +207,6 @@ def _options(config: StoreConfig) -> Options:
     table = BlockBasedOptions()
     table.set_block_cache(_shared_cache(config.cache_mb))
     table.set_bloom_filter(10, False)  # a get of a key another partition holds reads no block
-    # Index and filter blocks count against the cache too (else they grow with the key
-    # count, outside it), the newest level's pinned so that a get never waits for them.
-    table.set_cache_index_and_filter_blocks(True)
-    table.set_pin_l0_filter_and_index_blocks_in_cache(True)
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(config.write_buffer_mb * 1024 * 1024)
     options.set_max_write_buffer_number(2)

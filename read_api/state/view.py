@@ -213,11 +213,10 @@ class KTableView:
         if any(start.values()):
             log.info("ktable %s: restoring %d records after the store's checkpoint (offsets "
                      "%s)", self.topic, self._restore_total, start)
-        consumer = Consumer(consumer_config(self.kafka, **{
-            "fetch.max.bytes": 64 * 1024 * 1024, "max.partition.fetch.bytes": 16 * 1024 * 1024,
-            # what librdkafka prefetches (64 MB by default): the store applies a poll at a time
-            "queued.max.messages.kbytes": 16 * 1024,
-            "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
+        consumer = Consumer(consumer_config(self.kafka,
+                                            **{"fetch.max.bytes": 64 * 1024 * 1024,
+                                               "max.partition.fetch.bytes": 16 * 1024 * 1024,
+                                               "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in start.items()])
         try:
             self._restore(consumer, offsets.end)
