@@ -213,10 +213,13 @@ class KTableView:
         if any(start.values()):
             log.info("ktable %s: restoring %d records after the store's checkpoint (offsets "
                      "%s)", self.topic, self._restore_total, start)
-        consumer = Consumer(consumer_config(self.kafka,
-                                            **{"fetch.max.bytes": 64 * 1024 * 1024,
-                                               "max.partition.fetch.bytes": 16 * 1024 * 1024,
-                                               "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
+        # Small fetches and a small prefetch queue: with 64 MB fetches (16 MB a partition)
+        # and librdkafka's 64 MB queue, consuming alone held about 490 MB while a 5M-record
+        # topic restored (docs/benchmarks.md, "KTables in RocksDB state stores").
+        consumer = Consumer(consumer_config(self.kafka, **{
+            "fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 2 * 1024 * 1024,
+            "queued.max.messages.kbytes": 8 * 1024,
+            "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
         consumer.assign([TopicPartition(self.topic, p, o) for p, o in start.items()])
         try:
             self._restore(consumer, offsets.end)
