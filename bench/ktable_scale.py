@@ -1,17 +1,18 @@
-"""KTables at millions of keys: a read API instance (2 HTTP workers) serving one KTable from
-RocksDB state stores, beside the same instance with ``EVENTFOLD_KTABLE_STORE=memory`` (every
-worker holding the whole table), in the same run.
+"""KTables at millions of keys: two read API instances (2 HTTP workers each) dividing one
+KTable's partitions in RocksDB state stores (each partition active on one, standby on the
+other), beside one instance with ``EVENTFOLD_KTABLE_STORE=memory`` (today's design before
+issue 34: every worker holding the whole table), in the same run.
 
 The KTable topic is written through the projection's own sink (``TopicSink``: the records the
 pipeline publishes, version headers included), N keys of small values, so that the benchmark
-spends its time on the read side. For each store it prints the RSS of the instance (its
+spends its time on the read side. For each store it prints the RSS of an instance (its
 process tree, peak while restoring and after), the time from start to ready on a first start
 and on a restart, get-by-key req/s with p50 and p99 (wrk, 50 connections, random keys) and
-the records/s of a range scan (the whole table as NDJSON).
-
-Not measured yet: gets forwarded to another instance and the time to serve a killed
-instance's keys, which need partitions owned by instances (issue 34, items 2 and 3); their
-JSON keys are null.
+the records/s of a range scan (the whole table as NDJSON). With two instances, gets are
+measured through one of them for keys it is the active host of (local) and for keys the
+other is (forwarded), and the other is then SIGKILLed: ``failover_s`` is the time until the
+first has answered every one of a sample of the killed instance's keys (a client retrying
+once), ``rebalance_s`` until it holds them as their active host.
 
     .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10]
 """
@@ -22,6 +23,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import subprocess
@@ -37,9 +39,10 @@ from eventfold.projections.outcome import KeyState
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
+from eventfold.read_api.state.partitioner import partition_for
 
-from bench.common import in_a_process, own_stack, tree_rss
-from bench.read_api import restored_figures, wait_ready, wrk
+from bench.common import WrkResult, in_a_process, own_stack, run_wrk, tree_rss
+from bench.read_api import CONNECTIONS, restored_figures, wait_ready, wrk
 from eventfold import migrations
 from eventfold.config import Settings
 from examples.inventory import inventory_totals
@@ -76,11 +79,13 @@ def publish(settings: Settings, keys: int) -> None:
 
 
 class Instance:
-    """``eventfold serve reads`` with two workers and a store of the given kind; the peak
-    RSS of its process tree sampled while it runs."""
+    """``eventfold serve reads`` with two workers and a store of the given kind (with an
+    advertised URL: one of several dividing the KTable); the peak RSS of its process tree
+    sampled while it runs."""
 
-    def __init__(self, settings: Settings, kind: str, state_dir: Path, log_path: Path) -> None:
-        self.port = free_port()
+    def __init__(self, settings: Settings, kind: str, state_dir: Path, log_path: Path,
+                 advertised: bool = False, port: int | None = None) -> None:
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "EVENTFOLD_APP": "examples.inventory:app",
                "EVENTFOLD_DATABASE_URL": settings.database_url,
@@ -88,7 +93,8 @@ class Instance:
                "EVENTFOLD_CONNECT_URL": settings.connect_url,
                "EVENTFOLD_READ_API_PORT": str(self.port), "EVENTFOLD_HTTP_WORKERS": "2",
                "EVENTFOLD_REQUEST_LOG": "false", "EVENTFOLD_READ_POOL_SIZE": "4",
-               "EVENTFOLD_KTABLE_STORE": kind, "EVENTFOLD_STATE_DIR": str(state_dir)}
+               "EVENTFOLD_KTABLE_STORE": kind, "EVENTFOLD_STATE_DIR": str(state_dir),
+               "EVENTFOLD_ADVERTISED_URL": self.url if advertised else ""}
         self.started = time.monotonic()
         with log_path.open("a") as out:
             self.process = subprocess.Popen(
@@ -117,6 +123,47 @@ class Instance:
         self._stop.set()
         stop_pid(self.process.pid, what="serve reads", sig=signal.SIGTERM, timeout_s=120)
 
+    def kill(self) -> None:
+        self._stop.set()
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(30)
+
+
+def keys_by_active_host(url: str, keys: int, sample: int = 20_000) -> dict[str, list[str]]:
+    """A random sample of the keys, by the URL of their partition's active host."""
+    metadata = requests.get(f"{url}/ktables/inventory_totals/metadata", timeout=30).json()
+    active = {p: m["url"] for m in metadata["instances"] for p in m["active"]}
+    found: dict[str, list[str]] = {}
+    for n in random.Random(5).sample(range(keys), min(sample, keys)):
+        key = KEY % n
+        found.setdefault(active[partition_for(key, metadata["partitions"])], []).append(key)
+    return found
+
+
+def wrk_keys(url: str, keys: list[str], seconds: int, work_dir: Path) -> WrkResult:
+    table = ",".join(f'"{k}"' for k in keys)
+    lua = (f"math.randomseed(os.time())\nlocal keys = {{{table}}}\n"
+           "request = function()\n"
+           f'  return wrk.format("GET", "{ENTRY}" .. keys[math.random(#keys)])\nend\n')
+    return run_wrk(url, lua, CONNECTIONS, seconds, work_dir)
+
+
+def settled(url: str, members: int) -> bool:
+    """The instance at ``url`` sees ``members`` members, each with its partitions restored."""
+    found = requests.get(f"{url}/ktables/inventory_totals/metadata", timeout=30).json()
+    return len(found["instances"]) == members and all(
+        set(map(int, m["restored"])) >= set(m["active"]) | set(m["standby"])
+        for m in found["instances"])
+
+
+def wait(condition: Any, timeout_s: float) -> float:
+    started = time.monotonic()
+    while not condition():
+        if time.monotonic() - started > timeout_s:
+            raise TimeoutError(f"not within {timeout_s} s")
+        time.sleep(0.05)
+    return time.monotonic() - started
+
 
 def range_records_per_s(url: str) -> float:
     started = time.perf_counter()
@@ -126,24 +173,37 @@ def range_records_per_s(url: str) -> float:
     return lines / (time.perf_counter() - started)
 
 
-def measure(settings: Settings, kind: str, keys: int, seconds: int, work_dir: Path
-            ) -> dict[str, Any]:
-    state_dir = work_dir / f"state-{kind}"
-    shutil.rmtree(state_dir, ignore_errors=True)
-    log_path = work_dir / f"reads-{kind}.log"
-    first = Instance(settings, kind, state_dir, log_path)
+def report(kind: str, figures: dict[str, Any]) -> None:
+    print(f"{kind}: RSS {figures['instance_rss_mb']:,} MB an instance at its peak, "
+          f"{figures['instance_rss_after_restore_mb']:,} MB once restored; ready in "
+          f"{figures['first_start_ready_s']:.1f} s on a first start, "
+          f"{figures['restart_ready_s']:.1f} s on a restart; gets "
+          f"{figures['local_get_req_per_s']:,} req/s, p50 {figures['local_get_p50_ms']:.1f} ms, "
+          f"p99 {figures['local_get_p99_ms']:.1f} ms; range scan "
+          f"{figures['range_records_per_s']:,} records/s", flush=True)
+
+
+def rss_by_process(instance: Instance) -> str:
+    return ", ".join(f"{rss / 1e6:,.0f}" for rss in
+                     sorted(rss for _, rss in tree_rss(instance.process.pid).values()))
+
+
+def measure_memory(settings: Settings, keys: int, seconds: int, work_dir: Path
+                   ) -> dict[str, Any]:
+    """One instance holding the whole table in every worker, as before issue 34."""
+    state_dir = work_dir / "state-memory"
+    log_path = work_dir / "reads-memory.log"
+    first = Instance(settings, "memory", state_dir, log_path)
     try:
         first_ready = first.ready_s()
         wrk(first.url, ENTRY + KEY, keys - 1, 2, work_dir)  # warm-up
         gets = wrk(first.url, ENTRY + KEY, keys - 1, seconds, work_dir)
         scanned = range_records_per_s(first.url)
         rss_after = first.rss()
-        by_process = sorted(rss for _, rss in tree_rss(first.process.pid).values())
-        print(f"{kind}: RSS by process once restored (MB): "
-              + ", ".join(f"{rss / 1e6:,.0f}" for rss in by_process), flush=True)
+        print(f"memory: RSS by process once restored (MB): {rss_by_process(first)}", flush=True)
     finally:
         first.stop()
-    again = Instance(settings, kind, state_dir, log_path)
+    again = Instance(settings, "memory", state_dir, log_path)
     try:
         restart_ready = again.ready_s()
     finally:
@@ -157,11 +217,70 @@ def measure(settings: Settings, kind: str, keys: int, seconds: int, work_dir: Pa
         "local_get_p50_ms": gets.p50_ms, "local_get_p99_ms": gets.p99_ms,
         "range_records_per_s": round(scanned),
     }
-    print(f"{kind}: RSS {figures['instance_rss_mb']:,} MB at its peak, "
-          f"{figures['instance_rss_after_restore_mb']:,} MB once restored; ready in "
-          f"{first_ready:.1f} s on a first start, {restart_ready:.1f} s on a restart; gets "
-          f"{gets.requests_per_s:,.0f} req/s, p50 {gets.p50_ms:.1f} ms, p99 {gets.p99_ms:.1f} "
-          f"ms ({gets.errors} errors); range scan {scanned:,.0f} records/s", flush=True)
+    report("memory", figures)
+    return figures
+
+
+def measure_rocksdb(settings: Settings, keys: int, seconds: int, work_dir: Path
+                    ) -> dict[str, Any]:
+    """Two instances dividing the table: gets local and forwarded, a restart, a SIGKILL."""
+    dirs = [work_dir / f"state-rocksdb-{i}" for i in range(2)]
+    for directory in dirs:
+        shutil.rmtree(directory, ignore_errors=True)
+    log_path = work_dir / "reads-rocksdb.log"
+    one, other = (Instance(settings, "rocksdb", d, log_path, advertised=True) for d in dirs)
+    try:
+        first_ready = max(one.ready_s(), other.ready_s())
+        wait(lambda: settled(one.url, 2) and settled(other.url, 2), 120)
+        by_host = keys_by_active_host(one.url, keys)
+        wrk_keys(one.url, by_host[one.url], 2, work_dir)  # warm-up
+        local = wrk_keys(one.url, by_host[one.url], seconds, work_dir)
+        forwarded = wrk_keys(one.url, by_host[other.url], seconds, work_dir)
+        print(f"forwarded gets: {forwarded.requests_per_s:,.0f} req/s, p50 "
+              f"{forwarded.p50_ms:.1f} ms, p99 {forwarded.p99_ms:.1f} ms "
+              f"({forwarded.errors} errors)", flush=True)
+        scanned = range_records_per_s(one.url)
+        rss_after = max(one.rss(), other.rss())
+        for instance in (one, other):
+            print(f"rocksdb: RSS by process of {instance.url} once restored (MB): "
+                  f"{rss_by_process(instance)}", flush=True)
+        one.stop()
+        one = Instance(settings, "rocksdb", dirs[0], log_path, advertised=True, port=one.port)
+        restart_ready = one.ready_s()
+        wait(lambda: settled(one.url, 2), 120)
+        killed_keys = keys_by_active_host(one.url, keys, sample=2_000)[other.url][:200]
+        other.kill()
+        unanswered = set(killed_keys)
+
+        def all_answered() -> bool:
+            for key in list(unanswered):
+                for _ in range(2):  # a client that retries once
+                    if requests.get(f"{one.url}{ENTRY}{key}", timeout=10).status_code == 200:
+                        unanswered.discard(key)
+                        break
+            return not unanswered
+
+        failover = wait(all_answered, 60)
+        rebalance = wait(lambda: settled(one.url, 1), 60) + failover
+        print(f"failover: the killed instance's keys answered {failover:.2f} s after the "
+              f"kill; held as active {rebalance:.2f} s after", flush=True)
+    finally:
+        for instance in (one, other):
+            if instance.process.poll() is None:
+                instance.stop()
+    figures = {
+        "instance_rss_mb": round(max(one.peak_rss, other.peak_rss, rss_after) / 1e6),
+        "instance_rss_after_restore_mb": round(rss_after / 1e6),
+        "first_start_ready_s": round(first_ready, 2),
+        "restart_ready_s": round(restart_ready, 2),
+        "local_get_req_per_s": round(local.requests_per_s),
+        "local_get_p50_ms": local.p50_ms, "local_get_p99_ms": local.p99_ms,
+        "forwarded_get_req_per_s": round(forwarded.requests_per_s),
+        "forwarded_get_p50_ms": forwarded.p50_ms, "forwarded_get_p99_ms": forwarded.p99_ms,
+        "range_records_per_s": round(scanned),
+        "failover_s": round(failover, 2), "rebalance_s": round(rebalance, 2),
+    }
+    report("rocksdb (2 instances)", figures)
     return figures
 
 
@@ -176,13 +295,9 @@ def main() -> None:
         in_a_process(publish, settings, args.keys)
         log.info("%s KTable records published in %.0f s", f"{args.keys:,}",
                  time.monotonic() - started)
-        rocksdb = measure(settings, "rocksdb", args.keys, args.seconds, work_dir)
-        memory = measure(settings, "memory", args.keys, args.seconds, work_dir)
-    print("gets forwarded to another instance and failover: not measured (partitions owned "
-          "by instances are not built yet)")
+        rocksdb = measure_rocksdb(settings, args.keys, args.seconds, work_dir)
+        memory = measure_memory(settings, args.keys, args.seconds, work_dir)
     print(json.dumps({"keys": args.keys, **rocksdb,
-                      "forwarded_get_req_per_s": None, "forwarded_get_p99_ms": None,
-                      "failover_s": None,
                       **{f"memory_{name}": value for name, value in memory.items()}}))
 
 

@@ -149,7 +149,9 @@ class Eventfold:
             statement_timeout_ms=settings.read_statement_timeout_ms,
             count_timeout_ms=settings.read_count_timeout_ms, title=f"{self.name} reads",
             ktable_store=StoreConfig(cast("StoreKind", settings.ktable_store),
-                                     Path(settings.state_dir), settings.ktable_cache_mb))
+                                     Path(settings.state_dir), settings.ktable_cache_mb),
+            advertised_url=settings.advertised_url,
+            standby_replicas=settings.ktable_standby_replicas)
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
         app = create_read_app(self.projections, options, auth=auth)
         add_dashboard(app, self, settings)

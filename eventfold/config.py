@@ -126,6 +126,8 @@ class Settings(BaseSettings):
     ktable_store: str = "rocksdb"
     state_dir: Path = Path(".eventfold/state")
     ktable_cache_mb: int = Field(default=64, ge=1)
+    ktable_standby_replicas: int = Field(default=1, ge=0)
+    advertised_url: str = ""
     allow_data_loss: bool = False
     http_host: str = "127.0.0.1"
     command_api_port: int = 8000

@@ -8,7 +8,12 @@
     GET /ktables/{name}/entries/{key}         one value (?min_version=N&wait_ms=)
     GET /ktables/{name}/entries               key range / all (?from=&to=&after=&limit=), or
                                               every entry as NDJSON (?format=ndjson)
-    GET /ktables/{name}/count                 approximate count (as of this instance)
+    GET /ktables/{name}/count                 key count
+    GET /ktables/{name}/metadata              instances, their active and standby partitions
+    GET /ktables/{name}/keys/{key}/metadata   a key's partition, active host and standbys
+
+Instances with an advertised URL divide each KTable's partitions among themselves; any of
+them answers any KTable request, forwarding or gathering it (``read_api.state.routing``).
 
 Every data response carries ``freshness``. Read-your-writes: ``min_version`` waits (at most
 ``wait_ms``) until the projection has applied that version of the stream, else 504 with the
@@ -20,13 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import heapq
+import itertools
 import logging
 import os
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -39,7 +46,13 @@ from eventfold.read_api.freshness import FreshnessMonitor
 from eventfold.read_api.ktables import KTableHost
 from eventfold.read_api.metrics import KTABLES, READ_YOUR_WRITES
 from eventfold.read_api.presence import ReaderPresence
-from eventfold.read_api.query import MAX_PAGE_SIZE, parse_filters, parse_limit, parse_list_query
+from eventfold.read_api.query import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    parse_filters,
+    parse_limit,
+    parse_list_query,
+)
 from eventfold.read_api.read_models import ReadModel, reader_pool
 from eventfold.read_api.responses import (
     BAD_QUERY,
@@ -51,7 +64,10 @@ from eventfold.read_api.responses import (
     not_found,
 )
 from eventfold.read_api.schema import QueryError, check_text
-from eventfold.read_api.state import KTableEntry, StoreConfig
+from eventfold.read_api.state import KTableEntry, KTableView, StoreConfig
+from eventfold.read_api.state.membership import Membership, Report, TopicReport
+from eventfold.read_api.state.routing import Replica, ReplicaUnavailable, Router
+from eventfold.read_api.state.stores import IN_MEMORY
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
@@ -61,6 +77,7 @@ log = logging.getLogger(__name__)
 DEFAULT_WAIT_MS = 5_000
 MAX_WAIT_MS = 30_000
 _POLL_S = 0.02
+_GATHER_PAGE = 1000  # entries a gathered export asks each instance for at a time
 _NOTIFIED_POLL_S = 1.0  # notified of commits: a look now and then, in case one was missed
 READ_YOUR_WRITES_DOC = (
     f"Read-your-writes: `min_version=N` (the `version` the command API returned) waits up to "
@@ -79,7 +96,11 @@ class ReadApiOptions:
     statement_timeout_ms: int = 5_000
     count_timeout_ms: int = 200
     title: str = "Eventfold read API"
-    ktable_store: StoreConfig = field(default_factory=StoreConfig)
+    ktable_store: StoreConfig = IN_MEMORY
+    advertised_url: str = ""
+    """Where the other instances reach this one; empty: it is alone, and holds every KTable
+    partition."""
+    standby_replicas: int = 1
 
 
 def _json_default(value: Any) -> Any:
@@ -185,6 +206,20 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     commits = CommitNotifications(options.database_url)
     hosts: dict[str, KTableHost] = {}
 
+    def report() -> Report:
+        return {view.topic: TopicReport(view.partition_lags(), view.held_partitions,
+                                        view.stored_partitions())
+                for host in list(hosts.values()) for view in host.views()}
+
+    def rebalance(members: Any) -> None:
+        for host in list(hosts.values()):
+            host.rebalance(members)
+
+    membership = Membership(options.advertised_url, report, options.database_url,
+                            options.reader_role)
+    membership.on_change(rebalance)
+    routing = Router(membership, options.standby_replicas)
+
     def follow_version(name: str, version: int) -> None:
         host = hosts.get(name)
         if host is not None:
@@ -204,7 +239,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         for p in stateful:
             version = monitor.active_version(p.name) or 1
             hosts[p.name] = KTableHost(options.kafka, p.name, p.ktable_topic_for, version,
-                                       presence, options.ktable_store).start()
+                                       presence, options.ktable_store, routing).start()
+        membership.start()
         KTABLES.watch(instance_id, lambda: hosts)
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
         try:
@@ -213,6 +249,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
             KTABLES.forget(instance_id)
             await commits.stop()
             monitor.stop()
+            membership.stop()
+            await routing.close()
             for host in hosts.values():
                 host.stop()
             presence.stop()
@@ -254,7 +292,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor, commits)
-    _ktable_routes(data, read_models, hosts, instance_id)
+    _ktable_routes(data, read_models, hosts, instance_id, routing)
     _unknown_read_model_route(data, read_models)
     app.include_router(data)
     _health_routes(app, pool, hosts, monitor)
@@ -370,41 +408,138 @@ def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadMode
 
 
 def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
-                   hosts: dict[str, KTableHost], instance_id: str) -> None:
+                   hosts: dict[str, KTableHost], instance_id: str, routing: Router) -> None:
     names = _known_names(read_models)
+    me = routing.membership.url or None
 
     def host_of(name: str) -> KTableHost:
         host = hosts.get(name)
         if host is None:
             raise HTTPException(404, f"unknown KTable {name!r}; known: {sorted(read_models)}")
-        if not host.view.restored:
-            progress = host.view.progress
-            raise HTTPException(503, f"KTable {name} is restoring ({progress.records} of "
-                                     f"{progress.total} records); retry shortly",
-                                headers={"Retry-After": "1"})
         return host
 
-    def freshness(host: KTableHost) -> dict[str, Any]:
-        return {"topic": host.view.topic, "projection_version": host.version,
-                "restored": host.view.restored, "lag_records": host.view.lag,
-                "instance": instance_id}
+    def unavailable(name: str, view: KTableView, partition: int | None) -> HTTPException:
+        if partition is None or routing.membership.alone:
+            progress = view.progress
+            detail = (f"KTable {name} is restoring ({progress.records} of {progress.total} "
+                      "records); retry shortly")
+        else:
+            detail = (f"no instance serves partition {partition} of KTable {name} yet "
+                      "(restoring, or moving after an instance joined or left); retry shortly")
+        return HTTPException(503, detail, headers={"Retry-After": "1"})
+
+    def freshness(host: KTableHost, view: KTableView, partition: int | None = None
+                  ) -> dict[str, Any]:
+        lags = view.partition_lags()
+        where = ({} if partition is None else
+                 {"partition": partition, "stale": not routing.is_active(view, partition)})
+        return {"topic": view.topic, "projection_version": host.version,
+                "restored": view.restored,
+                "lag_records": view.lag if partition is None else lags.get(partition, 0),
+                "instance": instance_id, "served_by": me, **where}
 
     def entry_json(key: str, entry: KTableEntry) -> dict[str, Any]:
         return {"key": key, "value": entry.value, "version": entry.version}
 
+    def local_only(request: Request) -> bool:
+        return request.query_params.get("local") == "true"
+
+    def serving(request: Request, host: KTableHost) -> KTableView:
+        """The view a request reads: a forwarded one names the version its sender serves."""
+        if not local_only(request):
+            return host.view
+        return host.view_at(_int_param(request, "version", None, 1, 2**31))
+
+    def held(request: Request, name: str, view: KTableView) -> list[int]:
+        """A forwarded range or count: the partitions asked for, all held here restored."""
+        raw = request.query_params.get("partitions", "")
+        try:
+            partitions = [int(p) for p in raw.split(",") if p]
+        except ValueError:
+            raise QueryError(f"partitions: {raw!r} is not a list of partitions") from None
+        missing = [p for p in partitions if p not in view.ready_partitions]
+        if missing:
+            raise unavailable(name, view, missing[0])
+        return partitions
+
+    def forwarded(request: Request, host: KTableHost, **params: str
+                  ) -> tuple[dict[str, str], dict[str, str]]:
+        query = {k: v for k, v in request.query_params.items() if k != "local"}
+        auth = request.headers.get("authorization")
+        return ({**query, **params, "version": str(host.version)},
+                {"authorization": auth} if auth else {})
+
     @router.get("/ktables", tags=["ktables"], summary="KTables this instance serves")
     async def list_ktables() -> Response:
-        return json_response({"instance": instance_id, "ktables": [
+        return json_response({"instance": instance_id, "url": me, "ktables": [
             {"name": name, "keys": len(host.view), "restore": host.view.progress.as_json(),
-             **freshness(host)} for name, host in hosts.items()]})
+             "partitions": sorted(host.view.ready_partitions), **freshness(host, host.view)}
+            for name, host in hosts.items()]})
+
+    @router.get("/ktables/{name}/metadata", tags=["ktables"],
+                summary="Which instance holds which partitions of a KTable",
+                responses=not_found("no KTable of that name"))
+    async def ktable_metadata(name: str = names) -> Response:
+        host = host_of(name)
+        view = host.view
+        members = {m.url: m for m in routing.membership.members()}
+        instances = []
+        for url, hosting in routing.hosting(view).items():
+            ready = (view.partition_lags() if url == routing.membership.url
+                     else members[url].tables.get(view.topic, TopicReport()).restored
+                     if url in members else {})
+            instances.append({"url": url or None, "self": url == routing.membership.url,
+                              "active": sorted(hosting.active),
+                              "standby": sorted(hosting.standby),
+                              "restored": {str(p): lag for p, lag in sorted(ready.items())}})
+        return json_response({"name": name, "topic": view.topic,
+                              "partitions": view.partition_count,
+                              "standby_replicas": routing.standby_replicas,
+                              "instances": instances})
+
+    @router.get("/ktables/{name}/keys/{key}/metadata", tags=["ktables"],
+                summary="Which instance holds a key (as Kafka Streams' queryMetadataForKey)",
+                responses=not_found("no KTable of that name"))
+    async def key_metadata(key: str, name: str = names) -> Response:
+        view = host_of(name).view
+        partition = routing.partition_of(view, key)
+        if partition is None:
+            return json_response({"key": key, "partition": None, "active": None,
+                                  "standbys": [], "serving": []})
+        hosts_now = routing.owners(view, partition)
+        return json_response({
+            "key": key, "partition": partition, "active": hosts_now[0] or None,
+            "standbys": [u or None for u in hosts_now[1:]],
+            "serving": [{"url": r.url or None, "active": r.active, "lag_records": r.lag}
+                        for r in routing.replicas(view, partition)]})
 
     @router.get("/ktables/{name}/entries/{key}", tags=["ktables"], summary="One KTable value",
-                description=READ_YOUR_WRITES_DOC,
+                description=READ_YOUR_WRITES_DOC + " Any instance answers: a key held by "
+                "another is fetched from it (from a standby, marked `stale`, when its active "
+                "host is down).",
                 responses={**not_found("no KTable of that name, or no value for the key"),
                            **UNAVAILABLE, **NOT_REACHED})
     async def get_entry(request: Request, key: str, name: str = names) -> Response:
-        _only(request, ("min_version", "wait_ms"))
+        _only(request, ("min_version", "wait_ms", "local", "version"))
         host = host_of(name)
+        view = serving(request, host)
+        partition = routing.partition_of(view, key)
+        if partition is None or local_only(request):
+            if not (view.restored if partition is None else partition in view.ready_partitions):
+                raise unavailable(name, view, partition)
+            return await local_entry(request, name, host, view, key, partition)
+        for replica in routing.replicas(view, partition):
+            if replica.local:
+                return await local_entry(request, name, host, view, key, partition)
+            params, headers = forwarded(request, host)
+            with contextlib.suppress(ReplicaUnavailable):
+                answer = await routing.forward(replica, request.url.path, params, headers)
+                return Response(answer.content, answer.status_code,
+                                media_type="application/json")
+        raise unavailable(name, view, partition)
+
+    async def local_entry(request: Request, name: str, host: KTableHost, view: KTableView,
+                          key: str, partition: int | None) -> Response:
         min_version = _int_param(request, "min_version", None, 1, 2**62)
         if min_version is not None:
             if not read_models[name].schema.keyed_by_stream:
@@ -413,52 +548,147 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                                  "use the read model with stream=")
 
             async def applied() -> int | None:
-                entry = host.view.get(key)
+                entry = view.get(key, partition)
                 return entry.version if entry else None
 
             await wait_until(applied, min_version, _wait_deadline(request),
                              f"KTable {name} key {key!r}", "ktable")
-        entry = host.view.get(key)
+        entry = view.get(key, partition)
         if entry is None:
             return json_response({"detail": f"no value for key {key!r} in KTable {name}",
-                                  "freshness": freshness(host)}, 404)
-        return json_response({**entry_json(key, entry), "freshness": freshness(host)})
+                                  "freshness": freshness(host, view, partition)}, 404)
+        return json_response({**entry_json(key, entry),
+                              "freshness": freshness(host, view, partition)})
+
+    async def gathered(request: Request, name: str, host: KTableHost, view: KTableView,
+                       path: str, local: Callable[[list[int]], Any],
+                       remote_params: dict[str, str]) -> tuple[list[Any], list[Replica]]:
+        """Ask one replica of every partition (this instance from its store by ``local``,
+        the others at ``path`` with ``remote_params``); an instance that fails is avoided in
+        a second round. The answers, and the replicas that gave them."""
+        avoid: set[str] = set()
+        for _ in range(3):
+            plan, missing = routing.plan(view, avoid)
+            if missing:
+                raise unavailable(name, view, missing[0])
+            replicas = list(plan)
+
+            async def ask(replica: Replica, partitions: list[int]) -> Any:
+                if replica.local:
+                    return local(partitions)
+                params, headers = forwarded(request, host, **remote_params,
+                                            partitions=",".join(map(str, partitions)))
+                return (await routing.forward(replica, path, params, headers)).json()
+
+            answers = await asyncio.gather(*(ask(r, plan[r]) for r in replicas),
+                                           return_exceptions=True)
+            failed = {r.url for r, a in zip(replicas, answers, strict=True)
+                      if isinstance(a, ReplicaUnavailable)}
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer,
+                                                                        ReplicaUnavailable):
+                    raise answer
+            if not failed:
+                return answers, replicas
+            avoid |= failed
+        raise unavailable(name, view, None)
+
+    async def merged_range(request: Request, name: str, host: KTableHost, view: KTableView,
+                           start: str | None, end: str | None, after: str | None, count: int
+                           ) -> tuple[list[dict[str, Any]], list[Replica]]:
+        def local(partitions: list[int]) -> list[dict[str, Any]]:
+            return [entry_json(k, e) for k, e in view.store.range(start, end, after, count,
+                                                                  partitions)]
+
+        bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
+                  if v is not None}
+        answers, replicas = await gathered(
+            request, name, host, view, f"/ktables/{name}/entries", local,
+            {**bounds, "limit": str(count), "format": "json"})
+        pages = [a if isinstance(a, list) else a["entries"] for a in answers]
+        merged = heapq.merge(*pages, key=lambda entry: entry["key"])
+        return list(itertools.islice(merged, count)), replicas
+
+    def gathered_freshness(host: KTableHost, view: KTableView, replicas: list[Replica]
+                           ) -> dict[str, Any]:
+        return {**freshness(host, view), "lag_records": sum(r.lag for r in replicas),
+                "served_by": sorted({r.url or "" for r in replicas}) if me else me,
+                "stale": not all(r.active for r in replicas)}
 
     @router.get("/ktables/{name}/entries", tags=["ktables"],
                 summary="A key range of a KTable, paged or as NDJSON",
                 description="`from` and `to` are inclusive key bounds (key order); `after` "
                 f"and `limit` (1..{MAX_PAGE_SIZE}) page; `format=ndjson` streams every entry "
-                "in the range, one JSON object per line.",
+                "in the range, one JSON object per line. Gathered from every instance that "
+                "holds a part of the table, merged in key order.",
                 responses={**not_found("no KTable of that name"), **UNAVAILABLE})
     async def range_entries(request: Request, name: str = names) -> Response:
-        _only(request, ("from", "to", "after", "limit", "format"))
+        _only(request, ("from", "to", "after", "limit", "format", "local", "partitions",
+                        "version"))
         host = host_of(name)
+        view = serving(request, host)
         params = request.query_params
-        start, end = params.get("from"), params.get("to")
+        start, end, after = params.get("from"), params.get("to"), params.get("after")
         output = params.get("format", "json")
         if output not in ("json", "ndjson"):
             raise QueryError(f"format: {output!r}; use json or ndjson")
+        if local_only(request):  # one instance's part of a gathered range
+            limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, _GATHER_PAGE + 1) or 1
+            part = view.store.range(start, end, after, limit, held(request, name, view))
+            return json_response({"entries": [entry_json(k, e) for k, e in part]})
+        if not view.restored and view.partition_count is None:
+            raise unavailable(name, view, None)
         if output == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
-            # A chunk of lines a time: Starlette hands each item of a blocking iterator to a
-            # worker thread, a hop that cost more than a line.
-            chunks = (b"".join(orjson.dumps(entry_json(k, e), default=_json_default) + b"\n"
-                               for k, e in batch)
-                      for batch in host.view.store.chunks(start, end))
-            return StreamingResponse(chunks, media_type="application/x-ndjson")
+            return StreamingResponse(ndjson(request, name, host, view, start, end),
+                                     media_type="application/x-ndjson")
         limit = parse_limit(params.get("limit"))
-        found = host.view.store.range(start, end, params.get("after"), limit + 1)
+        found, replicas = await merged_range(request, name, host, view, start, end, after,
+                                             limit + 1)
         page = found[:limit]
         return json_response({
-            "entries": [entry_json(k, e) for k, e in page],
-            "next_after": page[-1][0] if len(found) > limit else None,
-            "freshness": freshness(host)})
+            "entries": page, "next_after": page[-1]["key"] if len(found) > limit else None,
+            "freshness": gathered_freshness(host, view, replicas)})
 
-    @router.get("/ktables/{name}/count", tags=["ktables"], summary="Approximate key count",
-                responses={**not_found("no KTable of that name"), **UNAVAILABLE})
-    async def count_entries(name: str = names) -> Response:
+    async def ndjson(request: Request, name: str, host: KTableHost, view: KTableView,
+                     start: str | None, end: str | None) -> AsyncIterator[bytes]:
+        """Every entry in range, a merged page of lines at a time."""
+        after = None
+        while True:
+            page, _ = await merged_range(request, name, host, view, start, end, after,
+                                         _GATHER_PAGE)
+            if page:
+                yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n"
+                               for entry in page)
+            if len(page) < _GATHER_PAGE:
+                return
+            after = page[-1]["key"]
+
+    @router.get("/ktables/{name}/count", tags=["ktables"], summary="Key count",
+                description="The keys of every partition, as each instance serving it holds "
+                "them now.", responses={**not_found("no KTable of that name"), **UNAVAILABLE})
+    async def count_entries(request: Request, name: str = names) -> Response:
+        _only(request, ("local", "partitions", "version"))
         host = host_of(name)
-        return json_response({"count": len(host.view), "approximate": True,
-                              "freshness": freshness(host)})
+        view = serving(request, host)
+        if local_only(request):
+            counts = view.store.counts()
+            return json_response({"counts": {str(p): counts.get(p, 0)
+                                             for p in held(request, name, view)}})
+        if view.partition_count is None:
+            if not view.restored:
+                raise unavailable(name, view, None)
+            return json_response({"count": 0, "approximate": True,
+                                  "freshness": freshness(host, view)})
+
+        def local(partitions: list[int]) -> dict[str, Any]:
+            counts = view.store.counts()
+            return {"counts": {str(p): counts.get(p, 0) for p in partitions}}
+
+        answers, replicas = await gathered(request, name, host, view,
+                                           f"/ktables/{name}/count", local, {})
+        total = sum(n for answer in answers for n in answer["counts"].values())
+        return json_response({"count": total, "approximate": True,
+                              "freshness": gathered_freshness(host, view, replicas)})
 
 
 def _unavailable(detail: str) -> Response:

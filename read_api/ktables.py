@@ -3,19 +3,25 @@ restored into a state store (``read_api.state``) and kept live. When a replay sw
 versions, the next version's topic is restored beside the old one and swapped in when it is
 ready; the old store is then deleted.
 
-Every read API instance assigns itself all partitions (no consumer group), so several
-instances each hold the full table; the HTTP workers of one instance share its RocksDB stores.
+Instances that advertise a URL divide each topic's partitions among themselves, as active
+and standby hosts (``read_api.state.assignment``), from the members' heartbeats
+(``read_api.state.membership``); an instance alone holds every partition. The HTTP workers of
+one instance share its RocksDB stores.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.read_api.state import KTableView, StoreConfig
+from eventfold.read_api.state.membership import Member, Membership
+from eventfold.read_api.state.routing import Router
+from eventfold.read_api.state.stores import IN_MEMORY
 
 if TYPE_CHECKING:
     from eventfold.read_api.presence import ReaderPresence
@@ -36,19 +42,21 @@ class KTableHost:
     def __init__(self, kafka: KafkaConnection, projection: str,
                  topic_for: Callable[[int], str], version: int,
                  presence: ReaderPresence | None = None,
-                 store: StoreConfig | None = None) -> None:
+                 store: StoreConfig | None = None, router: Router | None = None) -> None:
         self.kafka = kafka
         self.projection = projection
         self.topic_for = topic_for
         self.presence = presence
-        self.store_config = store or StoreConfig()
+        self.store_config = store or IN_MEMORY
+        self.router = router or Router(Membership("", dict), standby_replicas=0)
         while (moved_to := self._register(version)) is not None:
             version = moved_to  # a switch came between reading the registry and registering
         self.version = version
-        self.view = KTableView(kafka, topic_for(version), self.store_config)
+        self.view = self._placed(KTableView(kafka, topic_for(version), self.store_config))
         self._next: tuple[int, KTableView] | None = None
         self._retiring: list[tuple[threading.Timer, KTableView]] = []
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # _close takes it, also within follow's hold
+        self._closed: weakref.WeakSet[KTableView] = weakref.WeakSet()
 
     def start(self) -> KTableHost:
         self.view.start()
@@ -78,7 +86,8 @@ class KTableHost:
                 topic = self.topic_for(version)
                 log.info("ktable %s: version %d is active, restoring %s", self.view.topic,
                          version, topic)
-                self._next = (version, KTableView(self.kafka, topic, self.store_config).start())
+                self._next = (version, self._placed(
+                    KTableView(self.kafka, topic, self.store_config)).start())
             next_version, next_view = self._next
             if not next_view.restored:
                 return
@@ -92,6 +101,32 @@ class KTableHost:
         retiring.start()
         log.info("ktable now served from %s (version %d)", self.view.topic, self.version)
 
+    def rebalance(self, members: tuple[Member, ...]) -> None:
+        """Hold the partitions ``members`` assign this instance, in every version served
+        (called after each membership heartbeat)."""
+        me = self.router.membership.url
+        for view in self.views():
+            if view.partition_count is not None:
+                view.assign(self.router.hosting(view, members)[me].partitions)
+
+    def view_at(self, version: int | None) -> KTableView:
+        """The view of ``version`` if this instance serves or restores it, else the one it
+        serves (a forwarded read names the version its sender serves; during a replay's
+        switch the two instances may be on either side of it)."""
+        with self._lock:
+            if self._next is not None and self._next[0] == version:
+                return self._next[1]
+            return self.view
+
+    def views(self) -> list[KTableView]:
+        with self._lock:
+            return [self.view] + ([self._next[1]] if self._next else [])
+
+    def _placed(self, view: KTableView) -> KTableView:
+        if self.router.membership.alone:
+            view.hold_all()
+        return view
+
     def _register(self, version: int) -> int | None:
         """Register ``version``'s topic before a consumer assigns it; None if registered (or
         nothing registers), else the version active instead."""
@@ -101,6 +136,11 @@ class KTableHost:
 
     def _close(self, view: KTableView, retired: bool = False) -> None:
         """Stop following ``view``'s topic (``retired``: and delete its store, the version
-        is no longer served)."""
+        is no longer served). Once only: a version's retirement timer and ``stop`` may both
+        come to it."""
+        with self._lock:
+            if view in self._closed:
+                return
+            self._closed.add(view)
         if (view.retire() if retired else view.stop()) and self.presence is not None:
             self.presence.closed(view.topic)

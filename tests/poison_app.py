@@ -2,7 +2,8 @@
 whose fold fails on a delivery of 13 units: for tests that follow a poison event from the
 command that wrote it to the dead letter it becomes, in CLI processes. With
 ``EVENTFOLD_TEST_FOLD_FIXED=1`` the fold is the fixed one (13 units are 13 units), as a
-deployment after the bug fix would run it. ``EVENTFOLD_TEST_UNLUCKY_PREFIX`` limits the
+deployment after the bug fix would run it. ``EVENTFOLD_TEST_KTABLE_PARTITIONS`` gives its
+KTable that many partitions. ``EVENTFOLD_TEST_UNLUCKY_PREFIX`` limits the
 bad luck to products whose id starts with it, so that a test's projection, which reads the
 shared topic from its start, meets no other test's 13 units (a batch logs at most
 ``NOTED_LETTERS`` letters per task)."""
@@ -30,4 +31,6 @@ app = Eventfold("poisoned")
 app.commands = inventory.app.commands
 app.projections.add(projection(os.environ["EVENTFOLD_TEST_PROJECTION"], sources=["Product"],
                                columns={"quantity": BigInteger()},
-                               event_types=["StockReceived"])(_unlucky))
+                               event_types=["StockReceived"],
+                               ktable_partitions=int(os.environ.get(
+                                   "EVENTFOLD_TEST_KTABLE_PARTITIONS", "0")) or None)(_unlucky))

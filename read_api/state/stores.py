@@ -20,12 +20,13 @@ import shutil
 import struct
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 from eventfold.read_api.state.entry import KTableEntry
+from eventfold.read_api.state.partitioner import partition_for
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
@@ -50,13 +51,18 @@ class StoreConfig:
     """Where and how KTable stores are kept (``EVENTFOLD_KTABLE_STORE``,
     ``EVENTFOLD_STATE_DIR``, ``EVENTFOLD_KTABLE_CACHE_MB``)."""
 
-    kind: StoreKind = "memory"
-    directory: Path = Path(".eventfold/state")
-    cache_mb: int = 64
+    kind: StoreKind
+    directory: Path
+    cache_mb: int
     """RocksDB's block cache, shared by every store of the process."""
     write_buffer_mb: int = 8
     """Each partition database's memtable (two at most): what a store holds in memory
     before it flushes, besides the cache."""
+
+
+IN_MEMORY = StoreConfig("memory", Path(), cache_mb=0)
+"""Stores in memory: for views a library user makes without a configuration (the app
+configures its read API from ``Settings``, whose default is RocksDB)."""
 
 
 class StoreClosed(RuntimeError):
@@ -64,12 +70,21 @@ class StoreClosed(RuntimeError):
 
 
 class StateStore(ABC):
-    """One KTable topic's entries across its partitions, in key order. Safe to read from
-    request handlers while the view writes."""
+    """One KTable topic's entries across the partitions this process holds, in key order.
+    Safe to read from request handlers while the view writes."""
 
     writer = True
     """Whether this process applies the topic's records (else it reads what the writer
     applied: ``catch_up``)."""
+
+    def open_partitions(self, partitions: Collection[int], topic_id: str,
+                        begin: Mapping[int, int], end: Mapping[int, int]) -> None:
+        """Hold ``partitions`` too (their stores, restored from their checkpoints on)."""
+        return None
+
+    def close_partitions(self, partitions: Collection[int]) -> None:
+        """Hold ``partitions`` no more (their files stay, for when they come back)."""
+        return None
 
     @abstractmethod
     def positions(self) -> dict[int, int]:
@@ -81,35 +96,35 @@ class StateStore(ABC):
               high_watermark: int) -> None:
         """Apply ``changes`` of one partition and record ``next_offset``, atomically."""
 
-    def restored(self) -> None:
-        """The restore reached the end offsets seen at start."""
+    def restored(self, partitions: Collection[int]) -> None:
+        """The restore of ``partitions`` reached the end offsets seen when they opened."""
         return None
 
     @abstractmethod
-    def get(self, key: str) -> KTableEntry | None: ...
+    def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
+        """The key's entry (``partition``: the key's partition, when known)."""
 
     @abstractmethod
     def range(self, start: str | None = None, end: str | None = None,
-              after: str | None = None, limit: int | None = None
-              ) -> list[tuple[str, KTableEntry]]:
+              after: str | None = None, limit: int | None = None,
+              partitions: Collection[int] | None = None) -> list[tuple[str, KTableEntry]]:
         """Entries with start <= key <= end (either bound optional) and key > after, in key
-        order, at most ``limit`` of them."""
+        order, at most ``limit`` of them (``partitions``: of those partitions only)."""
 
     @abstractmethod
-    def __len__(self) -> int: ...
+    def counts(self) -> dict[int, int]:
+        """Keys per partition held."""
 
-    def scan(self, start: str | None = None, end: str | None = None, chunk: int = 1000
-             ) -> Iterator[tuple[str, KTableEntry]]:
-        """All entries in range (no lock is held across a yield)."""
-        for batch in self.chunks(start, end, chunk):
-            yield from batch
+    def __len__(self) -> int:
+        return sum(self.counts().values())
 
-    def chunks(self, start: str | None = None, end: str | None = None, chunk: int = 1000
+    def chunks(self, start: str | None = None, end: str | None = None, chunk: int = 1000,
+               partitions: Collection[int] | None = None
                ) -> Iterator[list[tuple[str, KTableEntry]]]:
-        """All entries in range, ``chunk`` at a time."""
+        """All entries in range, ``chunk`` at a time (no lock is held across a yield)."""
         after: str | None = None
         while True:
-            batch = self.range(start, end, after, chunk)
+            batch = self.range(start, end, after, chunk, partitions)
             if batch:
                 yield batch
             if len(batch) < chunk:
@@ -133,12 +148,21 @@ def _lower_bound(start: str | None, after: str | None) -> tuple[str | None, bool
 
 
 class MemoryStore(StateStore):
-    """Every entry in a sorted dict: restored from the beginning at every start."""
+    """Every entry of every partition in a sorted dict: restored from the beginning at every
+    start (the design before RocksDB stores, kept to compare with)."""
 
     def __init__(self) -> None:
         self._entries: SortedDict = SortedDict()
-        self._loading: dict[str, KTableEntry | None] | None = {}
+        self._counts: dict[int, int] = {}
+        self._partition_count = 1
+        self._loading: dict[str, tuple[int, KTableEntry | None]] | None = {}
+        self._restoring: set[int] = set()
         self._lock = threading.Lock()
+
+    def open_partitions(self, partitions: Collection[int], topic_id: str,
+                        begin: Mapping[int, int], end: Mapping[int, int]) -> None:
+        self._partition_count = max(self._partition_count, max(partitions, default=0) + 1)
+        self._restoring.update(partitions)
 
     def positions(self) -> dict[int, int]:
         return {}
@@ -146,36 +170,47 @@ class MemoryStore(StateStore):
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
               high_watermark: int) -> None:
         if self._loading is not None:  # restoring: a plain dict, sorted once at the end
-            self._loading.update(changes)
+            self._loading.update((key, (partition, entry)) for key, entry in changes)
             return
         with self._lock:
             for key, entry in changes:
-                if entry is None:
-                    self._entries.pop(key, None)
-                else:
+                existed = (self._entries.pop(key, None) if entry is None
+                           else self._entries.get(key))
+                if entry is not None:
                     self._entries[key] = entry
+                delta = (entry is not None) - (existed is not None)
+                self._counts[partition] = self._counts.get(partition, 0) + delta
 
-    def restored(self) -> None:
-        if self._loading is None:
+    def restored(self, partitions: Collection[int]) -> None:
+        self._restoring.difference_update(partitions)
+        if self._loading is None or self._restoring:
             return
-        loaded = SortedDict({k: e for k, e in self._loading.items() if e is not None})
+        loaded = SortedDict({k: e for k, (_, e) in self._loading.items() if e is not None})
+        counts: dict[int, int] = {}
+        for partition, entry in self._loading.values():
+            if entry is not None:
+                counts[partition] = counts.get(partition, 0) + 1
         with self._lock:
-            self._entries, self._loading = loaded, None
+            self._entries, self._counts, self._loading = loaded, counts, None
 
-    def get(self, key: str) -> KTableEntry | None:
+    def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         entry: KTableEntry | None = self._entries.get(key)
         return entry
 
-    def __len__(self) -> int:
-        return len(self._entries)
+    def counts(self) -> dict[int, int]:
+        return dict(self._counts)
 
     def range(self, start: str | None = None, end: str | None = None,
-              after: str | None = None, limit: int | None = None
-              ) -> list[tuple[str, KTableEntry]]:
+              after: str | None = None, limit: int | None = None,
+              partitions: Collection[int] | None = None) -> list[tuple[str, KTableEntry]]:
         low, inclusive_low = _lower_bound(start, after)
+        wanted = None if partitions is None else frozenset(partitions)
         with self._lock:
             found = []
             for key in self._entries.irange(low, end, inclusive=(inclusive_low, True)):
+                if wanted is not None and partition_for(key, self._partition_count
+                                                        ) not in wanted:
+                    continue
                 found.append((key, self._entries[key]))
                 if limit is not None and len(found) >= limit:
                     break
@@ -261,6 +296,11 @@ class _Partition:
         batch.put(name, value)
         self.db.write(batch)
 
+    def delete_meta(self, name: bytes) -> None:
+        batch = WriteBatch(raw_mode=True)
+        batch.delete(name)
+        self.db.write(batch)
+
     def get(self, key: str) -> KTableEntry | None:
         stored = self.db.get(_DATA + key.encode())
         return None if stored is None else KTableEntry.decode(stored)
@@ -296,35 +336,59 @@ def _directory_name(topic: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", topic)
 
 
+def stored_partitions(config: StoreConfig, topic: str) -> frozenset[int]:
+    """The partitions of ``topic`` with a RocksDB database under the state directory."""
+    directory = config.directory / _directory_name(topic)
+    return frozenset(int(path.parent.name[1:]) for path in directory.glob("p*/CURRENT")
+                     if path.parent.name[1:].isdigit())
+
+
 class RocksDBStore(StateStore):
     """A KTable topic's partitions, each a RocksDB database under
-    ``<state dir>/<topic>/p<partition>``."""
+    ``<state dir>/<topic>/p<partition>``; this process holds those it was given."""
 
-    def __init__(self, config: StoreConfig, topic: str, partitions: Sequence[int],
-                 topic_id: str, begin: Mapping[int, int], end: Mapping[int, int],
-                 stop: threading.Event | None = None) -> None:
+    def __init__(self, config: StoreConfig, topic: str, stop: threading.Event | None = None
+                 ) -> None:
         self.topic = topic
         self.directory = config.directory / _directory_name(topic)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._options = _options(config)
+        self._stop = stop or threading.Event()
         self._lock_file: IO[bytes] | None = None
         self.writer = self._take_writer_lock()
-        if not self.writer:
-            self._wait_for_the_writer(partitions, stop or threading.Event())
         self._partitions: dict[int, _Partition] = {}
-        for partition in partitions:
-            self._partitions[partition] = self._open(partition, topic_id, begin.get(partition, 0),
-                                                     end.get(partition, 0))
 
-    def _wait_for_the_writer(self, partitions: Sequence[int], stop: threading.Event) -> None:
-        """A reader: wait until the writer has created every partition's database (or has
-        gone, and this process takes its place); raises ``StoreClosed`` if ``stop`` is set
-        meanwhile."""
+    def open_partitions(self, partitions: Collection[int], topic_id: str,
+                        begin: Mapping[int, int], end: Mapping[int, int]) -> None:
+        """The writer opens (and checks) each partition's database; a reader waits until the
+        writer has created them (or has gone, and this process takes its place: raises
+        ``StoreClosed`` if stopped meanwhile; then ``writer`` is set and nothing opened)."""
+        if not self.writer:
+            self._wait_for_the_writer(partitions)
+            if self.writer:
+                return  # the writer has gone: the caller opens them again, as the writer
+        for partition in partitions:
+            if partition not in self._partitions:
+                self._partitions[partition] = self._open(
+                    partition, topic_id, begin.get(partition, 0), end.get(partition, 0))
+
+    def close_partitions(self, partitions: Collection[int]) -> None:
+        for partition in partitions:
+            store = self._partitions.pop(partition, None)
+            if store is not None:
+                store.close()
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        return frozenset(self._partitions)
+
+
+    def _wait_for_the_writer(self, partitions: Collection[int]) -> None:
         while not all((self.directory / f"p{p}" / "CURRENT").exists() for p in partitions):
             if self._take_writer_lock():
                 self.writer = True
                 return
-            if stop.wait(_WRITER_WAIT_S):
+            if self._stop.wait(_WRITER_WAIT_S):
                 raise StoreClosed(f"ktable {self.topic}: stopped while waiting for its writer")
 
     def take_writer_lock(self) -> bool:
@@ -332,15 +396,11 @@ class RocksDBStore(StateStore):
         (then ``become_writer``)."""
         return not self.writer and self._take_writer_lock()
 
-    def become_writer(self, topic_id: str, begin: Mapping[int, int],
-                      end: Mapping[int, int]) -> None:
-        """Holding the writer lock: reopen every partition as its writer."""
-        partitions = list(self._partitions)
-        for store in self._partitions.values():
-            store.close()
+    def become_writer(self) -> None:
+        """Holding the writer lock: let go of every partition, to open them again as their
+        writer."""
+        self.close_partitions(list(self._partitions))
         self.writer = True
-        self._partitions = {p: self._open(p, topic_id, begin.get(p, 0), end.get(p, 0))
-                            for p in partitions}
         log.info("ktable %s: this process now writes its store (the writer before it is "
                  "gone)", self.topic)
 
@@ -379,11 +439,14 @@ class RocksDBStore(StateStore):
             opened = _Partition(path, self._options, writer=True)
         if opened.meta(_TOPIC_ID) is None:
             opened.put_meta(_TOPIC_ID, topic_id.encode())
+        # Not restored until this writer has caught up again: readers must not serve it as
+        # current from what an earlier writer left.
+        opened.delete_meta(_RESTORED)
         return opened
 
     def positions(self) -> dict[int, int]:
-        return {p: _int(store.meta(_OFFSET)) for p, store in self._partitions.items()
-                if store.meta(_OFFSET) is not None}
+        return {p: _int(offset) for p, store in self._partitions.items()
+                if (offset := store.meta(_OFFSET)) is not None}
 
     def high_watermarks(self) -> dict[int, int]:
         """What the writer last saw of each partition's end."""
@@ -391,37 +454,48 @@ class RocksDBStore(StateStore):
 
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
               high_watermark: int) -> None:
-        self._partitions[partition].write(changes, next_offset, high_watermark)
+        store = self._partitions.get(partition)
+        if store is not None:  # else closed since the poll that fetched the records
+            store.write(changes, next_offset, high_watermark)
 
-    def restored(self) -> None:
-        for store in self._partitions.values():
-            store.put_meta(_RESTORED, b"1")
+    def restored(self, partitions: Collection[int]) -> None:
+        for partition in partitions:
+            if partition in self._partitions:
+                self._partitions[partition].put_meta(_RESTORED, b"1")
 
-    def was_restored(self) -> bool:
-        """Whether the writer has restored every partition once (a reader's question)."""
-        return all(store.meta(_RESTORED) is not None for store in self._partitions.values())
+    def restored_partitions(self) -> frozenset[int]:
+        """The partitions the writer has restored since it opened them (a reader's
+        question)."""
+        return frozenset(p for p, store in self._partitions.items()
+                         if store.meta(_RESTORED) is not None)
 
     def catch_up(self) -> None:
         """A reader: see what the writer has written since."""
         for store in self._partitions.values():
             store.catch_up()
 
-    def get(self, key: str) -> KTableEntry | None:
+    def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
+        if partition is not None:
+            store = self._partitions.get(partition)
+            return None if store is None else store.get(key)
         for store in self._partitions.values():
             entry = store.get(key)
             if entry is not None:
                 return entry
         return None
 
-    def __len__(self) -> int:
-        return sum(_int(store.meta(_COUNT)) for store in self._partitions.values())
+    def counts(self) -> dict[int, int]:
+        return {p: _int(store.meta(_COUNT)) for p, store in self._partitions.items()}
 
     def range(self, start: str | None = None, end: str | None = None,
-              after: str | None = None, limit: int | None = None
-              ) -> list[tuple[str, KTableEntry]]:
+              after: str | None = None, limit: int | None = None,
+              partitions: Collection[int] | None = None) -> list[tuple[str, KTableEntry]]:
         low, inclusive_low = _lower_bound(start, after)
-        merged = heapq.merge(*(store.items(low, inclusive_low, end)
-                               for store in self._partitions.values()), key=lambda kv: kv[0])
+        held = self._partitions
+        chosen = held.values() if partitions is None else [held[p] for p in partitions
+                                                            if p in held]
+        merged = heapq.merge(*(store.items(low, inclusive_low, end) for store in chosen),
+                             key=lambda kv: kv[0])
         found = []
         for item in merged:
             found.append(item)
@@ -430,9 +504,7 @@ class RocksDBStore(StateStore):
         return found
 
     def close(self) -> None:
-        for store in self._partitions.values():
-            store.close()
-        self._partitions = {}
+        self.close_partitions(list(self._partitions))
         if self._lock_file is not None:
             self._lock_file.close()
             self._lock_file = None

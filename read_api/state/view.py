@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -23,12 +23,14 @@ from eventfold.outbox.kafka import (
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.read_api.state.entry import KTableEntry
 from eventfold.read_api.state.stores import (
+    IN_MEMORY,
     Change,
     MemoryStore,
     RocksDBStore,
     StateStore,
     StoreClosed,
     StoreConfig,
+    stored_partitions,
 )
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ class RestoreProgress:
 
 @dataclass(frozen=True)
 class _Offsets:
-    """A topic's partitions as the view found them at start."""
+    """Some of a topic's partitions, as the view found them."""
 
     partitions: list[int]
     begin: dict[int, int]
@@ -66,15 +68,22 @@ class _Offsets:
 
 
 class KTableView:
-    """One KTable topic, restored into a store and followed by a thread: the store's writer
-    consumes the topic; a reader of a store another process writes catches up with it."""
+    """The partitions of one KTable topic this process holds, restored into a store and
+    followed by a thread: the store's writer consumes them; a reader of a store another
+    process writes catches up with it. Which partitions: ``assign`` (until then, none), or
+    every one (``hold_all``, and always with the memory store)."""
 
     def __init__(self, kafka: KafkaConnection, topic: str,
                  config: StoreConfig | None = None) -> None:
         self.kafka = kafka
         self.topic = topic
-        self.config = config or StoreConfig()
+        self.config = config or IN_MEMORY
         self.store: StateStore = MemoryStore()  # until the topic's own store opens
+        self.partition_count: int | None = None
+        self._wanted: frozenset[int] | None = None
+        self._hold_all = self.config.kind == "memory"
+        self._ready: frozenset[int] = frozenset()
+        self._targets: dict[int, int] = {}  # partitions restoring: the end offset to reach
         self._restore_total = 0
         self._restore_records = 0
         self._started_at = 0.0
@@ -89,6 +98,15 @@ class KTableView:
         self._started_at = time.monotonic()
         self._thread.start()
         return self
+
+    def assign(self, partitions: Collection[int]) -> None:
+        """Hold exactly ``partitions`` from now on (the thread opens and restores the new
+        ones, and lets go of the others)."""
+        self._wanted = frozenset(partitions)
+
+    def hold_all(self) -> None:
+        """Hold every partition of the topic (an instance alone)."""
+        self._hold_all = True
 
     def stop(self) -> bool:
         """Stop following; True once the consumer has closed and the store is let go."""
@@ -106,10 +124,36 @@ class KTableView:
 
     @property
     def restored(self) -> bool:
-        return self._restored.is_set()
+        """Whether every partition this view holds is restored (a topic not created yet
+        is: it is empty)."""
+        if self.partition_count is None:
+            return self._restored.is_set()
+        wanted = self._wanted_now()
+        return wanted is not None and wanted <= self._ready
 
-    def get(self, key: str) -> KTableEntry | None:
-        return self.store.get(key)
+    @property
+    def ready_partitions(self) -> frozenset[int]:
+        """The partitions held and restored: their reads are served here."""
+        return self._ready
+
+    @property
+    def held_partitions(self) -> frozenset[int]:
+        """The partitions assigned to this view, restored or restoring."""
+        return self._wanted_now() or frozenset()
+
+    def stored_partitions(self) -> frozenset[int]:
+        """The partitions this instance has a store of on disk, held or not."""
+        if self.config.kind != "rocksdb":
+            return frozenset()
+        return stored_partitions(self.config, self.topic)
+
+    def partition_lags(self) -> dict[int, int]:
+        """Each ready partition's lag in records."""
+        return {p: max(self._high_watermarks.get(p, 0) - self._positions.get(p, 0), 0)
+                for p in self._ready}
+
+    def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
+        return self.store.get(key, partition)
 
     def __len__(self) -> int:
         return len(self.store)
@@ -125,7 +169,13 @@ class KTableView:
     def lag(self) -> int:
         """Records in the topic not yet applied, from the high watermarks of recent fetches."""
         return sum(max(high - self._positions.get(p, 0), 0)
-                   for p, high in list(self._high_watermarks.items()))
+                   for p, high in list(self._high_watermarks.items())
+                   if p in self._positions)
+
+    def _wanted_now(self) -> frozenset[int] | None:
+        if self._hold_all and self.partition_count is not None:
+            return frozenset(range(self.partition_count))
+        return self._wanted
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -142,23 +192,25 @@ class KTableView:
             except Exception as exc:
                 log.warning("ktable %s: %s; opening its store again in %.0f s", self.topic,
                             exc, _RETRY_S, exc_info=True)
+                self._ready = frozenset()
                 self._stop.wait(_RETRY_S)
 
     def _serve(self) -> None:
-        offsets = self._offsets()
-        if offsets is None:
+        topic_id = self._topic_id()
+        if topic_id is None:
             return
-        self.store = self._open(offsets)
+        self.store = (MemoryStore() if self.config.kind == "memory"
+                      else RocksDBStore(self.config, self.topic, self._stop))
         try:
-            if not self.store.writer:
-                offsets = self._read_behind(offsets)
-            if offsets is not None and not self._stop.is_set():
-                self._follow(offsets)
+            if self.store.writer or self._read_behind(topic_id):
+                self._follow(topic_id)
         finally:
             self.store.close()
+            self._ready = frozenset()
 
-    def _offsets(self) -> _Offsets | None:
-        """The topic's partitions and offsets, once it exists (None: stopped before)."""
+    def _topic_id(self) -> str | None:
+        """The topic's id (and its partition count noted), once it exists (None: stopped
+        before)."""
         planner = OffsetPlanner(self.kafka)
         try:
             partitions = planner.partitions([self.topic])
@@ -168,51 +220,49 @@ class KTableView:
                 if self._stop.wait(1.0):
                     return None
                 partitions = planner.partitions([self.topic])
-            begin, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
         finally:
             planner.close()
-        topic_id = (TopicAdmin(self.kafka).topic_id(self.topic) or ""
-                    if self.config.kind == "rocksdb" else "")
-        return _Offsets([p for _, p in partitions], {p: o for (_, p), o in begin.items()},
+        self.partition_count = len(partitions)
+        return (TopicAdmin(self.kafka).topic_id(self.topic) or ""
+                if self.config.kind == "rocksdb" else "")
+
+    def _offsets(self, partitions: Collection[int], topic_id: str) -> _Offsets:
+        planner = OffsetPlanner(self.kafka)
+        try:
+            keys = [(self.topic, p) for p in sorted(partitions)]
+            begin, end = planner.beginning_offsets(keys), planner.end_offsets(keys)
+        finally:
+            planner.close()
+        return _Offsets([p for _, p in keys], {p: o for (_, p), o in begin.items()},
                         {p: o for (_, p), o in end.items()}, topic_id)
 
-    def _open(self, offsets: _Offsets) -> StateStore:
-        if self.config.kind == "memory":
-            return MemoryStore()
-        return RocksDBStore(self.config, self.topic, offsets.partitions, offsets.topic_id,
-                            offsets.begin, offsets.end, self._stop)
-
-    def _read_behind(self, offsets: _Offsets) -> _Offsets | None:
-        """Serve what the writing process applies, until told to stop (None) or until the
-        writer is gone and this process has taken its place (the topic's offsets now)."""
+    def _read_behind(self, topic_id: str) -> bool:
+        """Serve what the writing process applies, holding the partitions assigned, until
+        told to stop (False) or until the writer is gone and this process has taken its place
+        (True)."""
         store = cast(RocksDBStore, self.store)
-        self._restore_total = sum(offsets.end.values())
         next_promotion = time.monotonic() + _PROMOTE_EVERY_S
         while not self._stop.wait(_CATCH_UP_EVERY_S):
+            wanted = self._wanted_now()
+            if wanted is not None and wanted != store.partitions:
+                store.close_partitions(store.partitions - wanted)
+                store.open_partitions(wanted, topic_id, {}, {})
+            if store.writer or (time.monotonic() >= next_promotion and store.take_writer_lock()):
+                store.become_writer()
+                return True
+            if time.monotonic() >= next_promotion:
+                next_promotion = time.monotonic() + _PROMOTE_EVERY_S
             store.catch_up()
             self._positions = store.positions()
             self._high_watermarks = store.high_watermarks()
             self._restore_records = sum(self._positions.values())
-            if store.was_restored():
+            self._restore_total = sum(self._high_watermarks.values())
+            self._ready = store.restored_partitions()
+            if wanted is not None and wanted <= self._ready:
                 self._mark_restored()
-            if time.monotonic() >= next_promotion:
-                next_promotion = time.monotonic() + _PROMOTE_EVERY_S
-                if store.take_writer_lock():
-                    fresh = self._offsets()
-                    if fresh is None:
-                        return None
-                    store.become_writer(fresh.topic_id, fresh.begin, fresh.end)
-                    return fresh
-        return None
+        return False
 
-    def _follow(self, offsets: _Offsets) -> None:
-        start = {p: max(self.store.positions().get(p, offsets.begin[p]), offsets.begin[p])
-                 for p in offsets.partitions}
-        self._positions = dict(start)
-        self._restore_total = sum(max(offsets.end[p] - start[p], 0) for p in start)
-        if any(start.values()):
-            log.info("ktable %s: restoring %d records after the store's checkpoint (offsets "
-                     "%s)", self.topic, self._restore_total, start)
+    def _follow(self, topic_id: str) -> None:
         # Small fetches and a small prefetch queue: with 64 MB fetches (16 MB a partition)
         # and librdkafka's 64 MB queue, consuming alone held about 490 MB while a 5M-record
         # topic restored (docs/benchmarks.md, "KTables in RocksDB state stores").
@@ -220,46 +270,97 @@ class KTableView:
             "fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 2 * 1024 * 1024,
             "queued.max.messages.kbytes": 8 * 1024,
             "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
-        consumer.assign([TopicPartition(self.topic, p, o) for p, o in start.items()])
+        held: frozenset[int] = frozenset()
+        next_report = time.monotonic() + _PROGRESS_EVERY_S
         try:
-            self._restore(consumer, offsets.end)
             while not self._stop.is_set():
-                self._apply(consumer, consume_available(consumer, 10_000, wait_s=0.2))
+                wanted = self._wanted_now()
+                if wanted is not None and wanted != held:
+                    self._rebalance(consumer, held, wanted, topic_id)
+                    held = wanted
+                if not held:
+                    self._stop.wait(_CATCH_UP_EVERY_S)
+                    continue
+                records = self._apply(consumer, consume_available(consumer, 10_000, wait_s=0.2))
+                if self._targets:
+                    self._restore_records += records
+                    self._note_restored()
+                    if time.monotonic() >= next_report:
+                        next_report = time.monotonic() + _PROGRESS_EVERY_S
+                        self._report_progress()
         finally:
             consumer.close()
 
-    def _restore(self, consumer: Consumer, ends: Mapping[int, int]) -> None:
-        pending = {p for p, end in ends.items() if end > self._positions.get(p, 0)}
-        next_report = time.monotonic() + _PROGRESS_EVERY_S
-        while pending and not self._stop.is_set():
-            self._restore_records += self._apply(
-                consumer, consume_available(consumer, 10_000, wait_s=0.2))
-            pending = {p for p in pending if self._positions.get(p, 0) < ends[p]}
-            if time.monotonic() >= next_report:
-                next_report += _PROGRESS_EVERY_S
-                self._report_progress()
-        if not self._stop.is_set():
-            self.store.restored()
+    def _rebalance(self, consumer: Consumer, held: frozenset[int], wanted: frozenset[int],
+                   topic_id: str) -> None:
+        """Let go of the partitions no longer wanted; open the new ones from their
+        checkpoints, to restore up to their end offsets now."""
+        gone, added = held - wanted, wanted - held
+        self.store.close_partitions(gone)
+        for partition in gone:
+            self._positions.pop(partition, None)
+            self._targets.pop(partition, None)
+        self._ready = self._ready - gone
+        if added:
+            offsets = self._offsets(added, topic_id)
+            self.store.open_partitions(added, topic_id, offsets.begin, offsets.end)
+            stored = self.store.positions()
+            start = {p: max(stored.get(p, offsets.begin[p]), offsets.begin[p]) for p in added}
+            self._positions.update(start)
+            restoring = {p: offsets.end[p] for p in added if offsets.end[p] > start[p]}
+            self._targets.update(restoring)
+            self._restore_total += sum(end - start[p] for p, end in restoring.items())
+            resumed = {p: o for p, o in start.items() if o > offsets.begin[p]}
+            if resumed:
+                log.info("ktable %s: restoring %d records after the store's checkpoint "
+                         "(offsets %s)", self.topic,
+                         sum(restoring.get(p, o) - o for p, o in resumed.items()), resumed)
+            if len(resumed) < len(start) and (resumed or held):
+                log.info("ktable %s: restoring partitions %s from their beginning", self.topic,
+                         sorted(start.keys() - resumed.keys()))
+        if held or len(wanted) != self.partition_count:
+            log.info("ktable %s: holds partitions %s (%d to restore)", self.topic,
+                     sorted(wanted), len(self._targets))
+        consumer.assign([TopicPartition(self.topic, p, self._positions[p]) for p in wanted])
+        self._note_restored()
+
+    def _note_restored(self) -> None:
+        done = [p for p, end in self._targets.items() if self._positions.get(p, 0) >= end]
+        for partition in done:
+            del self._targets[partition]
+        wanted = self._wanted_now() or frozenset()
+        newly = wanted - self._targets.keys() - self._ready
+        if newly:
+            self.store.restored(newly)
+            self._ready = self._ready | newly
+        if not self._targets and wanted <= self._ready:
             self._mark_restored()
 
     def _apply(self, consumer: Consumer, messages: Sequence[Message]) -> int:
         """Write a poll's records to the store, one batch per partition with its offset;
-        how many records there were."""
+        how many records there were. Records of a partition let go since, or before its
+        position (fetched before a rebalance assigned it again), are skipped."""
         changes: dict[int, list[Change]] = {}
         reached: dict[int, int] = {}
         records = 0
         of_record = KTableEntry.of_record
+        positions = self._positions
         for message in messages:
             error = message.error()
             partition = cast(int, message.partition())
+            if partition not in positions:
+                continue
             if error is None:
+                offset = offset_of(message)
+                if offset < positions[partition]:
+                    continue
                 key = message.key()
                 if key is not None:
                     changes.setdefault(partition, []).append((key.decode(), of_record(
                         message.value(),
                         cast(list[tuple[str, bytes | None]] | None, message.headers()))))
                 records += 1
-                reached[partition] = offset_of(message) + 1
+                reached[partition] = offset + 1
             elif error.code() == KafkaError._PARTITION_EOF:
                 reached[partition] = max(reached.get(partition, 0), offset_of(message))
             else:
@@ -267,7 +368,7 @@ class KTableView:
         for partition, position in reached.items():
             high = self._note_high_watermark(consumer, partition)
             self.store.write(partition, changes.get(partition, []), position, high)
-            self._positions[partition] = position
+            positions[partition] = position
         return records
 
     def _note_high_watermark(self, consumer: Consumer, partition: int) -> int:
@@ -289,4 +390,3 @@ class KTableView:
         log.info("ktable %s restored: %d keys, %d records applied in %.2f s", self.topic,
                  len(self.store), self._restore_records, self._restore_seconds)
         self._restored.set()
-

@@ -139,7 +139,7 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
     view = KTableView(stack_settings.kafka, topic).start()
     try:
         wait_for(lambda: view.restored, "the KTable restore", timeout_s=60)
-        assert {k: e.value for k, e in view.store.scan()} == expected
+        assert {k: e.value for c in view.store.chunks() for k, e in c} == expected
     finally:
         view.stop()
 

@@ -20,8 +20,10 @@ def entry(n: int) -> KTableEntry:
 
 def rocksdb(directory: Path, topic_id: str = TOPIC_ID, end: int = 100,
             partitions: tuple[int, ...] = (0, 1)) -> RocksDBStore:
-    return RocksDBStore(StoreConfig("rocksdb", directory), TOPIC, partitions, topic_id,
-                        {p: 0 for p in partitions}, {p: end for p in partitions})
+    store = RocksDBStore(StoreConfig("rocksdb", directory, cache_mb=8), TOPIC)
+    store.open_partitions(partitions, topic_id, {p: 0 for p in partitions},
+                          {p: end for p in partitions})
+    return store
 
 
 @pytest.fixture(params=["memory", "rocksdb"])
@@ -35,13 +37,14 @@ def test_both_stores_answer_gets_ranges_scans_and_counts_in_key_order(store) -> 
     # keys in two partitions: a range merges them in key order
     store.write(0, [("b", entry(1)), ("d", entry(2)), ("c", entry(9))], 3, 3)
     store.write(1, [("a", entry(3)), ("e", entry(4)), ("é", entry(5))], 3, 3)
-    store.restored()
+    store.restored([0, 1])
     store.write(0, [("c", None), ("x", None)], 5, 5)  # a tombstone, and one of no key
     assert [k for k, _ in store.range()] == ["a", "b", "d", "e", "é"]
     assert [k for k, _ in store.range("b", "d")] == ["b", "d"]
     assert [k for k, _ in store.range("a", None, after="b", limit=1)] == ["d"]
-    assert [k for k, _ in store.scan(chunk=2)] == ["a", "b", "d", "e", "é"]
+    assert [[k for k, _ in c] for c in store.chunks(chunk=2)] == [["a", "b"], ["d", "e"], ["é"]]
     assert len(store) == 5
+    assert store.counts() == {0: 2, 1: 3}
     assert store.get("a") == entry(3)
     assert (store.get("a").value, store.get("a").version) == ({"k": 3}, 3)
     assert store.get("c") is None
@@ -103,7 +106,9 @@ def test_a_second_process_reads_the_writers_store_and_takes_over_when_it_is_gone
         assert not in_process_reader.take_writer_lock()
         writer.close()
         assert in_process_reader.take_writer_lock()
-        in_process_reader.become_writer(TOPIC_ID, {0: 0, 1: 0}, {0: 100, 1: 100})
+        in_process_reader.become_writer()
+        assert in_process_reader.partitions == frozenset()
+        in_process_reader.open_partitions([0, 1], TOPIC_ID, {0: 0, 1: 0}, {0: 100, 1: 100})
         in_process_reader.write(0, [("b", entry(2))], 2, 2)
         assert (in_process_reader.writer, len(in_process_reader)) == (True, 2)
     finally:
@@ -115,3 +120,35 @@ def test_destroying_a_retired_store_deletes_its_files(tmp_path) -> None:
     store.write(0, [("a", entry(1))], 1, 1)
     store.destroy()
     assert not store.directory.exists()
+
+
+def test_a_range_of_some_partitions_holds_only_their_keys(tmp_path) -> None:
+    from eventfold.read_api.state.partitioner import partition_for
+
+    keys = [f"key-{i}" for i in range(40)]
+    for store in (MemoryStore(), rocksdb(tmp_path, partitions=(0, 1, 2))):
+        store.open_partitions([0, 1, 2], TOPIC_ID, {}, {p: 100 for p in range(3)})
+        for p in range(3):
+            store.write(p, [(k, entry(1)) for k in keys if partition_for(k, 3) == p], 1, 1)
+        store.restored([0, 1, 2])
+        expected = sorted(k for k in keys if partition_for(k, 3) in (0, 2))
+        assert [k for k, _ in store.range(partitions=[0, 2])] == expected
+        assert [k for k, _ in store.range(after=expected[0], limit=2, partitions=[2, 0])
+                ] == expected[1:3]
+        store.close()
+
+
+def test_a_partition_let_go_keeps_its_files_and_comes_back_at_its_checkpoint(tmp_path) -> None:
+    store = rocksdb(tmp_path)
+    try:
+        store.write(1, [("a", entry(1))], 5, 5)
+        store.restored([0, 1])
+        assert store.restored_partitions() == {0, 1}
+        store.close_partitions([1])
+        assert (store.partitions, store.get("a"), store.counts()) == ({0}, None, {0: 0})
+        store.open_partitions([1], TOPIC_ID, {1: 0}, {1: 9})
+        # back at its checkpoint, and not restored until this writer has caught up again
+        assert (store.positions(), store.get("a", 1)) == ({1: 5}, entry(1))
+        assert store.restored_partitions() == {0}
+    finally:
+        store.close()

@@ -1,0 +1,156 @@
+"""The read API instances serving an app's KTables, found by their heartbeats in the
+database (table ``ktable_members``).
+
+An instance with an advertised URL renews its row every ``HEARTBEAT_S`` with, per KTable
+topic, the partitions it holds restored (and their lag) and those it has stores of on disk;
+rows not renewed for ``TIMEOUT_S`` are
+members no more (a crashed instance leaves within that time, one that stops deletes its row).
+An instance without an advertised URL is alone: it hosts every partition, as a single
+instance always has.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import cast
+
+import orjson
+import psycopg
+from eventfold.read_api.freshness import connect_as_reader
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_S = 1.0
+TIMEOUT_S = 5.0
+"""A member whose row is older than this is gone: its partitions move to their standbys."""
+
+@dataclass(frozen=True)
+class TopicReport:
+    """What a member has of one KTable topic."""
+
+    restored: Mapping[int, int] = field(default_factory=dict)
+    """The partitions it holds restored, and each one's lag in records."""
+    held: frozenset[int] = frozenset()
+    """The partitions it holds as last assigned, restored or restoring."""
+    stored: frozenset[int] = frozenset()
+    """The partitions it has a store of on disk (held or not)."""
+
+    def as_json(self) -> dict[str, object]:
+        return {"restored": {str(p): lag for p, lag in self.restored.items()},
+                "held": sorted(self.held), "stored": sorted(self.stored)}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, object]) -> TopicReport:
+        restored = cast(Mapping[str, int], raw.get("restored") or {})
+        return cls({int(p): int(lag) for p, lag in restored.items()},
+                   frozenset(int(p) for p in cast(list[int], raw.get("held") or [])),
+                   frozenset(int(p) for p in cast(list[int], raw.get("stored") or [])))
+
+
+Report = Mapping[str, TopicReport]
+"""Per KTable topic, what a member has of it."""
+
+
+@dataclass(frozen=True)
+class Member:
+    url: str
+    tables: Report = field(default_factory=dict)
+
+    def lag(self, topic: str, partition: int) -> int | None:
+        """The member's lag on ``partition`` if it holds it restored, else None."""
+        report = self.tables.get(topic)
+        return None if report is None else report.restored.get(partition)
+
+
+Listener = Callable[[tuple[Member, ...]], None]
+
+
+class Membership:
+    """This instance's heartbeat, and the live members as of the last one (itself among
+    them). Alone (``url`` empty), it is the only member and touches no database."""
+
+    def __init__(self, url: str, report: Callable[[], Report],
+                 database_url: str = "", role: str = "") -> None:
+        self.url = url
+        self.report = report
+        self.database_url = database_url
+        self.role = role
+        self._members: tuple[Member, ...] = (Member(url),)
+        self._listeners: list[Listener] = []
+        self._conn: psycopg.Connection | None = None
+        self._refreshed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ktable-membership",
+                                        daemon=True)
+
+    @property
+    def alone(self) -> bool:
+        return not self.url
+
+    def on_change(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> Membership:
+        if self.alone:
+            self._refreshed.set()
+        else:
+            self._thread.start()
+        return self
+
+    def wait_first(self, timeout_s: float) -> bool:
+        return self._refreshed.wait(timeout_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        if self._conn is not None:
+            try:  # leave at once: the others rebalance now rather than after TIMEOUT_S
+                self._conn.execute("DELETE FROM ktable_members WHERE url = %s", (self.url,))
+            except psycopg.Error as exc:
+                log.warning("ktable membership: could not leave: %s", exc)
+            self._conn.close()
+
+    def members(self) -> tuple[Member, ...]:
+        return self._members
+
+    def member(self, url: str) -> Member | None:
+        return next((m for m in self._members if m.url == url), None)
+
+    # -- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._beat()
+            except psycopg.Error as exc:
+                log.warning("ktable membership: %s (keeping the last members; will retry)",
+                            exc)
+                if self._conn is not None:
+                    self._conn.close()
+                self._conn = None
+            self._stop.wait(HEARTBEAT_S)
+
+    def _beat(self) -> None:
+        if self._conn is None or self._conn.closed:
+            self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
+        tables = {topic: report.as_json() for topic, report in self.report().items()}
+        self._conn.execute(
+            "INSERT INTO ktable_members (url, tables) VALUES (%s, %s) ON CONFLICT (url) DO "
+            "UPDATE SET seen_at = now(), tables = excluded.tables",
+            (self.url, orjson.dumps(tables).decode()))
+        rows = self._conn.execute(
+            "SELECT url, tables FROM ktable_members WHERE seen_at > now() - "
+            "make_interval(secs => %s) ORDER BY url", (TIMEOUT_S,)).fetchall()
+        members = tuple(Member(url, {topic: TopicReport.from_json(report)
+                                     for topic, report in tables.items()})
+                        for url, tables in rows)
+        before = {m.url for m in self._members}
+        self._members = members
+        if {m.url for m in members} != before:
+            log.info("ktable members: %s", ", ".join(m.url for m in members))
+        self._refreshed.set()
+        for listener in self._listeners:
+            listener(members)
