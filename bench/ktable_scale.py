@@ -14,12 +14,13 @@ other is (forwarded), and the other is then SIGKILLed: ``failover_s`` is the tim
 first has answered every one of a sample of the killed instance's keys (a client retrying
 once), ``rebalance_s`` until it holds them as their active host.
 
-    .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10]
+    .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10] [--partitions 4]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -54,15 +55,17 @@ ENTRY = "/ktables/inventory_totals/entries/"
 CHUNK = 50_000
 
 
-def publish(settings: Settings, keys: int) -> None:
-    """``keys`` states of inventory_totals v1 on its KTable topic, through its sink, and its
-    read model's (empty) table and view, so that the read API is ready once restored."""
+def publish(settings: Settings, keys: int, partitions: int) -> None:
+    """``keys`` states of inventory_totals v1 on its KTable topic (of ``partitions``),
+    through its sink, and its read model's (empty) table and view, so that the read API is
+    ready once restored."""
+    projection = dataclasses.replace(inventory_totals, ktable_partitions=partitions)
     migrations.upgrade(settings.database_url)
     catalog = ProjectionCatalog(settings.database_url)
     catalog.register(inventory_totals.name)
     catalog.close()
-    store = ReadModelStore(settings.database_url, inventory_totals, 1)
-    sink = TopicSink(settings.kafka, inventory_totals, 1)
+    store = ReadModelStore(settings.database_url, projection, 1)
+    sink = TopicSink(settings.kafka, projection, 1)
     try:
         store.ensure_schema()
         with store.conn.transaction():
@@ -288,16 +291,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--partitions", type=int, default=4)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with own_stack("eventfold-ktable-scale-") as (settings, work_dir):
         started = time.monotonic()
-        in_a_process(publish, settings, args.keys)
+        in_a_process(publish, settings, args.keys, args.partitions)
         log.info("%s KTable records published in %.0f s", f"{args.keys:,}",
                  time.monotonic() - started)
         rocksdb = measure_rocksdb(settings, args.keys, args.seconds, work_dir)
         memory = measure_memory(settings, args.keys, args.seconds, work_dir)
-    print(json.dumps({"keys": args.keys, **rocksdb,
+    print(json.dumps({"keys": args.keys, "partitions": args.partitions, **rocksdb,
                       **{f"memory_{name}": value for name, value in memory.items()}}))
 
 
