@@ -482,12 +482,13 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
     async def ktable_metadata(name: str = names) -> Response:
         host = host_of(name)
         view = host.view
+        # What the members last reported, this instance too: what the assignment is made of.
         members = {m.url: m for m in routing.membership.members()}
         instances = []
         for url, hosting in routing.hosting(view).items():
-            ready = (view.partition_lags() if url == routing.membership.url
-                     else members[url].tables.get(view.topic, TopicReport()).restored
-                     if url in members else {})
+            ready = (members[url].tables.get(view.topic, TopicReport()).restored
+                     if url in members and not routing.membership.alone
+                     else view.partition_lags())
             instances.append({"url": url or None, "self": url == routing.membership.url,
                               "active": sorted(hosting.active),
                               "standby": sorted(hosting.standby),
