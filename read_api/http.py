@@ -535,8 +535,7 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
             params, headers = forwarded(request, host)
             with contextlib.suppress(ReplicaUnavailable):
                 answer = await routing.forward(replica, request.url.path, params, headers)
-                return Response(answer.content, answer.status_code,
-                                media_type="application/json")
+                return Response(answer.body, answer.status, media_type="application/json")
         raise unavailable(name, view, partition)
 
     async def local_entry(request: Request, name: str, host: KTableHost, view: KTableView,
@@ -579,7 +578,11 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                     return local(partitions)
                 params, headers = forwarded(request, host, **remote_params,
                                             partitions=",".join(map(str, partitions)))
-                return (await routing.forward(replica, path, params, headers)).json()
+                answer = await routing.forward(replica, path, params, headers)
+                if answer.status != 200:
+                    raise ReplicaUnavailable(f"{replica.url}: {answer.status} "
+                                             f"{answer.body[:200]!r}")
+                return orjson.loads(answer.body)
 
             answers = await asyncio.gather(*(ask(r, plan[r]) for r in replicas),
                                            return_exceptions=True)

@@ -14,18 +14,13 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-import httpx
 from eventfold.read_api.state.assignment import Hosting, assign, owners
+from eventfold.read_api.state.forwarding import Answer, Forwarder, ForwardFailed
 from eventfold.read_api.state.membership import Member, Membership, TopicReport
 from eventfold.read_api.state.partitioner import partition_for
 from eventfold.read_api.state.view import KTableView
 
 log = logging.getLogger(__name__)
-
-_TIMEOUT = httpx.Timeout(40.0, connect=2.0)
-"""A forwarded read may wait for a version (at most 30 s); an instance that is down is
-given up on at once."""
-
 
 @dataclass(frozen=True)
 class Replica:
@@ -45,7 +40,7 @@ class Router:
     def __init__(self, membership: Membership, standby_replicas: int) -> None:
         self.membership = membership
         self.standby_replicas = standby_replicas
-        self._client: httpx.AsyncClient | None = None
+        self._forwarder = Forwarder()
         self._cache: dict[str, tuple[tuple[Member, ...], int | None,
                                      tuple[dict[str, Hosting], dict[int, list[str]]]]] = {}
 
@@ -121,24 +116,18 @@ class Router:
         return by_replica, missing
 
     async def forward(self, replica: Replica, path: str, params: Mapping[str, str],
-                      headers: Mapping[str, str]) -> httpx.Response:
+                      headers: Mapping[str, str]) -> Answer:
         """``GET path`` on ``replica``, to be answered from its own store; raises
         ``ReplicaUnavailable`` if it does not answer, or answers that it cannot (503)."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(timeout=_TIMEOUT,
-                                             limits=httpx.Limits(max_keepalive_connections=32))
         try:
-            response = await self._client.get(f"{replica.url.rstrip('/')}{path}",
-                                              params={**params, "local": "true"},
-                                              headers=dict(headers))
-        except httpx.HTTPError as exc:
+            answer = await self._forwarder.get(replica.url, path, {**params, "local": "true"},
+                                               headers)
+        except ForwardFailed as exc:
             log.info("ktable read forwarded to %s failed: %s", replica.url, exc)
-            raise ReplicaUnavailable(f"{replica.url}: {exc}") from exc
-        if response.status_code == 503:
-            raise ReplicaUnavailable(f"{replica.url}: {response.text}")
-        return response
+            raise ReplicaUnavailable(str(exc)) from exc
+        if answer.status == 503:
+            raise ReplicaUnavailable(f"{replica.url}: {answer.body[:200]!r}")
+        return answer
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        await self._forwarder.close()

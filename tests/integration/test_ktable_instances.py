@@ -20,6 +20,7 @@ from pathlib import Path
 
 import requests
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
+from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import projection
 from eventfold.read_api.state.partitioner import partition_for
 from sqlalchemy import BigInteger
@@ -29,6 +30,15 @@ from tests.pipeline_helpers import materialize, wait_for
 
 PARTITIONS = 12
 KEYS = [f"k{i:03d}" for i in range(240)]
+
+
+def end_offsets(kafka, topic: str, partitions: int) -> dict[int, int]:
+    planner = OffsetPlanner(kafka)
+    try:
+        return {p: o for (_, p), o in planner.end_offsets(
+            [(topic, p) for p in range(partitions)]).items()}
+    finally:
+        planner.close()
 
 
 def _get(url: str, **params: str) -> requests.Response:
@@ -174,11 +184,19 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
         resumed = re.search(r"restoring (\d+) records after the store's checkpoint "
                             r"\(offsets \{([^}]*)\}\)", log)
         assert resumed is not None, log
-        partitions = {int(p.split(":")[0]) for p in resumed.group(2).split(", ")}
-        assert partitions <= held[0] and len(partitions) >= len(held[0]) - 1, (partitions,
-                                                                             held[0])
-        tail = sum(1 for k in written_while_down if partition_for(k, PARTITIONS) in partitions)
-        assert int(resumed.group(1)) == tail > 0, log
+        checkpoints = {int(p): int(o) for p, o in (
+            pair.split(": ") for pair in resumed.group(2).split(", "))}
+        # it took back (most of) what it held, from its stores, restoring only their tails:
+        # per partition, exactly the records written to it while the instance was down
+        taken_back = held[0] & checkpoints.keys()
+        assert len(taken_back) >= len(held[0]) // 2, (checkpoints, held[0])
+        topic = f"eventfold.ktable.{name}"
+        ends = end_offsets(stack_settings.kafka, topic, PARTITIONS)
+        for partition in taken_back:
+            tail = sum(1 for k in written_while_down if partition_for(k, PARTITIONS) == partition)
+            assert ends[partition] - checkpoints[partition] == tail, (partition, log)
+        assert 0 < int(resumed.group(1)) <= len(written_while_down) + sum(
+            ends[p] - checkpoints[p] for p in checkpoints.keys() - held[0])
     finally:
         poller.done.set()
         for process in processes.values():
