@@ -71,6 +71,9 @@ from eventfold.read_api.state.stores import IN_MEMORY
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
+from starlette._utils import get_route_path
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +295,9 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor, commits)
-    _ktable_routes(data, read_models, hosts, instance_id, routing)
+    get_entry = _ktable_routes(data, read_models, hosts, instance_id, routing)
+    if not auth:  # with credentials to check, every request takes the router's way
+        app.add_middleware(KTableGets, endpoint=get_entry, names=frozenset(read_models))
     _unknown_read_model_route(data, read_models)
     app.include_router(data)
     _health_routes(app, pool, hosts, monitor)
@@ -408,7 +413,9 @@ def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadMode
 
 
 def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
-                   hosts: dict[str, KTableHost], instance_id: str, routing: Router) -> None:
+                   hosts: dict[str, KTableHost], instance_id: str, routing: Router
+                   ) -> Callable[..., Awaitable[Response]]:
+    """The KTable routes on ``router``; returns the get-by-key endpoint (``KTableGets``)."""
     names = _known_names(read_models)
     me = routing.membership.url or None
 
@@ -693,6 +700,64 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
         total = sum(n for answer in answers for n in answer["counts"].values())
         return json_response({"count": total, "approximate": True,
                               "freshness": gathered_freshness(host, view, replicas)})
+
+    return get_entry
+
+
+class KTableGets:
+    """Hands ``GET /ktables/{name}/entries/{key}`` (no parameters but those of a forwarded
+    read) straight to its endpoint; all else goes on to the app's router.
+
+    Why: a KTable get is the read API's hot path, and one forwarded to another instance
+    crosses two of them; Starlette's exception middleware, router and FastAPI's request
+    solving were most of each (docs/benchmarks.md, "KTable partitions among instances").
+    Middleware added to the app (request log, metrics) still wraps these requests. Only an
+    app without credentials to check installs it.
+    """
+
+    def __init__(self, app: ASGIApp, endpoint: Callable[..., Awaitable[Response]],
+                 names: frozenset[str]) -> None:
+        self.app = app
+        self.endpoint = endpoint
+        self.names = names
+        # What the router would put in the scope: middleware outside (metrics) reads the
+        # route's path from it.
+        self.route = Route("/ktables/{name}/entries/{key}", endpoint, methods=["GET"])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        found = self._match(scope)
+        if found is None:
+            await self.app(scope, receive, send)
+            return
+        name, key = found
+        scope["route"] = self.route
+        scope["path_params"] = {"name": name, "key": key}
+        request = Request(scope, receive)
+        try:
+            await _checked_text(request)
+            response = await self.endpoint(request, key=key, name=name)
+        except HTTPException as exc:
+            response = json_response({"detail": exc.detail}, exc.status_code)
+            response.headers.update(exc.headers or {})
+        except QueryError as exc:
+            response = json_response({"detail": str(exc)}, 400)
+        await response(scope, receive, send)
+
+    def _match(self, scope: Scope) -> tuple[str, str] | None:
+        if scope["type"] != "http" or scope.get("method") != "GET":
+            return None
+        parts = get_route_path(scope).split("/")
+        if (len(parts) != 5 or parts[1] != "ktables" or parts[3] != "entries"
+                or parts[2] not in self.names or not parts[4]):
+            return None
+        query = scope.get("query_string", b"")
+        if query and not all(pair.split(b"=", 1)[0] in _FORWARD_PARAMETERS
+                             for pair in query.split(b"&")):
+            return None
+        return parts[2], parts[4]
+
+
+_FORWARD_PARAMETERS = frozenset({b"local", b"version"})
 
 
 def _unavailable(detail: str) -> Response:
