@@ -114,8 +114,8 @@ def wait_ready(url: str, pid: int, timeout_s: float = 300) -> None:
         try:
             if requests.get(f"{url}/ready", timeout=2).status_code == 200:
                 return
-        except requests.ConnectionError:
-            pass
+        except (requests.ConnectionError, requests.Timeout):
+            pass  # not listening yet, or a worker too busy restoring to answer in time
         if not Path(f"/proc/{pid}").exists():
             raise RuntimeError("the read API exited; see its log")
         time.sleep(0.05)

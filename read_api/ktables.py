@@ -89,7 +89,9 @@ class KTableHost:
                 self._next = (version, self._placed(
                     KTableView(self.kafka, topic, self.store_config)).start())
             next_version, next_view = self._next
-            if not next_view.restored:
+            # Every partition of the new version served somewhere first: else a key whose
+            # partition another instance is still restoring would have no answer meanwhile.
+            if not next_view.restored or not self.router.all_served(next_view):
                 return
             old, self.view, self.version, self._next = self.view, next_view, next_version, None
         # Reads that took the old view just before the swap finish on it first.

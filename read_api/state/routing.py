@@ -95,6 +95,11 @@ class Router:
                 found.append(Replica(url, url == self.membership.url, rank == 0, lag))
         return found
 
+    def all_served(self, view: KTableView) -> bool:
+        """Whether some instance holds every partition of ``view``'s topic restored (a topic
+        that does not exist yet is empty: nothing to serve)."""
+        return all(self.replicas(view, p) for p in range(view.partition_count or 0))
+
     def is_active(self, view: KTableView, partition: int) -> bool:
         """Whether this instance is the partition's active host."""
         return (self.membership.alone

@@ -5,7 +5,7 @@ exports and counts are gathered from all. SIGKILL one while reads poll every 100
 keys through every instance and updates are written: reads keep answering from the standbys
 (at most a few failures while the members notice), and every answer equals the read model
 once caught up. Restarted, the killed instance restores only the records written to its
-partitions while it was down."""
+partitions while it was down. Then a replay's switch to version 2, with reads going on."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import requests
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import projection
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.store import ReadModelStore
 from eventfold.read_api.state.partitioner import partition_for
 from sqlalchemy import BigInteger
 
@@ -100,6 +102,7 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
 
     processes = {i: start(i, tmp_path / f"reads{i}.log") for i in range(3)}
     poller = _Poller(urls, name)
+    switching = _Poller(urls, name)
     try:
         for i, process in processes.items():
             wait_until(lambda p=ports[i]: port_is_open(p), what=f"read API {i}",
@@ -197,8 +200,32 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
             assert ends[partition] - checkpoints[partition] == tail, (partition, log)
         assert 0 < int(resumed.group(1)) <= len(written_while_down) + sum(
             ends[p] - checkpoints[p] for p in checkpoints.keys() - held[0])
+
+        # a replay's switch to version 2, while reads go on through every instance
+        switching.start()
+        catalog = ProjectionCatalog(stack_settings.database_url)
+        assert catalog.begin_build(name) == 2
+        materialize(stack_settings, kept, {k: {"quantity": 5000 + i} for i, k in
+                                           enumerate(KEYS)}, version=2)
+        v2 = ReadModelStore(stack_settings.database_url, kept, 2)
+        with catalog.locked(name) as conn:
+            v2.publish_view(conn)
+            ProjectionCatalog.activate(conn, name, 2, {})
+        v2.close()
+        catalog.close()
+
+        def all_on_version_2() -> bool:
+            return all(_get(f"{urls[i]}/ktables/{name}/entries/{k}").json().get("value") == {
+                "quantity": 5000 + KEYS.index(k)} for i in range(3) for k in KEYS[::7])
+
+        wait_for(all_on_version_2, "every instance serving version 2", 60)
+        switching.done.set()
+        switching.join(10)
+        assert switching.requests > 20 and len(switching.failures) <= 3, switching.failures
+        assert all(settled(i, 3) for i in range(3))
     finally:
         poller.done.set()
+        switching.done.set()
         for process in processes.values():
             if process.poll() is None:
                 stop_pid(process.pid, what="serve reads", timeout_s=60)
