@@ -292,6 +292,8 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--stores", default="rocksdb,memory",
+                        help="which to measure (the JSON has the keys of those measured)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with own_stack("eventfold-ktable-scale-") as (settings, work_dir):
@@ -299,8 +301,11 @@ def main() -> None:
         in_a_process(publish, settings, args.keys, args.partitions)
         log.info("%s KTable records published in %.0f s", f"{args.keys:,}",
                  time.monotonic() - started)
-        rocksdb = measure_rocksdb(settings, args.keys, args.seconds, work_dir)
-        memory = measure_memory(settings, args.keys, args.seconds, work_dir)
+        stores = args.stores.split(",")
+        rocksdb = (measure_rocksdb(settings, args.keys, args.seconds, work_dir)
+                   if "rocksdb" in stores else {})
+        memory = (measure_memory(settings, args.keys, args.seconds, work_dir)
+                  if "memory" in stores else {})
     print(json.dumps({"keys": args.keys, "partitions": args.partitions, **rocksdb,
                       **{f"memory_{name}": value for name, value in memory.items()}}))
 
