@@ -98,6 +98,8 @@ class ReadApiOptions:
     pool_size: int = 10
     statement_timeout_ms: int = 5_000
     count_timeout_ms: int = 200
+    exact_count_max_rows: int | None = None
+    """Counts whose estimate is above this answer the estimate at once (None: always try)."""
     title: str = "Eventfold read API"
     ktable_store: StoreConfig = IN_MEMORY
     advertised_url: str = ""
@@ -204,7 +206,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
                        options.statement_timeout_ms)
     monitor = FreshnessMonitor(stateful, options.database_url, options.kafka,
                                options.reader_role)
-    read_models = {p.name: ReadModel(pool, p, options.count_timeout_ms) for p in stateful}
+    read_models = {p.name: ReadModel(pool, p, options.count_timeout_ms,
+                                     options.exact_count_max_rows) for p in stateful}
     presence = ReaderPresence(options.database_url, options.reader_role, instance_id)
     commits = CommitNotifications(options.database_url)
     hosts: dict[str, KTableHost] = {}

@@ -61,9 +61,10 @@ class ReadModel:
     """One projection's read model: get, list, count, and its source streams' watermarks."""
 
     def __init__(self, pool: AsyncConnectionPool, projection: Projection,
-                 count_timeout_ms: int) -> None:
+                 count_timeout_ms: int, exact_count_max_rows: int | None = None) -> None:
         self.pool = pool
         self.count_timeout_ms = count_timeout_ms
+        self.exact_count_max_rows = exact_count_max_rows
         self.projection = projection
         self.schema = ReadModelSchema.of(projection)
         self._get = get_query(self.schema)
@@ -88,10 +89,15 @@ class ReadModel:
         return rows, next_cursor
 
     async def count(self, filters: Sequence[Filter]) -> tuple[int, bool]:
-        """(how many rows match, exact?): counted when that takes under the count timeout,
-        else the planner's estimate for the same filters."""
-        compiled = count_query(self.schema, filters)
+        """(how many rows match, exact?): the planner's estimate when it is above
+        ``exact_count_max_rows`` (counting them would read that many), else counted if that
+        takes under the count timeout, else the estimate."""
         async with self.pool.connection() as conn:
+            if self.exact_count_max_rows is not None:
+                estimate = await self._estimate(conn, filters)
+                if estimate > self.exact_count_max_rows:
+                    return estimate, False
+            compiled = count_query(self.schema, filters)
             try:
                 async with conn.transaction():
                     await conn.execute("SELECT set_config('statement_timeout', %s, true)",
@@ -100,11 +106,14 @@ class ReadModel:
                     row = cast(dict[str, Any], await cursor.fetchone())
                 return int(row["count_1"]), True
             except errors.QueryCanceled:
-                matching = matching_query(self.schema, filters)
-                cursor = await conn.execute("EXPLAIN (FORMAT JSON) " + matching.sql,
-                                            matching.params)
-                plan = cast(dict[str, Any], await cursor.fetchone())["QUERY PLAN"][0]["Plan"]
-                return int(plan["Plan Rows"]), False
+                return await self._estimate(conn, filters), False
+
+    async def _estimate(self, conn: AsyncConnection[Any], filters: Sequence[Filter]) -> int:
+        """The planner's estimate of the rows ``filters`` match (the top node of the plan)."""
+        matching = matching_query(self.schema, filters)
+        cursor = await conn.execute("EXPLAIN (FORMAT JSON) " + matching.sql, matching.params)
+        plan = cast(dict[str, Any], await cursor.fetchone())["QUERY PLAN"][0]["Plan"]
+        return int(plan["Plan Rows"])
 
     async def stream_version(self, version: int, stream_id: str) -> int | None:
         """The last version of source stream ``stream_id`` that version ``version`` of the

@@ -265,7 +265,14 @@ def test_a_slow_count_answers_an_estimate_and_a_slow_page_a_503(big_catalog, sta
     impatient = read_api([big_catalog], stack_settings, "impatient", count_timeout_ms=1,
                          statement_timeout_ms=50)
     patient = read_api([big_catalog], stack_settings, "patient")
+    bounded = read_api([big_catalog], stack_settings, "bounded", count_timeout_ms=60_000,
+                       exact_count_max_rows=100_000)
     try:
+        # over the bound: the estimate at once, however patient; under it, counted
+        over = get(bounded, f"{path}/count", **half).json()
+        assert over["exact"] is False and 120_000 <= over["count"] <= 180_000, over
+        under = get(bounded, f"{path}/count", **{"stock.lt": "1"}).json()
+        assert (under["count"], under["exact"]) == (6_000, True), under  # g % 50 == 0
         estimated = get(impatient, f"{path}/count", **half).json()
         assert estimated["exact"] is False
         assert 120_000 <= estimated["count"] <= 180_000, estimated
@@ -280,6 +287,7 @@ def test_a_slow_count_answers_an_estimate_and_a_slow_page_a_503(big_catalog, sta
     finally:
         impatient.stop()
         patient.stop()
+        bounded.stop()
 
 
 def test_a_cursor_only_fits_the_sort_it_was_made_for(reads, catalog):
