@@ -137,7 +137,7 @@ class Settings(BaseSettings):
     read_pool_size: int = 10
     read_statement_timeout_ms: int = Field(default=5_000, ge=1)
     read_count_timeout_ms: int = Field(default=200, ge=1)
-    read_exact_count_max_rows: int = Field(default=200_000, ge=0)
+    read_exact_count_max_rows: int = Field(default=10_000, ge=0)
     instance_id: str = ""
     request_log: bool = True
     metrics: bool = True
