@@ -106,10 +106,15 @@ class KTableHost:
     def rebalance(self, members: tuple[Member, ...]) -> None:
         """Hold the partitions ``members`` assign this instance, in every version served
         (called after each membership heartbeat)."""
-        me = self.router.membership.url
         for view in self.views():
-            if view.partition_count is not None:
-                view.assign(self.router.hosting(view, members)[me].partitions)
+            self._assign(view, members)
+
+    def _assign(self, view: KTableView, members: tuple[Member, ...] | None = None) -> None:
+        # Before the first heartbeat this instance knows no other member: wait for it.
+        if view.partition_count is not None and (members is not None
+                                                 or self.router.membership.wait_first(0)):
+            hosting = self.router.hosting(view, members)
+            view.assign(hosting[self.router.membership.url].partitions)
 
     def view_at(self, version: int | None) -> KTableView:
         """The view of ``version`` if this instance serves or restores it, else the one it
@@ -127,6 +132,8 @@ class KTableHost:
     def _placed(self, view: KTableView) -> KTableView:
         if self.router.membership.alone:
             view.hold_all()
+        else:  # placed as soon as it knows its partitions, not at the next heartbeat
+            view.on_partitions = self._assign
         return view
 
     def _register(self, version: int) -> int | None:

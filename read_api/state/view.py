@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -80,6 +80,8 @@ class KTableView:
         self.config = config or IN_MEMORY
         self.store: StateStore = MemoryStore()  # until the topic's own store opens
         self.partition_count: int | None = None
+        self.on_partitions: Callable[[KTableView], None] | None = None
+        """Called once the topic's partition count is known (to assign the view some)."""
         self._wanted: frozenset[int] | None = None
         self._hold_all = self.config.kind == "memory"
         self._ready: frozenset[int] = frozenset()
@@ -223,6 +225,8 @@ class KTableView:
         finally:
             planner.close()
         self.partition_count = len(partitions)
+        if self.on_partitions is not None:
+            self.on_partitions(self)
         return (TopicAdmin(self.kafka).topic_id(self.topic) or ""
                 if self.config.kind == "rocksdb" else "")
 
