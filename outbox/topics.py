@@ -4,6 +4,7 @@ checked (and, on request, fixed) against what Eventfold needs of them."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -161,9 +162,7 @@ class TopicAdmin:
         return {k: v.value for k, v in future.result(timeout=self._timeout_s).items()}
 
     def _check(self, wanted: Mapping[str, Mapping[str, str]], fix: bool) -> None:
-        mismatches = [(topic, key, actual.get(key), value)
-                      for topic, config in wanted.items() for actual in [self.configs(topic)]
-                      for key, value in config.items() if actual.get(key) != value]
+        mismatches = self._differences(wanted)
         if not mismatches:
             return
         if not fix:
@@ -178,6 +177,26 @@ class TopicAdmin:
             future.result(timeout=self._timeout_s)
         for topic, key, actual, value in mismatches:
             log.warning("topic %s: %s altered from %r to %r", topic, key, actual, value)
+        self._await_configs({topic: {entry.name: str(entry.value) for entry in entries}
+                             for topic, entries in by_topic.items()})
+
+    def _await_configs(self, wanted: Mapping[str, Mapping[str, str]]) -> None:
+        # An alteration is acknowledged once the controller has it; a broker answering
+        # describe_configs may still hold the old value for a moment, and a caller that
+        # reads the topic back must see what it was told was applied.
+        deadline = time.monotonic() + self._timeout_s
+        while stale := self._differences(wanted):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"altered topic configs not visible after "
+                                   f"{self._timeout_s:.0f} s: {stale}")
+            time.sleep(0.1)
+
+    def _differences(self, wanted: Mapping[str, Mapping[str, str]]
+                     ) -> list[tuple[str, str, str | None, str]]:
+        """(topic, key, actual, wanted) for each config that differs from what is wanted."""
+        return [(topic, key, actual.get(key), value)
+                for topic, config in wanted.items() for actual in [self.configs(topic)]
+                for key, value in config.items() if actual.get(key) != value]
 
     def topic_id(self, topic: str) -> str | None:
         """The id the cluster gave the topic when it was created (a topic deleted and made
