@@ -140,19 +140,21 @@ class Eventfold:
         from eventfold.dashboard import add_dashboard
         from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
         from eventfold.read_api.metrics import register_ktable_metrics
+        from eventfold.serving import workers_dir
 
         register_ktable_metrics(PROCESS_COLLECTORS)
         options = ReadApiOptions(
             database_url=settings.read_database_url or settings.database_url,
             kafka=settings.kafka, reader_role=settings.reader_role,
-            instance_id=settings.instance_id, pool_size=settings.read_pool_size,
+            instance_id=settings.instance_id,
+            pool_size=-(-settings.read_pool_size // max(settings.http_workers, 1)),
             statement_timeout_ms=settings.read_statement_timeout_ms,
             count_timeout_ms=settings.read_count_timeout_ms,
             exact_count_max_rows=settings.read_exact_count_max_rows, title=f"{self.name} reads",
             ktable_store=StoreConfig(cast("StoreKind", settings.ktable_store),
                                      Path(settings.state_dir), settings.ktable_cache_mb),
             advertised_url=settings.advertised_url,
-            standby_replicas=settings.ktable_standby_replicas)
+            standby_replicas=settings.ktable_standby_replicas, workers_dir=workers_dir())
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
         app = create_read_app(self.projections, options, auth=auth)
         add_dashboard(app, self, settings)

@@ -13,6 +13,7 @@ import socket
 import tempfile
 import threading
 import time
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -90,15 +91,29 @@ def _serve_worker(factory: str, host: str, port: int) -> None:
     uvicorn.Server(config).run(sockets=[sock])
 
 
+WORKERS_DIR = "EVENTFOLD_WORKERS_DIR"
+"""Set by ``serve_forever`` for its workers: a directory of their own that they share (the
+read API's workers elect their lead there, ``read_api.workers``). Not a setting."""
+
+
+def workers_dir() -> Path | None:
+    """The directory this process shares with the other workers of its server, if any."""
+    shared = os.environ.get(WORKERS_DIR)
+    return Path(shared) if shared else None
+
+
 def _supervise(factory: str, host: str, port: int, workers: int) -> None:
     # Each worker writes its metric samples to files there; /metrics on any worker sums them.
     own_metrics_dir = None
     if not os.environ.get(MULTIPROCESS_DIR):
         own_metrics_dir = tempfile.mkdtemp(prefix="eventfold-metrics-")
         os.environ[MULTIPROCESS_DIR] = own_metrics_dir
+    shared = tempfile.mkdtemp(prefix="eventfold-workers-")
+    os.environ[WORKERS_DIR] = shared
     try:
         _run_workers(factory, host, port, workers)
     finally:
+        shutil.rmtree(shared, ignore_errors=True)
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
 

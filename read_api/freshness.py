@@ -2,7 +2,8 @@
 
 A background thread polls the projection registry and checkpoints (as the read-only role)
 and the source topics' end offsets, so a response carries freshness without any query of
-its own. It also tells each KTable host which version is active.
+its own. It also tells each KTable host which version is active. Of an instance's HTTP
+workers only the lead polls (``read_api.workers``); the others read what it publishes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
 
+import orjson
 import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
@@ -23,6 +25,7 @@ from eventfold.projections import Projection
 from eventfold.projections.state.catalog import active_checkpoints
 from eventfold.projections.status import projection_outputs
 from eventfold.read_api.read_models import reader_session
+from eventfold.read_api.workers import FOLLOW_S, WorkerLead
 
 from eventfold.contract import PartitionKey, libpq_url
 
@@ -56,12 +59,30 @@ class Freshness:
         }
 
 
+    def as_record(self) -> dict[str, Any]:
+        """All of it, as JSON (what the lead worker publishes to the others)."""
+        return {**self._json, "applied_offsets": [[t, p, o] for (t, p), o
+                                                  in self.applied_offsets.items()]}
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Freshness:
+        def moment(value: str | None) -> datetime | None:
+            return datetime.fromisoformat(value) if value else None
+
+        return cls(record["projection_version"], record["batch_id"],
+                   moment(record["last_batch_at"]),
+                   {(t, p): o for t, p, o in record["applied_offsets"]},
+                   record["lag_events"], datetime.fromisoformat(record["checked_at"]))
+
+
 NEVER_RAN = Freshness(None, None, None, {}, None, datetime.fromtimestamp(0, UTC))
 
 
-def connect_as_reader(database_url: str, role: str, read_only: bool = True
+def connect_as_reader(database_url: str, role: str, read_only: bool = True, purpose: str = ""
                       ) -> psycopg.Connection:
-    conn = psycopg.connect(libpq_url(database_url), autocommit=True)
+    """``purpose`` names the connection in ``pg_stat_activity`` (application_name)."""
+    conn = psycopg.connect(libpq_url(database_url), autocommit=True,
+                           application_name=f"eventfold read API {purpose}".strip())
     for statement in reader_session(role, read_only):
         conn.execute(statement)
     return conn
@@ -70,8 +91,9 @@ def connect_as_reader(database_url: str, role: str, read_only: bool = True
 class FreshnessMonitor:
     def __init__(self, projections: Iterable[Projection], database_url: str,
                  kafka: KafkaConnection, role: str, interval_s: float = 1.0,
-                 end_offsets_every_s: float = 2.0) -> None:
+                 end_offsets_every_s: float = 2.0, lead: WorkerLead | None = None) -> None:
         self.projections = {p.name: p for p in projections}
+        self.lead = lead or WorkerLead()
         self.database_url = database_url
         self.kafka = kafka
         self.role = role
@@ -127,8 +149,34 @@ class FreshnessMonitor:
                 version, checkpoint.batch_id if checkpoint else None,
                 checkpoint.updated_at if checkpoint else None, applied,
                 self._lag(self.projections[name], applied), now)
-            for listener in self._listeners:
-                listener(name, version)
+        if not self.lead.alone:
+            self.lead.publish("freshness",
+                              self.publication(self._snapshots, self._derived_topics))
+        self._told_listeners()
+
+    @staticmethod
+    def publication(snapshots: Mapping[str, Freshness],
+                    derived_topics: Mapping[str, list[str]]) -> bytes:
+        """What the lead worker publishes after each poll."""
+        return orjson.dumps({"snapshots": {n: f.as_record() for n, f in snapshots.items()},
+                             "derived_topics": derived_topics})
+
+    def follow(self) -> None:
+        """A worker that does not lead: take what the lead last published, if anything new."""
+        body = self.lead.latest("freshness")
+        if body is None:
+            return
+        published = orjson.loads(body)
+        self._snapshots = {name: Freshness.from_record(record)
+                           for name, record in published["snapshots"].items()}
+        self._derived_topics = published["derived_topics"]
+        self._told_listeners()
+
+    def _told_listeners(self) -> None:
+        for name, snapshot in list(self._snapshots.items()):
+            if snapshot.version is not None:
+                for listener in self._listeners:
+                    listener(name, snapshot.version)
         self._polled.set()
 
     def _source_end_offsets(self, planner: OffsetPlanner) -> dict[PartitionKey, int]:
@@ -142,12 +190,17 @@ class FreshnessMonitor:
 
     def _run(self) -> None:
         conn: psycopg.Connection | None = None
-        planner = OffsetPlanner(self.kafka)
+        planner: OffsetPlanner | None = None
         try:
             while not self._stop.is_set():
+                if not self.lead.leads():
+                    self.follow()
+                    self._stop.wait(FOLLOW_S)
+                    continue
                 try:
                     if conn is None or conn.closed:
-                        conn = connect_as_reader(self.database_url, self.role)
+                        conn = connect_as_reader(self.database_url, self.role, purpose="freshness")
+                    planner = planner or OffsetPlanner(self.kafka)
                     self.poll(conn, planner)
                 except psycopg.Error as exc:
                     log.warning("freshness poll failed (will retry): %s", exc)
@@ -158,6 +211,7 @@ class FreshnessMonitor:
                     log.exception("freshness poll failed (will retry)")
                 self._stop.wait(self.interval_s)
         finally:
-            planner.close()
+            if planner is not None:
+                planner.close()
             if conn is not None:
                 conn.close()

@@ -29,6 +29,7 @@ import heapq
 import itertools
 import logging
 import os
+import pathlib
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -68,6 +69,7 @@ from eventfold.read_api.state import KTableEntry, KTableView, StoreConfig
 from eventfold.read_api.state.membership import Membership, Report, TopicReport
 from eventfold.read_api.state.routing import Replica, ReplicaUnavailable, Router
 from eventfold.read_api.state.stores import IN_MEMORY
+from eventfold.read_api.workers import WorkerLead
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
 from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
@@ -106,6 +108,9 @@ class ReadApiOptions:
     """Where the other instances reach this one; empty: it is alone, and holds every KTable
     partition."""
     standby_replicas: int = 1
+    workers_dir: pathlib.Path | None = None
+    """The directory this instance's HTTP workers share (``read_api.workers``); None: one
+    worker."""
 
 
 def _json_default(value: Any) -> Any:
@@ -204,8 +209,9 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     pool = reader_pool(options.database_url, options.reader_role, options.pool_size,
                        options.statement_timeout_ms)
+    lead = WorkerLead(options.workers_dir)
     monitor = FreshnessMonitor(stateful, options.database_url, options.kafka,
-                               options.reader_role)
+                               options.reader_role, lead=lead)
     read_models = {p.name: ReadModel(pool, p, options.count_timeout_ms,
                                      options.exact_count_max_rows) for p in stateful}
     presence = ReaderPresence(options.database_url, options.reader_role, instance_id)
@@ -222,7 +228,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
             host.rebalance(members)
 
     membership = Membership(options.advertised_url, report, options.database_url,
-                            options.reader_role)
+                            options.reader_role, lead)
     membership.on_change(rebalance)
     routing = Router(membership, options.standby_replicas)
 

@@ -91,7 +91,8 @@ class ReaderPresence:
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
-            self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
+            self._conn = connect_as_reader(self.database_url, self.role, read_only=False,
+                                           purpose="presence")
         return self._conn
 
     def _failed(self, error: psycopg.Error) -> None:

@@ -6,20 +6,22 @@ topic, the partitions it holds restored (and their lag) and those it has stores 
 rows not renewed for ``TIMEOUT_S`` are
 members no more (a crashed instance leaves within that time, one that stops deletes its row).
 An instance without an advertised URL is alone: it hosts every partition, as a single
-instance always has.
+instance always has. Of an instance's HTTP workers only the lead beats
+(``read_api.workers``); the others take the members it publishes.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Any, cast
 
 import orjson
 import psycopg
 from eventfold.read_api.freshness import connect_as_reader
+from eventfold.read_api.workers import FOLLOW_S, WorkerLead
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +75,10 @@ class Membership:
     them). Alone (``url`` empty), it is the only member and touches no database."""
 
     def __init__(self, url: str, report: Callable[[], Report],
-                 database_url: str = "", role: str = "") -> None:
+                 database_url: str = "", role: str = "", lead: WorkerLead | None = None
+                 ) -> None:
         self.url = url
+        self.lead = lead or WorkerLead()
         self.report = report
         self.database_url = database_url
         self.role = role
@@ -123,6 +127,10 @@ class Membership:
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stop.is_set():
+            if not self.lead.leads():
+                self._follow()
+                self._stop.wait(FOLLOW_S)
+                continue
             try:
                 self._beat()
             except psycopg.Error as exc:
@@ -135,7 +143,8 @@ class Membership:
 
     def _beat(self) -> None:
         if self._conn is None or self._conn.closed:
-            self._conn = connect_as_reader(self.database_url, self.role, read_only=False)
+            self._conn = connect_as_reader(self.database_url, self.role, read_only=False,
+                                           purpose="membership")
         tables = {topic: report.as_json() for topic, report in self.report().items()}
         self._conn.execute(
             "INSERT INTO ktable_members (url, tables) VALUES (%s, %s) ON CONFLICT (url) DO "
@@ -144,9 +153,16 @@ class Membership:
         rows = self._conn.execute(
             "SELECT url, tables FROM ktable_members WHERE seen_at > now() - "
             "make_interval(secs => %s) ORDER BY url", (TIMEOUT_S,)).fetchall()
-        members = tuple(Member(url, {topic: TopicReport.from_json(report)
-                                     for topic, report in tables.items()})
-                        for url, tables in rows)
+        if not self.lead.alone:
+            self.lead.publish("members", orjson.dumps(rows))
+        self._changed(_members_of(rows))
+
+    def _follow(self) -> None:
+        body = self.lead.latest("members")
+        if body is not None:
+            self._changed(_members_of(orjson.loads(body)))
+
+    def _changed(self, members: tuple[Member, ...]) -> None:
         before = {m.url for m in self._members}
         self._members = members
         if {m.url for m in members} != before:
@@ -154,3 +170,10 @@ class Membership:
         self._refreshed.set()
         for listener in self._listeners:
             listener(members)
+
+
+def _members_of(rows: Iterable[Sequence[Any]]) -> tuple[Member, ...]:
+    """Members from ``ktable_members`` rows (url, tables), as read or as published."""
+    return tuple(Member(url, {topic: TopicReport.from_json(report)
+                              for topic, report in tables.items()})
+                 for url, tables in rows)

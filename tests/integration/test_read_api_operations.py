@@ -10,6 +10,7 @@ import signal
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -155,58 +156,121 @@ def test_sigterm_lets_an_in_flight_read_finish(inventory_app, stack_settings, tm
     assert "stopped cleanly" in log.read_text()
 
 
-def _lock_holder(pids: list[int], lock: Path) -> int | None:
-    """The process that has ``lock`` open (the store's writer)."""
+def _lock_holder(pids: list[int], lock_name: str, under: Path | None = None) -> int | None:
+    """The process that has a file named ``lock_name`` open (``under`` a directory if given):
+    the store's writer, or the workers' lead."""
     for pid in pids:
         try:
-            if any(os.readlink(fd) == str(lock) for fd in Path(f"/proc/{pid}/fd").iterdir()):
-                return pid
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                target = Path(os.readlink(fd))
+                if target.name == lock_name and (under is None or target.parent == under):
+                    return pid
         except OSError:
             continue
     return None
 
 
-def test_http_workers_share_one_store_and_a_reader_takes_over_from_a_dead_writer(
+def _database_connections(database_url: str, pids: list[int]) -> dict[str, int]:
+    """How many connections ``pids`` hold to the database, by application_name."""
+    sockets = {os.readlink(fd) for pid in pids if Path(f"/proc/{pid}").exists()
+               for fd in Path(f"/proc/{pid}/fd").iterdir() if _is_socket(fd)}
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if f"socket:[{fields[9]}]" in sockets:
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    with psycopg.connect(libpq_url(database_url), autocommit=True) as conn:
+        rows = conn.execute("SELECT application_name, client_port FROM pg_stat_activity "
+                            "WHERE backend_type = 'client backend'").fetchall()
+    found: dict[str, int] = {}
+    for name, port in rows:
+        if port in ports:
+            found[name] = found.get(name, 0) + 1
+    return found
+
+
+def _is_socket(fd: Path) -> bool:
+    try:
+        return os.readlink(fd).startswith("socket:")
+    except OSError:
+        return False
+
+
+def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         inventory_app, stack_settings, tmp_path) -> None:
-    """`serve reads` with two workers: both answer every key from one RocksDB store (one
-    directory, one writer); SIGKILL the writer and the other worker writes on: a record
-    published after the kill is served."""
+    """`serve reads` with three workers: all answer every key from one RocksDB store (one
+    directory, one writer), and one of them (the lead) polls freshness and beats for the
+    instance. SIGKILL the writer and the lead: another worker writes on (a record published
+    after the kill is served), and one leads (freshness stays current, the membership row
+    is renewed)."""
     name = f"shared_{uuid.uuid4().hex[:8]}"
     kept = projection(name, sources=["Product"], columns={"quantity": BigInteger()})(
         lambda state, _event: state)
     materialize(stack_settings, kept, {f"k{i}": {"quantity": i} for i in range(20)})
     port = free_port()
+    advertised = f"http://127.0.0.1:{port}"
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
                     EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_READ_API_PORT=str(port),
-                    EVENTFOLD_HTTP_WORKERS="2")
+                    EVENTFOLD_HTTP_WORKERS="3", EVENTFOLD_ADVERTISED_URL=advertised)
     log = tmp_path / "reads.log"
     reads = start_serving("reads", env, log)
-    url = f"http://127.0.0.1:{port}/ktables/{name}/entries"
+    url = f"{advertised}/ktables/{name}/entries"
 
     def answers(key: str) -> dict[str, int]:
-        """Which worker answered what, over fresh connections (each may land on either)."""
+        """Which worker answered what, over fresh connections (each may land on any)."""
         seen: dict[str, int] = {}
-        for _ in range(40):
+        for _ in range(60):
             response = requests.get(f"{url}/{key}", timeout=10)
             if response.status_code == 200:
                 body = response.json()
                 seen[body["freshness"]["instance"]] = body["value"]["quantity"]
         return seen
 
+    def background_connections() -> dict[str, int]:
+        found = _database_connections(stack_settings.database_url, descendants(reads.pid))
+        return {purpose: found.get(f"eventfold read API {purpose}", 0)
+                for purpose in ("freshness", "membership", "presence")}
+
+    def membership_age_s() -> float:
+        with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+            row = conn.execute("SELECT extract(epoch FROM now() - seen_at) FROM ktable_members"
+                               " WHERE url = %s", (advertised,)).fetchone()
+        return float(row[0]) if row else float("inf")
+
+    def freshness_ages_s() -> list[float]:
+        """How old the freshness of read model answers is, over fresh connections."""
+        ages = []
+        for _ in range(30):
+            body = requests.get(f"{advertised}/read-models/{name}/rows/k7", timeout=10).json()
+            checked = datetime.fromisoformat(body["freshness"]["checked_at"])
+            ages.append((datetime.now(UTC) - checked).total_seconds())
+        return ages
+
     try:
         wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
-        wait_for(lambda: len(answers("k7")) == 2, "both workers serving k7", 60)
+        wait_for(lambda: len(answers("k7")) == 3, "three workers serving k7", 60)
         assert set(answers("k7").values()) == {7}
         stores = list((tmp_path / "state").iterdir())
         assert [d.name for d in stores] == [f"eventfold.ktable.{name}"]  # one copy
+        # One worker polls and beats for the instance; each has its own presence.
+        wait_for(lambda: background_connections() == {
+            "freshness": 1, "membership": 1, "presence": 3}, "one lead's connections", 30)
         workers = descendants(reads.pid)
-        writer = _lock_holder(workers, stores[0] / "writer.lock")
-        assert writer is not None, workers
-        os.kill(writer, signal.SIGKILL)
+        writer = _lock_holder(workers, "writer.lock", stores[0])
+        lead = _lock_holder(workers, "lead.lock")
+        assert writer is not None and lead is not None, workers
+        for doomed in {writer, lead}:
+            os.kill(doomed, signal.SIGKILL)
         materialize(stack_settings, kept, {"k7": {"quantity": 70}}, batch_id=1,
                     first_stream_version=100)
         wait_for(lambda: set(answers("k7").values()) == {70},
                  "the record published after the writer died, served", 60)
         assert "now writes its store (the writer before it is gone)" in log.read_text()
+        wait_for(lambda: background_connections()["freshness"] == 1
+                 and background_connections()["membership"] == 1, "a new lead", 30)
+        wait_for(lambda: max(freshness_ages_s()) < 5, "freshness kept current", 30)
+        time.sleep(3)
+        assert membership_age_s() < 3  # renewed by the new lead, not left to expire
     finally:
         stop_pid(reads.pid, what="serve reads", timeout_s=60)
