@@ -42,7 +42,7 @@ from eventfold.write_model import (
     EventStore,
     Repository,
 )
-from eventfold.write_model.http import bearer_auth, create_command_app
+from eventfold.write_model.http import bearer_auth, create_command_app, header_check
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -156,7 +156,8 @@ class Eventfold:
             advertised_url=settings.advertised_url,
             standby_replicas=settings.ktable_standby_replicas, workers_dir=workers_dir())
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
-        app = create_read_app(self.projections, options, auth=auth)
+        app = create_read_app(self.projections, options, auth=auth,
+                              authorize=header_check(settings.api_token or None))
         add_dashboard(app, self, settings)
         return _with_observability(app, settings, "reads", request_log=settings.request_log)
 

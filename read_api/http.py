@@ -201,10 +201,13 @@ class VersionNotReached(Exception):
 
 
 def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
-                    auth: Sequence[Any] = ()) -> FastAPI:
+                    auth: Sequence[Any] = (),
+                    authorize: Callable[[str | None], None] | None = None) -> FastAPI:
     """``auth``: dependencies that check credentials on every data route (the composition
     root passes the bearer token check here when a token is configured; then, and only then,
-    the spec declares the security scheme and 401 on those routes)."""
+    the spec declares the security scheme and 401 on those routes). ``authorize``: the same
+    check, on a request's Authorization header, for the KTable gets that skip the router
+    (``KTableGets``); with ``auth`` and without it, they take the router's way."""
     stateful = [p for p in projections if p.has_state]
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     pool = reader_pool(options.database_url, options.reader_role, options.pool_size,
@@ -305,8 +308,9 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor, commits)
     get_entry = _ktable_routes(data, read_models, hosts, instance_id, routing)
-    if not auth:  # with credentials to check, every request takes the router's way
-        app.add_middleware(KTableGets, endpoint=get_entry, names=frozenset(read_models))
+    if not auth or authorize is not None:
+        app.add_middleware(KTableGets, endpoint=get_entry, names=frozenset(read_models),
+                           authorize=authorize)
     _unknown_read_model_route(data, read_models)
     app.include_router(data)
     _health_routes(app, pool, hosts, monitor)
@@ -446,12 +450,12 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
 
     def freshness(host: KTableHost, view: KTableView, partition: int | None = None
                   ) -> dict[str, Any]:
-        lags = view.partition_lags()
         where = ({} if partition is None else
                  {"partition": partition, "stale": not routing.is_active(view, partition)})
-        return {"topic": view.topic, "projection_version": host.version,
+        return {"topic": view.topic, "projection_version": host.version_of(view),
                 "restored": view.restored,
-                "lag_records": view.lag if partition is None else lags.get(partition, 0),
+                "lag_records": (view.lag if partition is None
+                                else view.partition_lag(partition) or 0),
                 "instance": instance_id, "served_by": me, **where}
 
     def entry_json(key: str, entry: KTableEntry) -> dict[str, Any]:
@@ -720,15 +724,17 @@ class KTableGets:
     Why: a KTable get is the read API's hot path, and one forwarded to another instance
     crosses two of them; Starlette's exception middleware, router and FastAPI's request
     solving were most of each (docs/benchmarks.md, "KTable partitions among instances").
-    Middleware added to the app (request log, metrics) still wraps these requests. Only an
-    app without credentials to check installs it.
+    Middleware added to the app (request log, metrics) still wraps these requests.
+    ``authorize`` checks the Authorization header first, as the routes' ``auth`` does.
     """
 
     def __init__(self, app: ASGIApp, endpoint: Callable[..., Awaitable[Response]],
-                 names: frozenset[str]) -> None:
+                 names: frozenset[str],
+                 authorize: Callable[[str | None], None] | None = None) -> None:
         self.app = app
         self.endpoint = endpoint
         self.names = names
+        self.authorize = authorize
         # What the router would put in the scope: middleware outside (metrics) reads the
         # route's path from it.
         self.route = Route("/ktables/{name}/entries/{key}", endpoint, methods=["GET"])
@@ -743,6 +749,8 @@ class KTableGets:
         scope["path_params"] = {"name": name, "key": key}
         request = Request(scope, receive)
         try:
+            if self.authorize is not None:
+                self.authorize(request.headers.get("authorization"))
             await _checked_text(request)
             response = await self.endpoint(request, key=key, name=name)
         except HTTPException as exc:

@@ -125,6 +125,11 @@ class KTableHost:
                 return self._next[1]
             return self.view
 
+    def version_of(self, view: KTableView) -> int:
+        """The projection version ``view`` serves (the next one's while a switch restores)."""
+        pending = self._next  # one read: a swap may replace it meanwhile
+        return pending[0] if pending is not None and pending[1] is view else self.version
+
     def views(self) -> list[KTableView]:
         with self._lock:
             return [self.view] + ([self._next[1]] if self._next else [])

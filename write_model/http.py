@@ -172,6 +172,17 @@ def bearer_token(authorization: str | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" else None
 
 
+def header_check(api_token: str | None) -> Callable[[str | None], None]:
+    """Checks an Authorization header as ``bearer_auth`` does (for code that reads headers
+    itself). Raises a 401 HTTPException."""
+    check = token_check(api_token)
+
+    def authorize(authorization: str | None) -> None:
+        check(bearer_token(authorization))
+
+    return authorize
+
+
 def bearer_auth(api_token: str | None) -> Callable[..., Awaitable[None]]:
     """A dependency that requires ``Authorization: Bearer <api_token>`` when one is set."""
     scheme = HTTPBearer(auto_error=False)  # parses the header and documents the scheme

@@ -82,12 +82,12 @@ class Router:
         each only if it holds the partition restored (this instance by its view, the others
         by their last heartbeat)."""
         if self.membership.alone:
-            lags = view.partition_lags()
-            return ([Replica("", True, True, lags[partition])] if partition in lags else [])
+            lag = view.partition_lag(partition)
+            return [] if lag is None else [Replica("", True, True, lag)]
         found = []
         for rank, url in enumerate(self.owners(view, partition)):
             if url == self.membership.url:
-                lag = view.partition_lags().get(partition)
+                lag = view.partition_lag(partition)
             else:
                 member = self.membership.member(url)
                 lag = None if member is None else member.lag(view.topic, partition)

@@ -151,8 +151,14 @@ class KTableView:
 
     def partition_lags(self) -> dict[int, int]:
         """Each ready partition's lag in records."""
-        return {p: max(self._high_watermarks.get(p, 0) - self._positions.get(p, 0), 0)
-                for p in self._ready}
+        return {p: lag for p in self._ready if (lag := self.partition_lag(p)) is not None}
+
+    def partition_lag(self, partition: int) -> int | None:
+        """The partition's lag in records if it is ready here, else None."""
+        if partition not in self._ready:
+            return None
+        return max(self._high_watermarks.get(partition, 0) - self._positions.get(partition, 0),
+                   0)
 
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         return self.store.get(key, partition)

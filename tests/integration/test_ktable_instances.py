@@ -1,7 +1,8 @@
 """KTable partitions divided among read API instances, run as a team runs them: three
 `serve reads` processes with advertised URLs on a 12-partition KTable. Each holds its
 active and standby partitions; any of them answers any key (forwarding it), and ranges,
-exports and counts are gathered from all. SIGKILL one while reads poll every 100 ms at random
+exports and counts are gathered from all; a read-your-writes get waits at the key's owner.
+SIGKILL one while reads poll every 100 ms at random
 keys through every instance and updates are written: reads keep answering from the standbys
 (at most a few failures while the members notice), and every answer equals the read model
 once caught up. Restarted, the killed instance restores only the records written to its
@@ -16,6 +17,7 @@ import signal
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import requests
@@ -140,10 +142,27 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
         assert len(lines) == len(KEYS)
         assert _get(f"{urls[1]}/ktables/{name}/count").json()["count"] == len(KEYS)
 
-        poller.start()
-        materialize(stack_settings, kept, {k: {"quantity": 1000 + i}
-                                           for i, k in enumerate(KEYS[:40])},
-                    batch_id=1, first_stream_version=1000)
+        # read-your-writes through a forwarded get: the key's active host waits for the
+        # version asked for, written after the request was sent
+        waiting_key, owner = next(
+            (k, where["active"]) for k in KEYS[:40]
+            for where in [_get(f"{urls[1]}/ktables/{name}/keys/{k}/metadata").json()]
+            if where["active"] != urls[1])
+        wanted = 1000 + KEYS.index(waiting_key)
+        with ThreadPoolExecutor(1) as background:
+            waited = background.submit(
+                requests.get, f"{urls[1]}/ktables/{name}/entries/{waiting_key}",
+                params={"min_version": str(wanted), "wait_ms": "20000"}, timeout=30)
+            time.sleep(1)
+            assert not waited.done()
+            poller.start()
+            materialize(stack_settings, kept, {k: {"quantity": 1000 + i}
+                                               for i, k in enumerate(KEYS[:40])},
+                        batch_id=1, first_stream_version=1000)
+            answer = waited.result(timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["value"] == {"quantity": wanted}
+        assert answer.json()["freshness"]["served_by"] == owner
         first_update = {k: 1000 + i for i, k in enumerate(KEYS[:40])}
         wait_for(lambda: all(
             _get(f"{urls[0]}/ktables/{name}/entries/{k}", local="true").json()["value"][
