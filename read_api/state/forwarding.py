@@ -1,15 +1,18 @@
 """A small HTTP/1.1 client for reads forwarded between read API instances: keep-alive
-connections per instance, requests written and responses parsed (``httptools``, uvicorn's
-parser) on asyncio streams. A general client (httpx) spent several milliseconds of CPU per
-forwarded get, more than the get itself (docs/benchmarks.md, "KTable partitions among
+connections per instance, each an asyncio protocol whose responses are parsed by
+``httptools`` (uvicorn's parser) as the bytes arrive. A general client (httpx) spent several
+milliseconds of CPU per forwarded get, more than the get itself, and asyncio streams still
+several times what a protocol costs (docs/benchmarks.md, "KTable partitions among
 instances")."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import cast
 from urllib.parse import urlencode, urlsplit
 
 import httptools
@@ -32,43 +35,81 @@ class Answer:
     headers: dict[bytes, bytes] = field(default_factory=dict)
 
 
-class _Parsed:
-    """httptools' callbacks, collecting one response."""
+class _Connection(asyncio.Protocol):
+    """One keep-alive connection to an instance, one request at a time."""
 
     def __init__(self) -> None:
-        self.body: list[bytes] = []
-        self.headers: dict[bytes, bytes] = {}
-        self.complete = False
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._parser: httptools.HttpResponseParser | None = None
+        self._body: list[bytes] = []
+        self._headers: dict[bytes, bytes] = {}
+        self._keep_alive = False
 
+    # -- asyncio.Protocol ------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
+
+    def data_received(self, data: bytes) -> None:
+        if self._parser is None:
+            return  # bytes nobody asked for: the next request finds the connection closed
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserError as exc:
+            self._fail(exc)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._fail(exc or ConnectionError("the connection closed before the response ended"))
+
+    # -- httptools' callbacks -------------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
+        self._headers[name.lower()] = value
 
     def on_body(self, body: bytes) -> None:
-        self.body.append(body)
+        self._body.append(body)
 
     def on_message_complete(self) -> None:
-        self.complete = True
+        # Asked now: once the message is complete the parser's state no longer says it.
+        self._keep_alive = self._parser is not None and self._parser.should_keep_alive()
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
-
-class _Connection:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader, self.writer = reader, writer
-
+    # -- use ------------------------------------------------------------------------------
     async def get(self, request: bytes) -> tuple[Answer, bool]:
         """The response, and whether the connection may be used again."""
-        self.writer.write(request)
-        parsed = _Parsed()
-        parser = httptools.HttpResponseParser(parsed)
-        while not parsed.complete:
-            chunk = await self.reader.read(65536)
-            if not chunk:
-                raise ConnectionError("the connection closed before the response ended")
-            parser.feed_data(chunk)
-        answer = Answer(parser.get_status_code(), b"".join(parsed.body), parsed.headers)
-        return answer, parser.should_keep_alive()
+        if self.closed or self.transport is None:
+            raise ConnectionError("the connection has closed")
+        self._body, self._headers, self._keep_alive = [], {}, False
+        parser = self._parser = httptools.HttpResponseParser(self)
+        self._waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        try:
+            async with asyncio.timeout(READ_TIMEOUT_S):
+                await self._waiter
+        finally:
+            self._parser = self._waiter = None
+        answer = Answer(parser.get_status_code(), b"".join(self._body), self._headers)
+        return answer, self._keep_alive
+
+    def _fail(self, exc: Exception) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(exc)
 
     def close(self) -> None:
-        self.writer.close()
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+
+
+@functools.lru_cache(maxsize=256)
+def _endpoint(base_url: str) -> tuple[tuple[str, int], str, str]:
+    """(host, port), the Host header and the path prefix of an instance's URL."""
+    url = urlsplit(base_url)
+    if url.scheme != "http" or url.hostname is None:
+        raise ForwardFailed(f"{base_url}: only http:// instance URLs are supported")
+    return (url.hostname, url.port or 80), url.netloc, url.path.rstrip("/")
 
 
 class Forwarder:
@@ -80,24 +121,24 @@ class Forwarder:
     async def get(self, base_url: str, path: str, params: Mapping[str, str],
                   headers: Mapping[str, str]) -> Answer:
         """``GET base_url + path?params``; raises ``ForwardFailed`` if there is no answer."""
-        url = urlsplit(base_url)
-        if url.scheme != "http" or url.hostname is None:
-            raise ForwardFailed(f"{base_url}: only http:// instance URLs are supported")
-        host = (url.hostname, url.port or 80)
-        target = f"{url.path.rstrip('/')}{path}" + (f"?{urlencode(params)}" if params else "")
-        request = "".join([f"GET {target} HTTP/1.1\r\nHost: {url.netloc}\r\n",
+        host, netloc, prefix = _endpoint(base_url)
+        target = f"{prefix}{path}" + (f"?{urlencode(params)}" if params else "")
+        request = "".join([f"GET {target} HTTP/1.1\r\nHost: {netloc}\r\n",
                            *(f"{k}: {v}\r\n" for k, v in headers.items()), "\r\n"]).encode()
         for attempt in range(2):  # a kept connection the other side closed meanwhile: anew
             reused = bool(self._idle.get(host))
             connection = await self._connection(host)
             try:
-                answer, keep = await asyncio.wait_for(connection.get(request), READ_TIMEOUT_S)
+                answer, keep = await connection.get(request)
             except (OSError, ConnectionError, httptools.HttpParserError,
                     TimeoutError) as exc:
                 connection.close()
                 if reused and attempt == 0 and not isinstance(exc, TimeoutError):
                     continue
                 raise ForwardFailed(f"{base_url}: {exc or type(exc).__name__}") from exc
+            except asyncio.CancelledError:  # the client went away: the response is unread
+                connection.close()
+                raise
             if keep and len(self._idle.setdefault(host, [])) < _IDLE_PER_HOST:
                 self._idle[host].append(connection)
             else:
@@ -107,14 +148,17 @@ class Forwarder:
 
     async def _connection(self, host: tuple[str, int]) -> _Connection:
         idle = self._idle.get(host)
-        if idle:
-            return idle.pop()
+        while idle:
+            connection = idle.pop()
+            if not connection.closed:
+                return connection
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(*host),
-                                                    CONNECT_TIMEOUT_S)
+            async with asyncio.timeout(CONNECT_TIMEOUT_S):
+                _, connection = await asyncio.get_running_loop().create_connection(
+                    _Connection, *host)
         except (OSError, TimeoutError) as exc:
             raise ForwardFailed(f"{host[0]}:{host[1]}: {exc or type(exc).__name__}") from exc
-        return _Connection(reader, writer)
+        return connection
 
     async def close(self) -> None:
         for connections in self._idle.values():
