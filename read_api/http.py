@@ -32,7 +32,7 @@ import os
 import pathlib
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from decimal import Decimal
@@ -67,7 +67,7 @@ from eventfold.read_api.responses import (
 from eventfold.read_api.schema import QueryError, check_text
 from eventfold.read_api.state import KTableEntry, KTableView, StoreConfig
 from eventfold.read_api.state.membership import Membership, Report, TopicReport
-from eventfold.read_api.state.routing import Replica, ReplicaUnavailable, Router
+from eventfold.read_api.state.routing import Replica, ReplicaUnavailable, Router, merge_pages
 from eventfold.read_api.state.stores import IN_MEMORY
 from eventfold.read_api.workers import WorkerLead
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
@@ -675,14 +675,44 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
 
     async def ndjson(request: Request, name: str, host: KTableHost, view: KTableView,
                      start: str | None, end: str | None) -> AsyncIterator[bytes]:
-        """Every entry in range, a merged page of lines at a time."""
-        after = None
+        """Every entry in range: each partition read a page at a time after its own last
+        key (from the replica serving it), merged in key order, a chunk of lines at a time."""
+        pages = [partition_pages(request, name, host, view, p, start, end)
+                 for p in range(view.partition_count or 0)]
+        async for chunk in merge_pages(pages, _GATHER_PAGE):
+            yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n"
+                           for entry in chunk)
+
+    async def partition_pages(request: Request, name: str, host: KTableHost,
+                              view: KTableView, partition: int, start: str | None,
+                              end: str | None) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """One partition's entries in range, a page at a time; a replica that fails is left
+        for the next one, which goes on after the last key read."""
+        after, avoid = None, set()
         while True:
-            page, _ = await merged_range(request, name, host, view, start, end, after,
-                                         _GATHER_PAGE)
+            replica = next((r for r in routing.replicas(view, partition)
+                            if r.url not in avoid), None)
+            if replica is None:
+                raise unavailable(name, view, partition)
+            if replica.local:
+                page = [entry_json(k, e) for k, e in view.store.range(
+                    start, end, after, _GATHER_PAGE, [partition])]
+            else:
+                bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
+                          if v is not None}
+                params, headers = forwarded(request, host, **bounds, limit=str(_GATHER_PAGE),
+                                            partitions=str(partition))
+                try:
+                    answer = await routing.forward(replica, f"/ktables/{name}/entries",
+                                                   params, headers)
+                    if answer.status != 200:
+                        raise ReplicaUnavailable(f"{replica.url}: {answer.status}")
+                except ReplicaUnavailable:
+                    avoid.add(replica.url)
+                    continue
+                page = orjson.loads(answer.body)["entries"]
             if page:
-                yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n"
-                               for entry in page)
+                yield page
             if len(page) < _GATHER_PAGE:
                 return
             after = page[-1]["key"]

@@ -10,9 +10,13 @@ each partition and are merged here (``Router.plan``).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import heapq
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from eventfold.read_api.state.assignment import Hosting, assign, owners
 from eventfold.read_api.state.forwarding import Answer, Forwarder, ForwardFailed
@@ -21,6 +25,9 @@ from eventfold.read_api.state.partitioner import partition_for
 from eventfold.read_api.state.view import KTableView
 
 log = logging.getLogger(__name__)
+
+Entry = TypeVar("Entry", bound=Mapping[str, Any])
+"""A KTable entry as JSON: its ``key``, ``value`` and ``version``."""
 
 @dataclass(frozen=True)
 class Replica:
@@ -136,3 +143,43 @@ class Router:
 
     async def close(self) -> None:
         await self._forwarder.close()
+
+
+async def merge_pages(streams: Sequence[AsyncGenerator[list[Entry], None]], chunk: int
+                      ) -> AsyncIterator[list[Entry]]:
+    """The entries of ``streams`` (pages of entries, each stream in key order, no key in
+    two streams) merged in key order, ``chunk`` at a time. Each stream's next page is asked
+    for as soon as its current one arrives, so the merge seldom waits."""
+    buffers: list[list[Entry]] = [[] for _ in streams]
+    pending = [asyncio.ensure_future(anext(s, None)) for s in streams]
+    heap: list[tuple[str, int, int]] = []
+
+    async def take(i: int) -> None:
+        page = await pending[i]
+        if page is not None:
+            buffers[i] = page
+            pending[i] = asyncio.ensure_future(anext(streams[i], None))
+            heapq.heappush(heap, (page[0]["key"], i, 0))
+
+    try:
+        for i in range(len(streams)):
+            await take(i)
+        out: list[Entry] = []
+        while heap:
+            _, i, at = heapq.heappop(heap)
+            out.append(buffers[i][at])
+            if at + 1 < len(buffers[i]):
+                heapq.heappush(heap, (buffers[i][at + 1]["key"], i, at + 1))
+            else:
+                await take(i)
+            if len(out) >= chunk:
+                yield out
+                out = []
+        if out:
+            yield out
+    finally:
+        for future in pending:
+            future.cancel()
+        for stream in streams:
+            with contextlib.suppress(Exception):
+                await stream.aclose()

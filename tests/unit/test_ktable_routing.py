@@ -5,11 +5,15 @@ restores it)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
+from collections.abc import AsyncGenerator
+from typing import Any
 
 import pytest
 from eventfold.read_api.state.assignment import assign, owners
 from eventfold.read_api.state.partitioner import murmur2, partition_for
+from eventfold.read_api.state.routing import merge_pages
 
 
 @pytest.mark.parametrize(("key", "signed"), [
@@ -83,3 +87,21 @@ def test_a_restarted_member_takes_back_the_partitions_it_has_stores_of() -> None
                    stored={**both, "http://c:1": _held(three)["http://c:1"]})
     assert again["http://c:1"].partitions == three["http://c:1"].partitions
     assert all(any(p in both[m] for m in owners(again)[p] if m in both) for p in range(12))
+
+
+def test_paged_parts_merge_in_key_order_a_chunk_at_a_time() -> None:
+    parts = {0: ["a", "d", "e", "k"], 1: ["b", "c", "f", "g", "h"], 2: [], 3: ["j"]}
+    asked: list[tuple[int, int]] = []
+
+    async def pages(part: int) -> AsyncGenerator[list[dict[str, Any]], None]:
+        keys = parts[part]
+        for at in range(0, len(keys), 2):  # pages of two, each asked for when needed
+            asked.append((part, at))
+            yield [{"key": k} for k in keys[at:at + 2]]
+
+    async def merged() -> list[list[str]]:
+        return [[e["key"] for e in chunk]
+                async for chunk in merge_pages([pages(p) for p in parts], 3)]
+
+    assert asyncio.run(merged()) == [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "j"], ["k"]]
+    assert sorted(asked) == [(0, 0), (0, 2), (1, 0), (1, 2), (1, 4), (3, 0)]
