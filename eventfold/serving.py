@@ -1,20 +1,20 @@
-"""Serving ASGI apps with uvicorn: in the foreground (CLI), in worker processes, or in a
-background thread (demo, tests)."""
+"""Serving ASGI apps with uvicorn: in the foreground (CLI), in worker processes (under
+``eventfold.supervisor``), or in a background thread (demo, tests)."""
 
 from __future__ import annotations
 
 import importlib
 import logging
-import multiprocessing as mp
 import os
-import shutil
 import signal
 import socket
+import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 import uvicorn
 from fastapi import FastAPI
@@ -53,13 +53,29 @@ class BackgroundServer:
 def serve_forever(factory: str, host: str, port: int, workers: int = 1) -> None:
     """Serve the app that ``factory`` ("module:function") builds until SIGINT/SIGTERM;
     in-flight requests finish first. ``workers`` > 1 runs that many processes, each with its
-    own SO_REUSEPORT listening socket (the kernel spreads connections over them)."""
+    own SO_REUSEPORT listening socket (the kernel spreads connections over them), under
+    ``eventfold.supervisor``, which this process becomes (it does not return then)."""
+    if workers > 1:
+        _become_supervisor(factory, host, port, workers)
     _return_after_stop_signal()
-    if workers <= 1:
-        _serve_worker(factory, host, port)
-    else:
-        _supervise(factory, host, port, workers)
+    serve_worker(factory, host, port)
     log.info("HTTP server on %s:%d stopped cleanly", host, port)
+
+
+def _become_supervisor(factory: str, host: str, port: int, workers: int) -> NoReturn:
+    shared = [tempfile.mkdtemp(prefix="eventfold-workers-")]
+    os.environ[WORKERS_DIR] = shared[0]
+    # Each worker writes its metric samples to files there; /metrics on any worker sums them.
+    if not os.environ.get(MULTIPROCESS_DIR):
+        shared.append(tempfile.mkdtemp(prefix="eventfold-metrics-"))
+        os.environ[MULTIPROCESS_DIR] = shared[1]
+    settings = Settings.from_env()
+    logging.shutdown()  # flushed: exec keeps no buffer
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "eventfold.supervisor", factory, host,
+                              str(port), str(workers), settings.log_level,
+                              settings.log_format, *shared])
 
 
 def _return_after_stop_signal() -> None:
@@ -73,9 +89,10 @@ def _note_stop_signal(signum: int, _: FrameType | None) -> None:
     log.info("signal %d received", signum)
 
 
-def _serve_worker(factory: str, host: str, port: int) -> None:
+def serve_worker(factory: str, host: str, port: int | str) -> None:
+    """One HTTP worker (the only one, or one of ``eventfold.supervisor``'s)."""
     _return_after_stop_signal()
-    settings = Settings.from_env()  # a spawned worker configures its own logging
+    settings = Settings.from_env()  # a worker of the supervisor configures its own logging
     configure_logging(settings.log_level, settings.log_format)
     module_name, _, function = factory.partition(":")
     app = getattr(importlib.import_module(module_name), function)()
@@ -84,7 +101,7 @@ def _serve_worker(factory: str, host: str, port: int) -> None:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
+    sock.bind((host, int(port)))
     # uvicorn's own loggers go through ours (text or JSON), not a config of its own.
     config = uvicorn.Config(app, log_config=None, log_level="info",
                             timeout_graceful_shutdown=20, access_log=False)
@@ -102,40 +119,3 @@ def workers_dir() -> Path | None:
     return Path(shared) if shared else None
 
 
-def _supervise(factory: str, host: str, port: int, workers: int) -> None:
-    # Each worker writes its metric samples to files there; /metrics on any worker sums them.
-    own_metrics_dir = None
-    if not os.environ.get(MULTIPROCESS_DIR):
-        own_metrics_dir = tempfile.mkdtemp(prefix="eventfold-metrics-")
-        os.environ[MULTIPROCESS_DIR] = own_metrics_dir
-    shared = tempfile.mkdtemp(prefix="eventfold-workers-")
-    os.environ[WORKERS_DIR] = shared
-    try:
-        _run_workers(factory, host, port, workers)
-    finally:
-        shutil.rmtree(shared, ignore_errors=True)
-        if own_metrics_dir is not None:
-            shutil.rmtree(own_metrics_dir, ignore_errors=True)
-
-
-def _run_workers(factory: str, host: str, port: int, workers: int) -> None:
-    context = mp.get_context("spawn")
-    processes = [context.Process(target=_serve_worker, args=(factory, host, port),
-                                 name=f"http-worker-{n}") for n in range(workers)]
-    for process in processes:
-        process.start()
-    stopping = threading.Event()
-
-    def forward(signum: int, _: FrameType | None) -> None:
-        stopping.set()
-        for process in processes:
-            if process.pid is not None and process.is_alive():
-                process.terminate()  # SIGTERM: each worker drains its in-flight requests
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    for process in processes:
-        process.join()
-    if not stopping.is_set():
-        log.error("HTTP workers exited on their own: %s",
-                  [p.exitcode for p in processes])

@@ -663,6 +663,8 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
         if not view.restored and view.partition_count is None:
             raise unavailable(name, view, None)
         if output == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
+            if missing := routing.plan(view)[1]:  # a 503 now, not a stream cut short
+                raise unavailable(name, view, missing[0])
             return StreamingResponse(ndjson(request, name, host, view, start, end),
                                      media_type="application/x-ndjson")
         limit = parse_limit(params.get("limit"))
@@ -675,47 +677,63 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
 
     async def ndjson(request: Request, name: str, host: KTableHost, view: KTableView,
                      start: str | None, end: str | None) -> AsyncIterator[bytes]:
-        """Every entry in range: each partition read a page at a time after its own last
-        key (from the replica serving it), merged in key order, a chunk of lines at a time."""
-        pages = [partition_pages(request, name, host, view, p, start, end)
-                 for p in range(view.partition_count or 0)]
-        async for chunk in merge_pages(pages, _GATHER_PAGE):
+        """Every entry in range: each replica's partitions read a page at a time after
+        their own last key, merged in key order, a chunk of lines at a time."""
+        plan, missing = routing.plan(view)
+        if missing:  # since the response began: it ends here, short of its last line
+            raise unavailable(name, view, missing[0])
+        parts = [part_pages(request, name, host, view, replica, partitions, start, end)
+                 for replica, partitions in plan.items()]
+        async for chunk in merge_pages(parts, _GATHER_PAGE):
             yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n"
                            for entry in chunk)
 
-    async def partition_pages(request: Request, name: str, host: KTableHost,
-                              view: KTableView, partition: int, start: str | None,
-                              end: str | None) -> AsyncGenerator[list[dict[str, Any]], None]:
-        """One partition's entries in range, a page at a time; a replica that fails is left
-        for the next one, which goes on after the last key read."""
-        after, avoid = None, set()
-        while True:
+    async def part_pages(request: Request, name: str, host: KTableHost, view: KTableView,
+                         replica: Replica | None, partitions: list[int], start: str | None,
+                         end: str | None, after: str | None = None, avoid: frozenset[str] = (
+                             frozenset())) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """Some partitions' entries in range after ``after``, a page at a time, from
+        ``replica`` (None: the first replica of the one partition not in ``avoid``). If the
+        replica fails, each partition goes on from another one, after the last key read."""
+        if replica is None:
+            [partition] = partitions
             replica = next((r for r in routing.replicas(view, partition)
                             if r.url not in avoid), None)
             if replica is None:
                 raise unavailable(name, view, partition)
-            if replica.local:
-                page = [entry_json(k, e) for k, e in view.store.range(
-                    start, end, after, _GATHER_PAGE, [partition])]
-            else:
-                bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
-                          if v is not None}
-                params, headers = forwarded(request, host, **bounds, limit=str(_GATHER_PAGE),
-                                            partitions=str(partition))
-                try:
-                    answer = await routing.forward(replica, f"/ktables/{name}/entries",
-                                                   params, headers)
-                    if answer.status != 200:
-                        raise ReplicaUnavailable(f"{replica.url}: {answer.status}")
-                except ReplicaUnavailable:
-                    avoid.add(replica.url)
-                    continue
-                page = orjson.loads(answer.body)["entries"]
+        while True:
+            try:
+                page = await read_page(request, name, host, view, replica, partitions, start,
+                                       end, after)
+            except ReplicaUnavailable:
+                avoid |= {replica.url}
+                async for chunk in merge_pages([
+                        part_pages(request, name, host, view, None, [p], start, end, after,
+                                   avoid) for p in partitions], _GATHER_PAGE):
+                    yield chunk
+                return
             if page:
                 yield page
             if len(page) < _GATHER_PAGE:
                 return
             after = page[-1]["key"]
+
+    async def read_page(request: Request, name: str, host: KTableHost, view: KTableView,
+                        replica: Replica, partitions: list[int], start: str | None,
+                        end: str | None, after: str | None) -> list[dict[str, Any]]:
+        if replica.local:
+            every = len(partitions) == view.partition_count
+            return [entry_json(k, e) for k, e in view.store.range(
+                start, end, after, _GATHER_PAGE, None if every else partitions)]
+        bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
+                  if v is not None}
+        params, headers = forwarded(request, host, **bounds, limit=str(_GATHER_PAGE),
+                                    partitions=",".join(map(str, partitions)))
+        answer = await routing.forward(replica, f"/ktables/{name}/entries", params, headers)
+        if answer.status != 200:
+            raise ReplicaUnavailable(f"{replica.url}: {answer.status} {answer.body[:200]!r}")
+        entries: list[dict[str, Any]] = orjson.loads(answer.body)["entries"]
+        return entries
 
     @router.get("/ktables/{name}/count", tags=["ktables"], summary="Key count",
                 description="The keys of every partition, as each instance serving it holds "

@@ -19,6 +19,7 @@ import requests
 from eventfold.local_stack.process import (
     descendants,
     free_port,
+    pid_alive,
     port_is_open,
     stop_pid,
     wait_until,
@@ -277,5 +278,9 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         wait_for(lambda: max(freshness_ages_s()) < 5, "freshness kept current", 30)
         time.sleep(3)
         assert membership_age_s() < 3  # renewed by the new lead, not left to expire
+        survivors = descendants(reads.pid)
+        stop_pid(reads.pid, what="serve reads", timeout_s=60)
+        assert reads.wait(10) == 0 and "stopped cleanly" in log.read_text()
+        assert not [pid for pid in survivors if pid_alive(pid)]
     finally:
         stop_pid(reads.pid, what="serve reads", timeout_s=60)
