@@ -147,12 +147,13 @@ class Eventfold:
             database_url=settings.read_database_url or settings.database_url,
             kafka=settings.kafka, reader_role=settings.reader_role,
             instance_id=settings.instance_id,
-            pool_size=-(-settings.read_pool_size // max(settings.http_workers, 1)),
+            pool_size=settings.per_http_worker(settings.read_pool_size),
             statement_timeout_ms=settings.read_statement_timeout_ms,
             count_timeout_ms=settings.read_count_timeout_ms,
             exact_count_max_rows=settings.read_exact_count_max_rows, title=f"{self.name} reads",
             ktable_store=StoreConfig(cast("StoreKind", settings.ktable_store),
-                                     Path(settings.state_dir), settings.ktable_cache_mb),
+                                     Path(settings.state_dir),
+                                     settings.per_http_worker(settings.ktable_cache_mb)),
             advertised_url=settings.advertised_url,
             standby_replicas=settings.ktable_standby_replicas, workers_dir=workers_dir())
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []

@@ -257,6 +257,11 @@ class Settings(BaseSettings):
     def replication(self) -> Replication:
         return Replication.parse(self.replication_factor, self.min_insync_replicas)
 
+    def per_http_worker(self, per_instance: int) -> int:
+        """A worker's share of what an instance is given (its database pool, its block
+        cache), as Kafka Streams divides its cache among its stream threads."""
+        return -(-per_instance // max(self.http_workers, 1))
+
     def with_local_stack(self) -> Settings:
         """Fill unset endpoints from the running local stack's state file."""
         if self.database_url and self.kafka_bootstrap and self.connect_url:

@@ -89,3 +89,9 @@ def test_retentions_become_the_topic_configs_of_the_projections_outputs() -> Non
     assert given.derived_config()["retention.ms"] == str(90 * 86_400_000)
     assert given.ktable_config() == {"cleanup.policy": "compact", "retention.ms": "-1",
                                      "retention.bytes": "-1", "segment.ms": "600000"}
+
+
+def test_an_instances_pool_and_cache_are_divided_among_its_http_workers() -> None:
+    three = Settings.from_env({"EVENTFOLD_HTTP_WORKERS": "3"})
+    assert (three.per_http_worker(10), three.per_http_worker(64)) == (4, 22)
+    assert Settings.from_env({}).per_http_worker(10) == 10
