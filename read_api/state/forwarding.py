@@ -1,9 +1,9 @@
 """A small HTTP/1.1 client for reads forwarded between read API instances: keep-alive
 connections per instance, each an asyncio protocol whose responses are parsed by
 ``httptools`` (uvicorn's parser) as the bytes arrive. A general client (httpx) spent several
-milliseconds of CPU per forwarded get, more than the get itself, and asyncio streams still
-several times what a protocol costs (docs/benchmarks.md, "KTable partitions among
-instances")."""
+milliseconds of CPU per forwarded get, more than the get itself (docs/benchmarks.md, "KTable
+partitions among instances" and "Forwarded gets kept alive, a lean supervisor, NDJSON merged
+per replica")."""
 
 from __future__ import annotations
 
