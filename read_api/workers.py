@@ -14,10 +14,13 @@ A worker alone (no shared directory) always leads and publishes nothing.
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import threading
 from pathlib import Path
 from typing import IO
+
+log = logging.getLogger(__name__)
 
 FOLLOW_S = 0.2
 """How often a worker that does not lead reads what the lead published (and tries to lead)."""
@@ -47,6 +50,8 @@ class WorkerLead:
                     handle.close()
                     return False
                 self._handle = handle  # held until this process exits
+                log.info("this worker (pid %d) leads the instance's background work",
+                         os.getpid())
             return True
 
     def publish(self, kind: str, body: bytes) -> None:

@@ -6,6 +6,7 @@ KTable store (one writes it; another takes over when it dies)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import uuid
@@ -275,6 +276,8 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         assert "now writes its store (the writer before it is gone)" in log.read_text()
         wait_for(lambda: background_connections()["freshness"] == 1
                  and background_connections()["membership"] == 1, "a new lead", 30)
+        leads = re.findall(r"this worker \(pid (\d+)\) leads", log.read_text())
+        assert len(leads) == 2 and int(leads[0]) == lead and int(leads[1]) != lead, leads
         wait_for(lambda: max(freshness_ages_s()) < 5, "freshness kept current", 30)
         time.sleep(3)
         assert membership_age_s() < 3  # renewed by the new lead, not left to expire
