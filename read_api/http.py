@@ -690,8 +690,9 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
 
     async def part_pages(request: Request, name: str, host: KTableHost, view: KTableView,
                          replica: Replica | None, partitions: list[int], start: str | None,
-                         end: str | None, after: str | None = None, avoid: frozenset[str] = (
-                             frozenset())) -> AsyncGenerator[list[dict[str, Any]], None]:
+                         end: str | None, after: str | None = None,
+                         avoid: frozenset[str] = frozenset()
+                         ) -> AsyncGenerator[list[dict[str, Any]], None]:
         """Some partitions' entries in range after ``after``, a page at a time, from
         ``replica`` (None: the first replica of the one partition not in ``avoid``). If the
         replica fails, each partition goes on from another one, after the last key read."""

@@ -20,6 +20,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import orjson
 import requests
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.outbox.kafka import OffsetPlanner
@@ -173,6 +174,11 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
         processes[0].wait(10)
         poller.live.discard(0)
         killed_at = time.monotonic()
+        # an export begun before the others notice: the dead instance's partitions are read
+        # from their standbys instead
+        exported = [orjson.loads(line)["key"] for line in _get(
+            f"{urls[1]}/ktables/{name}/entries", format="ndjson").text.splitlines()]
+        assert exported == KEYS and time.monotonic() - killed_at < 3
         written_while_down = {k: {"quantity": 2000 + i} for i, k in enumerate(KEYS[20:80])}
         materialize(stack_settings, kept, written_while_down, batch_id=2,
                     first_stream_version=2000)
