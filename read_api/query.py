@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 from eventfold.read_api.schema import Field, Kind, QueryError, ReadModelSchema
-from sqlalchemy import column, func, select, table, union_all
+from sqlalchemy import column, func, select, table, tuple_, union_all
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import Select, TableClause
@@ -210,8 +210,9 @@ def compile_query(statement: Select[Any]) -> CompiledQuery:
 
 def page_query(schema: ReadModelSchema, query: ListQuery) -> CompiledQuery:
     """The page's rows, one more than the limit (is there a next page?). After a cursor, the
-    rows after it are the union of index range scans (see ``_after``), each limited, sorted
-    again: at most a few pages' rows, whatever the depth."""
+    rows after it are one range of the sort's index where a row comparison can say which
+    (``_one_range``), else the union of index range scans (see ``_after``), each limited,
+    sorted again: at most a few pages' rows, whatever the depth."""
     view = view_table(schema)
     conditions = [_condition(view, f) for f in query.filters]
     order = [view.c[k.field.name].desc().nulls_first() if k.descending
@@ -226,6 +227,11 @@ def page_query(schema: ReadModelSchema, query: ListQuery) -> CompiledQuery:
 
     if query.after is None:
         return compile_query(scan())
+    if _one_range(query.sort, query.after):
+        columns = [view.c[k.field.name] for k in query.sort]
+        after = (tuple_(*columns) < tuple_(*query.after) if query.sort[0].descending
+                 else tuple_(*columns) > tuple_(*query.after))
+        return compile_query(scan(after))
     rows = union_all(*(scan(*branch) for branch in _after(view, query.sort, query.after))
                      ).subquery("after_cursor")
     resorted = [rows.c[k.field.name].desc().nulls_first() if k.descending
@@ -276,6 +282,17 @@ def _condition(view: TableClause, f: Filter) -> ColumnElement[bool]:
         case "null":
             return col.is_(None) if f.value else col.is_not(None)
     raise QueryError(f"unknown operator {f.op!r}")  # parse_filters lets none through
+
+
+def _one_range(sort: Sequence[SortKey], values: Sequence[Any]) -> bool:
+    """Whether the rows after ``values`` are one range of the sort fields' index, read from
+    a row comparison ``(a, key) > (%s, %s)``: every field in the same direction, no value
+    null, and no null after a value (descending, nulls come first; ascending, only if no
+    sort field is nullable). A row comparison is null, so false, where a field is null,
+    unless an earlier field already decided it."""
+    return (len({k.descending for k in sort}) == 1
+            and all(value is not None for value in values)
+            and (sort[0].descending or not any(k.field.nullable for k in sort)))
 
 
 def _after(view: TableClause, sort: Sequence[SortKey], values: Sequence[Any]
