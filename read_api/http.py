@@ -596,13 +596,8 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
             async def ask(replica: Replica, partitions: list[int]) -> Any:
                 if replica.local:
                     return local(partitions)
-                params, headers = forwarded(request, host, **remote_params,
-                                            partitions=",".join(map(str, partitions)))
-                answer = await routing.forward(replica, path, params, headers)
-                if answer.status != 200:
-                    raise ReplicaUnavailable(f"{replica.url}: {answer.status} "
-                                             f"{answer.body[:200]!r}")
-                return orjson.loads(answer.body)
+                return await part_of(request, host, replica, path, partitions,
+                                     **remote_params)
 
             answers = await asyncio.gather(*(ask(r, plan[r]) for r in replicas),
                                            return_exceptions=True)
@@ -728,13 +723,21 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                 start, end, after, _GATHER_PAGE, None if every else partitions)]
         bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
                   if v is not None}
-        params, headers = forwarded(request, host, **bounds, limit=str(_GATHER_PAGE),
-                                    partitions=",".join(map(str, partitions)))
-        answer = await routing.forward(replica, f"/ktables/{name}/entries", params, headers)
+        answer = await part_of(request, host, replica, f"/ktables/{name}/entries", partitions,
+                               **bounds, limit=str(_GATHER_PAGE))
+        entries: list[dict[str, Any]] = answer["entries"]
+        return entries
+
+    async def part_of(request: Request, host: KTableHost, replica: Replica, path: str,
+                      partitions: list[int], **params: str) -> Any:
+        """Another instance's answer at ``path`` for some of the partitions it holds, as
+        JSON; ``ReplicaUnavailable`` if it does not answer 200."""
+        query, headers = forwarded(request, host, **params,
+                                   partitions=",".join(map(str, partitions)))
+        answer = await routing.forward(replica, path, query, headers)
         if answer.status != 200:
             raise ReplicaUnavailable(f"{replica.url}: {answer.status} {answer.body[:200]!r}")
-        entries: list[dict[str, Any]] = orjson.loads(answer.body)["entries"]
-        return entries
+        return orjson.loads(answer.body)
 
     @router.get("/ktables/{name}/count", tags=["ktables"], summary="Key count",
                 description="The keys of every partition, as each instance serving it holds "
