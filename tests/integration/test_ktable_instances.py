@@ -247,7 +247,8 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
         switching.done.set()
         switching.join(10)
         assert switching.requests > 20 and len(switching.failures) <= 3, switching.failures
-        assert all(settled(i, 3) for i in range(3))
+        # the new version's partitions may still move as its members' first reports arrive
+        wait_for(lambda: all(settled(i, 3) for i in range(3)), "3 members settled on v2", 30)
     finally:
         poller.done.set()
         switching.done.set()
