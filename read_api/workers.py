@@ -13,12 +13,13 @@ A worker alone (no shared directory) always leads and publishes nothing.
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
 from pathlib import Path
 from typing import IO
+
+from eventfold.read_api.state.locks import try_exclusive
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +44,8 @@ class WorkerLead:
             return True
         with self._lock:
             if self._handle is None:
-                handle = (self.directory / "lead.lock").open("ab")
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    handle.close()
+                handle = try_exclusive(self.directory / "lead.lock")
+                if handle is None:
                     return False
                 self._handle = handle  # held until this process exits
                 log.info("this worker (pid %d) leads the instance's background work",

@@ -11,7 +11,6 @@ the writer's files, and one of them takes the lock if the writer dies.
 
 from __future__ import annotations
 
-import fcntl
 import heapq
 import logging
 import os
@@ -26,6 +25,7 @@ from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 from eventfold.read_api.state.entry import KTableEntry
+from eventfold.read_api.state.locks import try_exclusive
 from eventfold.read_api.state.partitioner import partition_for
 from rocksdict import (
     AccessType,
@@ -407,11 +407,8 @@ class RocksDBStore(StateStore):
     def _take_writer_lock(self) -> bool:
         """Whether this process is the directory's writer (the lock holds until it exits or
         closes the store)."""
-        handle = (self.directory / "writer.lock").open("ab")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            handle.close()
+        handle = try_exclusive(self.directory / "writer.lock")
+        if handle is None:
             return False
         self._lock_file = handle
         return True
