@@ -22,6 +22,7 @@ from eventfold.outbox.kafka import (
 )
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.read_api.state.entry import KTableEntry
+from eventfold.read_api.state.heap import PROCESS_HEAP
 from eventfold.read_api.state.stores import (
     IN_MEMORY,
     Change,
@@ -273,12 +274,13 @@ class KTableView:
         return False
 
     def _follow(self, topic_id: str) -> None:
-        # Small fetches and a small prefetch queue: with 64 MB fetches (16 MB a partition)
-        # and librdkafka's 64 MB queue, consuming alone held about 490 MB while a 5M-record
-        # topic restored (docs/benchmarks.md, "KTables in RocksDB state stores").
+        # Small fetches and a small prefetch queue: a restore is bound by applying records,
+        # not by fetching them, and every byte librdkafka prefetches is held (and fragments
+        # the heap) while it waits. 2 MB fetches restore as fast as 8 MB ones, for much
+        # less memory (docs/benchmarks.md, "Restores give their memory back").
         consumer = Consumer(consumer_config(self.kafka, **{
-            "fetch.max.bytes": 8 * 1024 * 1024, "max.partition.fetch.bytes": 2 * 1024 * 1024,
-            "queued.max.messages.kbytes": 8 * 1024,
+            "fetch.max.bytes": 2 * 1024 * 1024, "max.partition.fetch.bytes": 512 * 1024,
+            "queued.max.messages.kbytes": 2 * 1024, "queued.min.messages": 5_000,
             "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
         held: frozenset[int] = frozenset()
         next_report = time.monotonic() + _PROGRESS_EVERY_S
@@ -292,6 +294,8 @@ class KTableView:
                     self._stop.wait(_CATCH_UP_EVERY_S)
                     continue
                 records = self._apply(consumer, consume_available(consumer, 10_000, wait_s=0.2))
+                if self.config.kind == "rocksdb":
+                    PROCESS_HEAP.applied(records)
                 if self._targets:
                     self._restore_records += records
                     self._note_restored()
@@ -400,3 +404,5 @@ class KTableView:
         log.info("ktable %s restored: %d keys, %d records applied in %.2f s", self.topic,
                  len(self.store), self._restore_records, self._restore_seconds)
         self._restored.set()
+        if self.config.kind == "rocksdb":
+            PROCESS_HEAP.trim()
