@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any, cast
 
 from fastapi import Depends, FastAPI
 
-from eventfold import migrations
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import event_topic, interval_seconds, retention_ms, split_password
 from eventfold.loading import AppNotFound, app_directories, import_app_module, python_path
@@ -83,6 +82,8 @@ class Eventfold:
         CDC connector (idempotent). Topics that exist are checked against the configs they
         need; ``fix_topics`` alters them instead of refusing. A database on another outbox
         design is switched over with its connector (``outbox.design.switch_design``)."""
+        from eventfold import migrations  # Alembic: only the processes that set up load it
+
         migrations.upgrade(settings.database_url)
         log.info("database migrated")
         admin = TopicAdmin(settings.kafka, settings.replication)

@@ -16,12 +16,8 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic.autogenerate import produce_migrations
-from alembic.migration import MigrationContext
-from alembic.operations import Operations
-from alembic.operations import ops as alembic_ops
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.plan import compile_projection
 from sqlalchemy import (
@@ -39,9 +35,8 @@ from sqlalchemy import (
     text,
 )
 
-# What a live version may take without a replay: nothing here rewrites or drops a row.
-SAFE_CHANGES = (alembic_ops.CreateTableOp, alembic_ops.AddColumnOp, alembic_ops.CreateIndexOp,
-                alembic_ops.DropIndexOp)
+if TYPE_CHECKING:
+    from alembic.operations import ops as alembic_ops
 
 
 class SchemaNeedsReplay(RuntimeError):
@@ -132,6 +127,16 @@ def _row_columns(projection: Projection, keyed: bool = True) -> list[Column[Any]
 def migrate(conn: Connection, projection: Projection, version: int) -> list[str]:
     """Bring one version's tables to the declared schema (inside the caller's transaction);
     returns what changed. Raises ``SchemaNeedsReplay`` for a change that is not additive."""
+    # Alembic is imported here, not with the module: read API workers import the projections'
+    # definitions (and so this module) but never migrate, and Alembic is ~11 MB a process.
+    from alembic.autogenerate import produce_migrations
+    from alembic.migration import MigrationContext
+    from alembic.operations import Operations
+    from alembic.operations import ops as alembic_ops
+
+    # What a live version may take without a replay: nothing here rewrites or drops a row.
+    safe_changes = (alembic_ops.CreateTableOp, alembic_ops.AddColumnOp,
+                    alembic_ops.CreateIndexOp, alembic_ops.DropIndexOp)
     metadata = version_metadata(projection, version)
     ours = set(metadata.tables)
 
@@ -146,7 +151,7 @@ def migrate(conn: Connection, projection: Projection, version: int) -> list[str]
         warnings.filterwarnings("ignore", "Did not recognize type", exc.SAWarning)
         upgrade = produce_migrations(context, metadata).upgrade_ops
         changes = list(_flatten(upgrade)) if upgrade is not None else []
-    refused = [change for change in changes if not isinstance(change, SAFE_CHANGES)]
+    refused = [change for change in changes if not isinstance(change, safe_changes)]
     if refused:
         raise SchemaNeedsReplay(
             f"projection {projection.name!r} v{version}: the declared read model differs from "
@@ -160,6 +165,8 @@ def migrate(conn: Connection, projection: Projection, version: int) -> list[str]
 
 
 def _flatten(container: alembic_ops.OpContainer) -> Iterator[alembic_ops.MigrateOperation]:
+    from alembic.operations import ops as alembic_ops
+
     for op in container.ops:
         if isinstance(op, alembic_ops.OpContainer):
             yield from _flatten(op)
@@ -168,6 +175,8 @@ def _flatten(container: alembic_ops.OpContainer) -> Iterator[alembic_ops.Migrate
 
 
 def _describe(op: alembic_ops.MigrateOperation) -> str:
+    from alembic.operations import ops as alembic_ops
+
     if isinstance(op, alembic_ops.CreateTableOp):
         return f"create table {op.table_name}"
     if isinstance(op, alembic_ops.AddColumnOp):
