@@ -55,9 +55,12 @@ class StoreConfig:
     directory: Path
     cache_mb: int
     """RocksDB's block cache, shared by every store of the process."""
-    write_buffer_mb: int = 8
+    write_buffer_mb: int = 4
     """Each partition database's memtable (two at most): what a store holds in memory
-    before it flushes, besides the cache."""
+    before it flushes, besides the cache. Every worker holds it twice over for each
+    partition, the writer in its memtables and each reader in the memtables it replays
+    from the writer's log, so it is kept small: a KTable's records are small, and a restore
+    is bound by applying them, not by flushing."""
 
 
 IN_MEMORY = StoreConfig("memory", Path(), cache_mb=0)
