@@ -12,7 +12,9 @@ the records/s of a range scan (the whole table as NDJSON). With two instances, g
 measured through one of them for keys it is the active host of (local) and for keys the
 other is (forwarded), and the other is then SIGKILLed: ``failover_s`` is the time until the
 first has answered every one of a sample of the killed instance's keys (a client retrying
-once), ``rebalance_s`` until it holds them as their active host.
+once), ``rebalance_s`` until it holds them as their active host. One RocksDB instance is then
+measured alone, exactly as the memory instance is (keys prefixed ``one_instance_``): the two
+instances above share the machine's cores, so their start and gets are not like against like.
 
     .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10] [--partitions 4]
 """
@@ -191,22 +193,25 @@ def rss_by_process(instance: Instance) -> str:
                      sorted(rss for _, rss in tree_rss(instance.process.pid).values()))
 
 
-def measure_memory(settings: Settings, keys: int, seconds: int, work_dir: Path
-                   ) -> dict[str, Any]:
-    """One instance holding the whole table in every worker, as before issue 34."""
-    state_dir = work_dir / "state-memory"
-    log_path = work_dir / "reads-memory.log"
-    first = Instance(settings, "memory", state_dir, log_path)
+def measure_one_instance(settings: Settings, kind: str, keys: int, seconds: int,
+                         work_dir: Path) -> dict[str, Any]:
+    """One instance with 2 workers serving the whole table, as before issue 34 (with the
+    memory store, every worker holding all of it): the like-for-like comparison."""
+    state_dir = work_dir / f"state-one-{kind}"
+    shutil.rmtree(state_dir, ignore_errors=True)
+    log_path = work_dir / f"reads-one-{kind}.log"
+    first = Instance(settings, kind, state_dir, log_path)
     try:
         first_ready = first.ready_s()
         wrk(first.url, ENTRY + KEY, keys - 1, 2, work_dir)  # warm-up
         gets = wrk(first.url, ENTRY + KEY, keys - 1, seconds, work_dir)
         scanned = range_records_per_s(first.url)
         rss_after = first.rss()
-        print(f"memory: RSS by process once restored (MB): {rss_by_process(first)}", flush=True)
+        print(f"{kind}, one instance: RSS by process once restored (MB): "
+              f"{rss_by_process(first)}", flush=True)
     finally:
         first.stop()
-    again = Instance(settings, "memory", state_dir, log_path)
+    again = Instance(settings, kind, state_dir, log_path)
     try:
         restart_ready = again.ready_s()
     finally:
@@ -220,7 +225,7 @@ def measure_memory(settings: Settings, keys: int, seconds: int, work_dir: Path
         "local_get_p50_ms": gets.p50_ms, "local_get_p99_ms": gets.p99_ms,
         "range_records_per_s": round(scanned),
     }
-    report("memory", figures)
+    report(f"{kind} (one instance)", figures)
     return figures
 
 
@@ -294,6 +299,10 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--stores", default="rocksdb,memory",
                         help="which to measure (the JSON has the keys of those measured)")
+    parser.add_argument("--one-instance", action=argparse.BooleanOptionalAction,
+                        default=True,
+                        help="also measure one RocksDB instance alone, as the memory store "
+                             "is (one_instance_ keys): like against like")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with own_stack("eventfold-ktable-scale-") as (settings, work_dir):
@@ -304,10 +313,14 @@ def main() -> None:
         stores = args.stores.split(",")
         rocksdb = (measure_rocksdb(settings, args.keys, args.seconds, work_dir)
                    if "rocksdb" in stores else {})
-        memory = (measure_memory(settings, args.keys, args.seconds, work_dir)
-                  if "memory" in stores else {})
+        one = {kind: measure_one_instance(settings, kind, args.keys, args.seconds, work_dir)
+               for kind in ("rocksdb", "memory")
+               if kind in stores and (kind == "memory" or args.one_instance)}
     print(json.dumps({"keys": args.keys, "partitions": args.partitions, **rocksdb,
-                      **{f"memory_{name}": value for name, value in memory.items()}}))
+                      **{f"one_instance_{name}": value
+                         for name, value in one.get("rocksdb", {}).items()},
+                      **{f"memory_{name}": value
+                         for name, value in one.get("memory", {}).items()}}))
 
 
 if __name__ == "__main__":
