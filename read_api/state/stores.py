@@ -261,13 +261,21 @@ class _Partition:
 
     def __init__(self, path: Path, options: Options, writer: bool) -> None:
         self.path, self.options, self.writer = path, options, writer
+        # The writer stamps this file after every write; a reader catches up only when the
+        # stamp has changed. Catching up holds the GIL (a millisecond or so a partition),
+        # which every request of the reader's process waits out, ten times a second.
+        self._stamp_path = path.with_name(f"{path.name}.written")
+        self._stamp_fd: int | None = None
         if writer:
             self.db = Rdict(str(path), options)
+            self._stamp_fd = os.open(self._stamp_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._stamp = int.from_bytes(os.urandom(8))  # unlike any earlier writer's
         else:
             secondary = path.with_name(f"{path.name}.reader-{os.getpid()}")
             self.db = Rdict(str(path), options,
                             access_type=AccessType.secondary(str(secondary)))
             self._secondary = secondary
+            self._seen_stamp: bytes | None = None
 
     def meta(self, name: bytes) -> bytes | None:
         value: bytes | None = self.db.get(name)
@@ -292,17 +300,23 @@ class _Partition:
         batch.put(_COUNT, _INT.pack(_int(self.meta(_COUNT)) + delta))
         batch.put(_OFFSET, _INT.pack(next_offset))
         batch.put(_HIGH, _INT.pack(max(high_watermark, next_offset)))
-        self.db.write(batch)
+        self._write(batch)
 
     def put_meta(self, name: bytes, value: bytes) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.put(name, value)
-        self.db.write(batch)
+        self._write(batch)
 
     def delete_meta(self, name: bytes) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.delete(name)
+        self._write(batch)
+
+    def _write(self, batch: WriteBatch) -> None:
         self.db.write(batch)
+        if self._stamp_fd is not None:
+            self._stamp = (self._stamp + 1) % (1 << 64)
+            os.pwrite(self._stamp_fd, self._stamp.to_bytes(8), 0)
 
     def get(self, key: str) -> KTableEntry | None:
         stored = self.db.get(_DATA + key.encode())
@@ -327,10 +341,26 @@ class _Partition:
             del iterator
 
     def catch_up(self) -> None:
-        self.db.try_catch_up_with_primary()
+        """A reader: see the writer's writes since the last catch-up, if it has written."""
+        stamp = self._read_stamp()
+        if stamp is not None and stamp == self._seen_stamp:
+            return
+        self.db.try_catch_up_with_primary()  # after reading the stamp: a later write changes it
+        self._seen_stamp = stamp
+
+    def _read_stamp(self) -> bytes | None:
+        if self._stamp_fd is None:
+            try:
+                self._stamp_fd = os.open(self._stamp_path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None  # a writer of before the stamp: catch up every time
+        return os.pread(self._stamp_fd, 8, 0) or None
 
     def close(self) -> None:
         self.db.close()
+        if self._stamp_fd is not None:
+            os.close(self._stamp_fd)
+            self._stamp_fd = None
         if not self.writer:
             shutil.rmtree(self._secondary, ignore_errors=True)
 

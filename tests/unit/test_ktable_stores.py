@@ -152,3 +152,45 @@ def test_a_partition_let_go_keeps_its_files_and_comes_back_at_its_checkpoint(tmp
         assert store.restored_partitions() == {0}
     finally:
         store.close()
+
+
+class _CountingCatchUps:
+    """A reader partition's database, counting its catch-ups with the writer."""
+
+    def __init__(self, db: object) -> None:
+        self.db, self.catch_ups = db, 0
+
+    def try_catch_up_with_primary(self) -> None:
+        self.catch_ups += 1
+        self.db.try_catch_up_with_primary()  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.db, name)
+
+
+def test_a_reader_catches_up_only_after_the_writer_has_written(tmp_path) -> None:
+    writer = rocksdb(tmp_path, partitions=(0,))
+    writer.write(0, [("a", entry(1))], 1, 1)
+    reader = rocksdb(tmp_path, partitions=(0,))
+    assert not reader.writer
+    counted = _CountingCatchUps(reader._partitions[0].db)
+    reader._partitions[0].db = counted  # type: ignore[assignment]
+    try:
+        for _ in range(5):
+            reader.catch_up()
+        assert (counted.catch_ups, reader.get("a")) == (1, entry(1))
+        writer.write(0, [("b", entry(2))], 2, 2)
+        reader.catch_up()
+        reader.catch_up()
+        assert (counted.catch_ups, reader.get("b")) == (2, entry(2))
+        writer.restored([0])  # a write of the store's own records counts as well
+        reader.catch_up()
+        assert (counted.catch_ups, reader.restored_partitions()) == (3, frozenset({0}))
+        writer.close()
+        successor = rocksdb(tmp_path, partitions=(0,))  # the lock was let go: it writes
+        successor.write(0, [("c", entry(3))], 3, 3)
+        reader.catch_up()
+        assert (counted.catch_ups, reader.get("c")) == (4, entry(3))
+        successor.close()
+    finally:
+        reader.close()
