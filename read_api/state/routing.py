@@ -167,9 +167,14 @@ async def merge_pages(streams: Sequence[AsyncGenerator[list[Entry], None]], chun
         out: list[Entry] = []
         while heap:
             _, i, at = heapq.heappop(heap)
-            out.append(buffers[i][at])
-            if at + 1 < len(buffers[i]):
-                heapq.heappush(heap, (buffers[i][at + 1]["key"], i, at + 1))
+            if heap:
+                step = 1
+                out.append(buffers[i][at])
+            else:  # the one stream left (or the only one) needs no comparing
+                step = chunk - len(out)
+                out.extend(buffers[i][at:at + step])
+            if at + step < len(buffers[i]):
+                heapq.heappush(heap, (buffers[i][at + step]["key"], i, at + step))
             else:
                 await take(i)
             if len(out) >= chunk:

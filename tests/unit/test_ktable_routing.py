@@ -105,3 +105,9 @@ def test_paged_parts_merge_in_key_order_a_chunk_at_a_time() -> None:
 
     assert asyncio.run(merged()) == [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "j"], ["k"]]
     assert sorted(asked) == [(0, 0), (0, 2), (1, 0), (1, 2), (1, 4), (3, 0)]
+
+    async def alone() -> list[list[str]]:  # one stream: taken a chunk at a time, unmerged
+        return [[e["key"] for e in chunk]
+                async for chunk in merge_pages([pages(1), pages(2)], 2)]
+
+    assert asyncio.run(alone()) == [["b", "c"], ["f", "g"], ["h"]]
