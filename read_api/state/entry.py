@@ -48,4 +48,10 @@ class KTableEntry(NamedTuple):
 
     @classmethod
     def decode(cls, stored: bytes) -> KTableEntry:
-        return cls(stored[_VERSION.size:], _VERSION.unpack_from(stored)[0])
+        # tuple.__new__ skips the generated __new__'s argument handling, which a range scan
+        # would pay for every record
+        return _new_tuple(cls, (stored[_VERSION.size:], _unpack_version(stored)[0]))
+
+
+_new_tuple = tuple.__new__
+_unpack_version = _VERSION.unpack_from

@@ -5,6 +5,9 @@ reading the topic."""
 
 from __future__ import annotations
 
+import struct
+
+_WORDS = struct.Struct("<I")
 _SEED = 0x9747B28C
 _M = 0x5BD1E995
 _MASK = 0xFFFFFFFF
@@ -15,8 +18,7 @@ def murmur2(data: bytes) -> int:
     length = len(data)
     h = (_SEED ^ length) & _MASK
     whole = length - length % 4
-    for i in range(0, whole, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
+    for (k,) in _WORDS.iter_unpack(data[:whole]):
         k = (k * _M) & _MASK
         k ^= k >> 24
         k = (k * _M) & _MASK
