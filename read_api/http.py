@@ -217,7 +217,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
                                options.reader_role, lead=lead)
     read_models = {p.name: ReadModel(pool, p, options.count_timeout_ms,
                                      options.exact_count_max_rows) for p in stateful}
-    presence = ReaderPresence(options.database_url, options.reader_role, instance_id)
+    presence = ReaderPresence(options.database_url, options.reader_role, instance_id, lead)
     commits = CommitNotifications(options.database_url)
     hosts: dict[str, KTableHost] = {}
 

@@ -61,6 +61,23 @@ class WorkerLead:
         staged.write_bytes(body)
         os.replace(staged, path)
 
+    def withdraw(self, kind: str) -> None:
+        """Delete what was published of ``kind``."""
+        if self.directory is not None:
+            (self.directory / f"{kind}.json").unlink(missing_ok=True)
+
+    def every(self, prefix: str) -> dict[str, bytes]:
+        """Everything published whose kind starts with ``prefix``, by kind."""
+        if self.directory is None:
+            return {}
+        found = {}
+        for path in self.directory.glob(f"{prefix}*.json"):
+            try:
+                found[path.name.removesuffix(".json")] = path.read_bytes()
+            except FileNotFoundError:
+                continue  # withdrawn since the listing
+        return found
+
     def latest(self, kind: str) -> bytes | None:
         """What the lead last published of ``kind``, if it changed since this worker last
         read it; else None."""

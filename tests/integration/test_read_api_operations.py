@@ -208,9 +208,10 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         inventory_app, stack_settings, tmp_path) -> None:
     """`serve reads` with three workers: all answer every key from one RocksDB store (one
     directory, one writer), and one of them (the lead) polls freshness and beats for the
-    instance. SIGKILL the writer and the lead: another worker writes on (a record published
-    after the kill is served), and one leads (freshness stays current, the membership row
-    is renewed)."""
+    instance (and renews every worker's presence). SIGKILL the writer and the lead: another
+    worker writes on (a record published after the kill is served), and one leads
+    (freshness stays current, the membership row is renewed, the living workers' presence
+    is renewed and the dead's deleted)."""
     name = f"shared_{uuid.uuid4().hex[:8]}"
     kept = projection(name, sources=["Product"], columns={"quantity": BigInteger()})(
         lambda state, _event: state)
@@ -245,6 +246,13 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
                                " WHERE url = %s", (advertised,)).fetchone()
         return float(row[0]) if row else float("inf")
 
+    def presence_ages_s() -> dict[int, float]:
+        """How old each worker's presence row for the KTable's topic is, by worker pid."""
+        with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+            rows = conn.execute("SELECT instance_id, extract(epoch FROM now() - seen_at) "
+                                "FROM ktable_readers WHERE projection = %s", (name,)).fetchall()
+        return {int(instance.rsplit(":", 1)[1]): float(age) for instance, age in rows}
+
     def freshness_ages_s() -> list[float]:
         """How old the freshness of read model answers is, over fresh connections."""
         ages = []
@@ -260,10 +268,12 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         assert set(answers("k7").values()) == {7}
         stores = list((tmp_path / "state").iterdir())
         assert [d.name for d in stores] == [f"eventfold.ktable.{name}"]  # one copy
-        # One worker polls and beats for the instance; each has its own presence.
+        # One worker polls and beats for the instance, presence included.
         wait_for(lambda: background_connections() == {
-            "freshness": 1, "membership": 1, "presence": 3}, "one lead's connections", 30)
+            "freshness": 1, "membership": 1, "presence": 1}, "one lead's connections", 30)
         workers = descendants(reads.pid)
+        assert set(presence_ages_s()) == set(workers)
+        registered_at = time.monotonic()
         writer = _lock_holder(workers, "writer.lock", stores[0])
         lead = _lock_holder(workers, "lead.lock")
         assert writer is not None and lead is not None, workers
@@ -282,6 +292,12 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         time.sleep(3)
         assert membership_age_s() < 3  # renewed by the new lead, not left to expire
         survivors = descendants(reads.pid)
+        living = set(workers) - {writer, lead}  # the killed may linger as zombies
+        wait_for(lambda: set(presence_ages_s()) == living,
+                 "the dead workers' presence deleted by the new lead", 30)
+        time.sleep(max(0.0, registered_at + 6 - time.monotonic()))  # older than a beat or two
+        assert max(presence_ages_s().values()) < 4.5  # renewed every 3 s, for every worker
+        assert background_connections()["presence"] == 1
         stop_pid(reads.pid, what="serve reads", timeout_s=60)
         assert reads.wait(10) == 0 and "stopped cleanly" in log.read_text()
         assert not [pid for pid in survivors if pid_alive(pid)]
