@@ -19,6 +19,8 @@ from __future__ import annotations
 import base64
 import binascii
 import operator
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -204,8 +206,49 @@ def view_table(schema: ReadModelSchema) -> TableClause:
 
 
 def compile_query(statement: Select[Any]) -> CompiledQuery:
+    """The statement's SQL and parameters, compiled once per shape of query.
+
+    Compiling took more time than anything else of a page's work in the read API's process
+    (docs/benchmarks.md, "Pages compiled once per shape"), and pages of one shape (filters,
+    sort, fields, cursor) share their SQL: this keeps what SQLAlchemy's own statement cache
+    keeps, keyed alike, and takes each request's values out of its statement the same way
+    (SQLAlchemy's cache API is its Connection's, and the read API runs its SQL through
+    psycopg). ``test_a_cached_compile_is_the_compile`` holds the two equal."""
+    try:
+        return _cached_compile(statement)
+    except (AttributeError, TypeError, AssertionError):  # a SQLAlchemy whose internals moved
+        return _compile(statement)
+
+
+def _compile(statement: Select[Any]) -> CompiledQuery:
     compiled = statement.compile(dialect=_DIALECT, compile_kwargs={"render_postcompile": True})
     return CompiledQuery(str(compiled), dict(compiled.params))
+
+
+_COMPILED: OrderedDict[Any, Any] = OrderedDict()
+_COMPILED_MAX = 512  # shapes of query kept: the users' queries, not the values in them
+_COMPILED_LOCK = threading.Lock()
+
+
+def _cached_compile(statement: Select[Any]) -> CompiledQuery:
+    key = statement._generate_cache_key()
+    if key is None:
+        return _compile(statement)
+    with _COMPILED_LOCK:
+        compiled = _COMPILED.get(key[0])
+        if compiled is not None:
+            _COMPILED.move_to_end(key[0])
+    if compiled is None:
+        compiled = statement._compiler(_DIALECT, cache_key=key, column_keys=[])
+        with _COMPILED_LOCK:
+            _COMPILED[key[0]] = compiled
+            while len(_COMPILED) > _COMPILED_MAX:
+                _COMPILED.popitem(last=False)
+    collected: dict[str, Any] = {"_collected_params": key[2]} if len(key) > 2 else {}  # 2.1
+    params = compiled.construct_params(extracted_parameters=key[1], escape_names=False,
+                                       _no_postcompile=True, **collected)
+    expanded = compiled._process_parameters_for_postcompile(params)  # IN lists, as rendered
+    return CompiledQuery(expanded.statement, dict(expanded.parameters))
 
 
 def page_query(schema: ReadModelSchema, query: ListQuery) -> CompiledQuery:

@@ -89,3 +89,39 @@ def test_limit_and_repeated_parameters():
         parse_list_query(SCHEMA, [("limit", "1000")])
     with pytest.raises(QueryError, match="give it once"):
         parse_list_query(SCHEMA, [("sort", "total"), ("sort", "name")])
+
+
+def test_a_cached_compile_is_the_compile(monkeypatch):
+    """Pages of one shape share their compiled SQL; each page's own values go with it (the
+    second of each pair below differs from the first in values only)."""
+    from eventfold.read_api import query as module
+
+    cursor = encode_cursor(parse_sort(SCHEMA, "-total"), {"total": 7, "key": "k7"})
+    null_cursor = encode_cursor(parse_sort(SCHEMA, "total"), {"total": None, "key": "k1"})
+    pages = [
+        [("total.gte", "5"), ("sort", "-total"), ("limit", "50")],
+        [("total.gte", "9"), ("sort", "-total"), ("limit", "20")],
+        [("total.gte", "0"), ("sort", "-total"), ("cursor", cursor)],
+        [("total.gte", "3"), ("sort", "-total"), ("cursor", encode_cursor(
+            parse_sort(SCHEMA, "-total"), {"total": 2, "key": "k2"}))],
+        [("name.in", "a,b,c"), ("sort", "name")],
+        [("name.in", "x,y"), ("sort", "name")],
+        [("name.prefix", "50%_off"), ("fields", "name")],
+        [("name.prefix", "zz"), ("fields", "name")],
+        [("sort", "total"), ("cursor", null_cursor)],
+        [("sort", "total"), ("cursor", encode_cursor(parse_sort(SCHEMA, "total"),
+                                                     {"total": 4, "key": "k4"}))],
+    ]
+    statements = []
+
+    def record(statement):
+        statements.append(statement)
+        return module._compile(statement)
+
+    monkeypatch.setattr(module, "compile_query", record)
+    for params in pages:
+        page_query(SCHEMA, parse_list_query(SCHEMA, params))
+    monkeypatch.setattr(module, "_COMPILED", module.OrderedDict())
+    for statement in statements:
+        assert module._cached_compile(statement) == module._compile(statement)
+    assert len(module._COMPILED) < len(statements)  # shapes shared, not one per page
