@@ -266,8 +266,8 @@ class _Partition:
     def __init__(self, path: Path, options: Options, writer: bool) -> None:
         self.path, self.options, self.writer = path, options, writer
         # The writer stamps this file after every write; a reader catches up only when the
-        # stamp has changed. Catching up holds the GIL (a millisecond or so a partition),
-        # which every request of the reader's process waits out, ten times a second.
+        # stamp has changed. Catching up holds the GIL, and every request of the reader's
+        # process waited it out, ten times a second, written or not.
         self._stamp_path = path.with_name(f"{path.name}.written")
         self._stamp_fd: int | None = None
         if writer:
