@@ -4,12 +4,13 @@ A replay deletes a replaced version's KTable topic only once no instance has it 
 (``projections.catalog.ProjectionCatalog.delete_retired_topics``), so that no reader
 serves from a topic being deleted under it. A worker registers a topic before its consumer
 assigns it (refused if a switch has made another version active meanwhile), and removes the
-topic's row once its consumer has closed; the rows of a worker that died simply go stale.
+topic's row once its consumer has closed.
 
 The rows are renewed every few seconds by the instance's lead worker (``workers``), for
 every worker: each publishes the topics it has open and holds a lock while it lives, so
-the lead renews the rows of the living and deletes those of a worker that died. A worker
-that does not lead keeps no connection open: it connects to register or remove a topic.
+the lead renews the rows of the living and deletes those of a worker that died (the rows
+of an instance that died whole go stale). A worker that does not lead keeps no connection
+open: it connects to register or remove a topic.
 """
 
 from __future__ import annotations
