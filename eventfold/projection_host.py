@@ -22,7 +22,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -261,7 +260,7 @@ def replay_on_a_host(settings: Settings, name: str, source: str) -> ReplayResult
         stop_on_signal(cancel, "cancelling the replay after its batch under way")
         progress: ReplayProgress | None = None
         while True:
-            time.sleep(0.25)
+            cancel.wait(0.25)  # a Ctrl-C reaches the host at once, not at the next poll
             request = directory.request(request_id)
             if progress is None and request.total:
                 progress = ReplayProgress(name, request.total)
@@ -282,6 +281,8 @@ def replay_on_a_host(settings: Settings, name: str, source: str) -> ReplayResult
                 directory.cancel(request_id)
         if progress is not None:
             progress.close()
+        if cancel.is_set() and request.state == "done":
+            log.info("the replay of %s had finished before the host saw the cancel", name)
         if request.state == "cancelled":
             raise ReplayCancelled(request.error or f"replay of {name} cancelled")
         if request.state == "failed" or request.result is None:

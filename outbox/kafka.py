@@ -89,10 +89,13 @@ class GroupProgress:
         self._consumer.close()
 
 
-_ELECTION_ERRORS = frozenset({KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
-                              KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT})
+_ELECTION_ERRORS = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError._TRANSPORT, KafkaError.UNKNOWN_LEADER_EPOCH,
+    KafkaError.FENCED_LEADER_EPOCH, KafkaError.OFFSET_NOT_AVAILABLE})
 """What a partition answers while its leader is being elected (a broker restarted, a leader
-moved): asked again, not failed on."""
+moved; a restarted broker behind the client's metadata answers with the epoch errors):
+asked again, not failed on."""
 _RETRY_PAUSE_S = 0.1
 _EARLIEST, _LATEST = -2, -1
 """ListOffsets' special timestamps."""

@@ -3,7 +3,9 @@
 import pickle
 
 import pytest
+from confluent_kafka import KafkaError, KafkaException
 from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import Replication, ReplicationUnavailable
 
 from eventfold.config import ConfigError, Settings
@@ -78,3 +80,27 @@ def test_replication_per_kind_of_topic() -> None:
         Replication.parse("1", "2").for_kind("events", 3)
     with pytest.raises(ConfigError, match="whole numbers"):
         Settings.from_env({"EVENTFOLD_REPLICATION_FACTOR": "three"})
+
+
+@pytest.mark.parametrize("code", [KafkaError.UNKNOWN_LEADER_EPOCH, KafkaError.FENCED_LEADER_EPOCH,
+                                  KafkaError.NOT_LEADER_FOR_PARTITION])
+def test_offsets_are_asked_again_while_a_restarted_broker_catches_up(code: int) -> None:
+    """A broker just restarted answers with epoch errors until its metadata catches up with
+    the client's: asked again, not failed on. Other errors fail at once."""
+    planner = OffsetPlanner(KafkaConnection.of("127.0.0.1:9"), timeout_s=5)
+    answers = iter([code, code, None])
+
+    def ask() -> str:
+        error = next(answers)
+        if error is not None:
+            raise KafkaException(KafkaError(error))
+        return "offsets"
+    try:
+        assert planner._while_electing(ask) == "offsets"
+
+        def refused() -> str:
+            raise KafkaException(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+        with pytest.raises(KafkaException):
+            planner._while_electing(refused)
+    finally:
+        planner.close()
