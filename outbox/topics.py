@@ -103,13 +103,21 @@ def parse_topic_config(text: str) -> dict[str, str]:
     return parse_key_values(text, "topic config")
 
 
+_NOTICE = 5
+"""syslog's level, above which librdkafka logs nothing."""
+
+
 class TopicAdmin:
     """Creates topics with explicit configs (read back by DescribeConfigs) if they are missing,
     replicated as ``replication`` says for their kind."""
 
     def __init__(self, kafka: KafkaConnection, replication: Replication | None = None,
                  timeout_s: float = 30) -> None:
-        self._admin = AdminClient(kafka.client_config())
+        config = kafka.client_config()
+        # librdkafka's info lines (a closing admin purging its background queue) are not
+        # the application's; notices and worse still reach stderr
+        config.setdefault("log_level", _NOTICE)
+        self._admin = AdminClient(config)
         self._replication = replication or Replication()
         self._timeout_s = timeout_s
 
