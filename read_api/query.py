@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import operator
 import threading
 from collections import OrderedDict
@@ -26,11 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import sqlalchemy
 from eventfold.read_api.schema import Field, Kind, QueryError, ReadModelSchema
 from sqlalchemy import column, func, select, table, tuple_, union_all
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import Select, TableClause
+
+log = logging.getLogger(__name__)
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 50
@@ -205,6 +209,10 @@ def view_table(schema: ReadModelSchema) -> TableClause:
     return table(schema.view, *(column(f.name, f.column_type) for f in schema.fields.values()))
 
 
+_CACHE_BROKEN = False
+"""Set once SQLAlchemy's cache API failed a page: the pages after it compile in full."""
+
+
 def compile_query(statement: Select[Any]) -> CompiledQuery:
     """The statement's SQL and parameters, compiled once per shape of query.
 
@@ -214,10 +222,17 @@ def compile_query(statement: Select[Any]) -> CompiledQuery:
     keeps, keyed alike, and takes each request's values out of its statement the same way
     (SQLAlchemy's cache API is its Connection's, and the read API runs its SQL through
     psycopg). ``test_a_cached_compile_is_the_compile`` holds the two equal."""
-    try:
-        return _cached_compile(statement)
-    except (AttributeError, TypeError, AssertionError):  # a SQLAlchemy whose internals moved
-        return _compile(statement)
+    global _CACHE_BROKEN
+    if not _CACHE_BROKEN:
+        try:
+            return _cached_compile(statement)
+        except (AttributeError, TypeError, AssertionError) as exc:  # SQLAlchemy's internals moved
+            _CACHE_BROKEN = True
+            log.warning("read models: compiling every page in full from now on; SQLAlchemy "
+                        "%s no longer has the cache API pages were compiled through (%s: %s)",
+                        sqlalchemy.__version__, type(exc).__name__, exc)
+    return _compile(statement)
+
 
 
 def _compile(statement: Select[Any]) -> CompiledQuery:

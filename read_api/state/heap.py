@@ -44,10 +44,10 @@ class HeapTrimmer:
 
     def __init__(self, every_records: int = TRIM_EVERY_RECORDS,
                  at_most_every_s: float = TRIM_AT_MOST_EVERY_S,
-                 trim: Callable[[int], int] | None = None) -> None:
+                 trim: Callable[[int], int] | None = None, enabled: bool = True) -> None:
         self.every_records = every_records
         self.at_most_every_s = at_most_every_s
-        self._trim = trim if trim is not None else _malloc_trim()
+        self._trim = (trim if trim is not None else _malloc_trim()) if enabled else None
         self._lock = threading.Lock()
         self._pending = 0
         self._last = 0.0
@@ -78,3 +78,5 @@ class HeapTrimmer:
 
 PROCESS_HEAP = HeapTrimmer()
 """The one trimmer of a process: every store's records count towards it."""
+UNTRIMMED = HeapTrimmer(enabled=False)
+"""Counts and never trims: for stores that keep their heap as it grows."""

@@ -225,7 +225,7 @@ class MemoryStore(StateStore):
 
 # -- RocksDB -------------------------------------------------------------------------------------
 _DATA = b"k"
-_AFTER_DATA = b"l"  # the first key past every data key
+_AFTER_DATA = bytes([_DATA[0] + 1])  # the first key past every data key
 _OFFSET, _COUNT, _TOPIC_ID, _HIGH = b"m:offset", b"m:count", b"m:topic_id", b"m:high"
 _RESTORED = b"m:restored"
 _INT = struct.Struct(">q")

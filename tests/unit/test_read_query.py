@@ -15,7 +15,7 @@ from eventfold.read_api.query import (
 from eventfold.read_api.schema import Kind, QueryError, ReadModelSchema
 from hypothesis import given
 from hypothesis import strategies as st
-from sqlalchemy import JSON, DateTime, Integer, Numeric, String
+from sqlalchemy import JSON, DateTime, Integer, Numeric, String, column, select
 
 SCHEMA = ReadModelSchema.of(FoldProjection(
     name="items", sources=("Item",), apply=lambda s, e: s, indexes=("total", "name"),
@@ -125,3 +125,23 @@ def test_a_cached_compile_is_the_compile(monkeypatch):
     for statement in statements:
         assert module._cached_compile(statement) == module._compile(statement)
     assert len(module._COMPILED) < len(statements)  # shapes shared, not one per page
+
+
+def test_a_sqlalchemy_without_the_cache_api_compiles_in_full_and_says_so_once(
+        monkeypatch, caplog):
+    from eventfold.read_api import query as module
+
+    calls = []
+
+    def moved(statement):
+        calls.append(statement)
+        raise AttributeError("'Select' object has no attribute '_generate_cache_key'")
+
+    monkeypatch.setattr(module, "_cached_compile", moved)
+    monkeypatch.setattr(module, "_CACHE_BROKEN", False)
+    statement = select(column("a")).where(column("a") > 3)
+    with caplog.at_level("WARNING", logger=module.__name__):
+        first, second = module.compile_query(statement), module.compile_query(statement)
+    assert first == second == module._compile(statement)
+    assert len(calls) == 1  # not tried again for every page
+    assert ["compiling every page in full" in r.getMessage() for r in caplog.records] == [True]
