@@ -52,7 +52,9 @@ class ReaderPresence:
         self._alive: IO[bytes] | None = None
         self._open: dict[str, tuple[str, int]] = {}
         self._conn: psycopg.Connection | None = None
-        self._lock = threading.Lock()
+        # guards the connection and the open topics; renewals take it a write at a time,
+        # so that a worker opening a KTable never waits for the lead's whole round
+        self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, name="ktable-presence", daemon=True)
 
@@ -105,9 +107,18 @@ class ReaderPresence:
         while not self._stop.wait(READER_HEARTBEAT_S):
             if not self.lead.leads():
                 continue
-            with self._lock:
-                if self._renew(self.instance_id, self._open):
-                    self._renew_the_other_workers()
+            if self._renew_own():
+                self._renew_the_other_workers()
+
+    def _renew_own(self) -> bool:
+        with self._lock:
+            opened = list(self._open)
+        for topic in opened:
+            with self._lock:  # a topic closed meanwhile is not brought back
+                if topic in self._open and not self._execute(
+                        renew_reader, self.instance_id, topic, *self._open[topic]):
+                    return False
+        return True
 
     def _renew_the_other_workers(self) -> None:
         for kind, body in self.lead.every(_KIND).items():
@@ -157,12 +168,13 @@ class ReaderPresence:
 
     def _execute(self, write: Callable[..., None], *args: object) -> bool:
         """Run one catalog write; a database error is logged (the next beat tries again)."""
-        try:
-            write(self._connection(), *args)
-            return True
-        except psycopg.Error as exc:
-            self._failed(exc)
-            return False
+        with self._lock:
+            try:
+                write(self._connection(), *args)
+                return True
+            except psycopg.Error as exc:
+                self._failed(exc)
+                return False
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
