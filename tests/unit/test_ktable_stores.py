@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from eventfold.read_api.state import KTableEntry, MemoryStore, RocksDBStore, StoreConfig
-from eventfold.read_api.state.stores import StateStore
+from eventfold.read_api.state.stores import StateStore, merge_sorted
+from hypothesis import given
+from hypothesis import strategies as st
 
 TOPIC, TOPIC_ID = "eventfold.ktable.totals.v1", "topic-id-1"
 
@@ -194,3 +196,15 @@ def test_a_reader_catches_up_only_after_the_writer_has_written(tmp_path) -> None
         successor.close()
     finally:
         reader.close()
+
+
+@given(st.lists(st.lists(st.binary(max_size=3), max_size=60), max_size=5),
+       st.one_of(st.none(), st.integers(min_value=0, max_value=200)))
+def test_merge_sorted_is_the_first_keys_of_all_streams_in_order(streams, limit) -> None:
+    seen: set[bytes] = set()
+    unique = [[k for k in sorted(set(keys)) if k not in seen and not seen.add(k)]
+              for keys in streams]
+    pairs = [[(k, b"v" + k) for k in keys] for keys in unique]
+    expected = sorted(p for stream in pairs for p in stream)
+    merged = merge_sorted([iter(stream) for stream in pairs], limit)
+    assert merged == (expected if limit is None else expected[:limit])
