@@ -13,10 +13,13 @@ measured through one of them for keys it is the active host of (local) and for k
 other is (forwarded), and the other is then SIGKILLed: ``failover_s`` is the time until the
 first has answered every one of a sample of the killed instance's keys (a client retrying
 once), ``rebalance_s`` until it holds them as their active host. One RocksDB instance is then
-measured alone, exactly as the memory instance is (keys prefixed ``one_instance_``): the two
+measured exactly as the memory instance is (keys prefixed ``one_instance_``): the two
 instances above share the machine's cores, so their start and gets are not like against like.
+The two single instances start one after the other, then serve side by side, their gets and
+range scans taken in turns (``--rounds``, medians reported).
 
     .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10] [--partitions 4]
+        [--stores rocksdb,memory] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -193,39 +197,59 @@ def rss_by_process(instance: Instance) -> str:
                      sorted(rss for _, rss in tree_rss(instance.process.pid).values()))
 
 
-def measure_one_instance(settings: Settings, kind: str, keys: int, seconds: int,
-                         work_dir: Path) -> dict[str, Any]:
-    """One instance with 2 workers serving the whole table, as before issue 34 (with the
-    memory store, every worker holding all of it): the like-for-like comparison."""
-    state_dir = work_dir / f"state-one-{kind}"
-    shutil.rmtree(state_dir, ignore_errors=True)
-    log_path = work_dir / f"reads-one-{kind}.log"
-    first = Instance(settings, kind, state_dir, log_path)
+def measure_one_instance(settings: Settings, kinds: list[str], keys: int, seconds: int,
+                         rounds: int, work_dir: Path) -> dict[str, dict[str, Any]]:
+    """One instance of each kind with 2 workers serving the whole table, as before issue 34
+    (with the memory store, every worker holding all of it): the like-for-like comparison.
+    Each first start is measured alone; then both serve side by side, idle but for the one
+    measured, their gets and range scans taken in turns, ``rounds`` of each (the medians
+    are kept), so that neither always runs first on a machine that warms up or drifts."""
+    instances: dict[str, Instance] = {}
+    ready: dict[str, float] = {}
+    state_dirs = {kind: work_dir / f"state-one-{kind}" for kind in kinds}
+    gets: dict[str, list[WrkResult]] = {kind: [] for kind in kinds}
+    scans: dict[str, list[float]] = {kind: [] for kind in kinds}
+    rss_after: dict[str, int] = {}
     try:
-        first_ready = first.ready_s()
-        wrk(first.url, ENTRY + KEY, keys - 1, 2, work_dir)  # warm-up
-        gets = wrk(first.url, ENTRY + KEY, keys - 1, seconds, work_dir)
-        scanned = range_records_per_s(first.url)
-        rss_after = first.rss()
-        print(f"{kind}, one instance: RSS by process once restored (MB): "
-              f"{rss_by_process(first)}", flush=True)
+        for kind in kinds:
+            shutil.rmtree(state_dirs[kind], ignore_errors=True)
+            instances[kind] = Instance(settings, kind, state_dirs[kind],
+                                       work_dir / f"reads-one-{kind}.log")
+            ready[kind] = instances[kind].ready_s()
+        for kind, instance in instances.items():
+            wrk(instance.url, ENTRY + KEY, keys - 1, 2, work_dir)  # warm-up
+            rss_after[kind] = instance.rss()
+            print(f"{kind}, one instance: RSS by process once restored (MB): "
+                  f"{rss_by_process(instance)}", flush=True)
+        for round_number in range(rounds):
+            for kind, instance in instances.items():
+                gets[kind].append(wrk(instance.url, ENTRY + KEY, keys - 1, seconds, work_dir))
+                scans[kind].append(range_records_per_s(instance.url))
+                print(f"round {round_number + 1}, {kind}: gets "
+                      f"{gets[kind][-1].requests_per_s:,.0f} req/s, p99 "
+                      f"{gets[kind][-1].p99_ms:.1f} ms; range {scans[kind][-1]:,.0f} "
+                      "records/s", flush=True)
     finally:
-        first.stop()
-    again = Instance(settings, kind, state_dir, log_path)
-    try:
-        restart_ready = again.ready_s()
-    finally:
-        again.stop()
-    figures = {
-        "instance_rss_mb": round(max(first.peak_rss, rss_after) / 1e6),
-        "instance_rss_after_restore_mb": round(rss_after / 1e6),
-        "first_start_ready_s": round(first_ready, 2),
-        "restart_ready_s": round(restart_ready, 2),
-        "local_get_req_per_s": round(gets.requests_per_s),
-        "local_get_p50_ms": gets.p50_ms, "local_get_p99_ms": gets.p99_ms,
-        "range_records_per_s": round(scanned),
-    }
-    report(f"{kind} (one instance)", figures)
+        for instance in instances.values():
+            instance.stop()
+    figures: dict[str, dict[str, Any]] = {}
+    for kind in kinds:
+        again = Instance(settings, kind, state_dirs[kind], work_dir / f"reads-one-{kind}.log")
+        try:
+            restart_ready = again.ready_s()
+        finally:
+            again.stop()
+        typical = sorted(gets[kind], key=lambda found: found.requests_per_s)[rounds // 2]
+        figures[kind] = {
+            "instance_rss_mb": round(max(instances[kind].peak_rss, rss_after[kind]) / 1e6),
+            "instance_rss_after_restore_mb": round(rss_after[kind] / 1e6),
+            "first_start_ready_s": round(ready[kind], 2),
+            "restart_ready_s": round(restart_ready, 2),
+            "local_get_req_per_s": round(typical.requests_per_s),
+            "local_get_p50_ms": typical.p50_ms, "local_get_p99_ms": typical.p99_ms,
+            "range_records_per_s": round(statistics.median(scans[kind])),
+        }
+        report(f"{kind} (one instance, median of {rounds} rounds)", figures[kind])
     return figures
 
 
@@ -303,6 +327,8 @@ def main() -> None:
                         default=True,
                         help="also measure one RocksDB instance alone, as the memory store "
                              "is (one_instance_ keys): like against like")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="turns of gets and range scans each one-instance kind takes")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with own_stack("eventfold-ktable-scale-") as (settings, work_dir):
@@ -313,9 +339,10 @@ def main() -> None:
         stores = args.stores.split(",")
         rocksdb = (measure_rocksdb(settings, args.keys, args.seconds, work_dir)
                    if "rocksdb" in stores else {})
-        one = {kind: measure_one_instance(settings, kind, args.keys, args.seconds, work_dir)
-               for kind in ("rocksdb", "memory")
-               if kind in stores and (kind == "memory" or args.one_instance)}
+        one = measure_one_instance(
+            settings, [kind for kind in ("rocksdb", "memory")
+                       if kind in stores and (kind == "memory" or args.one_instance)],
+            args.keys, args.seconds, args.rounds, work_dir)
     print(json.dumps({"keys": args.keys, "partitions": args.partitions, **rocksdb,
                       **{f"one_instance_{name}": value
                          for name, value in one.get("rocksdb", {}).items()},

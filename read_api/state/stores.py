@@ -57,7 +57,7 @@ class StoreConfig:
     kind: StoreKind
     directory: Path
     cache_mb: int
-    """RocksDB's block cache, shared by every store of the process."""
+    """RocksDB's cache of blocks and rows, shared by every store of the process."""
     write_buffer_mb: int = 4
     """Each partition database's memtable (two at most): what a store holds in memory
     before it flushes, besides the cache. Every worker holds it twice over for each
@@ -248,7 +248,12 @@ def _options(config: StoreConfig) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     table = BlockBasedOptions()
-    table.set_block_cache(_shared_cache(config.cache_mb))
+    cache = _shared_cache(config.cache_mb)
+    table.set_block_cache(cache)
+    # Gets are the hot path: a row found in the row cache skips the index and data blocks
+    # (half the time of a get). One cache holds rows and blocks, so their sum stays within
+    # ``cache_mb``.
+    options.set_row_cache(cache)
     table.set_bloom_filter(10, False)  # a get of a key another partition holds reads no block
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(config.write_buffer_mb * 1024 * 1024)
