@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import gc
 import importlib
 import logging
 import os
@@ -97,7 +96,6 @@ def serve_worker(factory: str, host: str, port: int | str) -> None:
     configure_logging(settings.log_level, settings.log_format)
     module_name, _, function = factory.partition(":")
     app = getattr(importlib.import_module(module_name), function)()
-    _settle_collector()
     # A socket made in this process: asyncio then sets TCP_NODELAY on accepted connections
     # (with a socket inherited from a parent it may not, and every response waits ~40 ms).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -108,19 +106,6 @@ def serve_worker(factory: str, host: str, port: int | str) -> None:
     config = uvicorn.Config(app, log_config=None, log_level="info",
                             timeout_graceful_shutdown=20, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
-
-
-YOUNG_OBJECTS_BEFORE_A_COLLECTION = 10_000
-
-
-def _settle_collector() -> None:
-    """What the worker has loaded (modules, the app) lives as long as it: frozen, the cycle
-    collector no longer walks it at every full collection. A request allocates hundreds of
-    containers, nearly all freed by reference counting; collecting every 700 of them (the
-    default) spent the CPU of a range scan's pages walking live objects
-    (docs/benchmarks.md, "A worker's collector")."""
-    gc.freeze()
-    gc.set_threshold(YOUNG_OBJECTS_BEFORE_A_COLLECTION)
 
 
 WORKERS_DIR = "EVENTFOLD_WORKERS_DIR"
