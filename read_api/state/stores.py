@@ -535,6 +535,9 @@ class RocksDBStore(StateStore):
     def restored(self, partitions: Collection[int]) -> None:
         for partition in partitions:
             if partition in self._partitions:
+                # out of the memtable into a table file: only a table's rows reach the row
+                # cache, and a restart need not replay the restore's log
+                self._partitions[partition].db.flush()
                 self._partitions[partition].put_meta(_RESTORED, b"1")
 
     def restored_partitions(self) -> frozenset[int]:
