@@ -333,19 +333,19 @@ class _Partition:
         return None if stored is None else KTableEntry.decode(stored)
 
     def stored_items(self, low: str | None, inclusive_low: bool, high: str | None
-                     ) -> Iterator[tuple[bytes, bytes]]:
+                     ) -> tuple[Iterator[tuple[bytes, bytes]], ReadOptions]:
         """The stored pairs in range, as kept (keys with their prefix): RocksDB's own
-        iterator, bounded at both ends, handing over key and value in one call."""
+        iterator, bounded at both ends, handing over key and value in one call. The bound
+        lives in the options returned beside it, which must outlive the iterator (a
+        generator holding them cost more a record than RocksDB's read)."""
         bounds = ReadOptions()
         bounds.set_iterate_upper_bound(_DATA + high.encode() + _LEAST if high is not None
                                        else _AFTER_DATA)
         first = _DATA + (low or "").encode()
         if low is not None and not inclusive_low:
             first += _LEAST
-        # delegated, not returned: the bound lives in ``bounds``, which must outlive the
-        # iterator that reads up to it
-        yield from cast(Iterator[tuple[bytes, bytes]], self.db.items(from_key=first,
-                                                                     read_opt=bounds))
+        return cast(Iterator[tuple[bytes, bytes]],
+                    self.db.items(from_key=first, read_opt=bounds)), bounds
 
     def catch_up(self) -> None:
         """A reader: see the writer's writes since the last catch-up, if it has written."""
@@ -571,8 +571,9 @@ class RocksDBStore(StateStore):
         held = self._partitions
         chosen = held.values() if partitions is None else [held[p] for p in partitions
                                                             if p in held]
-        page = merge_sorted([store.stored_items(low, inclusive_low, end) for store in chosen],
-                            limit)
+        opened = [store.stored_items(low, inclusive_low, end) for store in chosen]
+        page = merge_sorted([items for items, _bounds in opened], limit)
+        del opened  # the iterators' bounds, kept until here
         decode = KTableEntry.decode
         return [(key[1:].decode(), decode(value)) for key, value in page]
 
