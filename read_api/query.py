@@ -234,7 +234,6 @@ def compile_query(statement: Select[Any]) -> CompiledQuery:
     return _compile(statement)
 
 
-
 def _compile(statement: Select[Any]) -> CompiledQuery:
     compiled = statement.compile(dialect=_DIALECT, compile_kwargs={"render_postcompile": True})
     return CompiledQuery(str(compiled), dict(compiled.params))

@@ -312,6 +312,12 @@ class _Partition:
         batch.put(_HIGH, _INT.pack(max(high_watermark, next_offset)))
         self._write(batch)
 
+    def mark_restored(self) -> None:
+        # out of the memtable into a table file first: only a table's rows reach the row
+        # cache, and a restart need not replay the restore's log
+        self.db.flush()
+        self.put_meta(_RESTORED, b"1")
+
     def put_meta(self, name: bytes, value: bytes) -> None:
         batch = WriteBatch(raw_mode=True)
         batch.put(name, value)
@@ -535,10 +541,7 @@ class RocksDBStore(StateStore):
     def restored(self, partitions: Collection[int]) -> None:
         for partition in partitions:
             if partition in self._partitions:
-                # out of the memtable into a table file: only a table's rows reach the row
-                # cache, and a restart need not replay the restore's log
-                self._partitions[partition].db.flush()
-                self._partitions[partition].put_meta(_RESTORED, b"1")
+                self._partitions[partition].mark_restored()
 
     def restored_partitions(self) -> frozenset[int]:
         """The partitions the writer has restored since it opened them (a reader's
