@@ -18,8 +18,14 @@ instances above share the machine's cores, so their start and gets are not like 
 The two single instances start one after the other, then serve side by side, their gets and
 range scans taken in turns (``--rounds``, medians reported).
 
+The memory store is today's code with the old design's store: it has every other gain made
+since. ``--before DIR`` adds the code itself from before issue 34, a checkout with its own
+virtualenv, as a third single instance (keys prefixed ``before_``)::
+
+    git worktree add ../before d388046 && (cd ../before && bash scripts/setup.sh)
+
     .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10] [--partitions 4]
-        [--stores rocksdb,memory] [--rounds 3]
+        [--stores rocksdb,memory] [--rounds 3] [--before ../before]
 """
 
 from __future__ import annotations
@@ -87,13 +93,18 @@ def publish(settings: Settings, keys: int, partitions: int) -> None:
         store.close()
 
 
+BEFORE = "before"
+"""The kind of instance that runs the code of ``--before``."""
+
+
 class Instance:
     """``eventfold serve reads`` with two workers and a store of the given kind (with an
-    advertised URL: one of several dividing the KTable); the peak RSS of its process tree
-    sampled while it runs."""
+    advertised URL: one of several dividing the KTable), run by this checkout or by the one
+    in ``checkouts`` for its kind; the peak RSS of its process tree sampled while it runs."""
 
     def __init__(self, settings: Settings, kind: str, state_dir: Path, log_path: Path,
-                 advertised: bool = False, port: int | None = None) -> None:
+                 advertised: bool = False, port: int | None = None,
+                 checkouts: dict[str, Path] | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "EVENTFOLD_APP": "examples.inventory:app",
@@ -102,13 +113,16 @@ class Instance:
                "EVENTFOLD_CONNECT_URL": settings.connect_url,
                "EVENTFOLD_READ_API_PORT": str(self.port), "EVENTFOLD_HTTP_WORKERS": "2",
                "EVENTFOLD_REQUEST_LOG": "false", "EVENTFOLD_READ_POOL_SIZE": "4",
-               "EVENTFOLD_KTABLE_STORE": kind, "EVENTFOLD_STATE_DIR": str(state_dir),
+               "EVENTFOLD_KTABLE_STORE": "memory" if kind == BEFORE else kind,
+               "EVENTFOLD_STATE_DIR": str(state_dir),
                "EVENTFOLD_ADVERTISED_URL": self.url if advertised else ""}
+        checkout = (checkouts or {}).get(kind)
+        python = sys.executable if checkout is None else str(checkout / ".venv/bin/python")
         self.started = time.monotonic()
         with log_path.open("a") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "eventfold.cli", "serve", "reads"], env=env, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True)
+                [python, "-m", "eventfold.cli", "serve", "reads"], env=env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True, cwd=checkout)
         self.peak_rss = 0
         self._stop = threading.Event()
         self._sampler = threading.Thread(target=self._sample, daemon=True)
@@ -198,7 +212,8 @@ def rss_by_process(instance: Instance) -> str:
 
 
 def measure_one_instance(settings: Settings, kinds: list[str], keys: int, seconds: int,
-                         rounds: int, work_dir: Path) -> dict[str, dict[str, Any]]:
+                         rounds: int, work_dir: Path, checkouts: dict[str, Path]
+                         ) -> dict[str, dict[str, Any]]:
     """One instance of each kind with 2 workers serving the whole table, as before issue 34
     (with the memory store, every worker holding all of it): the like-for-like comparison.
     Each first start is measured alone; then both serve side by side, idle but for the one
@@ -214,7 +229,8 @@ def measure_one_instance(settings: Settings, kinds: list[str], keys: int, second
         for kind in kinds:
             shutil.rmtree(state_dirs[kind], ignore_errors=True)
             instances[kind] = Instance(settings, kind, state_dirs[kind],
-                                       work_dir / f"reads-one-{kind}.log")
+                                       work_dir / f"reads-one-{kind}.log",
+                                       checkouts=checkouts)
             ready[kind] = instances[kind].ready_s()
         for kind, instance in instances.items():
             wrk(instance.url, ENTRY + KEY, keys - 1, 2, work_dir)  # warm-up
@@ -234,7 +250,8 @@ def measure_one_instance(settings: Settings, kinds: list[str], keys: int, second
             instance.stop()
     figures: dict[str, dict[str, Any]] = {}
     for kind in kinds:
-        again = Instance(settings, kind, state_dirs[kind], work_dir / f"reads-one-{kind}.log")
+        again = Instance(settings, kind, state_dirs[kind], work_dir / f"reads-one-{kind}.log",
+                         checkouts=checkouts)
         try:
             restart_ready = again.ready_s()
         finally:
@@ -329,7 +346,11 @@ def main() -> None:
                              "is (one_instance_ keys): like against like")
     parser.add_argument("--rounds", type=int, default=3,
                         help="turns of gets and range scans each one-instance kind takes")
+    parser.add_argument("--before", type=Path,
+                        help="a checkout of the code before issue 34, with its .venv: also "
+                             "measured as one instance (before_ keys)")
     args = parser.parse_args()
+    checkouts = {} if args.before is None else {BEFORE: args.before.resolve()}
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with own_stack("eventfold-ktable-scale-") as (settings, work_dir):
         started = time.monotonic()
@@ -341,13 +362,15 @@ def main() -> None:
                    if "rocksdb" in stores else {})
         one = measure_one_instance(
             settings, [kind for kind in ("rocksdb", "memory")
-                       if kind in stores and (kind == "memory" or args.one_instance)],
-            args.keys, args.seconds, args.rounds, work_dir)
+                       if kind in stores and (kind == "memory" or args.one_instance)]
+            + list(checkouts), args.keys, args.seconds, args.rounds, work_dir, checkouts)
     print(json.dumps({"keys": args.keys, "partitions": args.partitions, **rocksdb,
                       **{f"one_instance_{name}": value
                          for name, value in one.get("rocksdb", {}).items()},
                       **{f"memory_{name}": value
-                         for name, value in one.get("memory", {}).items()}}))
+                         for name, value in one.get("memory", {}).items()},
+                      **{f"before_{name}": value
+                         for name, value in one.get(BEFORE, {}).items()}}))
 
 
 if __name__ == "__main__":
