@@ -264,6 +264,7 @@ def measure_one_instance(settings: Settings, kinds: list[str], keys: int, second
             "restart_ready_s": round(restart_ready, 2),
             "local_get_req_per_s": round(typical.requests_per_s),
             "local_get_p50_ms": typical.p50_ms, "local_get_p99_ms": typical.p99_ms,
+            "local_get_non_2xx": sum(found.errors for found in gets[kind]),
             "range_records_per_s": round(statistics.median(scans[kind])),
         }
         report(f"{kind} (one instance, median of {rounds} rounds)", figures[kind])
