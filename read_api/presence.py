@@ -112,13 +112,8 @@ class ReaderPresence:
 
     def _renew_own(self) -> bool:
         with self._lock:
-            opened = list(self._open)
-        for topic in opened:
-            with self._lock:  # a topic closed meanwhile is not brought back
-                if topic in self._open and not self._execute(
-                        renew_reader, self.instance_id, topic, *self._open[topic]):
-                    return False
-        return True
+            opened = dict(self._open)
+        return self._renew(self.instance_id, opened, still_open=self._open)
 
     def _renew_the_other_workers(self) -> None:
         for kind, body in self.lead.every(_KIND).items():
@@ -136,10 +131,16 @@ class ReaderPresence:
                 self.lead.withdraw(kind)
                 self._alive_path(kind).unlink(missing_ok=True)
 
-    def _renew(self, instance_id: str, opened: OpenTopics) -> bool:
-        for topic, (projection, version) in opened.items():
-            if not self._execute(renew_reader, instance_id, topic, projection, version):
-                return False
+    def _renew(self, instance_id: str, opened: OpenTopics,
+               still_open: OpenTopics | None = None) -> bool:
+        """Renew the rows of ``opened``, one write at a time (of those ``still_open``, when
+        given: a topic closed meanwhile is not brought back); False once one fails."""
+        for topic, held in opened.items():
+            with self._lock:
+                current = held if still_open is None else still_open.get(topic)
+                if current is not None and not self._execute(renew_reader, instance_id,
+                                                             topic, *current):
+                    return False
         return True
 
     def _lives(self, kind: str) -> bool:
