@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import logging
 import os
@@ -14,10 +15,11 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn, cast
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from eventfold.config import Settings
 from eventfold.logs import configure_logging
@@ -26,11 +28,69 @@ from eventfold.metrics import MULTIPROCESS_DIR
 log = logging.getLogger(__name__)
 
 
+class CoalescedWrites:
+    """A connection's transport whose writes in one turn of the event loop leave in one
+    send, at the end of the turn.
+
+    Why: uvicorn writes a response's head and its body separately, so a small response
+    cost two sends, and the client two wake-ups to read it; on a machine where a system
+    call is dear, that was a good part of a KTable get, and of both hops of a forwarded one
+    (docs/benchmarks.md, "One send a response"). Everything but writing is the transport's
+    own."""
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._pending: list[bytes] = []
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self._loop.call_soon(self._flush)
+        self._pending.append(bytes(data))
+
+    def writelines(self, lines: Any) -> None:
+        for data in lines:
+            self.write(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + sum(map(len, self._pending))
+
+    def close(self) -> None:
+        self._flush()  # what was written goes before the close
+        self._transport.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._transport.abort()
+
+    def _flush(self) -> None:
+        if self._pending:
+            data = b"".join(self._pending)
+            self._pending.clear()
+            if not self._transport.is_closing():
+                self._transport.write(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, its writes coalesced (``CoalescedWrites``)."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(cast(asyncio.Transport, CoalescedWrites(transport, self.loop)))
+
+
+def uvicorn_config(app: FastAPI, **options: Any) -> uvicorn.Config:
+    """The configuration every server of an Eventfold app runs with."""
+    return uvicorn.Config(app, http=HttpProtocol, **options)
+
+
 class BackgroundServer:
     """An ASGI app on a uvicorn server in a thread; ``stop`` lets in-flight requests finish."""
 
     def __init__(self, app: FastAPI, host: str, port: int) -> None:
-        self.server = uvicorn.Server(uvicorn.Config(
+        self.server = uvicorn.Server(uvicorn_config(
             app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=10))
         self.url = f"http://{host}:{port}"
         self._thread = threading.Thread(target=self.server.run, name=f"uvicorn-{port}",
@@ -103,7 +163,7 @@ def serve_worker(factory: str, host: str, port: int | str) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, int(port)))
     # uvicorn's own loggers go through ours (text or JSON), not a config of its own.
-    config = uvicorn.Config(app, log_config=None, log_level="info",
+    config = uvicorn_config(app, log_config=None, log_level="info",
                             timeout_graceful_shutdown=20, access_log=False)
     uvicorn.Server(config).run(sockets=[sock])
 
