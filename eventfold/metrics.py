@@ -57,6 +57,10 @@ class HttpMetrics:
     def __init__(self, app: ASGIApp, api: str) -> None:
         self.app = app
         self.api = api
+        # each request's series, looked up once: ``labels`` takes a lock and builds its key
+        self._in_progress = IN_PROGRESS.labels(api)
+        self._requests: dict[tuple[str, str, int], Counter] = {}
+        self._seconds: dict[str, Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -64,7 +68,7 @@ class HttpMetrics:
             return
         started = time.perf_counter()
         status = 500
-        in_progress = IN_PROGRESS.labels(self.api)
+        in_progress = self._in_progress
         in_progress.inc()
 
         async def send_with_status(message: Message) -> None:
@@ -81,8 +85,15 @@ class HttpMetrics:
             # A client picks the method: only the standard ones become label values, so that
             # made-up methods cannot grow the series without bound.
             method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
-            REQUESTS.labels(self.api, route, method, str(status)).inc()
-            REQUEST_SECONDS.labels(self.api, route).observe(time.perf_counter() - started)
+            requests = self._requests.get((route, method, status))
+            if requests is None:
+                requests = self._requests[route, method, status] = REQUESTS.labels(
+                    self.api, route, method, str(status))
+            requests.inc()
+            seconds = self._seconds.get(route)
+            if seconds is None:
+                seconds = self._seconds[route] = REQUEST_SECONDS.labels(self.api, route)
+            seconds.observe(time.perf_counter() - started)
 
 
 PROCESS_COLLECTORS = CollectorRegistry(auto_describe=True)

@@ -83,15 +83,22 @@ class _Connection(asyncio.Protocol):
             raise ConnectionError("the connection has closed")
         self._body, self._headers, self._keep_alive = [], {}, False
         parser = self._parser = httptools.HttpResponseParser(self)
-        self._waiter = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._waiter = loop.create_future()
         self.transport.write(request)
+        # a timer that fails the waiter: ``asyncio.timeout`` cancels and uncancels the
+        # task, which cost more than the rest of this method
+        timer = loop.call_later(READ_TIMEOUT_S, self._time_out)
         try:
-            async with asyncio.timeout(READ_TIMEOUT_S):
-                await self._waiter
+            await self._waiter
         finally:
+            timer.cancel()
             self._parser = self._waiter = None
         answer = Answer(parser.get_status_code(), b"".join(self._body), self._headers)
         return answer, self._keep_alive
+
+    def _time_out(self) -> None:
+        self._fail(TimeoutError(f"no response within {READ_TIMEOUT_S:.0f} s"))
 
     def _fail(self, exc: Exception) -> None:
         if self._waiter is not None and not self._waiter.done():

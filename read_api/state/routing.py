@@ -15,8 +15,7 @@ import contextlib
 import heapq
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from eventfold.read_api.state.assignment import Hosting, assign, owners
 from eventfold.read_api.state.forwarding import Answer, Forwarder, ForwardFailed
@@ -29,9 +28,9 @@ log = logging.getLogger(__name__)
 Entry = TypeVar("Entry", bound=Mapping[str, Any])
 """A KTable entry as JSON: its ``key``, ``value`` and ``version``."""
 
-@dataclass(frozen=True)
-class Replica:
-    """An instance that holds a partition restored."""
+class Replica(NamedTuple):
+    """An instance that holds a partition restored (a tuple: one is made for every replica
+    of a key's partition at every get)."""
 
     url: str
     local: bool
