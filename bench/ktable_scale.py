@@ -256,7 +256,7 @@ def measure_one_instance(settings: Settings, kinds: list[str], keys: int, second
             restart_ready = again.ready_s()
         finally:
             again.stop()
-        typical = sorted(gets[kind], key=lambda found: found.requests_per_s)[rounds // 2]
+        typical = median_run(gets[kind])
         figures[kind] = {
             "instance_rss_mb": round(max(instances[kind].peak_rss, rss_after[kind]) / 1e6),
             "instance_rss_after_restore_mb": round(rss_after[kind] / 1e6),
@@ -271,9 +271,15 @@ def measure_one_instance(settings: Settings, kinds: list[str], keys: int, second
     return figures
 
 
-def measure_rocksdb(settings: Settings, keys: int, seconds: int, work_dir: Path
+def median_run(runs: list[WrkResult]) -> WrkResult:
+    """The run of median throughput."""
+    return sorted(runs, key=lambda found: found.requests_per_s)[len(runs) // 2]
+
+
+def measure_rocksdb(settings: Settings, keys: int, seconds: int, rounds: int, work_dir: Path
                     ) -> dict[str, Any]:
-    """Two instances dividing the table: gets local and forwarded, a restart, a SIGKILL."""
+    """Two instances dividing the table: gets local and forwarded (``rounds`` of each, in
+    turns; the median kept), a restart, a SIGKILL."""
     dirs = [work_dir / f"state-rocksdb-{i}" for i in range(2)]
     for directory in dirs:
         shutil.rmtree(directory, ignore_errors=True)
@@ -284,11 +290,19 @@ def measure_rocksdb(settings: Settings, keys: int, seconds: int, work_dir: Path
         wait(lambda: settled(one.url, 2) and settled(other.url, 2), 120)
         by_host = keys_by_active_host(one.url, keys)
         wrk_keys(one.url, by_host[one.url], 2, work_dir)  # warm-up
-        local = wrk_keys(one.url, by_host[one.url], seconds, work_dir)
-        forwarded = wrk_keys(one.url, by_host[other.url], seconds, work_dir)
+        locals_, forwardeds = [], []
+        for _ in range(rounds):
+            locals_.append(wrk_keys(one.url, by_host[one.url], seconds, work_dir))
+            forwardeds.append(wrk_keys(one.url, by_host[other.url], seconds, work_dir))
+            print(f"gets, local: {locals_[-1].requests_per_s:,.0f} req/s, p99 "
+                  f"{locals_[-1].p99_ms:.1f} ms; forwarded: "
+                  f"{forwardeds[-1].requests_per_s:,.0f} req/s, p99 "
+                  f"{forwardeds[-1].p99_ms:.1f} ms", flush=True)
+        local, forwarded = median_run(locals_), median_run(forwardeds)
         print(f"forwarded gets: {forwarded.requests_per_s:,.0f} req/s, p50 "
               f"{forwarded.p50_ms:.1f} ms, p99 {forwarded.p99_ms:.1f} ms "
-              f"({forwarded.errors} errors)", flush=True)
+              f"(median of {rounds}; {sum(r.errors for r in forwardeds)} errors in all)",
+              flush=True)
         scanned = range_records_per_s(one.url)
         rss_after = max(one.rss(), other.rss())
         for instance in (one, other):
@@ -346,7 +360,8 @@ def main() -> None:
                         help="also measure one RocksDB instance alone, as the memory store "
                              "is (one_instance_ keys): like against like")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="turns of gets and range scans each one-instance kind takes")
+                        help="turns of gets (local and forwarded, and on one instance) and "
+                             "of range scans (one instance); medians are reported")
     parser.add_argument("--before", type=Path,
                         help="a checkout of the code before issue 34, with its .venv: also "
                              "measured as one instance (before_ keys)")
@@ -359,7 +374,7 @@ def main() -> None:
         log.info("%s KTable records published in %.0f s", f"{args.keys:,}",
                  time.monotonic() - started)
         stores = args.stores.split(",")
-        rocksdb = (measure_rocksdb(settings, args.keys, args.seconds, work_dir)
+        rocksdb = (measure_rocksdb(settings, args.keys, args.seconds, args.rounds, work_dir)
                    if "rocksdb" in stores else {})
         one = measure_one_instance(
             settings, [kind for kind in ("rocksdb", "memory")
