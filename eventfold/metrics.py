@@ -85,11 +85,11 @@ class HttpMetrics:
             # A client picks the method: only the standard ones become label values, so that
             # made-up methods cannot grow the series without bound.
             method = scope["method"] if scope["method"] in HTTP_METHODS else "other"
-            requests = self._requests.get((route, method, status))
-            if requests is None:
-                requests = self._requests[route, method, status] = REQUESTS.labels(
+            answered = self._requests.get((route, method, status))
+            if answered is None:
+                answered = self._requests[route, method, status] = REQUESTS.labels(
                     self.api, route, method, str(status))
-            requests.inc()
+            answered.inc()
             seconds = self._seconds.get(route)
             if seconds is None:
                 seconds = self._seconds[route] = REQUEST_SECONDS.labels(self.api, route)

@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 from eventfold.local_stack.process import free_port
+from eventfold.read_api.state import forwarding
 from eventfold.read_api.state.forwarding import Forwarder, ForwardFailed
 
 
@@ -76,5 +77,30 @@ def test_an_instance_that_is_down_fails_at_once() -> None:
         with pytest.raises(ForwardFailed, match=r"127\.0\.0\.1"):
             await asyncio.wait_for(forwarder.get(f"http://127.0.0.1:{free_port()}", "/", {}, {}),
                                    5)
+
+    _run(test)
+
+
+def test_an_instance_that_never_answers_fails_after_the_read_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forwarding, "READ_TIMEOUT_S", 0.2)
+
+    async def test() -> None:
+        accepted: list[asyncio.StreamWriter] = []
+
+        async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.append(writer)  # reads nothing, answers nothing
+
+        port = free_port()
+        async with await asyncio.start_server(silent, "127.0.0.1", port):
+            forwarder = Forwarder()
+            started = asyncio.get_running_loop().time()
+            with pytest.raises(ForwardFailed, match="no response within"):
+                await asyncio.wait_for(forwarder.get(f"http://127.0.0.1:{port}", "/", {}, {}),
+                                       5)
+            assert asyncio.get_running_loop().time() - started < 2
+            assert forwarder._idle.get(("127.0.0.1", port), []) == []  # not kept for reuse
+            for writer in accepted:
+                writer.close()
 
     _run(test)
