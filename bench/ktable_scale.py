@@ -188,11 +188,15 @@ def wait(condition: Any, timeout_s: float) -> float:
     return time.monotonic() - started
 
 
-def range_records_per_s(url: str) -> float:
+def range_records_per_s(url: str, min_seconds: float = 2.0) -> float:
+    """Whole-table scans (NDJSON), as many as take ``min_seconds``: one scan of a small
+    table is over too soon to measure."""
+    lines = 0
     started = time.perf_counter()
-    with requests.get(f"{url}{ENTRY[:-1]}", params={"format": "ndjson"}, stream=True,
-                      timeout=1800) as response:
-        lines = sum(1 for line in response.iter_lines() if line)
+    while not lines or time.perf_counter() - started < min_seconds:
+        with requests.get(f"{url}{ENTRY[:-1]}", params={"format": "ndjson"}, stream=True,
+                          timeout=1800) as response:
+            lines += sum(1 for line in response.iter_lines() if line)
     return lines / (time.perf_counter() - started)
 
 
