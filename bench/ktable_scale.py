@@ -172,10 +172,12 @@ def wrk_keys(url: str, keys: list[str], seconds: int, work_dir: Path) -> WrkResu
 
 
 def settled(url: str, members: int) -> bool:
-    """The instance at ``url`` sees ``members`` members, each with its partitions restored."""
+    """The instance at ``url`` sees ``members`` members, each the active host of some
+    partitions (the first to restore holds them all as active until the others have
+    restored too) and with its partitions restored."""
     found = requests.get(f"{url}/ktables/inventory_totals/metadata", timeout=30).json()
     return len(found["instances"]) == members and all(
-        set(map(int, m["restored"])) >= set(m["active"]) | set(m["standby"])
+        m["active"] and set(map(int, m["restored"])) >= set(m["active"]) | set(m["standby"])
         for m in found["instances"])
 
 

@@ -151,14 +151,34 @@ class TopicAdmin:
                       config=config) for t in missing],
             operation_timeout=self._timeout_s,
         )
+        created = []
         for topic, future in futures.items():
             try:
                 future.result(timeout=self._timeout_s)
+                created.append(topic)
                 log.info("created %s topic %s (%d partitions, %d replicas, %s)", kind, topic,
                          partitions, factor, config)
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise
+        self._await_created(created, partitions)
+
+    def _await_created(self, topics: list[str], partitions: int) -> None:
+        # A creation is acknowledged once the controller has it; a broker's metadata may not
+        # show the topic, or its leaders, for a moment more, and a caller that counts its
+        # partitions right after (a KTable sized by its new source) must see them all.
+        deadline = time.monotonic() + self._timeout_s
+        while pending := [t for t in topics if not self._usable(t, partitions)]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"created topics without leaders for all {partitions} "
+                                   f"partitions after {self._timeout_s:.0f} s: {pending}")
+            time.sleep(0.05)
+
+    def _usable(self, topic: str, partitions: int) -> bool:
+        metadata = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
+        return (metadata is not None and metadata.error is None
+                and len(metadata.partitions) == partitions
+                and all(p.leader >= 0 for p in metadata.partitions.values()))
 
     def _insync_of(self, kind: TopicKind, topic: TopicMetadata) -> str:
         replicas = max((len(p.replicas) for p in topic.partitions.values()), default=1)

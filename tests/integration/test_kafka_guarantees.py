@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from eventfold.outbox.kafka import OffsetPlanner, read_messages
 from eventfold.outbox.topics import (
     COMPACTED_TOPIC_CONFIG,
+    EVENT_TOPIC_CONFIG,
     Replication,
     ReplicationUnavailable,
     TopicAdmin,
@@ -224,6 +225,20 @@ def test_a_ktable_topic_has_its_sources_partitions_unless_declared_and_a_change_
     assert admin.partitions(declared.ktable_topic_for(2)) == sources + 2
     with pytest.raises(ValueError, match="ktable_partitions must be at least 1"):
         dataclasses.replace(projection, ktable_partitions=0)
+
+
+def test_a_topic_is_counted_whole_as_soon_as_it_is_created(stack_settings, unique) -> None:
+    # Setting up a new app creates its event topics and at once the KTable topics sized by
+    # them: a new topic's metadata must already show every partition (the demo once made
+    # a 1-partition KTable for a 4-partition source).
+    admin = TopicAdmin(stack_settings.kafka)
+    for n in range(5):
+        source = f"Fresh{unique}n{n}"
+        admin.ensure([event_topic(source)], EVENT_TOPIC_CONFIG, partitions=4)
+        projection = FoldProjection(name=f"fresh_{unique}_{n}", sources=(source,),
+                                    columns={"count": BigInteger()}, apply=lambda s, _e: s)
+        ensure_projection_topics(admin, projection)
+        assert admin.partitions(projection.ktable_topic_for(1)) == 4
 
 
 # -- delivery reports -------------------------------------------------------------------------
