@@ -5,6 +5,7 @@ that gives up stops alone."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import defaultdict
 from types import SimpleNamespace
@@ -56,7 +57,12 @@ def host_of(monkeypatch):
         return cli.main(["projection", "run", *outcomes])
 
     run_with.calls, run_with.pauses = calls, pauses  # type: ignore[attr-defined]
-    return run_with
+    # ``cli.main`` points the root logger at this test's captured stderr, closed after it
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield run_with
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def test_a_run_that_keeps_failing_stops_with_exit_code_1(host_of, capsys) -> None:
