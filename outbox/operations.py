@@ -53,6 +53,10 @@ class ConnectorStatus:
         not yet attached to its slot. Not a failure."""
         if self.connector_state in ("UNASSIGNED", "RESTARTING"):
             return True
+        if self.connector_state == "ABSENT":
+            # A worker that has not yet read its config topic knows no connector: one whose
+            # slot exists was made, and is coming back
+            return self.slot is not None
         if self.connector_state != "RUNNING":
             return False
         if not self.tasks or any(t["state"] in ("UNASSIGNED", "RESTARTING")

@@ -98,6 +98,8 @@ def delivered(cdc: CdcStack, prefix: str, timeout_s: float = 120) -> LogReport:
 
 def writing_while(cdc: CdcStack, prefix: str, disturb, transactions: int = 60,
                   per_transaction: int = 50) -> LogReport:
+    # from a connector that runs: an earlier test's disturbance may still be settling
+    cdc.operations.client.wait_running(cdc.operations.spec.name, timeout_s=120)
     writer = threading.Thread(target=write, args=(cdc.store, prefix, transactions,
                                                   per_transaction, 0.05))
     writer.start()

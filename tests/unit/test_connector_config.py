@@ -1,7 +1,7 @@
 import pytest
 from eventfold.outbox.connector import OutboxConnectorSpec
 from eventfold.outbox.design import OutboxDesign
-from eventfold.outbox.operations import config_diff, describe_diff
+from eventfold.outbox.operations import ConnectorStatus, SlotInfo, config_diff, describe_diff
 
 SECRET_REF = "${file:/etc/kafka/secrets.properties:shop.password}"
 
@@ -94,3 +94,10 @@ def test_a_diff_never_prints_a_secret() -> None:
     assert "secret" not in text.replace(SECRET_REF, "") and "k3y" not in text
     assert "database.user: 'a' -> 'b'" in lines
     assert SECRET_REF in text  # a reference names where the secret is, and may show
+
+
+def test_a_connector_absent_while_its_slot_exists_is_starting_not_gone() -> None:
+    # right after a worker restart, the worker answers 404 until it has read its configs
+    slot = SlotInfo("cdc_outbox", active=False, retained_wal_bytes=0, unconfirmed_wal_bytes=0)
+    assert ConnectorStatus("cdc-outbox", "ABSENT", [], slot).starting
+    assert not ConnectorStatus("cdc-outbox", "ABSENT", [], None).starting
