@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -167,12 +167,8 @@ class TopicAdmin:
         # A creation is acknowledged once the controller has it; a broker's metadata may not
         # show the topic, or its leaders, for a moment more, and a caller that counts its
         # partitions right after (a KTable sized by its new source) must see them all.
-        deadline = time.monotonic() + self._timeout_s
-        while pending := [t for t in topics if not self._usable(t, partitions)]:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"created topics without leaders for all {partitions} "
-                                   f"partitions after {self._timeout_s:.0f} s: {pending}")
-            time.sleep(0.05)
+        self._await(lambda: [t for t in topics if not self._usable(t, partitions)],
+                    f"created topics without leaders for all {partitions} partitions")
 
     def _usable(self, topic: str, partitions: int) -> bool:
         metadata = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)
@@ -212,12 +208,16 @@ class TopicAdmin:
         # An alteration is acknowledged once the controller has it; a broker answering
         # describe_configs may still hold the old value for a moment, and a caller that
         # reads the topic back must see what it was told was applied.
+        self._await(lambda: self._differences(wanted), "altered topic configs not visible")
+
+    def _await(self, pending: Callable[[], Sequence[object]], what: str) -> None:
+        """Until ``pending`` finds nothing left; TimeoutError naming ``what`` and what was
+        left after the admin's timeout."""
         deadline = time.monotonic() + self._timeout_s
-        while stale := self._differences(wanted):
+        while left := pending():
             if time.monotonic() > deadline:
-                raise TimeoutError(f"altered topic configs not visible after "
-                                   f"{self._timeout_s:.0f} s: {stale}")
-            time.sleep(0.1)
+                raise TimeoutError(f"{what} after {self._timeout_s:.0f} s: {left}")
+            time.sleep(0.05)
 
     def _differences(self, wanted: Mapping[str, Mapping[str, str]]
                      ) -> list[tuple[str, str, str | None, str]]:
