@@ -50,7 +50,7 @@ class HeapTrimmer:
         self._trim = (trim if trim is not None else _malloc_trim()) if enabled else None
         self._lock = threading.Lock()
         self._pending = 0
-        self._last = 0.0
+        self._last = float("-inf")  # the first trim is never too soon, whatever the uptime
         self.trims = 0
 
     def applied(self, records: int) -> None:
