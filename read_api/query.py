@@ -200,6 +200,11 @@ def decode_cursor(sort: Sequence[SortKey], token: str) -> tuple[Any, ...]:
     after = payload["after"]
     if len(after) != len(sort) or not all(v is None or isinstance(v, str) for v in after):
         raise QueryError("cursor: not a cursor this API issued")
+    for key, raw in zip(sort, after, strict=True):
+        if raw is None and not key.field.nullable:
+            # no row holds it: such a cursor was made by hand, and no page comes after it
+            raise QueryError(f"cursor: {key.field.name} is never null, and the cursor says "
+                             "null; not a cursor this API issued")
     return tuple(None if raw is None else key.field.parse(raw, "cursor")
                  for key, raw in zip(sort, after, strict=True))
 

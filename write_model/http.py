@@ -72,13 +72,14 @@ KEPT_UNTIL_HEADER = "Command-Id-Kept-Until"
 def create_command_app(
     bus: AsyncCommandBus, title: str = "Eventfold command API", api_token: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    command_id_retention_s: float | None = None,
+    command_id_retention_s: float | None = None, skip_router: bool = True,
 ) -> FastAPI:
     """The app opens the bus's event store on startup and closes it on shutdown. Commands
     run on the event loop; concurrent ones share transactions (group commit). The results of
     commands with an id are kept ``command_id_retention_s`` (None: forever; an app's
     ``Settings.command_id_retention`` holds the default), and the app forgets older ones as it
-    runs."""
+    runs. ``skip_router`` off routes commands through the router like any other request: the
+    reference that ``CommandDispatch`` is tested against."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -105,6 +106,9 @@ def create_command_app(
                                                                command_id_retention_s)
                  for spec in specs}
     authorize = bearer_auth(api_token)
+    if not skip_router:
+        app.router.routes.extend(Route(path, endpoint, methods=["POST"])
+                                 for path, endpoint in endpoints.items())
 
     @app.post("/commands/{name}", status_code=404, include_in_schema=False,
               dependencies=[Depends(authorize)])
@@ -125,8 +129,10 @@ def create_command_app(
         return {"status": "ready"}
 
     add_error_handlers(app)
-    # Inside the body limit and any middleware added later; see CommandDispatch for why.
-    app.add_middleware(CommandDispatch, endpoints=endpoints, handlers=app.exception_handlers)
+    if skip_router:
+        # Inside the body limit and any middleware added later; see CommandDispatch for why.
+        app.add_middleware(CommandDispatch, endpoints=endpoints,
+                           handlers=app.exception_handlers)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
 
@@ -415,11 +421,21 @@ def parse_command(model: type[Command], body: bytes) -> Command:
     try:
         return model.model_validate_json(body, strict=True)
     except ValidationError as exc:
-        if all(_integral_float(error) for error in exc.errors()):
-            return model.model_validate_json(body)  # lax reads 5.0 as 5; all else was valid
-        raise RequestValidationError([
-            {**error, "loc": ("body", *error["loc"])}
-            for error in exc.errors(include_url=False, include_input=False)]) from None
+        if not all(_integral_float(error) for error in exc.errors()):
+            raise _invalid(exc) from None
+    try:
+        # lax reads 5.0 as 5, all else having been valid; the integer it reads may still
+        # break a bound (-0.0 is 0, and not > 0)
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise _invalid(exc) from None
+
+
+def _invalid(error: ValidationError) -> RequestValidationError:
+    """A 422 with one error per field of the body."""
+    return RequestValidationError([{**details, "loc": ("body", *details["loc"])}
+                                   for details in error.errors(include_url=False,
+                                                               include_input=False)])
 
 
 def _integral_float(error: ErrorDetails) -> bool:

@@ -323,6 +323,7 @@ INJECTIONS = [
     ("cursor", _cursor({"sort": ["key; DROP TABLE events"], "after": ["x"]}), 400),
     ("cursor", _cursor({"sort": ["stock", "key"], "after": ["1) OR (1=1", "x"]}), 400),
     ("cursor", _cursor({"sort": ["key"], "after": [{"$gt": ""}]}), 400),
+    ("cursor", _cursor({"sort": ["key"], "after": [None]}), 400),
 ]
 
 
