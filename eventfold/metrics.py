@@ -13,8 +13,9 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -26,9 +27,13 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import multiprocess as prometheus_multiprocess
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from eventfold.supervisor import read_restarts
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +99,23 @@ class HttpMetrics:
             if seconds is None:
                 seconds = self._seconds[route] = REQUEST_SECONDS.labels(self.api, route)
             seconds.observe(time.perf_counter() - started)
+
+
+class WorkerRestarts(Collector):
+    """The HTTP supervisor's tally of workers started in the place of one that died (it
+    writes a file in the directory its workers share; any worker reports it)."""
+
+    def __init__(self, shared: Path) -> None:
+        self.shared = shared
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        restarts = CounterMetricFamily(
+            "eventfold_http_worker_restarts", "HTTP workers started in the place of one that "
+            "died, by how it died (an exit code, or the signal that killed it)",
+            labels=["exit"])
+        for died, count in sorted(read_restarts(self.shared).items()):
+            restarts.add_metric([died], count)
+        yield restarts
 
 
 PROCESS_COLLECTORS = CollectorRegistry(auto_describe=True)

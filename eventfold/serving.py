@@ -23,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from eventfold.config import Settings
 from eventfold.logs import configure_logging
-from eventfold.metrics import MULTIPROCESS_DIR
+from eventfold.metrics import MULTIPROCESS_DIR, PROCESS_COLLECTORS, WorkerRestarts
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +156,9 @@ def serve_worker(factory: str, host: str, port: int | str) -> None:
     configure_logging(settings.log_level, settings.log_format)
     module_name, _, function = factory.partition(":")
     app = getattr(importlib.import_module(module_name), function)()
+    shared = workers_dir()
+    if shared is not None:
+        PROCESS_COLLECTORS.register(WorkerRestarts(shared))
     # A socket made in this process: asyncio then sets TCP_NODELAY on accepted connections
     # (with a socket inherited from a parent it may not, and every response waits ~40 ms).
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
