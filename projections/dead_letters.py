@@ -29,7 +29,7 @@ from eventfold.projections.execution.fold import (
 )
 from eventfold.projections.outcome import FoldOutcome, SourceRecord
 from eventfold.projections.plan import compile_projection
-from eventfold.projections.state.catalog import ProjectionCatalog, lock_registry
+from eventfold.projections.state.catalog import ProjectionCatalog, add_live_rows, lock_registry
 from eventfold.projections.state.parking import (
     HeldEvent,
     Resolution,
@@ -206,9 +206,11 @@ def _retry(store: ReadModelStore, sink: TopicSink, key: str, by: str,
     sink.output.emissions(outcome.emissions)
     # Through a stage of its own, merged as a batch's is, in this transaction.
     stage = store.stage(f"retry-{uuid.uuid4().hex}")
-    new, known = stage.rows(outcome.changed.items(), {key} if stored is not None else ())
+    new, known, live = stage.rows(outcome.changed.items(), {} if stored is None else {
+        key: stored.state is not None})
     marks = stage.watermarks(outcome.watermarks) if not store.plan.watermarks_in_rows else 0
     store.merge(StagedBatch(stage.attempt, new_rows=new, known_rows=known, marks=marks))
+    add_live_rows(store.conn, name, version, live)
     store.unstage(stage.attempt)
     sink.output.states((changed, outcome.changed[changed]) for changed in outcome.published)
     sink.output.flush()

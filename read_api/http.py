@@ -410,15 +410,20 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                               "freshness": freshness()})
 
     @router.get(f"/read-models/{name}/count", tags=[name], summary=f"Count {name} rows",
-                description=filters_doc + " Counted exactly when that is quick, else the "
-                "planner's estimate, with `exact: false`.",
+                description=filters_doc + " Without filters, exact (the projection keeps the "
+                "count as it writes). With filters, counted exactly when that is quick, else "
+                "the planner's estimate, with `exact: false` and `estimated_from`: when the "
+                "statistics it rests on were taken, and how many rows were written since.",
                 responses={200: {"content": {"application/json": {"schema": {
                     "type": "object", "properties": {
                         "count": {"type": "integer"}, "exact": {"type": "boolean"},
+                        "estimated_from": {"type": "object", "properties": {
+                            "statistics_taken_at": {"type": ["string", "null"]},
+                            "rows_written_since": {"type": "integer"}}},
                         "freshness": FRESHNESS}}}}}, **UNAVAILABLE})
     async def count_rows(request: Request) -> Response:
-        count, exact = await read_model.count(parse_filters(schema, _query_params(request)))
-        return json_response({"count": count, "exact": exact, "freshness": freshness()})
+        counted = await read_model.count(parse_filters(schema, _query_params(request)))
+        return json_response({**counted.as_json(), "freshness": freshness()})
 
 
 def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadModel]) -> None:

@@ -41,6 +41,8 @@ DEFAULT_PAGE_SIZE = 50
 MAX_IN_VALUES = 100
 LIST_PARAMETERS = frozenset({"fields", "sort", "limit", "cursor"})
 OPERATORS = ("eq", "ne", "lt", "lte", "gt", "gte", "in", "prefix", "null")
+_NEEDS_A_VALUE = frozenset({"eq", "lt", "lte", "gt", "gte", "in", "prefix"})
+"""Operators no null satisfies."""
 _DIALECT = pg_psycopg.dialect()  # type: ignore[no-untyped-call]  # (SQLAlchemy's own)
 
 
@@ -102,6 +104,15 @@ def _filter(schema: ReadModelSchema, parameter: str, raw: str) -> Filter:
             raise QueryError(f"{parameter}: at most {MAX_IN_VALUES} values")
         return Filter(field, op, tuple(field.parse(v, parameter) for v in values))
     return Filter(field, op, field.parse(raw, parameter))
+
+
+def needs_a_value(filters: Iterable[Filter]) -> bool:
+    """Whether ``filters`` match only rows with a value in one of the projection's own
+    columns. A deleted key's row keeps none (its key and system columns only), so such
+    filters never match one: Postgres's planner, which takes them to be independent of the
+    view's ``NOT _deleted``, counts the deleted share of the table twice."""
+    return any(f.op in _NEEDS_A_VALUE or (f.op == "null" and f.value is False)
+               for f in filters if f.field.name != "key" and not f.field.name.startswith("_"))
 
 
 def _parse_flag(raw: str, parameter: str) -> bool:

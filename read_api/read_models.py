@@ -7,9 +7,11 @@ connection pool runs them in read-only transactions as the reader role.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from eventfold.projections import Projection
+from eventfold.projections.state.catalog import ACTIVE_LIVE_ROWS
 from eventfold.projections.state.schema import watermarks_of
 from eventfold.read_api.query import (
     Filter,
@@ -18,6 +20,7 @@ from eventfold.read_api.query import (
     encode_cursor,
     get_query,
     matching_query,
+    needs_a_value,
     page_query,
 )
 from eventfold.read_api.schema import ReadModelSchema
@@ -57,6 +60,38 @@ def reader_pool(database_url: str, role: str, size: int, statement_timeout_ms: i
                                kwargs={"row_factory": dict_row})
 
 
+@dataclass(frozen=True)
+class RowCount:
+    count: int
+    exact: bool
+    estimated_from: dict[str, Any] | None = None
+    """An estimate's basis: when the planner's statistics were taken, and the rows written
+    to the table since (the estimate may be off by up to about that many)."""
+
+    def as_json(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"count": self.count, "exact": self.exact}
+        if self.estimated_from is not None:
+            found["estimated_from"] = self.estimated_from
+        return found
+
+
+# The view's table (the active version's state table) as the planner sees it: its rows, as
+# the planner scales its statistics to the table's size now (rows per page of the last
+# statistics times the pages there are), when they were taken, and the rows written since.
+_STATISTICS = """
+    SELECT CASE WHEN c.relpages > 0 THEN c.reltuples / c.relpages
+                * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+                ELSE greatest(c.reltuples, 0) END AS rows,
+           greatest(s.last_analyze, s.last_autoanalyze) AS taken_at,
+           s.n_mod_since_analyze AS written_since
+    FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+    JOIN pg_class c ON c.oid = d.refobjid AND c.relkind = 'r'
+    JOIN pg_stat_user_tables s ON s.relid = c.oid
+    WHERE r.ev_class = to_regclass(%s) AND d.refobjid <> r.ev_class
+    LIMIT 1
+"""
+
+
 class ReadModel:
     """One projection's read model: get, list, count, and its source streams' watermarks."""
 
@@ -88,15 +123,21 @@ class ReadModel:
             rows = [{name: row[name] for name in query.fields} for row in rows]
         return rows, next_cursor
 
-    async def count(self, filters: Sequence[Filter]) -> tuple[int, bool]:
-        """(how many rows match, exact?): the planner's estimate when it is above
+    async def count(self, filters: Sequence[Filter]) -> RowCount:
+        """How many rows match. Without filters: exact, as the batches that wrote the rows
+        keep it. With filters: the planner's estimate when it is above
         ``exact_count_max_rows`` (counting them would read that many), else counted if that
         takes under the count timeout, else the estimate."""
         async with self.pool.connection() as conn:
+            if not filters:
+                cursor = await conn.execute(ACTIVE_LIVE_ROWS, (self.projection.name,))
+                kept = cast(dict[str, Any] | None, await cursor.fetchone())
+                if kept is not None and kept["live_rows"] is not None:
+                    return RowCount(int(kept["live_rows"]), True)
             if self.exact_count_max_rows is not None:
                 estimate = await self._estimate(conn, filters)
-                if estimate > self.exact_count_max_rows:
-                    return estimate, False
+                if estimate.count > self.exact_count_max_rows:
+                    return estimate
             compiled = count_query(self.schema, filters)
             try:
                 async with conn.transaction():
@@ -104,16 +145,37 @@ class ReadModel:
                                        (str(self.count_timeout_ms),))
                     cursor = await conn.execute(compiled.sql, compiled.params)
                     row = cast(dict[str, Any], await cursor.fetchone())
-                return int(row["count_1"]), True
+                return RowCount(int(row["count_1"]), True)
             except errors.QueryCanceled:
-                return await self._estimate(conn, filters), False
+                return await self._estimate(conn, filters)
 
-    async def _estimate(self, conn: AsyncConnection[Any], filters: Sequence[Filter]) -> int:
-        """The planner's estimate of the rows ``filters`` match (the top node of the plan)."""
+    async def _estimate(self, conn: AsyncConnection[Any], filters: Sequence[Filter]
+                        ) -> RowCount:
+        """The planner's estimate of the rows ``filters`` match (the top node of the plan),
+        and what it rests on: when the table's statistics were taken, and how many rows
+        were written since."""
+        estimate = await self._planned_rows(conn, filters)
+        cursor = await conn.execute(_STATISTICS, (self.schema.view,))
+        table = cast(dict[str, Any] | None, await cursor.fetchone())
+        if table is None:
+            return RowCount(round(estimate), False)
+        if needs_a_value(filters) and table["rows"] > 0:
+            # The planner's share of live rows, taken out again (``needs_a_value``).
+            live = await self._planned_rows(conn, ())
+            estimate *= table["rows"] / max(live, 1.0)
+        return RowCount(round(estimate), False, {
+            "statistics_taken_at": (table["taken_at"].isoformat() if table["taken_at"]
+                                    else None),
+            "rows_written_since": int(table["written_since"] or 0)})
+
+    async def _planned_rows(self, conn: AsyncConnection[Any], filters: Sequence[Filter]
+                            ) -> float:
+        """The planner's estimate of the view's rows ``filters`` match (the top node of the
+        plan)."""
         matching = matching_query(self.schema, filters)
         cursor = await conn.execute("EXPLAIN (FORMAT JSON) " + matching.sql, matching.params)
         plan = cast(dict[str, Any], await cursor.fetchone())["QUERY PLAN"][0]["Plan"]
-        return int(plan["Plan Rows"])
+        return float(plan["Plan Rows"])
 
     async def stream_version(self, version: int, stream_id: str) -> int | None:
         """The last version of source stream ``stream_id`` that version ``version`` of the

@@ -102,13 +102,15 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
                                  position=first_stream_version + i)
                    for i, (key, state) in enumerate(states.items())}
         stage = store.stage(uuid.uuid4().hex)
-        new, known = stage.rows(changed.items(), store.load(changed))
+        new, known, live = stage.rows(changed.items(), {
+            key: loaded.state is not None for key, loaded in store.load(changed).items()})
         marks = (0 if store.plan.watermarks_in_rows else
                  stage.watermarks({key: ks.version for key, ks in changed.items()}))
         sink.output.states(changed.items())
         sink.output.flush()
         store.commit(batch_id, StagedBatch(stage.attempt, new_rows=new, known_rows=known,
-                                           marks=marks, applied=len(changed),
+                                           live_rows_delta=live, marks=marks,
+                                           applied=len(changed),
                                            servers={store.server_started()}),
                      {}, produce_held=lambda _letters: None)
         if version == 1:

@@ -182,9 +182,9 @@ class KnownKeys:
         self._loaded: set[str] = set()
 
     @property
-    def existing(self) -> set[str]:
-        """The keys that had a row."""
-        return set(self.stored)
+    def existing(self) -> dict[str, bool]:
+        """The keys that had a row, and whether it was live (not deleted)."""
+        return {key: known.state is not None for key, known in self.stored.items()}
 
     def load(self, keys: set[str], with_watermarks: bool = True) -> None:
         keys = keys - self._loaded
@@ -250,7 +250,7 @@ def fold_slices(slices: Iterable[SourceSlice], context: BatchContext) -> pa.Reco
 
 
 def fold_slice(source_slice: SourceSlice, store: ReadModelStore, context: BatchContext,
-               clock: TaskClock) -> tuple[FoldOutcome, set[str]]:
+               clock: TaskClock) -> tuple[FoldOutcome, dict[str, bool]]:
     """Read, decode and fold one partition's records chunk by chunk (the states carry over);
     the outcome and the keys that had a row."""
     known = KnownKeys(store, context, clock)
@@ -346,7 +346,7 @@ def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext
 
 
 def _fold_sorted(rows: dict[str, list[Any]], store: ReadModelStore, context: BatchContext,
-                 clock: TaskClock) -> tuple[FoldOutcome, set[str]]:
+                 clock: TaskClock) -> tuple[FoldOutcome, dict[str, bool]]:
     plan, outcome = context.plan, FoldOutcome()
     keyed = list(decoded_rows(rows, outcome))
     known = KnownKeys(store, context, clock)
@@ -434,7 +434,7 @@ def aggregate_slices(slices: Iterable[SourceSlice], context: BatchContext,
 
 
 def _merged(partials: pa.Table, letters: pa.Table, store: ReadModelStore,
-            context: BatchContext, clock: TaskClock) -> tuple[FoldOutcome, set[str]]:
+            context: BatchContext, clock: TaskClock) -> tuple[FoldOutcome, dict[str, bool]]:
     """A task's partials merged into the stored rows of their keys, and its dead letters, as
     an outcome; and the keys that had a row."""
     rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
@@ -445,7 +445,8 @@ def _merged(partials: pa.Table, letters: pa.Table, store: ReadModelStore,
             for start in range(0, len(keys), TASK_CHUNK_ROWS):
                 stored.update(store.load(keys[start:start + TASK_CHUNK_ROWS]))
     with clock.phase("fold"):
-        return aggregate_outcome(partials, letters, stored, context.plan), set(stored)
+        return aggregate_outcome(partials, letters, stored, context.plan), {
+            key: known.state is not None for key, known in stored.items()}
 
 
 def aggregate_outcome(partials: pa.Table, letters: pa.Table, stored: Mapping[str, KeyState],
@@ -532,7 +533,7 @@ def marks_task(batches: Iterator[pa.RecordBatch], context: BatchContext
             for stream, version in zip(batch.column("key").to_pylist(),
                                        batch.column("v").to_pylist(), strict=True):
                 outcome.see(stream, version)
-        writer.add(outcome, ())
+        writer.add(outcome, {})
         yield writer.finish()
 
 

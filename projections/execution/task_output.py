@@ -28,7 +28,8 @@ class Row(StrEnum):
 SCHEMA = pa.schema([
     ("kind", pa.string()), ("name", pa.string()), ("new_rows", pa.int64()),
     ("direct_rows", pa.int64()),
-    ("known_rows", pa.int64()), ("marks", pa.int64()), ("applied", pa.int64()),
+    ("known_rows", pa.int64()), ("live_rows_delta", pa.int64()), ("marks", pa.int64()),
+    ("applied", pa.int64()),
     ("duplicates", pa.int64()), ("dead_letters", pa.int64()),
     ("server", pa.string()), ("event_id", pa.string()), ("correlation_id", pa.string()),
     ("first_append_ms", pa.int64()),
@@ -40,7 +41,7 @@ def encode(counts: StagedBatch, server: datetime | None) -> pa.RecordBatch:
     """One task's summary (``counts.attempt`` and offsets are the driver's own)."""
     rows: list[dict[str, Any]] = [{
         "kind": Row.COUNTS, "new_rows": counts.new_rows, "direct_rows": counts.direct_rows,
-        "known_rows": counts.known_rows,
+        "known_rows": counts.known_rows, "live_rows_delta": counts.live_rows_delta,
         "marks": counts.marks, "applied": counts.applied, "duplicates": counts.duplicates,
         "dead_letters": counts.dead_letters,
         "server": None if server is None else server.isoformat(),
@@ -72,5 +73,5 @@ def decode(table: pa.Table, attempt: str) -> StagedBatch:
     return batch
 
 
-COUNTS = ("new_rows", "direct_rows", "known_rows", "marks", "applied", "duplicates",
-          "dead_letters")
+COUNTS = ("new_rows", "direct_rows", "known_rows", "live_rows_delta", "marks", "applied",
+          "duplicates", "dead_letters")

@@ -11,7 +11,7 @@ batch is produced by the commit, once it has checked the key is still parked.
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 import pyarrow as pa
@@ -68,9 +68,9 @@ class TaskWriter:
         self.clock = TaskClock()
         self._staged = False
 
-    def add(self, outcome: FoldOutcome, existing: Container[str]) -> None:
+    def add(self, outcome: FoldOutcome, existing: Mapping[str, bool]) -> None:
         """Write ``outcome``, the fold of some of the task's keys; ``existing``: those of its
-        keys that had a row when the task loaded them."""
+        keys that had a row when the task loaded them, and whether it was live."""
         counts, plan = self.counts, self.context.plan
         changed = outcome.changed
         clock = self.clock
@@ -78,11 +78,13 @@ class TaskWriter:
             self._staged = True
             with clock.phase("stage"):
                 if self.context.direct:
-                    counts.direct_rows += self.stage.direct(changed.items())
+                    direct, live = self.stage.direct(changed.items())
+                    counts.direct_rows += direct
                 else:
-                    new, known = self.stage.rows(changed.items(), existing)
+                    new, known, live = self.stage.rows(changed.items(), existing)
                     counts.new_rows += new
                     counts.known_rows += known
+                counts.live_rows_delta += live
             with clock.phase("produce"):
                 self.output.states((key, changed[key]) for key in outcome.published)
         if outcome.watermarks and not plan.watermarks_in_rows:

@@ -310,21 +310,60 @@ def claim_batch(conn: psycopg.Connection, name: str, version: int,
 
 def save_checkpoint(conn: psycopg.Connection, name: str, version: int, batch_id: int,
                     offsets: Mapping[PartitionKey, int], applied: int,
-                    dead_letters: int) -> None:
-    """In a batch's transaction: the offsets it committed up to, and its counts added; and
-    a notification on ``BATCH_COMMITTED``, which Postgres delivers when it commits."""
+                    dead_letters: int, live_rows_delta: int = 0) -> None:
+    """In a batch's transaction: the offsets it committed up to, and its counts added (the
+    live rows it added less those it deleted among them); and a notification on
+    ``BATCH_COMMITTED``, which Postgres delivers when it commits."""
     conn.execute("SELECT pg_notify(%s, %s)", (BATCH_COMMITTED, name))
     conn.execute(sql.SQL("""
         INSERT INTO {table} (projection, version, batch_id, offsets, events_applied,
-                             dead_letters, updated_at)
-        VALUES (%s, %s, %s, %s, %s, %s, now())
+                             dead_letters, live_rows, updated_at)
+        VALUES (%s, %s, %s, %s, %s, %s, %s, now())
         ON CONFLICT (projection, version) DO UPDATE SET
             batch_id = excluded.batch_id, offsets = excluded.offsets,
             events_applied = {table}.events_applied + excluded.events_applied,
             dead_letters = {table}.dead_letters + excluded.dead_letters,
+            live_rows = {table}.live_rows + excluded.live_rows,
             updated_at = now()
     """).format(table=_CHECKPOINTS), (name, version, batch_id, Jsonb(nest_offsets(offsets)),
-                                     applied, dead_letters))
+                                     applied, dead_letters, live_rows_delta))
+
+
+def add_live_rows(conn: psycopg.Connection, name: str, version: int, delta: int) -> None:
+    """In the transaction that wrote rows outside a batch (a dead letter retried): the
+    version's live rows moved by ``delta``."""
+    if delta:
+        conn.execute(sql.SQL("UPDATE {} SET live_rows = live_rows + %s "
+                             "WHERE projection = %s AND version = %s").format(_CHECKPOINTS),
+                     (delta, name, version))
+
+
+def count_live_rows(conn: psycopg.Connection, name: str, version: int,
+                    count: Callable[[], int]) -> int | None:
+    """In the caller's transaction: the version's live rows, counted by ``count`` if its
+    checkpoint does not keep them yet (a version from before they were kept); None before
+    its first batch. The checkpoint row is held meanwhile: a write that would add to the
+    count (a dead letter retried) waits, and adds to what was counted."""
+    row = conn.execute(sql.SQL("SELECT live_rows FROM {} WHERE projection = %s AND "
+                               "version = %s FOR UPDATE").format(_CHECKPOINTS),
+                       (name, version)).fetchone()
+    if row is None:
+        return None
+    if row[0] is not None:
+        return int(row[0])
+    counted = count()
+    conn.execute(sql.SQL("UPDATE {} SET live_rows = %s WHERE projection = %s AND version = %s")
+                 .format(_CHECKPOINTS), (counted, name, version))
+    return counted
+
+
+ACTIVE_LIVE_ROWS = sql.SQL("""
+    SELECT c.live_rows FROM {versions} v JOIN {checkpoints} c
+      ON c.projection = v.projection AND c.version = v.active_version
+    WHERE v.projection = %s
+""").format(versions=_TABLE, checkpoints=_CHECKPOINTS)
+"""The live rows of a projection's active version (no row, or null: not kept yet, or no
+batch committed): what its view holds, read in one row, in the snapshot that reads it."""
 
 
 def delete_checkpoint(conn: psycopg.Connection, name: str, version: int) -> None:

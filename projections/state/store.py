@@ -30,9 +30,11 @@ from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter, KeyState, ParkedKey
 from eventfold.projections.plan import compile_projection
 from eventfold.projections.state.catalog import (
+    CHECKPOINTS_TABLE,
     READER_ROLE,
     Checkpoint,
     claim_batch,
+    count_live_rows,
     delete_checkpoint,
     read_checkpoint,
     save_checkpoint,
@@ -79,9 +81,11 @@ folding, staging the rows, handing records to the producer, waiting for their de
 NOTED_LETTERS = 20
 """Dead letters a task describes to the driver for its log (a flood of letters is counted,
 not carried: ``eventfold dlq list`` shows them all)."""
-COUNTED_TABLE_BYTES = 8 * 2**20
-"""Up to this size a read model's rows are counted for a status; past it, estimated."""
-
+ANALYZE_AFTER_SHARE = 0.1
+"""Rows written since the planner's statistics were last taken, as a share of the live rows,
+past which a commit takes them again: filtered counts are the planner's estimates, and a load
+changing a table faster than autovacuum looks at it left them far off."""
+ANALYZE_AFTER_ROWS = 1_000
 
 class KeySplitAcrossPartitions(RuntimeError):
     """Two tasks folded the same key: its events were not all in one partition."""
@@ -116,6 +120,9 @@ class StagedBatch:
     """Rows written straight into the table (a fresh version no reader sees)."""
     known_rows: int = 0
     """Staged rows of keys that had one (updated by the commit)."""
+    live_rows_delta: int = 0
+    """Live rows the batch adds to the version's (new and revived keys, less deleted ones):
+    the checkpoint keeps the sum, so that an unfiltered count reads one row."""
     marks: int = 0
     applied: int = 0
     duplicates: int = 0
@@ -136,8 +143,8 @@ class StagedBatch:
 
     def add(self, other: StagedBatch) -> None:
         """``other``'s counts (another job of the same attempt) added to these."""
-        for name in ("new_rows", "direct_rows", "known_rows", "marks", "applied",
-                     "duplicates", "dead_letters"):
+        for name in ("new_rows", "direct_rows", "known_rows", "live_rows_delta", "marks",
+                     "applied", "duplicates", "dead_letters"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.held |= other.held
         self.topics |= other.topics
@@ -161,6 +168,7 @@ class ReadModelStore:
         self.version = version
         self.database_url = database_url
         self._owns_connection = conn is None
+        self._written_since_analyze = 0
         self.conn = conn if conn is not None else psycopg.connect(libpq_url(database_url))
         self._columns = list(projection.stored_columns)  # declared, and hidden components
         self._table = sql.Identifier(state_table(projection, version))
@@ -188,11 +196,23 @@ class ReadModelStore:
             engine.dispose()
         marks = watermarks_of(self.projection, self.version)
         with self.conn.transaction():
+            if self.projection.has_state:
+                count_live_rows(self.conn, self.projection.name, self.version,
+                                self._count_live_rows)
             if self.plan.watermarks_in_rows:
                 self._watermarks_into_rows()
             # the read API waits on these watermarks for read-your-writes
             self.conn.execute(sql.SQL("GRANT SELECT ON {} TO {}").format(
                 sql.Identifier(marks.table), sql.Identifier(READER_ROLE)))
+
+    def _count_live_rows(self) -> int:
+        """Counted once, for a version from before its checkpoint kept the count."""
+        row = self.conn.execute(sql.SQL("SELECT count(*) FROM {} WHERE NOT _deleted").format(
+            self._table)).fetchone()
+        counted = int(row[0]) if row else 0
+        log.info("projection %s v%d: %d live rows counted (kept by its batches from now on)",
+                 self.projection.name, self.version, counted)
+        return counted
 
     def _watermarks_into_rows(self) -> None:
         """A version made before watermarks lived in the rows of a projection keyed by
@@ -263,27 +283,16 @@ class ReadModelStore:
             return any_parked(self.conn, self.projection.name, self.version)
 
     def row_count(self) -> int | None:
-        """How many rows the read model holds: counted while its table is small, else the
-        statistics Postgres keeps (a status must not scan a table of millions); None before
+        """How many rows the read model holds: as its batches keep the count; None before
         the projection first ran."""
         if not self.projection.has_state:
             return None
-        table = sql.Identifier(state_table(self.projection, self.version))
         with self.conn.transaction():
-            row = self.conn.execute(
-                "SELECT greatest(c.reltuples, coalesce(s.n_live_tup, 0))::bigint, "
-                "pg_relation_size(c.oid) FROM pg_class c "
-                "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid "
-                "WHERE c.oid = to_regclass(%s) AND to_regclass(%s) IS NOT NULL",
-                (table.as_string(self.conn),
-                 sql.Identifier(self.projection.table).as_string(self.conn))).fetchone()
-            if row is None:
-                return None
-            if row[1] > COUNTED_TABLE_BYTES:
-                return int(row[0])
-            counted = self.conn.execute(sql.SQL("SELECT count(*) FROM {}").format(
-                sql.Identifier(self.projection.table))).fetchone()  # the view: live rows
-        return int(counted[0]) if counted else 0
+            row = self.conn.execute(sql.SQL(
+                "SELECT live_rows FROM {} WHERE projection = %s AND version = %s").format(
+                sql.Identifier(CHECKPOINTS_TABLE)), (self.projection.name, self.version)
+            ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     def forget_deleted(self, older_than_s: float, batch: int = PRUNE_BATCH,
                        batches: int = PRUNE_BATCHES) -> int:
@@ -365,8 +374,24 @@ class ReadModelStore:
             if held:
                 produce_held(held)
             save_checkpoint(self.conn, name, self.version, batch_id, offsets, batch.applied,
-                            batch.dead_letters)
+                            batch.dead_letters, batch.live_rows_delta)
             self._clear_stage()
+        self._refresh_statistics(batch.new_rows + batch.known_rows + batch.direct_rows)
+
+    def _refresh_statistics(self, written: int) -> None:
+        """Take the planner's statistics of the table again once the rows written since
+        the last time are a large share of it (``ANALYZE_AFTER_SHARE``)."""
+        self._written_since_analyze += written
+        if self._written_since_analyze < ANALYZE_AFTER_ROWS:
+            return
+        live = self.row_count() or 0
+        if self._written_since_analyze < ANALYZE_AFTER_SHARE * live:
+            return
+        with self.conn.transaction():
+            self.conn.execute(sql.SQL("ANALYZE {}").format(self._table))
+        log.debug("projection %s v%d: statistics taken again after %d rows written (%d live)",
+                  self.projection.name, self.version, self._written_since_analyze, live)
+        self._written_since_analyze = 0
 
     def merge(self, batch: StagedBatch) -> None:
         """In the caller's transaction: the attempt's staged rows into the state table, its
@@ -459,30 +484,33 @@ class Stage:
         self._table = sql.Identifier(state_table(projection, version))
 
     def rows(self, changed: Iterable[tuple[str, KeyState]],
-             known: Container[str]) -> tuple[int, int]:
-        """Stage ``changed``; (new, known) counts, ``known`` the keys that had a row."""
-        new = old = 0
+             known: Mapping[str, bool]) -> tuple[int, int, int]:
+        """Stage ``changed``; (new, known) counts and the live rows they add (less those
+        they delete). ``known``: the keys that had a row, and whether it was live."""
+        new = old = live = 0
         stored = self._columns
         copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
             self._stage, _names(["_attempt", "_known", "key", *stored, *SYSTEM_COLUMNS]))
         attempt, as_stored = self.attempt, self._as_stored
         with self.conn.transaction(), self.conn.cursor().copy(copy_sql) as copy:
             for key, key_state in changed:
-                is_known = key in known
+                was_live = known.get(key)
                 state = key_state.state or {}
-                copy.write_row((attempt, is_known, key, *as_stored([state.get(c) for c in stored]),
+                copy.write_row((attempt, was_live is not None, key,
+                                *as_stored([state.get(c) for c in stored]),
                                 key_state.version, key_state.position, key_state.state is None))
-                if is_known:
-                    old += 1
-                else:
+                live += (key_state.state is not None) - bool(was_live)
+                if was_live is None:
                     new += 1
-        return new, old
+                else:
+                    old += 1
+        return new, old, live
 
-    def direct(self, changed: Iterable[tuple[str, KeyState]]) -> int:
+    def direct(self, changed: Iterable[tuple[str, KeyState]]) -> tuple[int, int]:
         """Write ``changed`` straight into the state table (``BatchContext.direct``); how
-        many. A key another task wrote too fails the write: its events were in two
-        partitions."""
-        count = 0
+        many, and how many of them live. A key another task wrote too fails the write: its
+        events were in two partitions."""
+        count = live = 0
         stored = self._columns
         copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
             self._table, _names(["key", *stored, *SYSTEM_COLUMNS]))
@@ -495,9 +523,10 @@ class Stage:
                                     key_state.version, key_state.position,
                                     key_state.state is None))
                     count += 1
+                    live += key_state.state is not None
         except psycopg.errors.UniqueViolation as exc:
             raise KeySplitAcrossPartitions(str(exc).splitlines()[0]) from None
-        return count
+        return count, live
 
     def _as_stored(self, values: list[Any]) -> list[Any]:
         """Values as COPY writes them: JSON columns' values as JSON."""

@@ -15,6 +15,7 @@ from eventfold.outbox.design import OutboxDesign
 from eventfold.projections import Lookup, Projection
 from eventfold.projections.replay import replay
 from eventfold.projections.state.catalog import ProjectionCatalog, VersionSwitched
+from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import Engine, text
 
 from eventfold.contract import EventEnvelope, event_topic
@@ -195,6 +196,20 @@ def unpublished(engine: Engine) -> Iterator[None]:
             conn.execute(text(f"ALTER PUBLICATION eventfold_outbox ADD TABLE {table}"))
 
 
+def kept_count(settings, definition, version: int) -> int | None:
+    """The live rows the version's batches kept (a replay's tasks wrote them directly)."""
+    store = ReadModelStore(settings.database_url, definition, version)
+    try:
+        return store.row_count()
+    finally:
+        store.close()
+
+
+def view_count(engine, definition) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(f'SELECT count(*) FROM "{definition.table}"')).scalar())
+
+
 def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
         stack_settings, spark, engine, unique) -> None:
     """Events the topics lost (here: written to the store while it was out of the outbox's
@@ -226,6 +241,7 @@ def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
         assert rows(engine, definition.table, unique, column) == expected
         ktable = read_table(stack_settings.kafka, definition.ktable_topic_for(2))
         assert {k: v[column] for k, v in ktable.items() if k.startswith(unique)} == expected
+        assert kept_count(stack_settings, definition, 2) == view_count(engine, definition)
     assert rows(engine, stats.table, unique, "sales") == {old1: 2, old2: 2, new1: 1}
 
     bus.execute(sales.RecordSale(product=old1, value=1))  # v2 streams on from the topics

@@ -106,6 +106,12 @@ def test_commands_reach_read_model_and_ktable_through_the_real_stack(
                                     "cursor": page["next_cursor"]}, timeout=5).json()
         assert [r["key"] for r in rest["rows"]] == [f"{unique}-2"]
         assert rest["next_cursor"] is None
+        # the count the Spark tasks' batches kept, as exact as counting the view
+        counted = requests.get(f"{reads.url}/read-models/inventory_totals/count",
+                               timeout=5).json()
+        with engine.connect() as conn:
+            rows = conn.execute(text('SELECT count(*) FROM "inventory_totals"')).scalar()
+        assert (counted["count"], counted["exact"]) == (rows, True), counted
     finally:
         stop_gracefully(query)
         runner.close()
