@@ -87,6 +87,15 @@ def _per_kind(text: str, what: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(numbers.items()))
 
 
+@dataclass(frozen=True)
+class TopicShape:
+    """What a reader of a topic must notice change under it: a topic deleted and made again
+    has another id; partitions may be added."""
+
+    topic_id: str
+    partitions: int
+
+
 class TopicConfigMismatch(RuntimeError):
     """Existing topics whose configs differ from what Eventfold needs of them."""
 
@@ -229,13 +238,19 @@ class TopicAdmin:
     def topic_id(self, topic: str) -> str | None:
         """The id the cluster gave the topic when it was created (a topic deleted and made
         again has another); None when it does not exist."""
+        found = self.describe(topic)
+        return None if found is None else found.topic_id
+
+    def describe(self, topic: str) -> TopicShape | None:
+        """The topic's id and partition count; None when it does not exist."""
         future = self._admin.describe_topics(TopicCollection([topic]))[topic]
         try:
-            return str(future.result(timeout=self._timeout_s).topic_id)
+            described = future.result(timeout=self._timeout_s)
         except KafkaException as exc:
             if exc.args[0].code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 return None
             raise
+        return TopicShape(str(described.topic_id), len(described.partitions))
 
     def partitions(self, topic: str) -> int:
         metadata = self._admin.list_topics(topic, timeout=self._timeout_s).topics.get(topic)

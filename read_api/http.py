@@ -25,14 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import heapq
-import itertools
 import logging
 import os
 import pathlib
 import socket
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from decimal import Decimal
@@ -65,9 +63,17 @@ from eventfold.read_api.responses import (
     not_found,
 )
 from eventfold.read_api.schema import QueryError, check_text
-from eventfold.read_api.state import KTableEntry, KTableView, StoreConfig
+from eventfold.read_api.state import StoreConfig
 from eventfold.read_api.state.membership import Membership, Report, TopicReport
-from eventfold.read_api.state.routing import Replica, ReplicaUnavailable, Router, merge_pages
+from eventfold.read_api.state.queries import (
+    GATHER_PAGE,
+    Caller,
+    Forwarded,
+    KTableQueries,
+    Unavailable,
+    UnknownTable,
+)
+from eventfold.read_api.state.routing import DEFAULT_ACCEPTABLE_LAG, Router
 from eventfold.read_api.state.stores import IN_MEMORY
 from eventfold.read_api.workers import WorkerLead
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
@@ -75,7 +81,9 @@ from fastapi.responses import Response, StreamingResponse
 from psycopg_pool import PoolTimeout
 from starlette._utils import get_route_path
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Scope
+
+from eventfold.contract.asgi import Match, RouterBypass
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +91,6 @@ DEFAULT_WAIT_MS = 5_000
 MAX_WAIT_MS = 30_000
 _POLL_S = 0.02
 _YOUNG_OBJECTS_BEFORE_A_COLLECTION = 10_000
-_GATHER_PAGE = 1000  # entries a gathered export asks each instance for at a time
 _NOTIFIED_POLL_S = 1.0  # notified of commits: a look now and then, in case one was missed
 READ_YOUR_WRITES_DOC = (
     f"Read-your-writes: `min_version=N` (the `version` the command API returned) waits up to "
@@ -112,6 +119,12 @@ class ReadApiOptions:
     workers_dir: pathlib.Path | None = None
     """The directory this instance's HTTP workers share (``read_api.workers``); None: one
     worker."""
+    acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG
+    """How far behind (records) an instance may be and still become a partition's active
+    host, as Kafka Streams' ``acceptable.recovery.lag``."""
+    skip_router: bool = True
+    """KTable gets go past the router (``ktable_gets``); off: through it, as the reference
+    the bypass is tested against."""
 
 
 def _json_default(value: Any) -> Any:
@@ -208,7 +221,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     root passes the bearer token check here when a token is configured; then, and only then,
     the spec declares the security scheme and 401 on those routes). ``authorize``: the same
     check, on a request's Authorization header, for the KTable gets that skip the router
-    (``KTableGets``); with ``auth`` and without it, they take the router's way."""
+    (``ktable_gets``); with ``auth`` and without it, they take the router's way."""
     stateful = [p for p in projections if p.has_state]
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     pool = reader_pool(options.database_url, options.reader_role, options.pool_size,
@@ -234,7 +247,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     membership = Membership(options.advertised_url, report, options.database_url,
                             options.reader_role, lead)
     membership.on_change(rebalance)
-    routing = Router(membership, options.standby_replicas)
+    routing = Router(membership, options.standby_replicas, options.acceptable_lag)
+    queries = KTableQueries(hosts, routing, instance_id, list(read_models))
 
     def follow_version(name: str, version: int) -> None:
         host = hosts.get(name)
@@ -307,15 +321,23 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         return json_response({"detail": str(exc), "min_version": exc.wanted,
                               "current_version": exc.current}, 504)
 
+    @app.exception_handler(Unavailable)
+    async def not_yet(_: Request, exc: Unavailable) -> Response:
+        return _unavailable(str(exc))
+
+    @app.exception_handler(UnknownTable)
+    async def no_such_table(_: Request, exc: UnknownTable) -> Response:
+        return json_response({"detail": str(exc)}, 404)
+
     data = APIRouter(dependencies=[*auth, Depends(_checked_text)],
                      responses={**BAD_QUERY, **(UNAUTHORIZED if auth else {})})
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor, commits)
-    get_entry = _ktable_routes(data, read_models, hosts, instance_id, routing)
-    if not auth or authorize is not None:
-        app.add_middleware(KTableGets, endpoint=get_entry, names=frozenset(read_models),
-                           authorize=authorize)
+    get_entry = _ktable_routes(data, read_models, queries)
+    if options.skip_router and (not auth or authorize is not None):
+        app.add_middleware(RouterBypass, handlers=app.exception_handlers,
+                           match=ktable_gets(get_entry, frozenset(read_models), authorize))
     _unknown_read_model_route(data, read_models)
     app.include_router(data)
     _health_routes(app, pool, hosts, monitor)
@@ -436,213 +458,64 @@ def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadMode
 
 
 def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
-                   hosts: dict[str, KTableHost], instance_id: str, routing: Router
-                   ) -> Callable[..., Awaitable[Response]]:
-    """The KTable routes on ``router``; returns the get-by-key endpoint (``KTableGets``)."""
+                   queries: KTableQueries) -> Callable[..., Awaitable[Response]]:
+    """The KTable routes on ``router``, over ``queries``; returns the get-by-key endpoint
+    (``KTableGets``)."""
     names = _known_names(read_models)
-    me = routing.membership.url or None
 
-    def host_of(name: str) -> KTableHost:
-        host = hosts.get(name)
-        if host is None:
-            raise HTTPException(404, f"unknown KTable {name!r}; known: {sorted(read_models)}")
-        return host
-
-    def unavailable(name: str, view: KTableView, partition: int | None) -> HTTPException:
-        if partition is None or routing.membership.alone:
-            progress = view.progress
-            detail = (f"KTable {name} is restoring ({progress.records} of {progress.total} "
-                      "records); retry shortly")
-        else:
-            detail = (f"no instance serves partition {partition} of KTable {name} yet "
-                      "(restoring, or moving after an instance joined or left); retry shortly")
-        return HTTPException(503, detail, headers={"Retry-After": "1"})
-
-    def freshness(host: KTableHost, view: KTableView, partition: int | None = None
-                  ) -> dict[str, Any]:
-        where = ({} if partition is None else
-                 {"partition": partition, "stale": not routing.is_active(view, partition)})
-        return {"topic": view.topic, "projection_version": host.version_of(view),
-                "restored": view.restored,
-                "lag_records": (view.lag if partition is None
-                                else view.partition_lag(partition) or 0),
-                "instance": instance_id, "served_by": me, **where}
-
-    def entry_json(key: str, entry: KTableEntry) -> dict[str, Any]:
-        return {"key": key, "value": entry.value, "version": entry.version}
-
-    def local_only(request: Request) -> bool:
-        return request.query_params.get("local") == "true"
-
-    def serving(request: Request, host: KTableHost) -> KTableView:
-        """The view a request reads: a forwarded one names the version its sender serves."""
-        if not local_only(request):
-            return host.view
-        return host.view_at(_int_param(request, "version", None, 1, 2**31))
-
-    def held(request: Request, name: str, view: KTableView) -> list[int]:
-        """A forwarded range or count: the partitions asked for, all held here restored."""
-        raw = request.query_params.get("partitions", "")
-        try:
-            partitions = [int(p) for p in raw.split(",") if p]
-        except ValueError:
-            raise QueryError(f"partitions: {raw!r} is not a list of partitions") from None
-        missing = [p for p in partitions if p not in view.ready_partitions]
-        if missing:
-            raise unavailable(name, view, missing[0])
-        return partitions
-
-    def forwarded(request: Request, host: KTableHost, **params: str
-                  ) -> tuple[dict[str, str], dict[str, str]]:
-        query = {k: v for k, v in request.query_params.items() if k != "local"}
-        auth = request.headers.get("authorization")
-        return ({**query, **params, "version": str(host.version)},
-                {"authorization": auth} if auth else {})
+    def caller(request: Request) -> Caller:
+        params = request.query_params
+        local = params.get("local") == "true"
+        return Caller(
+            authorization=request.headers.get("authorization"), local=local,
+            version=_int_param(request, "version", None, 1, 2**31) if local else None,
+            partitions=_partitions(params.get("partitions", "")) if local else (),
+            min_version=_int_param(request, "min_version", None, 1, 2**62),
+            wait_ms=_int_param(request, "wait_ms", None, 0, MAX_WAIT_MS))
 
     @router.get("/ktables", tags=["ktables"], summary="KTables this instance serves")
     async def list_ktables() -> Response:
-        return json_response({"instance": instance_id, "url": me, "ktables": [
-            {"name": name, "keys": len(host.view), "restore": host.view.progress.as_json(),
-             "partitions": sorted(host.view.ready_partitions), **freshness(host, host.view)}
-            for name, host in hosts.items()]})
+        return json_response(queries.tables())
 
     @router.get("/ktables/{name}/metadata", tags=["ktables"],
                 summary="Which instance holds which partitions of a KTable",
                 responses=not_found("no KTable of that name"))
     async def ktable_metadata(name: str = names) -> Response:
-        host = host_of(name)
-        view = host.view
-        # What the members last reported, this instance too: what the assignment is made of.
-        members = {m.url: m for m in routing.membership.members()}
-        instances = []
-        for url, hosting in routing.hosting(view).items():
-            ready = (members[url].tables.get(view.topic, TopicReport()).restored
-                     if url in members and not routing.membership.alone
-                     else view.partition_lags())
-            instances.append({"url": url or None, "self": url == routing.membership.url,
-                              "active": sorted(hosting.active),
-                              "standby": sorted(hosting.standby),
-                              "restored": {str(p): lag for p, lag in sorted(ready.items())}})
-        return json_response({"name": name, "topic": view.topic,
-                              "partitions": view.partition_count,
-                              "standby_replicas": routing.standby_replicas,
-                              "instances": instances})
+        return json_response(queries.metadata(name))
 
     @router.get("/ktables/{name}/keys/{key}/metadata", tags=["ktables"],
                 summary="Which instance holds a key (as Kafka Streams' queryMetadataForKey)",
                 responses=not_found("no KTable of that name"))
     async def key_metadata(key: str, name: str = names) -> Response:
-        view = host_of(name).view
-        partition = routing.partition_of(view, key)
-        if partition is None:
-            return json_response({"key": key, "partition": None, "active": None,
-                                  "standbys": [], "serving": []})
-        hosts_now = routing.owners(view, partition)
-        return json_response({
-            "key": key, "partition": partition, "active": hosts_now[0] or None,
-            "standbys": [u or None for u in hosts_now[1:]],
-            "serving": [{"url": r.url or None, "active": r.active, "lag_records": r.lag}
-                        for r in routing.replicas(view, partition)]})
+        return json_response(queries.key_metadata(name, key))
 
     @router.get("/ktables/{name}/entries/{key}", tags=["ktables"], summary="One KTable value",
                 description=READ_YOUR_WRITES_DOC + " Any instance answers: a key held by "
                 "another is fetched from it (from a standby, marked `stale`, when its active "
-                "host is down).",
+                "host is down). `freshness.lag_records` is measured against the topic's end "
+                "offsets (`lag_measured_at`).",
                 responses={**not_found("no KTable of that name, or no value for the key"),
                            **UNAVAILABLE, **NOT_REACHED})
     async def get_entry(request: Request, key: str, name: str = names) -> Response:
         _only(request, ("min_version", "wait_ms", "local", "version"))
-        host = host_of(name)
-        view = serving(request, host)
-        partition = routing.partition_of(view, key)
-        if partition is None or local_only(request):
-            if not (view.restored if partition is None else partition in view.ready_partitions):
-                raise unavailable(name, view, partition)
-            return await local_entry(request, name, host, view, key, partition)
-        for replica in routing.replicas(view, partition):
-            if replica.local:
-                return await local_entry(request, name, host, view, key, partition)
-            params, headers = forwarded(request, host)
-            with contextlib.suppress(ReplicaUnavailable):
-                answer = await routing.forward(replica, request.url.path, params, headers)
-                return Response(answer.body, answer.status, media_type="application/json")
-        raise unavailable(name, view, partition)
-
-    async def local_entry(request: Request, name: str, host: KTableHost, view: KTableView,
-                          key: str, partition: int | None) -> Response:
-        min_version = _int_param(request, "min_version", None, 1, 2**62)
-        if min_version is not None:
+        asked = caller(request)
+        wait = None
+        if asked.min_version is not None:
             if not read_models[name].schema.keyed_by_stream:
                 raise QueryError(f"min_version: KTable {name} is keyed by "
                                  f"{read_models[name].projection.key_by!r}, not by stream; "
                                  "use the read model with stream=")
+            wanted, deadline = asked.min_version, _wait_deadline(request)
 
-            async def applied() -> int | None:
-                entry = view.get(key, partition)
-                return entry.version if entry else None
+            async def wait(applied: Callable[[], Awaitable[int | None]]) -> None:
+                await wait_until(applied, wanted, deadline, f"KTable {name} key {key!r}",
+                                 "ktable")
 
-            await wait_until(applied, min_version, _wait_deadline(request),
-                             f"KTable {name} key {key!r}", "ktable")
-        entry = view.get(key, partition)
-        if entry is None:
-            return json_response({"detail": f"no value for key {key!r} in KTable {name}",
-                                  "freshness": freshness(host, view, partition)}, 404)
-        return json_response({**entry_json(key, entry),
-                              "freshness": freshness(host, view, partition)})
-
-    async def gathered(request: Request, name: str, host: KTableHost, view: KTableView,
-                       path: str, local: Callable[[list[int]], Any],
-                       remote_params: dict[str, str]) -> tuple[list[Any], list[Replica]]:
-        """Ask one replica of every partition (this instance from its store by ``local``,
-        the others at ``path`` with ``remote_params``); an instance that fails is avoided in
-        a second round. The answers, and the replicas that gave them."""
-        avoid: set[str] = set()
-        for _ in range(3):
-            plan, missing = routing.plan(view, avoid)
-            if missing:
-                raise unavailable(name, view, missing[0])
-            replicas = list(plan)
-
-            async def ask(replica: Replica, partitions: list[int]) -> Any:
-                if replica.local:
-                    return local(partitions)
-                return await part_of(request, host, replica, path, partitions,
-                                     **remote_params)
-
-            answers = await asyncio.gather(*(ask(r, plan[r]) for r in replicas),
-                                           return_exceptions=True)
-            failed = {r.url for r, a in zip(replicas, answers, strict=True)
-                      if isinstance(a, ReplicaUnavailable)}
-            for answer in answers:
-                if isinstance(answer, BaseException) and not isinstance(answer,
-                                                                        ReplicaUnavailable):
-                    raise answer
-            if not failed:
-                return answers, replicas
-            avoid |= failed
-        raise unavailable(name, view, None)
-
-    async def merged_range(request: Request, name: str, host: KTableHost, view: KTableView,
-                           start: str | None, end: str | None, after: str | None, count: int
-                           ) -> tuple[list[dict[str, Any]], list[Replica]]:
-        def local(partitions: list[int]) -> list[dict[str, Any]]:
-            return [entry_json(k, e) for k, e in view.store.range(start, end, after, count,
-                                                                  partitions)]
-
-        bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
-                  if v is not None}
-        answers, replicas = await gathered(
-            request, name, host, view, f"/ktables/{name}/entries", local,
-            {**bounds, "limit": str(count), "format": "json"})
-        pages = [a if isinstance(a, list) else a["entries"] for a in answers]
-        merged = heapq.merge(*pages, key=lambda entry: entry["key"])
-        return list(itertools.islice(merged, count)), replicas
-
-    def gathered_freshness(host: KTableHost, view: KTableView, replicas: list[Replica]
-                           ) -> dict[str, Any]:
-        return {**freshness(host, view), "lag_records": sum(r.lag for r in replicas),
-                "served_by": sorted({r.url or "" for r in replicas}) if me else me,
-                "stale": not all(r.active for r in replicas)}
+        answer = await queries.get(name, key, asked, wait)
+        if isinstance(answer, Forwarded):
+            return Response(answer.body, answer.status, media_type="application/json")
+        status, body = answer
+        return json_response(body, status)
 
     @router.get("/ktables/{name}/entries", tags=["ktables"],
                 summary="A key range of a KTable, paged or as NDJSON",
@@ -654,186 +527,74 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
     async def range_entries(request: Request, name: str = names) -> Response:
         _only(request, ("from", "to", "after", "limit", "format", "local", "partitions",
                         "version"))
-        host = host_of(name)
-        view = serving(request, host)
         params = request.query_params
         start, end, after = params.get("from"), params.get("to"), params.get("after")
         output = params.get("format", "json")
         if output not in ("json", "ndjson"):
             raise QueryError(f"format: {output!r}; use json or ndjson")
-        if local_only(request):  # one instance's part of a gathered range
-            limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, _GATHER_PAGE + 1) or 1
-            part = view.store.range(start, end, after, limit, held(request, name, view))
-            return json_response({"entries": [entry_json(k, e) for k, e in part]})
-        if not view.restored and view.partition_count is None:
-            raise unavailable(name, view, None)
+        asked = caller(request)
+        if asked.local:  # one instance's part of a gathered range
+            limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, GATHER_PAGE + 1) or 1
+            return json_response(await queries.range(name, asked, start, end, after, limit))
         if output == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
-            if missing := routing.plan(view)[1]:  # a 503 now, not a stream cut short
-                raise unavailable(name, view, missing[0])
-            return StreamingResponse(ndjson(request, name, host, view, start, end),
-                                     media_type="application/x-ndjson")
+            chunks = queries.export(name, asked, start, end)  # a 503 now, not a stream cut
+            return StreamingResponse(_ndjson(chunks), media_type="application/x-ndjson")
         limit = parse_limit(params.get("limit"))
-        found, replicas = await merged_range(request, name, host, view, start, end, after,
-                                             limit + 1)
-        page = found[:limit]
-        return json_response({
-            "entries": page, "next_after": page[-1]["key"] if len(found) > limit else None,
-            "freshness": gathered_freshness(host, view, replicas)})
-
-    async def ndjson(request: Request, name: str, host: KTableHost, view: KTableView,
-                     start: str | None, end: str | None) -> AsyncIterator[bytes]:
-        """Every entry in range: each replica's partitions read a page at a time after
-        their own last key, merged in key order, a chunk of lines at a time."""
-        plan, missing = routing.plan(view)
-        if missing:  # since the response began: it ends here, short of its last line
-            raise unavailable(name, view, missing[0])
-        parts = [part_pages(request, name, host, view, replica, partitions, start, end)
-                 for replica, partitions in plan.items()]
-        async for chunk in merge_pages(parts, _GATHER_PAGE):
-            yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n"
-                           for entry in chunk)
-
-    async def part_pages(request: Request, name: str, host: KTableHost, view: KTableView,
-                         replica: Replica | None, partitions: list[int], start: str | None,
-                         end: str | None, after: str | None = None,
-                         avoid: frozenset[str] = frozenset()
-                         ) -> AsyncGenerator[list[dict[str, Any]], None]:
-        """Some partitions' entries in range after ``after``, a page at a time, from
-        ``replica`` (None: the first replica of the one partition not in ``avoid``). If the
-        replica fails, each partition goes on from another one, after the last key read."""
-        if replica is None:
-            [partition] = partitions
-            replica = next((r for r in routing.replicas(view, partition)
-                            if r.url not in avoid), None)
-            if replica is None:
-                raise unavailable(name, view, partition)
-        while True:
-            try:
-                page = await read_page(request, name, host, view, replica, partitions, start,
-                                       end, after)
-            except ReplicaUnavailable:
-                avoid |= {replica.url}
-                async for chunk in merge_pages([
-                        part_pages(request, name, host, view, None, [p], start, end, after,
-                                   avoid) for p in partitions], _GATHER_PAGE):
-                    yield chunk
-                return
-            if page:
-                yield page
-            if len(page) < _GATHER_PAGE:
-                return
-            after = page[-1]["key"]
-
-    async def read_page(request: Request, name: str, host: KTableHost, view: KTableView,
-                        replica: Replica, partitions: list[int], start: str | None,
-                        end: str | None, after: str | None) -> list[dict[str, Any]]:
-        if replica.local:
-            every = len(partitions) == view.partition_count
-            return [entry_json(k, e) for k, e in view.store.range(
-                start, end, after, _GATHER_PAGE, None if every else partitions)]
-        bounds = {k: v for k, v in (("from", start), ("to", end), ("after", after))
-                  if v is not None}
-        answer = await part_of(request, host, replica, f"/ktables/{name}/entries", partitions,
-                               **bounds, limit=str(_GATHER_PAGE))
-        entries: list[dict[str, Any]] = answer["entries"]
-        return entries
-
-    async def part_of(request: Request, host: KTableHost, replica: Replica, path: str,
-                      partitions: list[int], **params: str) -> Any:
-        """Another instance's answer at ``path`` for some of the partitions it holds, as
-        JSON; ``ReplicaUnavailable`` if it does not answer 200."""
-        query, headers = forwarded(request, host, **params,
-                                   partitions=",".join(map(str, partitions)))
-        answer = await routing.forward(replica, path, query, headers)
-        if answer.status != 200:
-            raise ReplicaUnavailable(f"{replica.url}: {answer.status} {answer.body[:200]!r}")
-        return orjson.loads(answer.body)
+        return json_response(await queries.range(name, asked, start, end, after, limit))
 
     @router.get("/ktables/{name}/count", tags=["ktables"], summary="Key count",
                 description="The keys of every partition, as each instance serving it holds "
                 "them now.", responses={**not_found("no KTable of that name"), **UNAVAILABLE})
     async def count_entries(request: Request, name: str = names) -> Response:
         _only(request, ("local", "partitions", "version"))
-        host = host_of(name)
-        view = serving(request, host)
-        if local_only(request):
-            counts = view.store.counts()
-            return json_response({"counts": {str(p): counts.get(p, 0)
-                                             for p in held(request, name, view)}})
-        if view.partition_count is None:
-            if not view.restored:
-                raise unavailable(name, view, None)
-            return json_response({"count": 0, "approximate": True,
-                                  "freshness": freshness(host, view)})
-
-        def local(partitions: list[int]) -> dict[str, Any]:
-            counts = view.store.counts()
-            return {"counts": {str(p): counts.get(p, 0) for p in partitions}}
-
-        answers, replicas = await gathered(request, name, host, view,
-                                           f"/ktables/{name}/count", local, {})
-        total = sum(n for answer in answers for n in answer["counts"].values())
-        return json_response({"count": total, "approximate": True,
-                              "freshness": gathered_freshness(host, view, replicas)})
+        return json_response(await queries.count(name, caller(request)))
 
     return get_entry
 
 
-class KTableGets:
-    """Hands ``GET /ktables/{name}/entries/{key}`` (no parameters but those of a forwarded
-    read) straight to its endpoint; all else goes on to the app's router.
+async def _ndjson(chunks: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n" for entry in chunk)
 
-    Why: a KTable get is the read API's hot path, and one forwarded to another instance
-    crosses two of them; Starlette's exception middleware, router and FastAPI's request
-    solving were most of each (docs/benchmarks.md, "KTable partitions among instances").
-    Middleware added to the app (request log, metrics) still wraps these requests.
-    ``authorize`` checks the Authorization header first, as the routes' ``auth`` does.
-    """
 
-    def __init__(self, app: ASGIApp, endpoint: Callable[..., Awaitable[Response]],
-                 names: frozenset[str],
-                 authorize: Callable[[str | None], None] | None = None) -> None:
-        self.app = app
-        self.endpoint = endpoint
-        self.names = names
-        self.authorize = authorize
-        # What the router would put in the scope: middleware outside (metrics) reads the
-        # route's path from it.
-        self.route = Route("/ktables/{name}/entries/{key}", endpoint, methods=["GET"])
+def _partitions(raw: str) -> tuple[int, ...]:
+    """A forwarded range's or count's partitions (``0,3,5``)."""
+    try:
+        return tuple(int(p) for p in raw.split(",") if p)
+    except ValueError:
+        raise QueryError(f"partitions: {raw!r} is not a list of partitions") from None
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = self._match(scope)
-        if found is None:
-            await self.app(scope, receive, send)
-            return
-        name, key = found
-        scope["route"] = self.route
-        scope["path_params"] = {"name": name, "key": key}
-        request = Request(scope, receive)
-        try:
-            if self.authorize is not None:
-                self.authorize(request.headers.get("authorization"))
-            await _checked_text(request)
-            response = await self.endpoint(request, key=key, name=name)
-        except HTTPException as exc:
-            response = json_response({"detail": exc.detail}, exc.status_code)
-            response.headers.update(exc.headers or {})
-        except QueryError as exc:
-            response = json_response({"detail": str(exc)}, 400)
-        await response(scope, receive, send)
 
-    def _match(self, scope: Scope) -> tuple[str, str] | None:
-        if scope["type"] != "http" or scope.get("method") != "GET":
+def ktable_gets(get_entry: Callable[..., Awaitable[Response]], names: frozenset[str],
+                authorize: Callable[[str | None], None] | None) -> Match:
+    """``GET /ktables/{name}/entries/{key}`` with no parameters but those of a forwarded
+    read, for ``RouterBypass``: a KTable get is the read API's hot path, and one forwarded to
+    another instance crosses two of them (docs/benchmarks.md, "KTable partitions among
+    instances"). What the route's dependencies do, its endpoint here does first:
+    ``authorize`` the Authorization header, check the path's text."""
+
+    async def endpoint(request: Request, name: str, key: str) -> Response:
+        if authorize is not None:
+            authorize(request.headers.get("authorization"))
+        await _checked_text(request)
+        return await get_entry(request, key=key, name=name)
+
+    route = Route("/ktables/{name}/entries/{key}", endpoint, methods=["GET"])
+
+    def match(scope: Scope) -> tuple[Route, dict[str, str]] | None:
+        if scope.get("method") != "GET":
             return None
         parts = get_route_path(scope).split("/")
         if (len(parts) != 5 or parts[1] != "ktables" or parts[3] != "entries"
-                or parts[2] not in self.names or not parts[4]):
+                or parts[2] not in names or not parts[4]):
             return None
         query = scope.get("query_string", b"")
         if query and not all(pair.split(b"=", 1)[0] in _FORWARD_PARAMETERS
                              for pair in query.split(b"&")):
             return None
-        return parts[2], parts[4]
+        return route, {"name": parts[2], "key": parts[4]}
+
+    return match
 
 
 _FORWARD_PARAMETERS = frozenset({b"local", b"version"})

@@ -130,6 +130,12 @@ class KTableHost:
         pending = self._next  # one read: a swap may replace it meanwhile
         return pending[0] if pending is not None and pending[1] is view else self.version
 
+    def superseded_by(self, view: KTableView) -> int | None:
+        """The version a replay made active while ``view`` still serves the one before it
+        (the next one's topic restoring): it gets no more writes. None otherwise."""
+        pending = self._next
+        return pending[0] if pending is not None and pending[1] is not view else None
+
     def views(self) -> list[KTableView]:
         with self._lock:
             return [self.view] + ([self._next[1]] if self._next else [])

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Any, cast
+from typing import Annotated, Any
 
 import psycopg
 from eventfold.write_model.commands import AsyncCommandBus, Command, CommandResult, HandlerSpec
@@ -54,13 +54,12 @@ from pydantic.json_schema import (
     models_json_schema,
 )
 from pydantic_core import ErrorDetails, core_schema
-from starlette._exception_handler import _lookup_exception_handler
-from starlette._utils import get_route_path, is_async_callable
-from starlette.concurrency import run_in_threadpool
+from starlette._utils import get_route_path
 from starlette.datastructures import Headers
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from eventfold.contract.asgi import Match, RouterBypass
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +78,7 @@ def create_command_app(
     commands with an id are kept ``command_id_retention_s`` (None: forever; an app's
     ``Settings.command_id_retention`` holds the default), and the app forgets older ones as it
     runs. ``skip_router`` off routes commands through the router like any other request: the
-    reference that ``CommandDispatch`` is tested against."""
+    reference that the bypass (``command_dispatch``) is tested against."""
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -117,7 +116,7 @@ def create_command_app(
             bus.registry.get(name)
         except LookupError as exc:
             return JSONResponse(status_code=404, content={"detail": str(exc)})
-        raise AssertionError("CommandDispatch answers registered commands before the router")
+        raise AssertionError("the bypass answers registered commands before the router")
 
     @app.get("/health")
     def health() -> dict[str, str]:
@@ -130,8 +129,8 @@ def create_command_app(
 
     add_error_handlers(app)
     if skip_router:
-        # Inside the body limit and any middleware added later; see CommandDispatch for why.
-        app.add_middleware(CommandDispatch, endpoints=endpoints,
+        # Inside the body limit and any middleware added later.
+        app.add_middleware(RouterBypass, match=command_dispatch(endpoints),
                            handlers=app.exception_handlers)
     app.add_middleware(BodySizeLimit, max_bytes=max_body_bytes)
     return app
@@ -276,8 +275,8 @@ UNAUTHORIZED = {"401": {**_error("EVENTFOLD_API_TOKEN is set and the bearer toke
 
 def document_commands(app: FastAPI, specs: list[HandlerSpec[Any, Any]], secured: bool) -> None:
     """Adds the commands to the app's OpenAPI document. FastAPI does not see them: they are
-    endpoints that ``CommandDispatch`` calls ahead of the router, and they parse their own
-    bodies and headers.
+    endpoints that the bypass (``command_dispatch``) calls ahead of the router; they parse
+    their own bodies and headers.
 
     Why: FastAPI's per-request solving of a body model, three headers and a dependency was the
     largest cost of the HTTP layer (docs/benchmarks.md, "Commands bypass FastAPI").
@@ -365,53 +364,21 @@ def _command_endpoint(bus: AsyncCommandBus, command_model: type[Command],
     return execute
 
 
-class CommandDispatch:
-    """Hands ``POST /commands/<name>`` of a registered command straight to its endpoint; all
-    else goes on to the app's router. Errors get the app's exception handlers, as on a route.
+def command_dispatch(endpoints: Mapping[str, Endpoint]) -> Match:
+    """The command a request posts, if it is one of ``endpoints`` (``RouterBypass``: a
+    command request is the API's hot path, and the router was a large share of it,
+    docs/benchmarks.md "Commands skip the router"; the body limit still wraps it)."""
+    # What the router would put in the scope: middleware outside (metrics) reads its path.
+    routes = {path: Route(path, endpoint, methods=["POST"])
+              for path, endpoint in endpoints.items()}
 
-    Why: a command request is the API's hot path, and Starlette's exception middleware,
-    router, route and request wrappers were a large share of it (docs/benchmarks.md,
-    "Commands skip the router"). Middleware added to the app still wraps command requests, as
-    does the body limit.
-    """
+    def match(scope: Scope) -> tuple[Route, dict[str, str]] | None:
+        if scope.get("method") != "POST":
+            return None
+        route = routes.get(get_route_path(scope))
+        return None if route is None else (route, {})
 
-    def __init__(self, app: ASGIApp, endpoints: Mapping[str, Endpoint],
-                 handlers: Mapping[Any, Callable[..., Any]]) -> None:
-        self.app = app
-        self.endpoints = endpoints
-        self.handlers = handlers
-        # What the router would put in the scope: middleware outside (metrics) reads the
-        # route's path from it.
-        self.routes = {path: Route(path, endpoint, methods=["POST"])
-                       for path, endpoint in endpoints.items()}
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = get_route_path(scope) if scope["type"] == "http" else ""
-        endpoint = self.endpoints.get(path) if scope.get("method") == "POST" else None
-        if endpoint is None:
-            await self.app(scope, receive, send)
-            return
-        scope["route"] = self.routes[path]
-        request = Request(scope, receive)
-        try:
-            response = await endpoint(request)
-        except Exception as exc:
-            response = await self._error_response(request, exc)
-        await response(scope, receive, send)
-
-    async def _error_response(self, request: Request, exc: Exception) -> Response:
-        """The handler a route would use: by status for an HTTPException, else by class."""
-        handler: Callable[..., Any] | None = (
-            self.handlers.get(exc.status_code)
-            if isinstance(exc, StarletteHTTPException) else None)
-        handler = handler or cast(Callable[..., Any] | None,
-                                  _lookup_exception_handler(dict(self.handlers), exc))
-        if handler is None:
-            raise exc
-        if is_async_callable(handler):
-            return cast(Response, await handler(request, exc))
-        sync_handler = cast(Callable[[Request, Exception], Response], handler)
-        return await run_in_threadpool(sync_handler, request, exc)
+    return match
 
 
 def parse_command(model: type[Command], body: bytes) -> Command:

@@ -12,13 +12,14 @@ it imports nothing of them.
 """
 
 from eventfold.read_api.state.entry import KTableEntry
+from eventfold.read_api.state.restore import RestoreProgress
 from eventfold.read_api.state.stores import (
     MemoryStore,
     RocksDBStore,
     StateStore,
     StoreConfig,
 )
-from eventfold.read_api.state.view import KTableView, RestoreProgress
+from eventfold.read_api.state.view import KTableView
 
 __all__ = ["KTableEntry", "KTableView", "MemoryStore", "RestoreProgress", "RocksDBStore",
            "StateStore", "StoreConfig"]

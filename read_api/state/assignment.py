@@ -12,8 +12,10 @@ order:
 3. every member keeps what it holds, restored or still restoring (so an assignment, once
    made, stays);
 4. the copies still missing go to the least-loaded members;
-5. the active host of each partition is a holder that has it restored, the one with the
-   fewest active partitions so far.
+5. the active host of each partition is a holder that has it restored within the acceptable
+   lag (as Kafka Streams' ``acceptable.recovery.lag``: an instance far behind does not become
+   active while one that is caught up can serve), the one with the fewest active partitions
+   so far; failing that, a holder that has it restored however far behind.
 
 So a partition stays where it is restored; when a member leaves, its partitions are served
 at once by their other holders; a member that joins restores its share while the members
@@ -48,13 +50,15 @@ def _rank(member: str, partition: int) -> bytes:
 
 
 def assign(members: Sequence[str], partitions: Iterable[int], standby_replicas: int,
-           restored: Mapping[str, Collection[int]] | None = None,
+           restored: Mapping[str, Mapping[int, int] | Collection[int]] | None = None,
            held: Mapping[str, Collection[int]] | None = None,
-           stored: Mapping[str, Collection[int]] | None = None) -> dict[str, Hosting]:
+           stored: Mapping[str, Collection[int]] | None = None,
+           acceptable_lag: int | None = None) -> dict[str, Hosting]:
     """Every member's active and standby partitions (a member with none is still listed).
-    What each member reports: ``restored``, the partitions it holds restored now; ``held``,
-    those it holds (as last assigned), restored or restoring; ``stored``, those it has a
-    store of on disk (restoring one takes only the records after its checkpoint)."""
+    What each member reports: ``restored``, the partitions it holds restored now (with each
+    one's lag in records, when known); ``held``, those it holds (as last assigned), restored
+    or restoring; ``stored``, those it has a store of on disk (restoring one takes only the
+    records after its checkpoint)."""
     live, holding, on_disk = restored or {}, held or {}, stored or {}
     dealt = sorted(partitions)
     if not members or not dealt:
@@ -92,8 +96,11 @@ def assign(members: Sequence[str], partitions: Iterable[int], standby_replicas: 
     actives: dict[str, set[int]] = {m: set() for m in members}
     standbys: dict[str, set[int]] = {m: set() for m in members}
     for partition in dealt:
-        def preference(member: str, p: int = partition) -> tuple[bool, int, int]:
-            return p not in live.get(member, ()), len(actives[member]), ranked[p].index(member)
+        def preference(member: str, p: int = partition) -> tuple[bool, bool, int, int]:
+            lags = live.get(member, ())
+            behind = (acceptable_lag is not None and isinstance(lags, Mapping)
+                      and lags.get(p, 0) > acceptable_lag)
+            return p not in lags, behind, len(actives[member]), ranked[p].index(member)
 
         first = min(holders[partition], key=preference)
         actives[first].add(partition)

@@ -3,8 +3,15 @@ database (table ``ktable_members``).
 
 An instance with an advertised URL renews its row every ``HEARTBEAT_S`` with, per KTable
 topic, the partitions it holds restored (and their lag) and those it has stores of on disk;
-rows not renewed for ``TIMEOUT_S`` are
-members no more (a crashed instance leaves within that time, one that stops deletes its row).
+rows not renewed for ``TIMEOUT_S`` are members no more (a crashed instance leaves within that
+time, one that stops deletes its row).
+
+An instance only lets members go once its own heartbeats have gone through for ``TIMEOUT_S``
+in a row. A database that stalled (a pause, a failover) held every instance's heartbeat at
+once; when it answers again every other row is old, and an instance that believed it would
+take every partition for itself (a burst of restores, and reads answered 503 meanwhile).
+While its heartbeats fail it keeps the members it had: reads forwarded to one that died
+meanwhile fail over to the partition's standby.
 An instance without an advertised URL is alone: it hosts every partition, as a single
 instance always has. Of an instance's HTTP workers only the lead beats
 (``read_api.workers``); the others take the members it publishes.
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -85,6 +93,9 @@ class Membership:
         self._members: tuple[Member, ...] = (Member(url),)
         self._listeners: list[Listener] = []
         self._conn: psycopg.Connection | None = None
+        self._beating_since: float | None = None
+        """Since when this instance's heartbeats have gone through, each in time."""
+        self._last_beat = float("-inf")
         self._refreshed = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ktable-membership",
@@ -136,10 +147,16 @@ class Membership:
             except psycopg.Error as exc:
                 log.warning("ktable membership: %s (keeping the last members; will retry)",
                             exc)
+                self.failed()
                 if self._conn is not None:
                     self._conn.close()
                 self._conn = None
             self._stop.wait(HEARTBEAT_S)
+
+    @property
+    def heartbeat_age_s(self) -> float:
+        """Seconds since this instance's last heartbeat went through."""
+        return time.monotonic() - self._last_beat
 
     def _beat(self) -> None:
         if self._conn is None or self._conn.closed:
@@ -153,14 +170,36 @@ class Membership:
         rows = self._conn.execute(
             "SELECT url, tables FROM ktable_members WHERE seen_at > now() - "
             "make_interval(secs => %s) ORDER BY url", (TIMEOUT_S,)).fetchall()
+        self.saw(_members_of(rows), time.monotonic())
+
+    def saw(self, seen: tuple[Member, ...], now: float) -> None:
+        """A heartbeat went through at ``now`` and found the members ``seen``: they are
+        the members, once this instance's heartbeats have gone through in time for
+        ``TIMEOUT_S`` (until then, those not seen are kept)."""
+        if self._beating_since is None or now - self._last_beat > 2 * HEARTBEAT_S + 1:
+            if self._last_beat > float("-inf"):
+                log.info("ktable membership: heartbeats go through again after %.1f s; members "
+                         "not seen are kept for %.0f s while they renew theirs",
+                         now - self._last_beat, TIMEOUT_S)
+            self._beating_since = now
+        self._last_beat = now
+        members = seen
+        if now - self._beating_since < TIMEOUT_S:
+            members = _kept(self._members, members)
         if not self.lead.alone:
-            self.lead.publish("members", orjson.dumps(rows))
-        self._changed(_members_of(rows))
+            self.lead.publish("members", orjson.dumps([(m.url, {
+                topic: report.as_json() for topic, report in m.tables.items()})
+                for m in members]))
+        self._changed(members)
 
     def _follow(self) -> None:
         body = self.lead.latest("members")
         if body is not None:
             self._changed(_members_of(orjson.loads(body)))
+
+    def failed(self) -> None:
+        """A heartbeat did not go through: the next one that does starts a new run."""
+        self._beating_since = None
 
     def _changed(self, members: tuple[Member, ...]) -> None:
         before = {m.url for m in self._members}
@@ -170,6 +209,13 @@ class Membership:
         self._refreshed.set()
         for listener in self._listeners:
             listener(members)
+
+
+def _kept(before: tuple[Member, ...], seen: tuple[Member, ...]) -> tuple[Member, ...]:
+    """The members seen, and those of before that were not (with what they reported last)."""
+    found = {m.url: m for m in before if m.url}
+    found.update((m.url, m) for m in seen)
+    return tuple(found[url] for url in sorted(found))
 
 
 def _members_of(rows: Iterable[Sequence[Any]]) -> tuple[Member, ...]:

@@ -2,7 +2,8 @@
 requests forwarded to it.
 
 A partition is served by its active host if that holds it restored, else by the first of its
-standbys that does (an answer then says it is stale, and by how many records). A request an
+standbys that does (an answer then says it is stale, and by how many records). The active
+host is a holder within the acceptable lag where there is one (``assignment``). A request an
 instance cannot serve from its own store is forwarded, with ``local=true``, to the instance
 that can; if that one does not answer, to the next. Ranges and counts go to one replica of
 each partition and are merged here (``Router.plan``).
@@ -10,12 +11,9 @@ each partition and are merged here (``Router.plan``).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import heapq
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Collection, Mapping, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Collection, Mapping
+from typing import NamedTuple
 
 from eventfold.read_api.state.assignment import Hosting, assign, owners
 from eventfold.read_api.state.forwarding import Answer, Forwarder, ForwardFailed
@@ -25,8 +23,10 @@ from eventfold.read_api.state.view import KTableView
 
 log = logging.getLogger(__name__)
 
-Entry = TypeVar("Entry", bound=Mapping[str, Any])
-"""A KTable entry as JSON: its ``key``, ``value`` and ``version``."""
+DEFAULT_ACCEPTABLE_LAG = 10_000
+"""Kafka Streams' ``acceptable.recovery.lag`` default: a partition's active host is one of
+its holders that lags by at most this many records, where there is one."""
+
 
 class Replica(NamedTuple):
     """An instance that holds a partition restored (a tuple: one is made for every replica
@@ -43,9 +43,11 @@ class ReplicaUnavailable(Exception):
 
 
 class Router:
-    def __init__(self, membership: Membership, standby_replicas: int) -> None:
+    def __init__(self, membership: Membership, standby_replicas: int,
+                 acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG) -> None:
         self.membership = membership
         self.standby_replicas = standby_replicas
+        self.acceptable_lag = acceptable_lag
         self._forwarder = Forwarder()
         self._cache: dict[str, tuple[tuple[Member, ...], int | None,
                                      tuple[dict[str, Hosting], dict[int, list[str]]]]] = {}
@@ -76,9 +78,9 @@ class Router:
         urls = sorted({m.url for m in members} | {self.membership.url})
         reports = {m.url: m.tables.get(view.topic, TopicReport()) for m in members}
         hosting = assign(urls, range(view.partition_count or 0), self.standby_replicas,
-                         {url: r.restored.keys() for url, r in reports.items()},
+                         {url: r.restored for url, r in reports.items()},
                          {url: r.held for url, r in reports.items()},
-                         {url: r.stored for url, r in reports.items()})
+                         {url: r.stored for url, r in reports.items()}, self.acceptable_lag)
         placement = (hosting, owners(hosting))
         self._cache[view.topic] = (members, view.partition_count, placement)
         return placement
@@ -142,48 +144,3 @@ class Router:
 
     async def close(self) -> None:
         await self._forwarder.close()
-
-
-async def merge_pages(streams: Sequence[AsyncGenerator[list[Entry], None]], chunk: int
-                      ) -> AsyncIterator[list[Entry]]:
-    """The entries of ``streams`` (pages of entries, each stream in key order, no key in
-    two streams) merged in key order, ``chunk`` at a time. Each stream's next page is asked
-    for as soon as its current one arrives, so the merge seldom waits."""
-    buffers: list[list[Entry]] = [[] for _ in streams]
-    pending = [asyncio.ensure_future(anext(s, None)) for s in streams]
-    heap: list[tuple[str, int, int]] = []
-
-    async def take(i: int) -> None:
-        page = await pending[i]
-        if page is not None:
-            buffers[i] = page
-            pending[i] = asyncio.ensure_future(anext(streams[i], None))
-            heapq.heappush(heap, (page[0]["key"], i, 0))
-
-    try:
-        for i in range(len(streams)):
-            await take(i)
-        out: list[Entry] = []
-        while heap:
-            _, i, at = heapq.heappop(heap)
-            if heap:
-                step = 1
-                out.append(buffers[i][at])
-            else:  # the one stream left (or the only one) needs no comparing
-                step = chunk - len(out)
-                out.extend(buffers[i][at:at + step])
-            if at + step < len(buffers[i]):
-                heapq.heappush(heap, (buffers[i][at + step]["key"], i, at + step))
-            else:
-                await take(i)
-            if len(out) >= chunk:
-                yield out
-                out = []
-        if out:
-            yield out
-    finally:
-        for future in pending:
-            future.cancel()
-        for stream in streams:
-            with contextlib.suppress(Exception):
-                await stream.aclose()

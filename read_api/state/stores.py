@@ -3,31 +3,38 @@
 A RocksDB store keeps one database per topic partition, as Kafka Streams keeps one store per
 task: the partition's entries (keys prefixed ``k``), and beside them, written in the same
 write batch, the changelog offset the store has applied up to, its exact key count, the
-topic's id and the highest offset its writer saw (keys prefixed ``m:``). The HTTP workers of
-one instance share the databases: the worker that holds the directory's writer lock restores
-and follows the topic; the others open the databases as RocksDB secondaries and catch up with
-the writer's files, and one of them takes the lock if the writer dies.
+topic's id, the highest offset its writer saw and when the store was last known to hold
+every record written before then (keys prefixed ``m:``). The HTTP workers of one instance
+share the databases: the worker that holds the directory's writer lock restores and follows
+the topic; the others open the databases as RocksDB secondaries and catch up with the
+writer's files, and one of them takes the lock if the writer dies.
+
+A checkpoint is not used when it is not valid for the topic: the topic was recreated, the
+checkpoint is past the topic's end or before its first offset, or it is older than the
+topic's ``delete.retention.ms`` (the log cleaner may have removed tombstones the store never
+saw, and the keys they deleted would be served for ever). The partition's store is then
+wiped and restored from the beginning, saying why.
 """
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 import os
 import re
 import shutil
 import struct
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
 from eventfold.read_api.state.entry import KTableEntry
 from eventfold.read_api.state.locks import try_exclusive
+from eventfold.read_api.state.merge import merge_sorted
 from eventfold.read_api.state.partitioner import partition_for
 from rocksdict import (
     AccessType,
@@ -47,6 +54,18 @@ STORE_KINDS: tuple[StoreKind, ...] = ("rocksdb", "memory")
 
 Change = tuple[str, KTableEntry | None]
 """A key and its new entry (None: a tombstone deletes it)."""
+
+
+@dataclass(frozen=True)
+class TopicOffsets:
+    """What a store's checkpoints are checked against as its partitions open: the topic's id,
+    each partition's first and end offsets now, and how long the topic keeps a tombstone
+    (None: unknown, not checked)."""
+
+    topic_id: str
+    begin: Mapping[int, int] = field(default_factory=dict)
+    end: Mapping[int, int] = field(default_factory=dict)
+    delete_retention_ms: int | None = None
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,11 @@ class StoreClosed(RuntimeError):
     """The store was let go before it opened."""
 
 
+class NotHeld(LookupError):
+    """A partition asked for that the store does not hold (let go of since the question was
+    routed here): no answer, where None would say the key has none."""
+
+
 class StateStore(ABC):
     """One KTable topic's entries across the partitions this process holds, in key order.
     Safe to read from request handlers while the view writes."""
@@ -83,14 +107,21 @@ class StateStore(ABC):
     """Whether this process applies the topic's records (else it reads what the writer
     applied: ``catch_up``)."""
 
-    def open_partitions(self, partitions: Collection[int], topic_id: str,
-                        begin: Mapping[int, int], end: Mapping[int, int]) -> None:
-        """Hold ``partitions`` too (their stores, restored from their checkpoints on)."""
+    def open_partitions(self, partitions: Collection[int], offsets: TopicOffsets,
+                        continuing: Collection[int] = ()) -> None:
+        """Hold ``partitions`` too (their stores, restored from their checkpoints on).
+        ``continuing``: partitions this process served restored as a reader until it took
+        the writer's place (they stay restored)."""
         return None
 
     def close_partitions(self, partitions: Collection[int]) -> None:
         """Hold ``partitions`` no more (their files stay, for when they come back)."""
         return None
+
+    @property
+    def partitions(self) -> frozenset[int]:
+        """The partitions held (open)."""
+        return frozenset()
 
     @abstractmethod
     def positions(self) -> dict[int, int]:
@@ -99,8 +130,15 @@ class StateStore(ABC):
 
     @abstractmethod
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
-              high_watermark: int) -> None:
-        """Apply ``changes`` of one partition and record ``next_offset``, atomically."""
+              high_watermark: int, synced_at_ms: int | None = None) -> None:
+        """Apply ``changes`` of one partition and record ``next_offset``, atomically;
+        ``synced_at_ms``: a time at which the partition held every record written before it
+        (it had read to the end), if it did."""
+
+    def synced(self, partition: int, synced_at_ms: int) -> None:
+        """The partition, read to its end, held every record written before
+        ``synced_at_ms`` (no record came since its last write)."""
+        return None
 
     def restored(self, partitions: Collection[int]) -> None:
         """The restore of ``partitions`` reached the end offsets seen when they opened."""
@@ -165,8 +203,8 @@ class MemoryStore(StateStore):
         self._restoring: set[int] = set()
         self._lock = threading.Lock()
 
-    def open_partitions(self, partitions: Collection[int], topic_id: str,
-                        begin: Mapping[int, int], end: Mapping[int, int]) -> None:
+    def open_partitions(self, partitions: Collection[int], offsets: TopicOffsets,
+                        continuing: Collection[int] = ()) -> None:
         self._partition_count = max(self._partition_count, max(partitions, default=0) + 1)
         self._restoring.update(partitions)
 
@@ -174,7 +212,7 @@ class MemoryStore(StateStore):
         return {}
 
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
-              high_watermark: int) -> None:
+              high_watermark: int, synced_at_ms: int | None = None) -> None:
         if self._loading is not None:  # restoring: a plain dict, sorted once at the end
             self._loading.update((key, (partition, entry)) for key, entry in changes)
             return
@@ -228,7 +266,7 @@ _DATA = b"k"
 _AFTER_DATA = bytes([_DATA[0] + 1])  # the first key past every data key
 _LEAST = b"\x00"  # appended to a key: the first key after it
 _OFFSET, _COUNT, _TOPIC_ID, _HIGH = b"m:offset", b"m:count", b"m:topic_id", b"m:high"
-_RESTORED = b"m:restored"
+_RESTORED, _SYNCED = b"m:restored", b"m:synced_at"
 _INT = struct.Struct(">q")
 _WRITER_WAIT_S = 0.2
 _CACHES: dict[int, Cache] = {}
@@ -244,7 +282,7 @@ def _shared_cache(mb: int) -> Cache:
         return _CACHES[mb]
 
 
-def _options(config: StoreConfig) -> Options:
+def _options(config: StoreConfig, secondary: bool = False) -> Options:
     options = Options(raw_mode=True)
     options.create_if_missing(True)
     table = BlockBasedOptions()
@@ -258,7 +296,9 @@ def _options(config: StoreConfig) -> Options:
     options.set_block_based_table_factory(table)
     options.set_write_buffer_size(config.write_buffer_mb * 1024 * 1024)
     options.set_max_write_buffer_number(2)
-    options.set_max_open_files(256)
+    # A secondary keeps every table file it reads open, as RocksDB asks of one: with a limit,
+    # a file closed for the limit may be gone (compacted by the primary) when read again.
+    options.set_max_open_files(-1 if secondary else 256)
     return options
 
 
@@ -291,7 +331,8 @@ class _Partition:
         value: bytes | None = self.db.get(name)
         return value
 
-    def write(self, changes: Sequence[Change], next_offset: int, high_watermark: int) -> None:
+    def write(self, changes: Sequence[Change], next_offset: int, high_watermark: int,
+              synced_at_ms: int | None) -> None:
         batch = WriteBatch(raw_mode=True)
         latest: dict[bytes, KTableEntry | None] = {}
         for key, entry in changes:
@@ -310,6 +351,8 @@ class _Partition:
         batch.put(_COUNT, _INT.pack(_int(self.meta(_COUNT)) + delta))
         batch.put(_OFFSET, _INT.pack(next_offset))
         batch.put(_HIGH, _INT.pack(max(high_watermark, next_offset)))
+        if synced_at_ms is not None:
+            batch.put(_SYNCED, _INT.pack(synced_at_ms))
         self._write(batch)
 
     def mark_restored(self) -> None:
@@ -378,41 +421,34 @@ class _Partition:
             shutil.rmtree(self._secondary, ignore_errors=True)
 
 
-_MERGE_CHUNK = 1024
-"""Pairs read from each stream at a time when a merge has no limit."""
-
-
-def merge_sorted(streams: Sequence[Iterator[tuple[bytes, bytes]]], limit: int | None = None
-                 ) -> list[tuple[bytes, bytes]]:
-    """The first ``limit`` pairs of streams sorted by key (no key in two of them), in key
-    order. Each stream is read a chunk at a time; what every stream has been read up to is
-    sorted at once, in C: a Python heap merge cost more a record than reading it from
-    RocksDB did."""
-    count = len(streams)
-    chunk = _MERGE_CHUNK if limit is None else limit // max(count, 1) + 16
-    buffers: list[list[tuple[bytes, bytes]]] = [[] for _ in streams]
-    ended = [False] * count
-    found: list[tuple[bytes, bytes]] = []
-    while limit is None or len(found) < limit:
-        for n, stream in enumerate(streams):
-            if not buffers[n] and not ended[n]:
-                buffers[n] = list(itertools.islice(stream, chunk))
-                ended[n] = len(buffers[n]) < chunk
-        open_ends = [buffers[n][-1][0] for n in range(count) if not ended[n]]
-        if not open_ends:  # every stream read to its end
-            found.extend(sorted(itertools.chain.from_iterable(buffers), key=_KEY))
-            break
-        reached = min(open_ends)  # every stream has been read past it, or to its end
-        taken: list[tuple[bytes, bytes]] = []
-        for buffer in buffers:
-            cut = bisect.bisect_right(buffer, reached, key=_KEY)
-            taken.extend(buffer[:cut])
-            del buffer[:cut]
-        found.extend(sorted(taken, key=_KEY))
-    return found if limit is None else found[:limit]
-
-
 _KEY = itemgetter(0)
+
+
+def _not_valid(opened: _Partition, partition: int, offsets: TopicOffsets) -> str | None:
+    """Why a partition's checkpoint cannot be resumed from (None: it can)."""
+    raw = opened.meta(_OFFSET)
+    if raw is None:
+        return None
+    offset, stored_id = _int(raw), opened.meta(_TOPIC_ID)
+    begin, end = offsets.begin.get(partition, 0), offsets.end.get(partition, 0)
+    if stored_id is not None and stored_id.decode() != offsets.topic_id:
+        return "the topic was recreated since it was written"
+    if offset > end:
+        return f"its checkpoint (offset {offset}) is past the topic's end ({end})"
+    if offset < begin:
+        return (f"its checkpoint (offset {offset}) is before the topic's first offset "
+                f"({begin}): records it never applied are gone")
+    retention = offsets.delete_retention_ms
+    if retention is not None:
+        synced = opened.meta(_SYNCED)
+        if synced is None:
+            return "it does not say when it last read the topic to its end"
+        age_ms = int(time.time() * 1000) - _int(synced)
+        if age_ms >= retention:
+            return (f"its checkpoint is {age_ms / 1000:,.0f} s old, past the topic's "
+                    f"delete.retention.ms ({retention / 1000:,.0f} s): deletes the log "
+                    "cleaner has removed since would never reach it")
+    return None
 
 
 def _directory_name(topic: str) -> str:
@@ -436,13 +472,14 @@ class RocksDBStore(StateStore):
         self.directory = config.directory / _directory_name(topic)
         self.directory.mkdir(parents=True, exist_ok=True)
         self._options = _options(config)
+        self._reader_options = _options(config, secondary=True)
         self._stop = stop or threading.Event()
         self._lock_file: IO[bytes] | None = None
         self.writer = self._take_writer_lock()
         self._partitions: dict[int, _Partition] = {}
 
-    def open_partitions(self, partitions: Collection[int], topic_id: str,
-                        begin: Mapping[int, int], end: Mapping[int, int]) -> None:
+    def open_partitions(self, partitions: Collection[int], offsets: TopicOffsets,
+                        continuing: Collection[int] = ()) -> None:
         """The writer opens (and checks) each partition's database; a reader waits until the
         writer has created them (or has gone, and this process takes its place: raises
         ``StoreClosed`` if stopped meanwhile; then ``writer`` is set and nothing opened)."""
@@ -451,9 +488,14 @@ class RocksDBStore(StateStore):
             if self.writer:
                 return  # the writer has gone: the caller opens them again, as the writer
         for partition in partitions:
-            if partition not in self._partitions:
-                self._partitions[partition] = self._open(
-                    partition, topic_id, begin.get(partition, 0), end.get(partition, 0))
+            before = self._partitions.get(partition)
+            if before is None or not before.writer:
+                # one reading it goes on serving until its writer has opened (a primary
+                # beside a secondary of the same database is allowed)
+                self._partitions[partition] = self._open(partition, offsets,
+                                                         partition in continuing)
+                if before is not None:
+                    before.close()
 
     def close_partitions(self, partitions: Collection[int]) -> None:
         for partition in partitions:
@@ -464,7 +506,6 @@ class RocksDBStore(StateStore):
     @property
     def partitions(self) -> frozenset[int]:
         return frozenset(self._partitions)
-
 
     def _wait_for_the_writer(self, partitions: Collection[int]) -> None:
         while not all((self.directory / f"p{p}" / "CURRENT").exists() for p in partitions):
@@ -480,9 +521,9 @@ class RocksDBStore(StateStore):
         return not self.writer and self._take_writer_lock()
 
     def become_writer(self) -> None:
-        """Holding the writer lock: let go of every partition, to open them again as their
-        writer."""
-        self.close_partitions(list(self._partitions))
+        """Holding the writer lock: from now on partitions open as their writer. Those open
+        as a reader stay open, and serve, until each is opened again as its writer
+        (``open_partitions``)."""
         self.writer = True
         log.info("ktable %s: this process now writes its store (the writer before it is "
                  "gone)", self.topic)
@@ -496,21 +537,12 @@ class RocksDBStore(StateStore):
         self._lock_file = handle
         return True
 
-    def _open(self, partition: int, topic_id: str, begin: int, end: int) -> _Partition:
+    def _open(self, partition: int, offsets: TopicOffsets, continuing: bool) -> _Partition:
         path = self.directory / f"p{partition}"
         if not self.writer:
-            return _Partition(path, self._options, writer=False)
+            return _Partition(path, self._reader_options, writer=False)
         opened = _Partition(path, self._options, writer=True)
-        offset = opened.meta(_OFFSET)
-        stored_id = opened.meta(_TOPIC_ID)
-        reason = None
-        if offset is not None and stored_id is not None and stored_id.decode() != topic_id:
-            reason = "the topic was recreated since it was written"
-        elif offset is not None and _int(offset) > end:
-            reason = f"its checkpoint (offset {_int(offset)}) is past the topic's end ({end})"
-        elif offset is not None and _int(offset) < begin:
-            reason = (f"its checkpoint (offset {_int(offset)}) is before the topic's first "
-                      f"offset ({begin}): records it never applied are gone")
+        reason = _not_valid(opened, partition, offsets)
         if reason is not None:
             log.warning("ktable %s partition %d: %s; its store is wiped and restored from the "
                         "beginning", self.topic, partition, reason)
@@ -518,10 +550,12 @@ class RocksDBStore(StateStore):
             Rdict.destroy(str(path), self._options)
             opened = _Partition(path, self._options, writer=True)
         if opened.meta(_TOPIC_ID) is None:
-            opened.put_meta(_TOPIC_ID, topic_id.encode())
-        # Not restored until this writer has caught up again: readers must not serve it as
-        # current from what an earlier writer left.
-        opened.delete_meta(_RESTORED)
+            opened.put_meta(_TOPIC_ID, offsets.topic_id.encode())
+        if reason is not None or not continuing:
+            # Not restored until this writer has caught up again: readers must not serve it
+            # as current from what an earlier writer left. A reader that took the place of a
+            # writer that died goes on from where it was, restored.
+            opened.delete_meta(_RESTORED)
         return opened
 
     def positions(self) -> dict[int, int]:
@@ -533,21 +567,34 @@ class RocksDBStore(StateStore):
         return {p: _int(store.meta(_HIGH)) for p, store in self._partitions.items()}
 
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
-              high_watermark: int) -> None:
+              high_watermark: int, synced_at_ms: int | None = None) -> None:
         store = self._partitions.get(partition)
         if store is not None:  # else closed since the poll that fetched the records
-            store.write(changes, next_offset, high_watermark)
+            store.write(changes, next_offset, high_watermark, synced_at_ms)
+
+    def synced(self, partition: int, synced_at_ms: int) -> None:
+        store = self._partitions.get(partition)
+        if store is not None:
+            store.put_meta(_SYNCED, _INT.pack(synced_at_ms))
 
     def restored(self, partitions: Collection[int]) -> None:
         for partition in partitions:
             if partition in self._partitions:
                 self._partitions[partition].mark_restored()
 
-    def restored_partitions(self) -> frozenset[int]:
+    def restored_partitions(self, topic_id: str | None = None) -> frozenset[int]:
         """The partitions the writer has restored since it opened them (a reader's
-        question)."""
+        question); with ``topic_id``, only those written for that topic (not for one of its
+        name since deleted)."""
         return frozenset(p for p, store in self._partitions.items()
-                         if store.meta(_RESTORED) is not None)
+                         if store.meta(_RESTORED) is not None
+                         and (topic_id is None or store.meta(_TOPIC_ID) == topic_id.encode()))
+
+    def written_for(self, partition: int) -> str | None:
+        """The id of the topic the partition's store holds the records of, if it says."""
+        store = self._partitions.get(partition)
+        raw = None if store is None else store.meta(_TOPIC_ID)
+        return None if raw is None else raw.decode()
 
     def catch_up(self) -> None:
         """A reader: see what the writer has written since."""
@@ -557,7 +604,9 @@ class RocksDBStore(StateStore):
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         if partition is not None:
             store = self._partitions.get(partition)
-            return None if store is None else store.get(key)
+            if store is None:
+                raise NotHeld(f"ktable {self.topic}: partition {partition} is not held here")
+            return store.get(key)
         for store in self._partitions.values():
             entry = store.get(key)
             if entry is not None:
@@ -575,7 +624,7 @@ class RocksDBStore(StateStore):
         chosen = held.values() if partitions is None else [held[p] for p in partitions
                                                             if p in held]
         opened = [store.stored_items(low, inclusive_low, end) for store in chosen]
-        page = merge_sorted([items for items, _bounds in opened], limit)
+        page = merge_sorted([items for items, _bounds in opened], _KEY, limit)
         del opened  # the iterators' bounds, kept until here
         decode = KTableEntry.decode
         return [(key[1:].decode(), decode(value)) for key, value in page]

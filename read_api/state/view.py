@@ -1,17 +1,26 @@
 """A KTable topic restored into a state store and followed, as a Kafka Streams store restores
 from its changelog: from the store's checkpoint (or the beginning) up to the end offsets seen
-at start, with progress reported, then live."""
+when each partition opened (``restore``), then live.
+
+Two threads per view. The view's own thread applies the topic's records (the store's
+writer), or, in the other HTTP workers of an instance, reads behind the writer's store and
+takes its place if it dies. The topic's watch measures what the view is asked about without
+trusting the first thread to be well: every second the partitions' end offsets (the lag an
+answer carries is measured against them), and every few seconds the topic's id and
+partition count: a topic deleted and made again is restored from its new beginning, and
+partitions added are held and served.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from collections.abc import Callable, Collection, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import (
     TAILING_FETCH_WAIT_MS,
@@ -20,9 +29,10 @@ from eventfold.outbox.kafka import (
     consumer_config,
     offset_of,
 )
-from eventfold.outbox.topics import TopicAdmin
+from eventfold.outbox.topics import TopicAdmin, TopicShape
 from eventfold.read_api.state.entry import KTableEntry
 from eventfold.read_api.state.heap import PROCESS_HEAP, UNTRIMMED
+from eventfold.read_api.state.restore import Restoration, RestoreProgress
 from eventfold.read_api.state.stores import (
     IN_MEMORY,
     Change,
@@ -31,6 +41,7 @@ from eventfold.read_api.state.stores import (
     StateStore,
     StoreClosed,
     StoreConfig,
+    TopicOffsets,
     stored_partitions,
 )
 
@@ -40,32 +51,20 @@ _PROGRESS_EVERY_S = 5.0
 _CATCH_UP_EVERY_S = 0.1
 _PROMOTE_EVERY_S = 1.0
 _RETRY_S = 1.0
+MEASURE_EVERY_S = 1.0
+"""How often the partitions' end offsets are asked for: the lag an answer carries."""
+CHECK_TOPIC_EVERY_S = 2.0
+"""How often the topic's id and partition count are asked for."""
+SYNC_EVERY_S = 30.0
+"""How often a partition read to its end says so in its store (``StateStore.synced``) when no
+record comes: a store whose last such time is older than the topic keeps tombstones is
+restored from the beginning at its next start."""
+_DEFAULT_DELETE_RETENTION_MS = 86_400_000
+"""Kafka's default ``delete.retention.ms``, for a topic whose config cannot be read."""
 
 
-@dataclass(frozen=True)
-class RestoreProgress:
-    records: int
-    total: int
-    restored: bool
-    seconds: float
-
-    @property
-    def records_per_s(self) -> float:
-        return self.records / self.seconds if self.seconds > 0 else 0.0
-
-    def as_json(self) -> dict[str, Any]:
-        return {"records": self.records, "total": self.total, "restored": self.restored,
-                "seconds": round(self.seconds, 3), "records_per_s": round(self.records_per_s)}
-
-
-@dataclass(frozen=True)
-class _Offsets:
-    """Some of a topic's partitions, as the view found them."""
-
-    partitions: list[int]
-    begin: dict[int, int]
-    end: dict[int, int]
-    topic_id: str
+class TopicRecreated(Exception):
+    """The topic the view follows was deleted and made again."""
 
 
 class KTableView:
@@ -82,26 +81,36 @@ class KTableView:
         self.store: StateStore = MemoryStore()  # until the topic's own store opens
         self.partition_count: int | None = None
         self.on_partitions: Callable[[KTableView], None] | None = None
-        """Called once the topic's partition count is known (to assign the view some)."""
+        """Called once the topic's partition count is known, and when it changes (to
+        assign the view some)."""
+        self._shape: TopicShape | None = None
+        self._delete_retention_ms: int | None = None
         self._wanted: frozenset[int] | None = None
         self._hold_all = self.config.kind == "memory"
         # the memory store stands for the design before on-disk stores (benchmarks compare
         # against it): it keeps its heap as that design did
         self._heap = PROCESS_HEAP if self.config.kind == "rocksdb" else UNTRIMMED
         self._ready: frozenset[int] = frozenset()
-        self._targets: dict[int, int] = {}  # partitions restoring: the end offset to reach
-        self._restore_total = 0
-        self._restore_records = 0
-        self._started_at = 0.0
-        self._restore_seconds: float | None = None
+        self._restoration = Restoration(topic)
+        self._reading_progress: RestoreProgress | None = None
         self._positions: dict[int, int] = {}
         self._high_watermarks: dict[int, int] = {}
+        self._ends: dict[int, int] = {}
+        self._measured_at: datetime | None = None
+        self._synced_at: dict[int, float] = {}
+        self._check_now = threading.Event()
+        self._looked = threading.Event()
         self._restored = threading.Event()
+        self._restore_seconds: float | None = None
+        self._started_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ktable-{topic}", daemon=True)
+        self._watch = threading.Thread(target=self._watch_topic, name=f"ktable-watch-{topic}",
+                                       daemon=True)
 
     def start(self) -> KTableView:
         self._started_at = time.monotonic()
+        self._watch.start()
         self._thread.start()
         return self
 
@@ -117,8 +126,9 @@ class KTableView:
     def stop(self) -> bool:
         """Stop following; True once the consumer has closed and the store is let go."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=10)
+        for thread in (self._thread, self._watch):
+            if thread.is_alive():
+                thread.join(timeout=10)
         return not self._thread.is_alive()
 
     def retire(self) -> bool:
@@ -128,6 +138,7 @@ class KTableView:
             self.store.destroy()
         return stopped
 
+    # -- what it says --------------------------------------------------------------------------
     @property
     def restored(self) -> bool:
         """Whether every partition this view holds is restored (a topic not created yet
@@ -158,11 +169,23 @@ class KTableView:
         return {p: lag for p in self._ready if (lag := self.partition_lag(p)) is not None}
 
     def partition_lag(self, partition: int) -> int | None:
-        """The partition's lag in records if it is ready here, else None."""
+        """The records of the partition not applied here, against its end offset as last
+        measured (or as the writer last saw it, if later); None if it is not ready here."""
         if partition not in self._ready:
             return None
-        return max(self._high_watermarks.get(partition, 0) - self._positions.get(partition, 0),
-                   0)
+        end = max(self._ends.get(partition, 0), self._high_watermarks.get(partition, 0))
+        return max(end - self._positions.get(partition, 0), 0)
+
+    @property
+    def lag(self) -> int:
+        """Records in the topic's held partitions not applied yet."""
+        return sum(max(max(self._ends.get(p, 0), self._high_watermarks.get(p, 0)) - position,
+                       0) for p, position in list(self._positions.items()))
+
+    @property
+    def lag_measured_at(self) -> datetime | None:
+        """When the end offsets the lag is measured against were last read."""
+        return self._measured_at
 
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         return self.store.get(key, partition)
@@ -172,22 +195,87 @@ class KTableView:
 
     @property
     def progress(self) -> RestoreProgress:
-        elapsed = (self._restore_seconds if self._restore_seconds is not None
-                   else time.monotonic() - self._started_at)
-        return RestoreProgress(self._restore_records, self._restore_total, self.restored,
-                               elapsed)
-
-    @property
-    def lag(self) -> int:
-        """Records in the topic not yet applied, from the high watermarks of recent fetches."""
-        return sum(max(high - self._positions.get(p, 0), 0)
-                   for p, high in list(self._high_watermarks.items())
-                   if p in self._positions)
+        if self.store.writer or self._reading_progress is None:
+            return self._restoration.progress(self.restored)
+        return self._reading_progress
 
     def _wanted_now(self) -> frozenset[int] | None:
         if self._hold_all and self.partition_count is not None:
             return frozenset(range(self.partition_count))
         return self._wanted
+
+    # -- the watch -----------------------------------------------------------------------------
+    def _watch_topic(self) -> None:
+        """Until stopped: the topic's shape every ``CHECK_TOPIC_EVERY_S`` (or at once when the
+        view asks), its held partitions' end offsets every ``MEASURE_EVERY_S``."""
+        planner: OffsetPlanner | None = None
+        admin: TopicAdmin | None = None
+        next_check = 0.0
+        try:
+            while not self._stop.is_set():
+                try:
+                    planner = planner or OffsetPlanner(self.kafka)
+                    admin = admin or TopicAdmin(self.kafka, timeout_s=10)
+                    if time.monotonic() >= next_check or self._check_now.is_set():
+                        self._check_now.clear()
+                        self._look_at_topic(admin)
+                        next_check = time.monotonic() + CHECK_TOPIC_EVERY_S
+                    self._measure(planner)
+                except (KafkaException, TimeoutError, RuntimeError) as exc:
+                    log.warning("ktable %s: could not look at the topic (will retry): %s",
+                                self.topic, exc)
+                self._check_now.wait(MEASURE_EVERY_S)
+                if self._stop.is_set():
+                    return
+        finally:
+            if planner is not None:
+                planner.close()
+
+    def _look_at_topic(self, admin: TopicAdmin) -> None:
+        shape = admin.describe(self.topic)
+        self._looked.set()
+        if shape is None:
+            return
+        if self._delete_retention_ms is None:
+            self._delete_retention_ms = _delete_retention_ms(admin, self.topic)
+        before, self._shape = self._shape, shape
+        if before is not None and before.topic_id != shape.topic_id:
+            log.warning("ktable %s: the topic was deleted and made again (id %s, was %s)",
+                        self.topic, shape.topic_id, before.topic_id)
+        if self.partition_count is not None and shape.partitions != self.partition_count:
+            log.warning("ktable %s: the topic has %d partitions now, %d before; holding the "
+                        "new ones", self.topic, shape.partitions, self.partition_count)
+        if shape.partitions != self.partition_count:
+            self.partition_count = shape.partitions
+            if self.on_partitions is not None:
+                self.on_partitions(self)
+
+    def _measure(self, planner: OffsetPlanner) -> None:
+        held = sorted(self._positions)
+        if not held:
+            return
+        ends = planner.end_offsets([(self.topic, p) for p in held])
+        self._ends = {p: end for (_, p), end in ends.items()}
+        self._measured_at = datetime.now(UTC)
+
+    def _topic_now(self) -> TopicShape | None:
+        """The topic's shape once the watch has seen it (None: stopped first). A topic not
+        created yet is empty, and up to date."""
+        while self._shape is None:
+            if self._looked.is_set():
+                self._mark_restored()
+                self._check_now.set()
+            if self._stop.wait(0.2):
+                return None
+        return self._shape
+
+    def _recreated(self, shape: TopicShape) -> None:
+        """Raise ``TopicRecreated`` if the watch has seen another topic by this name."""
+        now = self._shape
+        if now is not None and now.topic_id != shape.topic_id:
+            raise TopicRecreated(f"ktable {self.topic}: the topic was deleted and made again "
+                                 f"(id {now.topic_id}, was {shape.topic_id}); restoring it "
+                                 "from its new beginning")
 
     # -- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:
@@ -199,6 +287,9 @@ class KTableView:
                 return
             except StoreClosed:
                 return
+            except TopicRecreated as exc:
+                log.warning("%s", exc)
+                self._ready = frozenset()
             # rocksdict raises a plain Exception for any failure of a database (one another
             # process wiped, say); the broker, KafkaException: the view must not die of either.
             except Exception as exc:
@@ -208,75 +299,79 @@ class KTableView:
                 self._stop.wait(_RETRY_S)
 
     def _serve(self) -> None:
-        topic_id = self._topic_id()
-        if topic_id is None:
+        shape = self._topic_now()
+        if shape is None:
             return
         self.store = (MemoryStore() if self.config.kind == "memory"
                       else RocksDBStore(self.config, self.topic, self._stop))
         try:
-            if self.store.writer or self._read_behind(topic_id):
-                self._follow(topic_id)
+            continuing = frozenset[int]()
+            if not self.store.writer:
+                read_behind = self._read_behind(shape)
+                if read_behind is None:
+                    return
+                continuing = read_behind
+            self._follow(shape, continuing)
         finally:
             self.store.close()
             self._ready = frozenset()
+            self._positions = {}
 
-    def _topic_id(self) -> str | None:
-        """The topic's id (and its partition count noted), once it exists (None: stopped
-        before)."""
-        planner = OffsetPlanner(self.kafka)
-        try:
-            partitions = planner.partitions([self.topic])
-            while not partitions:
-                # The projection has not created its topic yet: an empty table is up to date.
-                self._mark_restored()
-                if self._stop.wait(1.0):
-                    return None
-                partitions = planner.partitions([self.topic])
-        finally:
-            planner.close()
-        self.partition_count = len(partitions)
-        if self.on_partitions is not None:
-            self.on_partitions(self)
-        return (TopicAdmin(self.kafka).topic_id(self.topic) or ""
-                if self.config.kind == "rocksdb" else "")
-
-    def _offsets(self, partitions: Collection[int], topic_id: str) -> _Offsets:
+    def _offsets(self, partitions: Collection[int], shape: TopicShape) -> TopicOffsets:
         planner = OffsetPlanner(self.kafka)
         try:
             keys = [(self.topic, p) for p in sorted(partitions)]
             begin, end = planner.beginning_offsets(keys), planner.end_offsets(keys)
         finally:
             planner.close()
-        return _Offsets([p for _, p in keys], {p: o for (_, p), o in begin.items()},
-                        {p: o for (_, p), o in end.items()}, topic_id)
+        return TopicOffsets(shape.topic_id, {p: o for (_, p), o in begin.items()},
+                            {p: o for (_, p), o in end.items()},
+                            self._delete_retention_ms or _DEFAULT_DELETE_RETENTION_MS)
 
-    def _read_behind(self, topic_id: str) -> bool:
+    # -- a reader -------------------------------------------------------------------------------
+    def _read_behind(self, shape: TopicShape) -> frozenset[int] | None:
         """Serve what the writing process applies, holding the partitions assigned, until
-        told to stop (False) or until the writer is gone and this process has taken its place
-        (True)."""
+        told to stop (None) or until the writer is gone and this process has taken its place:
+        then the partitions it served restored, which stay so."""
         store = cast(RocksDBStore, self.store)
         next_promotion = time.monotonic() + _PROMOTE_EVERY_S
         while not self._stop.wait(_CATCH_UP_EVERY_S):
+            self._recreated(shape)
             wanted = self._wanted_now()
             if wanted is not None and wanted != store.partitions:
                 store.close_partitions(store.partitions - wanted)
-                store.open_partitions(wanted, topic_id, {}, {})
+                store.open_partitions(wanted, TopicOffsets(shape.topic_id))
             if store.writer or (time.monotonic() >= next_promotion and store.take_writer_lock()):
+                continuing = self._ready
                 store.become_writer()
-                return True
+                return continuing
             if time.monotonic() >= next_promotion:
                 next_promotion = time.monotonic() + _PROMOTE_EVERY_S
+                self._reopen_written_before(store, shape)
             store.catch_up()
             self._positions = store.positions()
             self._high_watermarks = store.high_watermarks()
-            self._restore_records = sum(self._positions.values())
-            self._restore_total = sum(self._high_watermarks.values())
-            self._ready = store.restored_partitions()
+            self._ready = store.restored_partitions(shape.topic_id)
+            self._reading_progress = RestoreProgress(
+                sum(self._positions.values()), sum(self._high_watermarks.values()),
+                self.restored, time.monotonic() - self._started_at)
             if wanted is not None and wanted <= self._ready:
                 self._mark_restored()
-        return False
+        return None
 
-    def _follow(self, topic_id: str) -> None:
+    @staticmethod
+    def _reopen_written_before(store: RocksDBStore, shape: TopicShape) -> None:
+        """A topic made again: partitions still open on what the writer wrote for the one
+        before it (it has not wiped them yet, or this secondary has not seen it) open again,
+        until they are the new topic's."""
+        stale = [p for p in store.partitions if store.written_for(p) not in (None,
+                                                                             shape.topic_id)]
+        if stale:
+            store.close_partitions(stale)
+            store.open_partitions(stale, TopicOffsets(shape.topic_id))
+
+    # -- the writer ------------------------------------------------------------------------------
+    def _follow(self, shape: TopicShape, continuing: frozenset[int]) -> None:
         # Small fetches and a small prefetch queue: a restore is bound by applying records,
         # not by fetching them, and every byte librdkafka prefetches is held (and fragments
         # the heap) while it waits. 2 MB fetches restore as fast as 8 MB ones, for much
@@ -285,80 +380,94 @@ class KTableView:
             "fetch.max.bytes": 2 * 1024 * 1024, "max.partition.fetch.bytes": 512 * 1024,
             "queued.max.messages.kbytes": 2 * 1024, "queued.min.messages": 5_000,
             "fetch.wait.max.ms": TAILING_FETCH_WAIT_MS}))
+        self._restoration = Restoration(self.topic)
         held: frozenset[int] = frozenset()
         next_report = time.monotonic() + _PROGRESS_EVERY_S
         try:
             while not self._stop.is_set():
+                self._recreated(shape)
                 wanted = self._wanted_now()
                 if wanted is not None and wanted != held:
-                    self._rebalance(consumer, held, wanted, topic_id)
-                    held = wanted
+                    self._rebalance(consumer, held, wanted, shape, continuing)
+                    held, continuing = wanted, frozenset()
                 if not held:
                     self._stop.wait(_CATCH_UP_EVERY_S)
                     continue
-                records = self._apply(consumer, consume_available(consumer, 10_000, wait_s=0.2))
+                polled_at_ms = int(time.time() * 1000)
+                records = self._apply(consumer, consume_available(consumer, 10_000, wait_s=0.2),
+                                      polled_at_ms)
                 self._heap.applied(records)
-                if self._targets:
-                    self._restore_records += records
-                    self._note_restored()
-                    if time.monotonic() >= next_report:
-                        next_report = time.monotonic() + _PROGRESS_EVERY_S
-                        self._report_progress()
+                self._sync_idle(consumer, held, polled_at_ms)
+                if self._restoration.restoring and time.monotonic() >= next_report:
+                    next_report = time.monotonic() + _PROGRESS_EVERY_S
+                    self._report_progress()
         finally:
             consumer.close()
 
     def _rebalance(self, consumer: Consumer, held: frozenset[int], wanted: frozenset[int],
-                   topic_id: str) -> None:
+                   shape: TopicShape, continuing: frozenset[int]) -> None:
         """Let go of the partitions no longer wanted; open the new ones from their
-        checkpoints, to restore up to their end offsets now."""
-        gone, added = held - wanted, wanted - held
+        checkpoints, to restore up to their end offsets now (``continuing``: served restored
+        by this process as a reader, they stay so)."""
+        # a reader that took the writer's place may still hold partitions no longer wanted
+        gone, added = (held | self.store.partitions) - wanted, wanted - held
+        self._ready = self._ready - gone  # no longer answered here before they close
         self.store.close_partitions(gone)
+        self._restoration.forget(gone)
         for partition in gone:
             self._positions.pop(partition, None)
-            self._targets.pop(partition, None)
-        self._ready = self._ready - gone
         if added:
-            offsets = self._offsets(added, topic_id)
-            self.store.open_partitions(added, topic_id, offsets.begin, offsets.end)
+            offsets = self._offsets(added, shape)
+            self.store.open_partitions(added, offsets, continuing)
             stored = self.store.positions()
-            start = {p: max(stored.get(p, offsets.begin[p]), offsets.begin[p]) for p in added}
-            self._positions.update(start)
-            restoring = {p: offsets.end[p] for p in added if offsets.end[p] > start[p]}
-            self._targets.update(restoring)
-            self._restore_total += sum(end - start[p] for p, end in restoring.items())
-            resumed = {p: o for p, o in start.items() if o > offsets.begin[p]}
-            if resumed:
-                log.info("ktable %s: restoring %d records after the store's checkpoint "
-                         "(offsets %s)", self.topic,
-                         sum(restoring.get(p, o) - o for p, o in resumed.items()), resumed)
-            if len(resumed) < len(start) and (resumed or held):
-                log.info("ktable %s: restoring partitions %s from their beginning", self.topic,
-                         sorted(start.keys() - resumed.keys()))
+            for partition in sorted(added):
+                start = max(stored.get(partition, offsets.begin[partition]),
+                            offsets.begin[partition])
+                self._positions[partition] = start
+                self._restoration.register(partition, start, offsets.end[partition],
+                                           restored=(partition in continuing
+                                                     and partition in stored))
+            self._log_restores(added, offsets, stored, continuing, bool(held))
+            newly = self._restoration.restored & added - continuing
+            if newly:
+                self.store.restored(newly)
         if held or len(wanted) != self.partition_count:
             log.info("ktable %s: holds partitions %s (%d to restore)", self.topic,
-                     sorted(wanted), len(self._targets))
+                     sorted(wanted), len(self._restoration.restoring))
         consumer.assign([TopicPartition(self.topic, p, self._positions[p]) for p in wanted])
-        self._note_restored()
-
-    def _note_restored(self) -> None:
-        done = [p for p, end in self._targets.items() if self._positions.get(p, 0) >= end]
-        for partition in done:
-            del self._targets[partition]
-        wanted = self._wanted_now() or frozenset()
-        newly = wanted - self._targets.keys() - self._ready
-        if newly:
-            self.store.restored(newly)
-            self._ready = self._ready | newly
-        if not self._targets and wanted <= self._ready:
+        self._ready = self._restoration.restored
+        if not self._restoration.restoring and wanted <= self._ready:
             self._mark_restored()
 
-    def _apply(self, consumer: Consumer, messages: Sequence[Message]) -> int:
+    def _log_restores(self, added: frozenset[int], offsets: TopicOffsets,
+                      stored: Mapping[int, int], continuing: frozenset[int],
+                      held_before: bool) -> None:
+        targets = self._restoration.targets()
+        resumed = {p: self._positions[p] for p in added
+                   if self._positions[p] > offsets.begin[p]}
+        if resumed:
+            log.info("ktable %s: restoring %d records after the store's checkpoint "
+                     "(offsets %s)", self.topic,
+                     sum(targets.get(p, o) - o for p, o in resumed.items()), resumed)
+        if continuing & added:
+            log.info("ktable %s: this process writes partitions %s from where the writer "
+                     "before it stopped, serving them meanwhile", self.topic,
+                     sorted(continuing & added & stored.keys()))
+        fresh = sorted(added - resumed.keys())
+        if fresh and (resumed or held_before):
+            log.info("ktable %s: restoring partitions %s from their beginning", self.topic,
+                     fresh)
+
+    def _apply(self, consumer: Consumer, messages: Sequence[Message], polled_at_ms: int
+               ) -> int:
         """Write a poll's records to the store, one batch per partition with its offset;
         how many records there were. Records of a partition let go since, or before its
-        position (fetched before a rebalance assigned it again), are skipped."""
+        position (fetched before a rebalance assigned it again), are skipped; an end of
+        partition before the position makes the watch look at the topic at once (it may
+        have been made again)."""
         changes: dict[int, list[Change]] = {}
         reached: dict[int, int] = {}
-        records = 0
+        counted: dict[int, int] = {}
         of_record = KTableEntry.of_record
         positions = self._positions
         for message in messages:
@@ -375,17 +484,42 @@ class KTableView:
                     changes.setdefault(partition, []).append((key.decode(), of_record(
                         message.value(),
                         cast(list[tuple[str, bytes | None]] | None, message.headers()))))
-                records += 1
+                counted[partition] = counted.get(partition, 0) + 1
                 reached[partition] = offset + 1
             elif error.code() == KafkaError._PARTITION_EOF:
-                reached[partition] = max(reached.get(partition, 0), offset_of(message))
+                end = offset_of(message)
+                if end < positions[partition]:
+                    self._check_now.set()
+                    continue
+                reached[partition] = max(reached.get(partition, 0), end)
             else:
                 log.warning("ktable %s: %s", self.topic, error)
         for partition, position in reached.items():
             high = self._note_high_watermark(consumer, partition)
-            self.store.write(partition, changes.get(partition, []), position, high)
+            synced = polled_at_ms if position >= high else None
+            self.store.write(partition, changes.get(partition, []), position, high, synced)
             positions[partition] = position
-        return records
+            if synced is not None:
+                self._synced_at[partition] = time.monotonic()
+            if self._restoration.advance(partition, position, counted.get(partition, 0)):
+                self.store.restored([partition])
+                self._ready = self._restoration.restored
+        if reached and not self._restoration.restoring and not self._restored.is_set() and (
+                self._wanted_now() or frozenset()) <= self._ready:
+            self._mark_restored()
+        return sum(counted.values())
+
+    def _sync_idle(self, consumer: Consumer, held: frozenset[int], polled_at_ms: int) -> None:
+        """Partitions read to their end with nothing new say so now and then."""
+        due = time.monotonic() - SYNC_EVERY_S
+        for partition in held:
+            position = self._positions.get(partition)
+            if (position is None or self._synced_at.get(partition, 0.0) > due
+                    or self._restoration.state(partition) is None):
+                continue
+            if position >= self._note_high_watermark(consumer, partition):
+                self.store.synced(partition, polled_at_ms)
+                self._synced_at[partition] = time.monotonic()
 
     def _note_high_watermark(self, consumer: Consumer, partition: int) -> int:
         _, high = consumer.get_watermark_offsets(TopicPartition(self.topic, partition),
@@ -404,6 +538,18 @@ class KTableView:
             return
         self._restore_seconds = time.monotonic() - self._started_at
         log.info("ktable %s restored: %d keys, %d records applied in %.2f s", self.topic,
-                 len(self.store), self._restore_records, self._restore_seconds)
+                 len(self.store), self.progress.records, self._restore_seconds)
         self._restored.set()
         self._heap.trim()
+
+
+def _delete_retention_ms(admin: TopicAdmin, topic: str) -> int:
+    """How long the topic keeps a tombstone after its log is cleaned (Kafka's default if the
+    config cannot be read: an ACL may not allow it)."""
+    try:
+        return int(admin.configs(topic).get("delete.retention.ms")
+                   or _DEFAULT_DELETE_RETENTION_MS)
+    except (KafkaException, ValueError) as exc:
+        log.warning("ktable %s: its delete.retention.ms cannot be read (%s); taking Kafka's "
+                    "default, %d ms", topic, exc, _DEFAULT_DELETE_RETENTION_MS)
+        return _DEFAULT_DELETE_RETENTION_MS

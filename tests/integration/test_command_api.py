@@ -114,7 +114,7 @@ def test_health_and_readiness(client) -> None:
 
 def test_middleware_added_to_the_app_wraps_command_requests_too(inventory_app, stack_settings,
                                                                 unique) -> None:
-    """Command requests skip the router (CommandDispatch), not the app's middleware."""
+    """Command requests skip the router (RouterBypass), not the app's middleware."""
     seen: list[tuple[str, int]] = []
     app = inventory_app.command_api(stack_settings)
 

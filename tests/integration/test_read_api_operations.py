@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from eventfold.local_stack.process import (
 )
 from eventfold.projections import projection
 from eventfold.read_api.read_models import reader_session
+from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 from sqlalchemy import BigInteger
 
@@ -204,14 +206,67 @@ def _is_socket(fd: Path) -> bool:
         return False
 
 
+def _get_with_one_retry(url: str) -> requests.Response:
+    """A GET as a client honouring Retry-After makes it: once more after a 503, or after
+    the connection broke (the worker that had it was killed)."""
+    try:
+        response = requests.get(url, timeout=10)
+    except requests.ConnectionError:
+        return requests.get(url, timeout=10)
+    if response.status_code == 503:
+        time.sleep(float(response.headers.get("Retry-After", "1")))
+        response = requests.get(url, timeout=10)
+    return response
+
+
+class _Reader(threading.Thread):
+    """Reads keys through the instance every 50 ms, each over a fresh connection (so that
+    any worker may answer), retrying once after a 503; keeps what failed even so, and what
+    answered a value other than ``expected``'s."""
+
+    def __init__(self, url: str, expected: dict[str, int]) -> None:
+        super().__init__(daemon=True)
+        self.url, self.expected = url, expected
+        self.done = threading.Event()
+        self.reads = 0
+        self.failed: list[str] = []
+
+    def run(self) -> None:
+        keys = sorted(self.expected)
+        while not self.done.wait(0.05):
+            key = keys[self.reads % len(keys)]
+            self.reads += 1
+            try:
+                response = _get_with_one_retry(f"{self.url}/{key}")
+            except requests.RequestException as exc:
+                self.failed.append(f"{key}: {exc}")
+                continue
+            if response.status_code != 200:
+                self.failed.append(f"{key}: {response.status_code} {response.text[:200]}")
+            elif response.json()["value"]["quantity"] not in (self.expected[key], 70):
+                self.failed.append(f"{key}: {response.json()['value']}")
+
+
+def _restarts(url: str) -> dict[str, float]:
+    """The HTTP supervisor's count of replaced workers, by how they died, from /metrics."""
+    found = {}
+    for family in text_string_to_metric_families(requests.get(f"{url}/metrics",
+                                                              timeout=10).text):
+        if family.name == "eventfold_http_worker_restarts":
+            found = {sample.labels["exit"]: sample.value for sample in family.samples}
+    return found
+
+
 def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         inventory_app, stack_settings, tmp_path) -> None:
     """`serve reads` with three workers: all answer every key from one RocksDB store (one
     directory, one writer), and one of them (the lead) polls freshness and beats for the
-    instance (and renews every worker's presence). SIGKILL the writer and the lead: another
-    worker writes on (a record published after the kill is served), and one leads
-    (freshness stays current, the membership row is renewed, the living workers' presence
-    is renewed and the dead's deleted)."""
+    instance (and renews every worker's presence). SIGKILL the writer and the lead while
+    reads go on: every read answers, after one retry at most (another worker writes on,
+    serving the partitions it read as a reader meanwhile); the supervisor replaces both
+    workers, logging and counting it; one worker leads again (freshness stays current, the
+    membership row is renewed, the living workers' presence is renewed and the dead's
+    deleted)."""
     name = f"shared_{uuid.uuid4().hex[:8]}"
     kept = projection(name, sources=["Product"], columns={"quantity": BigInteger()})(
         lambda state, _event: state)
@@ -224,16 +279,22 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
     log = tmp_path / "reads.log"
     reads = start_serving("reads", env, log)
     url = f"{advertised}/ktables/{name}/entries"
+    reader = _Reader(url, {f"k{i}": i for i in range(20)})
 
     def answers(key: str) -> dict[str, int]:
-        """Which worker answered what, over fresh connections (each may land on any)."""
+        """Which worker answered what, over fresh connections (each may land on any); a
+        read that does not answer 200 after one retry fails the test."""
         seen: dict[str, int] = {}
         for _ in range(60):
-            response = requests.get(f"{url}/{key}", timeout=10)
-            if response.status_code == 200:
-                body = response.json()
-                seen[body["freshness"]["instance"]] = body["value"]["quantity"]
+            response = _get_with_one_retry(f"{url}/{key}")
+            assert response.status_code == 200, response.text
+            body = response.json()
+            seen[body["freshness"]["instance"]] = body["value"]["quantity"]
         return seen
+
+    def every_worker_ready() -> bool:
+        return all(requests.get(f"{advertised}/ready", timeout=10).status_code == 200
+                   for _ in range(30))
 
     def background_connections() -> dict[str, int]:
         found = _database_connections(stack_settings.database_url, descendants(reads.pid))
@@ -262,8 +323,13 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
             ages.append((datetime.now(UTC) - checked).total_seconds())
         return ages
 
+    def living_workers() -> set[int]:
+        return {pid for pid in descendants(reads.pid) if pid_alive(pid)
+                and Path(f"/proc/{pid}/status").read_text().find("State:\tZ") < 0}
+
     try:
         wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
+        wait_for(every_worker_ready, "three workers restored", 60)
         wait_for(lambda: len(answers("k7")) == 3, "three workers serving k7", 60)
         assert set(answers("k7").values()) == {7}
         stores = list((tmp_path / "state").iterdir())
@@ -273,33 +339,46 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
             "freshness": 1, "membership": 1, "presence": 1}, "one lead's connections", 30)
         workers = descendants(reads.pid)
         assert set(presence_ages_s()) == set(workers)
-        registered_at = time.monotonic()
         writer = _lock_holder(workers, "writer.lock", stores[0])
         lead = _lock_holder(workers, "lead.lock")
         assert writer is not None and lead is not None, workers
+        reader.start()
+        time.sleep(1)
         for doomed in {writer, lead}:
             os.kill(doomed, signal.SIGKILL)
+        killed_at = time.monotonic()
+        time.sleep(3)  # reads go on meanwhile, from the workers left and the new ones
         materialize(stack_settings, kept, {"k7": {"quantity": 70}}, batch_id=1,
                     first_stream_version=100)
         wait_for(lambda: set(answers("k7").values()) == {70},
                  "the record published after the writer died, served", 60)
         assert "now writes its store (the writer before it is gone)" in log.read_text()
+        reader.done.set()
+        reader.join(10)
+        assert reader.reads > 50 and reader.failed == [], reader.failed
+        # the supervisor replaced both
+        wait_for(lambda: len(living_workers()) == 3, "three workers again", 30)
+        assert log.read_text().count("exited (signal SIGKILL)") == len({writer, lead})
+        assert _restarts(advertised) == {"signal SIGKILL": len({writer, lead})}
+        wait_for(lambda: len(answers("k7")) == 3, "three workers serving k7 again", 60)
         wait_for(lambda: background_connections()["freshness"] == 1
                  and background_connections()["membership"] == 1, "a new lead", 30)
         leads = re.findall(r"this worker \(pid (\d+)\) leads", log.read_text())
         assert len(leads) == 2 and int(leads[0]) == lead and int(leads[1]) != lead, leads
         wait_for(lambda: max(freshness_ages_s()) < 5, "freshness kept current", 30)
-        time.sleep(3)
-        assert membership_age_s() < 3  # renewed by the new lead, not left to expire
-        survivors = descendants(reads.pid)
-        living = set(workers) - {writer, lead}  # the killed may linger as zombies
+        wait_for(lambda: membership_age_s() < 3, "the membership renewed by the new lead", 10)
+        living = living_workers()
         wait_for(lambda: set(presence_ages_s()) == living,
-                 "the dead workers' presence deleted by the new lead", 30)
-        time.sleep(max(0.0, registered_at + 6 - time.monotonic()))  # older than a beat or two
+                 "the dead workers' presence deleted, the new ones' there", 30)
+        registered_at = time.monotonic()
+        time.sleep(6)  # older than a beat or two
         assert max(presence_ages_s().values()) < 4.5  # renewed every 3 s, for every worker
         assert background_connections()["presence"] == 1
+        assert time.monotonic() - killed_at > 5 and registered_at
+        survivors = descendants(reads.pid)
         stop_pid(reads.pid, what="serve reads", timeout_s=60)
         assert reads.wait(10) == 0 and "stopped cleanly" in log.read_text()
         assert not [pid for pid in survivors if pid_alive(pid)]
     finally:
+        reader.done.set()
         stop_pid(reads.pid, what="serve reads", timeout_s=60)

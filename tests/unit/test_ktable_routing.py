@@ -8,12 +8,13 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import AsyncGenerator
+from operator import itemgetter
 from typing import Any
 
 import pytest
 from eventfold.read_api.state.assignment import assign, owners
+from eventfold.read_api.state.merge import merge_pages
 from eventfold.read_api.state.partitioner import murmur2, partition_for
-from eventfold.read_api.state.routing import merge_pages
 
 
 @pytest.mark.parametrize(("key", "signed"), [
@@ -31,6 +32,7 @@ def test_partition_for_is_the_positive_hash_modulo_the_partitions() -> None:
     assert {partition_for(f"k{i}", 12) for i in range(1000)} == set(range(12))
 
 
+_BY_KEY = itemgetter("key")
 MEMBERS = ["http://a:1", "http://b:1", "http://c:1"]
 
 
@@ -101,13 +103,13 @@ def test_paged_parts_merge_in_key_order_a_chunk_at_a_time() -> None:
 
     async def merged() -> list[list[str]]:
         return [[e["key"] for e in chunk]
-                async for chunk in merge_pages([pages(p) for p in parts], 3)]
+                async for chunk in merge_pages([pages(p) for p in parts], _BY_KEY, 3)]
 
     assert asyncio.run(merged()) == [["a", "b", "c"], ["d", "e", "f"], ["g", "h", "j"], ["k"]]
     assert sorted(asked) == [(0, 0), (0, 2), (1, 0), (1, 2), (1, 4), (3, 0)]
 
     async def alone() -> list[list[str]]:  # one stream: taken a chunk at a time, unmerged
         return [[e["key"] for e in chunk]
-                async for chunk in merge_pages([pages(1), pages(2)], 2)]
+                async for chunk in merge_pages([pages(1), pages(2)], _BY_KEY, 2)]
 
     assert asyncio.run(alone()) == [["b", "c"], ["f", "g"], ["h"]]

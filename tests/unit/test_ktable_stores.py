@@ -5,11 +5,13 @@ for the topic, and is shared by a writer and readers in other processes."""
 from __future__ import annotations
 
 import multiprocessing as mp
+from operator import itemgetter
 from pathlib import Path
 
 import pytest
 from eventfold.read_api.state import KTableEntry, MemoryStore, RocksDBStore, StoreConfig
-from eventfold.read_api.state.stores import StateStore, merge_sorted
+from eventfold.read_api.state.merge import merge_sorted
+from eventfold.read_api.state.stores import StateStore, TopicOffsets
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,8 +25,8 @@ def entry(n: int) -> KTableEntry:
 def rocksdb(directory: Path, topic_id: str = TOPIC_ID, end: int = 100,
             partitions: tuple[int, ...] = (0, 1)) -> RocksDBStore:
     store = RocksDBStore(StoreConfig("rocksdb", directory, cache_mb=8), TOPIC)
-    store.open_partitions(partitions, topic_id, {p: 0 for p in partitions},
-                          {p: end for p in partitions})
+    store.open_partitions(partitions, TopicOffsets(topic_id, {p: 0 for p in partitions},
+                                                   {p: end for p in partitions}))
     return store
 
 
@@ -109,8 +111,10 @@ def test_a_second_process_reads_the_writers_store_and_takes_over_when_it_is_gone
         writer.close()
         assert in_process_reader.take_writer_lock()
         in_process_reader.become_writer()
-        assert in_process_reader.partitions == frozenset()
-        in_process_reader.open_partitions([0, 1], TOPIC_ID, {0: 0, 1: 0}, {0: 100, 1: 100})
+        assert in_process_reader.partitions == {0, 1}  # read from until opened as writer
+        assert in_process_reader.get("a", 0) == entry(1)
+        in_process_reader.open_partitions([0, 1], TopicOffsets(TOPIC_ID, {0: 0, 1: 0},
+                                                               {0: 100, 1: 100}))
         in_process_reader.write(0, [("b", entry(2))], 2, 2)
         assert (in_process_reader.writer, len(in_process_reader)) == (True, 2)
     finally:
@@ -129,7 +133,7 @@ def test_a_range_of_some_partitions_holds_only_their_keys(tmp_path) -> None:
 
     keys = [f"key-{i}" for i in range(40)]
     for store in (MemoryStore(), rocksdb(tmp_path, partitions=(0, 1, 2))):
-        store.open_partitions([0, 1, 2], TOPIC_ID, {}, {p: 100 for p in range(3)})
+        store.open_partitions([0, 1, 2], TopicOffsets(TOPIC_ID, {}, {p: 100 for p in range(3)}))
         for p in range(3):
             store.write(p, [(k, entry(1)) for k in keys if partition_for(k, 3) == p], 1, 1)
         store.restored([0, 1, 2])
@@ -148,7 +152,7 @@ def test_a_partition_let_go_keeps_its_files_and_comes_back_at_its_checkpoint(tmp
         assert store.restored_partitions() == {0, 1}
         store.close_partitions([1])
         assert (store.partitions, store.get("a"), store.counts()) == ({0}, None, {0: 0})
-        store.open_partitions([1], TOPIC_ID, {1: 0}, {1: 9})
+        store.open_partitions([1], TopicOffsets(TOPIC_ID, {1: 0}, {1: 9}))
         # back at its checkpoint, and not restored until this writer has caught up again
         assert (store.positions(), store.get("a", 1)) == ({1: 5}, entry(1))
         assert store.restored_partitions() == {0}
@@ -206,5 +210,5 @@ def test_merge_sorted_is_the_first_keys_of_all_streams_in_order(streams, limit) 
               for keys in streams]
     pairs = [[(k, b"v" + k) for k in keys] for keys in unique]
     expected = sorted(p for stream in pairs for p in stream)
-    merged = merge_sorted([iter(stream) for stream in pairs], limit)
+    merged = merge_sorted([iter(stream) for stream in pairs], itemgetter(0), limit)
     assert merged == (expected if limit is None else expected[:limit])

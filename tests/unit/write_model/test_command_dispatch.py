@@ -1,6 +1,7 @@
-"""``CommandDispatch`` skips the router for the command API's hot path: for every request it
-must answer exactly what the router would. A differential property test sends the same
-request to the app both ways (a deterministic bus stands in for the event store: what is
+"""The command API's bypass of the router (``command_dispatch``) serves its hot path: for
+every request it must answer exactly what the router would. A differential property test
+sends the same request to the app both ways (a deterministic bus stands in for the event
+store: what is
 compared is the HTTP layer, which is all the two paths differ in)."""
 
 from __future__ import annotations
