@@ -136,8 +136,10 @@ class Eventfold:
                                      settings.command_id_retention))
         return _with_observability(app, settings, "commands", request_log=False)
 
-    def read_api(self, settings: Settings) -> FastAPI:
-        """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one)."""
+    def read_api(self, settings: Settings, skip_router: bool = True) -> FastAPI:
+        """Queries run as ``reader_role`` on ``read_database_url`` (default: the main one).
+        ``skip_router`` off: KTable gets go through the router too (what the bypass is tested
+        against)."""
         from eventfold.dashboard import add_dashboard
         from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
         from eventfold.read_api.metrics import register_ktable_metrics
@@ -156,7 +158,8 @@ class Eventfold:
                                      Path(settings.state_dir),
                                      settings.per_http_worker(settings.ktable_cache_mb)),
             advertised_url=settings.advertised_url,
-            standby_replicas=settings.ktable_standby_replicas, workers_dir=workers_dir())
+            standby_replicas=settings.ktable_standby_replicas, workers_dir=workers_dir(),
+            acceptable_lag=settings.ktable_acceptable_lag, skip_router=skip_router)
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
         app = create_read_app(self.projections, options, auth=auth,
                               authorize=header_check(settings.api_token or None))

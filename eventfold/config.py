@@ -127,6 +127,7 @@ class Settings(BaseSettings):
     state_dir: Path = Path(".eventfold/state")
     ktable_cache_mb: int = Field(default=64, ge=1)
     ktable_standby_replicas: int = Field(default=1, ge=0)
+    ktable_acceptable_lag: int = Field(default=10_000, ge=0)
     advertised_url: str = ""
     allow_data_loss: bool = False
     http_host: str = "127.0.0.1"

@@ -18,6 +18,8 @@ supervisor stops the others and exits 1.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import os
@@ -125,7 +127,8 @@ class Supervisor:
                 slot.process.terminate()  # SIGTERM: each worker drains its in-flight requests
 
     def _start(self, slot: _Slot) -> None:
-        slot.process = subprocess.Popen(self.command, env=self.env)
+        slot.process = subprocess.Popen(self.command, env=self.env,
+                                        preexec_fn=_stop_with_the_supervisor)
         slot.started_at = time.monotonic()
 
     def _replace(self, number: int, slot: _Slot, code: int) -> bool:
@@ -162,6 +165,16 @@ class Supervisor:
         for slot in self.slots:
             if slot.process is not None:
                 slot.process.wait()
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _stop_with_the_supervisor() -> None:
+    """In a worker before it runs (Linux): SIGTERM when the supervisor dies, however it dies,
+    so that no worker is left holding the port with nobody to stop it."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _forget_samples_of(pid: int) -> None:

@@ -27,11 +27,14 @@ def read_table(kafka: KafkaConnection, topic: str) -> dict[str, Any]:
 
 
 def produce(kafka: KafkaConnection, topic: str, key: str | None,
-            value: str | bytes | None, timestamp_ms: int = 0) -> None:
-    """One record, partitioned as Debezium's (Java) producer partitions it: a redelivered
-    event lands in its stream's partition again. ``timestamp_ms``: its time (0: now)."""
+            value: str | bytes | None, timestamp_ms: int = 0,
+            partition: int | None = None) -> None:
+    """One record, partitioned as Debezium's (Java) producer partitions it (a redelivered
+    event lands in its stream's partition again), or into ``partition``. ``timestamp_ms``:
+    its time (0: now)."""
     producer = Producer(kafka.client_config(partitioner="murmur2_random"))
-    producer.produce(topic, key=key, value=value, timestamp=timestamp_ms)
+    where = {} if partition is None else {"partition": partition}
+    producer.produce(topic, key=key, value=value, timestamp=timestamp_ms, **where)
     assert producer.flush(10) == 0
 
 

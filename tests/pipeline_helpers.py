@@ -78,26 +78,38 @@ def topic_records(settings, aggregate_type: str) -> int:
         planner.close()
 
 
-def materialize(settings, projection, states: dict[str, dict | None], version: int = 1,
-                batch_id: int = 0, first_stream_version: int = 1) -> None:
-    """Write ``states`` as one committed batch of ``projection`` through its real sinks (read
-    model table + view + KTable topic), as the engine would; the i-th key gets stream version
-    ``first_stream_version + i``."""
-    import uuid
+class Materializer:
+    """Writes batches of ``projection``'s states through its real sinks (read model table
+    and view, KTable topic), as the engine commits a batch; kept open across batches, as a
+    running projection is (load flowing)."""
 
-    from eventfold.projections.outcome import KeyState
-    from eventfold.projections.state.catalog import ProjectionCatalog
-    from eventfold.projections.state.store import ReadModelStore, StagedBatch
-    from eventfold.projections.state.topics import TopicSink
+    def __init__(self, settings, projection, version: int = 1) -> None:
+        from eventfold.projections.state.catalog import ProjectionCatalog
+        from eventfold.projections.state.store import ReadModelStore
+        from eventfold.projections.state.topics import TopicSink
 
-    versions = ProjectionCatalog(settings.database_url)
-    versions.register(projection.name)
-    versions.close()
-    store = ReadModelStore(settings.database_url, projection, version)
-    sink = TopicSink(settings.kafka, projection, version)
-    try:
-        store.ensure_schema()
-        sink.ensure_topics()
+        versions = ProjectionCatalog(settings.database_url)
+        versions.register(projection.name)
+        versions.close()
+        self.version = version
+        self.store = ReadModelStore(settings.database_url, projection, version)
+        self.sink = TopicSink(settings.kafka, projection, version)
+        self.store.ensure_schema()
+        self.sink.ensure_topics()
+
+    def commit(self, states: dict[str, dict | None], batch_id: int | None = None,
+               first_stream_version: int = 1) -> None:
+        """One committed batch; the i-th key gets stream version ``first_stream_version + i``
+        (the batch id: the next one, unless given)."""
+        import uuid
+
+        from eventfold.projections.outcome import KeyState
+        from eventfold.projections.state.store import StagedBatch
+
+        store = self.store
+        if batch_id is None:
+            checkpoint = store.checkpoint()
+            batch_id = 0 if checkpoint is None else checkpoint.batch_id + 1
         changed = {key: KeyState(state, version=first_stream_version + i,
                                  position=first_stream_version + i)
                    for i, (key, state) in enumerate(states.items())}
@@ -106,19 +118,32 @@ def materialize(settings, projection, states: dict[str, dict | None], version: i
             key: loaded.state is not None for key, loaded in store.load(changed).items()})
         marks = (0 if store.plan.watermarks_in_rows else
                  stage.watermarks({key: ks.version for key, ks in changed.items()}))
-        sink.output.states(changed.items())
-        sink.output.flush()
+        self.sink.output.states(changed.items())
+        self.sink.output.flush()
         store.commit(batch_id, StagedBatch(stage.attempt, new_rows=new, known_rows=known,
                                            live_rows_delta=live, marks=marks,
                                            applied=len(changed),
                                            servers={store.server_started()}),
                      {}, produce_held=lambda _letters: None)
-        if version == 1:
+        if self.version == 1:
             with store.conn.transaction():
                 store.publish_view(store.conn)
+
+    def close(self) -> None:
+        self.sink.close()
+        self.store.close()
+
+
+def materialize(settings, projection, states: dict[str, dict | None], version: int = 1,
+                batch_id: int = 0, first_stream_version: int = 1) -> None:
+    """Write ``states`` as one committed batch of ``projection`` through its real sinks (read
+    model table + view + KTable topic), as the engine would; the i-th key gets stream version
+    ``first_stream_version + i``."""
+    writer = Materializer(settings, projection, version)
+    try:
+        writer.commit(states, batch_id, first_stream_version)
     finally:
-        sink.close()
-        store.close()
+        writer.close()
 
 
 def rows(engine, table: str, prefix: str, column: str) -> dict[str, object]:

@@ -236,8 +236,8 @@ class KTableView:
         self._looked.set()
         if shape is None:
             return
-        if self._delete_retention_ms is None:
-            self._delete_retention_ms = _delete_retention_ms(admin, self.topic)
+        # asked each time: a config altered while the view runs counts from its next look
+        self._delete_retention_ms = _delete_retention_ms(admin, self.topic)
         before, self._shape = self._shape, shape
         if before is not None and before.topic_id != shape.topic_id:
             log.warning("ktable %s: the topic was deleted and made again (id %s, was %s)",
@@ -510,8 +510,10 @@ class KTableView:
         return sum(counted.values())
 
     def _sync_idle(self, consumer: Consumer, held: frozenset[int], polled_at_ms: int) -> None:
-        """Partitions read to their end with nothing new say so now and then."""
-        due = time.monotonic() - SYNC_EVERY_S
+        """Partitions read to their end with nothing new say so now and then (four times
+        within the topic's delete retention at least)."""
+        retention_s = (self._delete_retention_ms or _DEFAULT_DELETE_RETENTION_MS) / 1000
+        due = time.monotonic() - min(SYNC_EVERY_S, retention_s / 4)
         for partition in held:
             position = self._positions.get(partition)
             if (position is None or self._synced_at.get(partition, 0.0) > due

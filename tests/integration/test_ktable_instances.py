@@ -4,9 +4,10 @@ active and standby partitions; any of them answers any key (forwarding it), and 
 exports and counts are gathered from all; a read-your-writes get waits at the key's owner.
 SIGKILL one while reads poll every 100 ms at random
 keys through every instance and updates are written: reads keep answering from the standbys
-(at most a few failures while the members notice), and every answer equals the read model
-once caught up. Restarted, the killed instance restores only the records written to its
-partitions while it was down. Then a replay's switch to version 2, with reads going on."""
+(none fails after one retry, as a client honouring Retry-After makes it), and every answer
+equals the read model once caught up. Restarted, the killed instance restores only the
+records written to its partitions while it was down. Then a replay's switch to version 2,
+with reads going on."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _get(url: str, **params: str) -> requests.Response:
 
 
 class _Poller(threading.Thread):
-    """Reads a random key through a random live instance every 100 ms; counts what failed."""
+    """Reads a random key through a random live instance every 100 ms, once more after a
+    503 or a broken connection; keeps what failed even so."""
 
     def __init__(self, urls: dict[int, str], name: str) -> None:
         super().__init__(daemon=True)
@@ -67,8 +69,15 @@ class _Poller(threading.Thread):
             instance = rng.choice(sorted(self.live))
             key = rng.choice(KEYS)
             self.requests += 1
+            url = f"{self.urls[instance]}/ktables/{self.name}/entries/{key}"
             try:
-                response = _get(f"{self.urls[instance]}/ktables/{self.name}/entries/{key}")
+                try:
+                    response = _get(url)
+                except requests.ConnectionError:
+                    response = _get(url)
+                if response.status_code == 503:
+                    time.sleep(float(response.headers.get("Retry-After", "1")))
+                    response = _get(url)
                 if response.status_code != 200:
                     self.failures.append(f"{instance} {key}: {response.status_code} "
                                          f"{response.text[:200]}")
@@ -188,7 +197,7 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
         poller.done.set()
         poller.join(10)
         assert poller.requests > 50
-        assert len(poller.failures) <= 3, poller.failures
+        assert poller.failures == [], poller.failures
 
         expected = {k: i for i, k in enumerate(KEYS)}
         expected |= first_update
@@ -246,7 +255,7 @@ def test_three_instances_divide_a_ktable_and_serve_through_a_crash(
         wait_for(all_on_version_2, "every instance serving version 2", 60)
         switching.done.set()
         switching.join(10)
-        assert switching.requests > 20 and len(switching.failures) <= 3, switching.failures
+        assert switching.requests > 20 and switching.failures == [], switching.failures
         # the new version's partitions may still move as its members' first reports arrive
         wait_for(lambda: all(settled(i, 3) for i in range(3)), "3 members settled on v2", 30)
     finally:
