@@ -466,12 +466,14 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
     def caller(request: Request) -> Caller:
         params = request.query_params
         local = params.get("local") == "true"
+        min_version = _int_param(request, "min_version", None, 1, 2**62)
         return Caller(
             authorization=request.headers.get("authorization"), local=local,
             version=_int_param(request, "version", None, 1, 2**31) if local else None,
             partitions=_partitions(params.get("partitions", "")) if local else (),
-            min_version=_int_param(request, "min_version", None, 1, 2**62),
-            wait_ms=_int_param(request, "wait_ms", None, 0, MAX_WAIT_MS))
+            min_version=min_version,
+            wait_ms=(_int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS)
+                     if min_version is not None else None))
 
     @router.get("/ktables", tags=["ktables"], summary="KTables this instance serves")
     async def list_ktables() -> Response:

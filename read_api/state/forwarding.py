@@ -19,8 +19,9 @@ import httptools
 
 CONNECT_TIMEOUT_S = 2.0
 """An instance that is down is given up on at once (connection refused comes sooner)."""
-READ_TIMEOUT_S = 40.0
-"""A forwarded read may wait for a version (at most 30 s of it)."""
+READ_TIMEOUT_S = 3.0
+"""How long a forwarded read may take beyond any wait for a version it asks for: an instance
+that stalls (paused, swapping) is given up on, and the read goes to another replica."""
 _IDLE_PER_HOST = 64
 
 
@@ -77,7 +78,7 @@ class _Connection(asyncio.Protocol):
             self._waiter.set_result(None)
 
     # -- use ------------------------------------------------------------------------------
-    async def get(self, request: bytes) -> tuple[Answer, bool]:
+    async def get(self, request: bytes, timeout_s: float) -> tuple[Answer, bool]:
         """The response, and whether the connection may be used again."""
         if self.closed or self.transport is None:
             raise ConnectionError("the connection has closed")
@@ -88,7 +89,7 @@ class _Connection(asyncio.Protocol):
         self.transport.write(request)
         # a plain timer that fails the waiter: all a timeout here has to do, where
         # ``asyncio.timeout`` would also cancel and uncancel the task on every get
-        timer = loop.call_later(READ_TIMEOUT_S, self._time_out)
+        timer = loop.call_later(timeout_s, self._time_out, timeout_s)
         try:
             await self._waiter
         finally:
@@ -97,8 +98,8 @@ class _Connection(asyncio.Protocol):
         answer = Answer(parser.get_status_code(), b"".join(self._body), self._headers)
         return answer, self._keep_alive
 
-    def _time_out(self) -> None:
-        self._fail(TimeoutError(f"no response within {READ_TIMEOUT_S:.0f} s"))
+    def _time_out(self, timeout_s: float) -> None:
+        self._fail(TimeoutError(f"no response within {timeout_s:.1f} s"))
 
     def _fail(self, exc: Exception) -> None:
         if self._waiter is not None and not self._waiter.done():
@@ -126,8 +127,10 @@ class Forwarder:
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
     async def get(self, base_url: str, path: str, params: Mapping[str, str],
-                  headers: Mapping[str, str]) -> Answer:
-        """``GET base_url + path?params``; raises ``ForwardFailed`` if there is no answer."""
+                  headers: Mapping[str, str], waits_s: float = 0.0) -> Answer:
+        """``GET base_url + path?params``; raises ``ForwardFailed`` if there is no answer
+        within ``READ_TIMEOUT_S`` (plus ``waits_s``, what the other instance is asked to
+        wait for a version)."""
         host, netloc, prefix = _endpoint(base_url)
         target = f"{prefix}{path}" + (f"?{urlencode(params)}" if params else "")
         request = "".join([f"GET {target} HTTP/1.1\r\nHost: {netloc}\r\n",
@@ -136,7 +139,7 @@ class Forwarder:
             reused = bool(self._idle.get(host))
             connection = await self._connection(host)
             try:
-                answer, keep = await connection.get(request)
+                answer, keep = await connection.get(request, READ_TIMEOUT_S + waits_s)
             except (OSError, ConnectionError, httptools.HttpParserError,
                     TimeoutError) as exc:
                 connection.close()

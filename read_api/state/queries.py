@@ -59,6 +59,7 @@ class Caller:
     """A forwarded range or count: the partitions asked for."""
     min_version: int | None = None
     wait_ms: int | None = None
+    """With ``min_version``: how long to wait for it (the default applied)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +175,8 @@ class KTableQueries:
             with contextlib.suppress(ReplicaUnavailable):
                 answer = await self.routing.forward(
                     replica, f"/ktables/{quote(name, safe='')}/entries/{quote(key, safe='')}",
-                    self._forwarded_params(host, caller), self._headers(caller))
+                    self._forwarded_params(host, caller), self._headers(caller),
+                    (caller.wait_ms or 0) / 1000 if caller.min_version is not None else 0.0)
                 return Forwarded(answer.status, answer.body)
         raise self.unavailable(name, view, partition)
 

@@ -129,12 +129,13 @@ class Router:
         return by_replica, missing
 
     async def forward(self, replica: Replica, path: str, params: Mapping[str, str],
-                      headers: Mapping[str, str]) -> Answer:
-        """``GET path`` on ``replica``, to be answered from its own store; raises
-        ``ReplicaUnavailable`` if it does not answer, or answers that it cannot (503)."""
+                      headers: Mapping[str, str], waits_s: float = 0.0) -> Answer:
+        """``GET path`` on ``replica``, to be answered from its own store (``waits_s``: how
+        long it may wait for a version asked for); raises ``ReplicaUnavailable`` if it does
+        not answer in time, or answers that it cannot (503)."""
         try:
             answer = await self._forwarder.get(replica.url, path, {**params, "local": "true"},
-                                               headers)
+                                               headers, waits_s)
         except ForwardFailed as exc:
             log.info("ktable read forwarded to %s failed: %s", replica.url, exc)
             raise ReplicaUnavailable(str(exc)) from exc
