@@ -38,7 +38,7 @@ from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.integration.test_cli import stack_env, start_serving
 from tests.integration.test_read_api import catalog_projection, get
-from tests.pipeline_helpers import materialize, wait_for
+from tests.pipeline_helpers import Materializer, materialize, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -381,4 +381,58 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         assert not [pid for pid in survivors if pid_alive(pid)]
     finally:
         reader.done.set()
+        stop_pid(reads.pid, what="serve reads", timeout_s=60)
+
+
+def test_a_stuck_writers_lag_shows_in_every_answer(inventory_app, stack_settings,
+                                                    tmp_path) -> None:
+    """The worker that writes an instance's store stops (SIGSTOP) while records keep coming:
+    the other worker, reading behind the store, answers with the lag measured against the
+    topic's end (not the writer's last word), stale past the acceptable lag; the writer back,
+    the lag goes to 0 and the answers are current."""
+    name = f"stuck_{uuid.uuid4().hex[:8]}"
+    kept = projection(name, sources=["Product"], columns={"quantity": BigInteger()},
+                      ktable_partitions=1)(lambda state, _event: state)
+    writer = Materializer(stack_settings, kept)
+    writer.commit({"k": {"quantity": 0}})
+    port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
+                    EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TEST_KTABLE_PARTITIONS="1",
+                    EVENTFOLD_READ_API_PORT=str(port), EVENTFOLD_HTTP_WORKERS="2",
+                    EVENTFOLD_KTABLE_ACCEPTABLE_LAG="5")
+    reads = start_serving("reads", env, tmp_path / "reads.log")
+    url = f"http://127.0.0.1:{port}/ktables/{name}/entries/k"
+
+    def answer() -> dict:
+        """An answer of the worker that is not stopped (a connection to the other hangs)."""
+        while True:
+            try:
+                response = requests.get(url, timeout=1)
+            except requests.Timeout:
+                continue
+            if response.status_code == 200:
+                return response.json()
+
+    stopped = None
+    try:
+        wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
+        wait_for(lambda: answer()["value"] == {"quantity": 0}, "k served", 60)
+        store = next((tmp_path / "state").iterdir())
+        stopped = _lock_holder(descendants(reads.pid), "writer.lock", store)
+        assert stopped is not None
+        os.kill(stopped, signal.SIGSTOP)
+        for n in range(1, 21):
+            writer.commit({"k": {"quantity": n}}, first_stream_version=n + 1)
+        wait_for(lambda: answer()["freshness"]["lag_records"] >= 20, "the lag measured", 20)
+        body = answer()
+        assert body["value"] == {"quantity": 0} and body["freshness"]["stale"] is True, body
+        assert body["freshness"]["lag_measured_at"] is not None
+        os.kill(stopped, signal.SIGCONT)
+        stopped = None
+        wait_for(lambda: (lambda b: b["value"] == {"quantity": 20} and b["freshness"][
+            "lag_records"] == 0 and not b["freshness"]["stale"])(answer()), "caught up", 30)
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGCONT)
+        writer.close()
         stop_pid(reads.pid, what="serve reads", timeout_s=60)
