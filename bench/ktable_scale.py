@@ -52,12 +52,12 @@ from eventfold.projections.outcome import KeyState
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
-from eventfold.read_api.state.partitioner import partition_for
 
 from bench.common import WrkResult, in_a_process, own_stack, run_wrk, tree_rss
 from bench.read_api import CONNECTIONS, restored_figures, wait_ready, wrk
 from eventfold import migrations
 from eventfold.config import Settings
+from eventfold.contract.partitioner import partition_for
 from examples.inventory import inventory_totals
 
 log = logging.getLogger("bench.ktable_scale")

@@ -155,6 +155,13 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
     name = projection.name
     topic = projection.dead_letter_topic
     sink = TopicSink(kafka, projection, version, configs, replication)
+    catalog = ProjectionCatalog(database_url)
+    try:
+        if (shape := sink.ktable_shape()) is not None:
+            sink.output.partition_history = catalog.partition_history(
+                projection.ktable_topic_for(version), shape.topic_id)
+    finally:
+        catalog.close()
     try:
         with ReadModelStore(database_url, projection, version) as store:
             with store.conn.transaction():

@@ -67,6 +67,9 @@ log = logging.getLogger(__name__)
 
 _CLEANUP_EVERY_S = 30.0
 """How often an active runner deletes retired KTable topics that readers have left."""
+_LOOK_AT_PARTITIONS_EVERY_S = 5.0
+"""How often the KTable topic's partition count is asked for (partitions added under a
+running projection)."""
 _SLOW_PHASE_S = 15.0
 """A phase of starting a query that takes longer than this is logged while it runs."""
 
@@ -156,6 +159,7 @@ class ProjectionRunner:
         """What the store has committed, as of the last batch (or the start)."""
         self._prepared = False
         self._next_cleanup = 0.0
+        self._partitions_seen_at = 0.0
         # The active version's progress also shows in Kafka, as group
         # eventfold.projection.<name> (a replay's build does not report).
         self.group_progress = (GroupProgress(settings.kafka,
@@ -177,10 +181,30 @@ class ProjectionRunner:
             return
         self.store.ensure_schema()
         self.topics.ensure_topics()
+        self._look_at_partitions()
         if self.is_active:
             with self.store.conn.transaction():
                 self.store.publish_view(self.store.conn)
         self._prepared = True
+
+    def _look_at_partitions(self) -> None:
+        """The KTable topic's partition count now, recorded with those it had before: once
+        partitions were added, keys move (``OutputProducer``)."""
+        self._partitions_seen_at = time.monotonic()
+        if not self.projection.has_state:
+            return
+        topic = self.projection.ktable_topic_for(self.version)
+        shape = self.topics.ktable_shape()
+        if shape is None:
+            return
+        before = self.topics.output.partition_history
+        history = self.versions.note_partitions(topic, shape.topic_id, shape.partitions)
+        if before and history != before and history[:-1] == before:
+            log.warning("projection %s: its KTable topic %s has %d partitions now (%d "
+                        "before); each key written from now on goes where the new count puts "
+                        "it and is deleted from where the old one did", self.projection.name,
+                        topic, history[-1], before[-1])
+        self.topics.output.partition_history = history
 
     def start(self, once: bool = False) -> RunningQuery:
         """Start streaming: ``once`` catches up with what is there now and stops."""
@@ -455,12 +479,15 @@ class ProjectionRunner:
         """A new attempt at a batch: what its tasks need to know. A version that has
         committed nothing, built beside the active one, takes its tasks' rows directly."""
         fresh = self.store.checkpoint() is None
+        if time.monotonic() - self._partitions_seen_at >= _LOOK_AT_PARTITIONS_EVERY_S:
+            self._look_at_partitions()
         return BatchContext(
             self.plan, self.version, self.executor_database_url, self.settings.kafka,
             uuid.uuid4().hex, emit_from, committed, self.settings.replication,
             self.settings.topic_configs.derived_config(),
             fresh=fresh, direct=fresh and not self.is_active,
-            any_parked=self.plan.parks and self.store.any_parked())
+            any_parked=self.plan.parks and self.store.any_parked(),
+            ktable_partitions=self.topics.output.partition_history)
 
     def _commit(self, batch_id: int, committed: dict[PartitionKey, int],
                 staged: StagedBatch) -> None:

@@ -22,7 +22,7 @@ import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import Projection
-from eventfold.projections.state.catalog import active_checkpoints
+from eventfold.projections.state.catalog import active_checkpoints, partition_history
 from eventfold.projections.status import projection_outputs
 from eventfold.read_api.read_models import reader_session
 from eventfold.read_api.workers import FOLLOW_S, WorkerLead
@@ -102,6 +102,7 @@ class FreshnessMonitor:
         self._listeners: list[VersionListener] = []
         self._snapshots: dict[str, Freshness] = {}
         self._derived_topics: dict[str, list[str]] = {}
+        self._partition_histories: dict[tuple[str, str], tuple[int, ...]] = {}
         self._end_offsets: dict[PartitionKey, int] = {}
         self._ends_at = 0.0
         self._stop = threading.Event()
@@ -129,6 +130,11 @@ class FreshnessMonitor:
     def active_version(self, name: str) -> int | None:
         return self.get(name).version
 
+    def partition_history(self, topic: str, topic_id: str) -> tuple[int, ...]:
+        """Every partition count the KTable ``topic`` (the one with ``topic_id``) has had,
+        oldest first (empty: none recorded)."""
+        return self._partition_histories.get((topic, topic_id), ())
+
     def outputs(self, name: str) -> dict[str, object]:
         """Where the projection's output goes at its active version."""
         return projection_outputs(self.projections[name], self.active_version(name) or 1,
@@ -137,6 +143,9 @@ class FreshnessMonitor:
     def poll(self, conn: psycopg.Connection, planner: OffsetPlanner) -> None:
         """One round: registry and checkpoints, end offsets when due, then listeners."""
         rows = active_checkpoints(conn, list(self.projections))
+        self._partition_histories = partition_history(conn, [
+            self.projections[row.projection].ktable_topic_for(version) for row in rows
+            for version in (row.version - 1, row.version) if version > 0])
         if time.monotonic() >= self._ends_at:
             self._end_offsets = self._source_end_offsets(planner)
             self._ends_at = time.monotonic() + self.end_offsets_every_s
@@ -150,16 +159,21 @@ class FreshnessMonitor:
                 checkpoint.updated_at if checkpoint else None, applied,
                 self._lag(self.projections[name], applied), now)
         if not self.lead.alone:
-            self.lead.publish("freshness",
-                              self.publication(self._snapshots, self._derived_topics))
+            self.lead.publish("freshness", self.publication(
+                self._snapshots, self._derived_topics, self._partition_histories))
         self._told_listeners()
 
     @staticmethod
     def publication(snapshots: Mapping[str, Freshness],
-                    derived_topics: Mapping[str, list[str]]) -> bytes:
+                    derived_topics: Mapping[str, list[str]],
+                    partition_histories: Mapping[tuple[str, str], tuple[int, ...]] | None = None
+                    ) -> bytes:
         """What the lead worker publishes after each poll."""
         return orjson.dumps({"snapshots": {n: f.as_record() for n, f in snapshots.items()},
-                             "derived_topics": derived_topics})
+                             "derived_topics": derived_topics,
+                             "partition_histories": [[topic, topic_id, counts] for (
+                                 topic, topic_id), counts in (partition_histories or {})
+                                 .items()]})
 
     def follow(self) -> None:
         """A worker that does not lead: take what the lead last published, if anything new."""
@@ -170,6 +184,8 @@ class FreshnessMonitor:
         self._snapshots = {name: Freshness.from_record(record)
                            for name, record in published["snapshots"].items()}
         self._derived_topics = published["derived_topics"]
+        self._partition_histories = {(topic, topic_id): tuple(counts) for topic, topic_id,
+                                     counts in published.get("partition_histories", [])}
         self._told_listeners()
 
     def _told_listeners(self) -> None:

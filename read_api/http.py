@@ -273,7 +273,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         for p in stateful:
             version = monitor.active_version(p.name) or 1
             hosts[p.name] = KTableHost(options.kafka, p.name, p.ktable_topic_for, version,
-                                       presence, options.ktable_store, routing).start()
+                                       presence, options.ktable_store, routing,
+                                       monitor.partition_history).start()
         membership.start()
         KTABLES.watch(instance_id, lambda: hosts)
         log.info("read API %s serving %d read models and KTables", instance_id, len(stateful))
@@ -471,6 +472,7 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
             authorization=request.headers.get("authorization"), local=local,
             version=_int_param(request, "version", None, 1, 2**31) if local else None,
             partitions=_partitions(params.get("partitions", "")) if local else (),
+            partition=(_int_param(request, "partition", None, 0, 2**31) if local else None),
             min_version=min_version,
             wait_ms=(_int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS)
                      if min_version is not None else None))
@@ -499,7 +501,7 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
                 responses={**not_found("no KTable of that name, or no value for the key"),
                            **UNAVAILABLE, **NOT_REACHED})
     async def get_entry(request: Request, key: str, name: str = names) -> Response:
-        _only(request, ("min_version", "wait_ms", "local", "version"))
+        _only(request, ("min_version", "wait_ms", "local", "version", "partition"))
         asked = caller(request)
         wait = None
         if asked.min_version is not None:
@@ -599,7 +601,7 @@ def ktable_gets(get_entry: Callable[..., Awaitable[Response]], names: frozenset[
     return match
 
 
-_FORWARD_PARAMETERS = frozenset({b"local", b"version"})
+_FORWARD_PARAMETERS = frozenset({b"local", b"version", b"partition"})
 
 
 def _unavailable(detail: str) -> Response:

@@ -42,13 +42,16 @@ class KTableHost:
     def __init__(self, kafka: KafkaConnection, projection: str,
                  topic_for: Callable[[int], str], version: int,
                  presence: ReaderPresence | None = None,
-                 store: StoreConfig | None = None, router: Router | None = None) -> None:
+                 store: StoreConfig | None = None, router: Router | None = None,
+                 partition_history: Callable[[str, str], tuple[int, ...]] | None = None
+                 ) -> None:
         self.kafka = kafka
         self.projection = projection
         self.topic_for = topic_for
         self.presence = presence
         self.store_config = store or IN_MEMORY
         self.router = router or Router(Membership("", dict), standby_replicas=0)
+        self.partition_history = partition_history or (lambda _topic, _topic_id: ())
         while (moved_to := self._register(version)) is not None:
             version = moved_to  # a switch came between reading the registry and registering
         self.version = version
@@ -141,6 +144,7 @@ class KTableHost:
             return [self.view] + ([self._next[1]] if self._next else [])
 
     def _placed(self, view: KTableView) -> KTableView:
+        view.partition_counts = self.partition_history
         if self.router.membership.alone:
             view.hold_all()
         else:  # placed as soon as it knows its partitions, not at the next heartbeat

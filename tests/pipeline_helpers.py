@@ -88,14 +88,23 @@ class Materializer:
         from eventfold.projections.state.store import ReadModelStore
         from eventfold.projections.state.topics import TopicSink
 
-        versions = ProjectionCatalog(settings.database_url)
-        versions.register(projection.name)
-        versions.close()
+        self.catalog = ProjectionCatalog(settings.database_url)
+        self.catalog.register(projection.name)
         self.version = version
+        self.topic = projection.ktable_topic_for(version)
         self.store = ReadModelStore(settings.database_url, projection, version)
         self.sink = TopicSink(settings.kafka, projection, version)
         self.store.ensure_schema()
         self.sink.ensure_topics()
+        self.look_at_partitions()
+
+    def look_at_partitions(self) -> None:
+        """As a runner does now and then: the KTable topic's partition count recorded, and
+        its producer told every count the topic has had."""
+        shape = self.sink.ktable_shape()
+        assert shape is not None
+        self.sink.output.partition_history = self.catalog.note_partitions(
+            self.topic, shape.topic_id, shape.partitions)
 
     def commit(self, states: dict[str, dict | None], batch_id: int | None = None,
                first_stream_version: int = 1) -> None:
@@ -132,6 +141,7 @@ class Materializer:
     def close(self) -> None:
         self.sink.close()
         self.store.close()
+        self.catalog.close()
 
 
 def materialize(settings, projection, states: dict[str, dict | None], version: int = 1,

@@ -4,10 +4,12 @@ write side, the outbox, the projections and the read API must agree on, declared
 - event topics: their names (``event_topic``) and the envelope of their messages
   (``EventEnvelope``, in ``envelope``);
 - Kafka partitions and offsets: ``PartitionKey`` and the JSON form of offsets that Spark's
-  offset log and projection checkpoints keep;
+  offset log and projection checkpoints keep; which partition holds a key (``partitioner``);
 - KTable record headers;
 - the database URL in libpq form;
-- intervals written as Spark's triggers take them.
+- intervals written as Spark's triggers take them;
+- the one way past the router that both HTTP APIs take for their hot path (``asgi``, which
+  imports Starlette: only the HTTP layers import it).
 
 Unlike the composition root beside it (app, CLI, configuration), any package of Eventfold may
 import this package, Spark tasks included: it needs only the standard library and orjson, and
@@ -23,6 +25,7 @@ from eventfold.contract.envelope import EventEnvelope, MalformedEvent, envelope_
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
+    "KTABLE_MOVED_HEADER",
     "KTABLE_POSITION_HEADER",
     "KTABLE_VERSION_HEADER",
     "EventEnvelope",
@@ -67,6 +70,9 @@ KTABLE_VERSION_HEADER = "eventfold.version"
 """KTable record header: the stream version of the last event folded into the state."""
 KTABLE_POSITION_HEADER = "eventfold.position"
 """KTable record header: that event's global position in the event store."""
+KTABLE_MOVED_HEADER = "eventfold.moved_to"
+"""KTable tombstone header: the key was written to this partition (partitions were added to
+the topic since the key was last written to the partition the tombstone deletes it from)."""
 
 
 def libpq_url(database_url: str) -> str:

@@ -35,3 +35,6 @@ class BatchContext:
     merge."""
     any_parked: bool = False
     """The version has parked keys: tasks ask, per key, whether theirs are."""
+    ktable_partitions: tuple[int, ...] = ()
+    """Every partition count the version's KTable topic has had, oldest first
+    (``OutputProducer``)."""

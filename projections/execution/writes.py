@@ -63,7 +63,8 @@ class TaskWriter:
         self.store = store
         self.stage = store.stage(context.attempt)
         self.output = OutputProducer(worker.producer(context.kafka), context.kafka,
-                                     context.plan.projection, context.version)
+                                     context.plan.projection, context.version,
+                                     context.ktable_partitions)
         self.counts = StagedBatch(context.attempt)
         self.clock = TaskClock()
         self._staged = False

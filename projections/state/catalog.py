@@ -6,7 +6,8 @@
 - ``projection_checkpoints``: per version, the source offsets a batch committed up to, in the
   same transaction as the rows it wrote;
 - ``retired_ktable_topics`` and ``ktable_readers``: replaced versions' KTable topics, deleted
-  once no read API instance has them open.
+  once no read API instance has them open;
+- ``ktable_partitions``: every partition count each KTable topic has had.
 
 Version 1 is registered when a projection first runs. A replay builds version N+1 beside the
 active one; the switch (view, registry row, old tables) is one Postgres transaction taken while
@@ -92,6 +93,13 @@ class ProjectionCatalog:
         if row is None:
             raise LookupError(f"projection {name!r} has never run")
         return int(row[0])
+
+    def note_partitions(self, topic: str, topic_id: str, partitions: int) -> tuple[int, ...]:
+        """``note_partitions`` on this catalog's connection."""
+        return note_partitions(self._conn(), topic, topic_id, partitions)
+
+    def partition_history(self, topic: str, topic_id: str) -> tuple[int, ...]:
+        return partition_history(self._conn(), [topic]).get((topic, topic_id), ())
 
     def emitted_offsets(self, name: str) -> dict[PartitionKey, int]:
         row = self._conn().execute(sql.SQL("SELECT emitted_offsets FROM {} WHERE projection = %s")
@@ -398,6 +406,29 @@ def active_checkpoints(conn: psycopg.Connection, names: Sequence[str]
 
 
 _READERS = sql.Identifier(KTABLE_READERS_TABLE)
+_PARTITION_COUNTS = sql.Identifier("ktable_partitions")
+
+
+def note_partitions(conn: psycopg.Connection, topic: str, topic_id: str, partitions: int
+                    ) -> tuple[int, ...]:
+    """The KTable ``topic`` (the one with ``topic_id``) has ``partitions`` now (recorded if it
+    never had): every count it has had, oldest first."""
+    with conn.transaction():
+        conn.execute(sql.SQL("INSERT INTO {} (topic, topic_id, partitions) VALUES "
+                             "(%s, %s, %s) ON CONFLICT DO NOTHING").format(_PARTITION_COUNTS),
+                     (topic, topic_id, partitions))
+    return partition_history(conn, [topic]).get((topic, topic_id), (partitions,))
+
+
+def partition_history(conn: psycopg.Connection, topics: Sequence[str]
+                      ) -> dict[tuple[str, str], tuple[int, ...]]:
+    """Every partition count each of ``topics`` has had (those recorded), oldest first, by
+    topic and topic id."""
+    rows = conn.execute(sql.SQL(
+        "SELECT topic, topic_id, array_agg(partitions ORDER BY seen_at, partitions) FROM {} "
+        "WHERE topic = ANY(%s) GROUP BY topic, topic_id").format(_PARTITION_COUNTS),
+        (list(topics),)).fetchall()
+    return {(topic, topic_id): tuple(counts) for topic, topic_id, counts in rows}
 
 
 def note_reader(conn: psycopg.Connection, instance_id: str, topic: str, projection: str,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -24,6 +25,7 @@ from eventfold.outbox.topics import (
     EVENT_TOPIC_CONFIG,
     Replication,
     TopicAdmin,
+    TopicShape,
 )
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.outcome import DeadLetter, Emission, KeyState
@@ -31,12 +33,14 @@ from eventfold.projections.outcome import DeadLetter, Emission, KeyState
 from eventfold.contract import (
     DEFAULT_DEAD_LETTER_RETENTION,
     DEFAULT_DERIVED_EVENT_RETENTION,
+    KTABLE_MOVED_HEADER,
     KTABLE_POSITION_HEADER,
     KTABLE_VERSION_HEADER,
     PartitionKey,
     retention_ms,
     trace_of,
 )
+from eventfold.contract.partitioner import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +121,22 @@ def new_producer(kafka: KafkaConnection) -> Producer:
 
 class OutputProducer:
     """Produces one projection version's records through ``producer`` (kept open by its
-    owner: a task's Python worker, or the runner), tracking every delivery report."""
+    owner: a task's Python worker, or the runner), tracking every delivery report.
+
+    ``partition_history``: every partition count the KTable topic has had, oldest first
+    (``catalog.note_partitions``). Once partitions were added, a key written is placed by the
+    current count explicitly (whatever the client's metadata says) and deleted (a tombstone)
+    from the partition each older count put it in, saying where it went (its
+    ``KTABLE_MOVED_HEADER``): the read API, which looks a key up under the old counts when its
+    partition has none, then never finds a value a key no longer has, and while the key's new
+    partition has not yet applied its record, it knows the key is moving rather than
+    gone."""
 
     def __init__(self, producer: Producer, kafka: KafkaConnection, projection: Projection,
-                 version: int) -> None:
+                 version: int, partition_history: Sequence[int] = ()) -> None:
         self.producer = producer
+        self.partition_history = tuple(partition_history)
+        self._known_partitions = 0
         self.kafka = kafka
         self.projection = projection
         self.version = version
@@ -134,17 +149,36 @@ class OutputProducer:
     def states(self, states: Iterable[tuple[str, KeyState]]) -> int:
         """KTable records (a tombstone for a deleted key); how many."""
         count, hidden, topic, produce = 0, self._hidden, self.ktable_topic, self._produce
+        moved = len(self.partition_history) > 1
         for key, key_state in states:
             state = key_state.state
             if state is not None and hidden:
                 state = {column: value for column, value in state.items()
                          if column not in hidden}
             value = None if state is None else orjson.dumps(state, default=str)
-            produce(topic, key, value, [
+            headers: list[tuple[str, str | bytes | None]] = [
                 (KTABLE_VERSION_HEADER, str(key_state.version).encode()),
-                (KTABLE_POSITION_HEADER, str(key_state.position).encode())])
+                (KTABLE_POSITION_HEADER, str(key_state.position).encode())]
+            if moved:
+                self._moved(key, value, headers)
+            else:
+                produce(topic, key, value, headers)
             count += 1
         return count
+
+    def _moved(self, key: str, value: bytes | None,
+               headers: list[tuple[str, str | bytes | None]]) -> None:
+        """A key's record where the current partition count puts it, and a tombstone where
+        each older count did (if elsewhere)."""
+        *older, now = self.partition_history
+        if now > self._known_partitions:
+            self._learn_partitions(now)
+        partition = partition_for(key, now)
+        self._produce(self.ktable_topic, key, value, headers, partition)
+        moved = headers if value is None else [
+            *headers, (KTABLE_MOVED_HEADER, str(partition).encode())]
+        for stale in {partition_for(key, count) for count in older} - {partition}:
+            self._produce(self.ktable_topic, key, None, moved, stale)
 
     def emissions(self, emissions: Iterable[Emission]) -> None:
         for emission in emissions:
@@ -166,6 +200,19 @@ class OutputProducer:
             written.append(letter)
         return written
 
+    def _learn_partitions(self, wanted: int) -> None:
+        """Have the client's metadata show the topic's ``wanted`` partitions (it refreshes
+        them only every few minutes by itself, and refuses a partition it does not know)."""
+        deadline = time.monotonic() + FLUSH_TIMEOUT_S
+        while True:
+            topic = self.producer.list_topics(self.ktable_topic, timeout=10).topics.get(
+                self.ktable_topic)
+            known = 0 if topic is None or topic.error else len(topic.partitions)
+            if known >= wanted or time.monotonic() > deadline:
+                self._known_partitions = known
+                return
+            time.sleep(0.1)
+
     def flush(self) -> None:
         """Wait for every delivery report; raise ``DeliveryFailed`` if any record was
         refused or the flush timed out (the caller must not commit)."""
@@ -181,11 +228,16 @@ class OutputProducer:
                 + "; ".join(failures[:5]))
 
     def _produce(self, topic: str, key: str | None, value: str | bytes | None,
-                 headers: list[tuple[str, str | bytes | None]] | None = None) -> None:
+                 headers: list[tuple[str, str | bytes | None]] | None = None,
+                 partition: int | None = None) -> None:
         while True:
             try:
-                self.producer.produce(topic, key=key, value=value, headers=headers,
-                                      on_delivery=self._delivered)
+                if partition is None:
+                    self.producer.produce(topic, key=key, value=value, headers=headers,
+                                          on_delivery=self._delivered)
+                else:
+                    self.producer.produce(topic, key=key, value=value, headers=headers,
+                                          partition=partition, on_delivery=self._delivered)
                 break
             except BufferError:  # the local queue is full: let deliveries drain, then retry
                 self.producer.poll(0.05)
@@ -279,6 +331,10 @@ class TopicSink:
 
     def ensure_topics(self) -> None:
         ensure_projection_topics(self._admin, self.projection, self.version, self.configs)
+
+    def ktable_shape(self) -> TopicShape | None:
+        """The version's KTable topic's id and partition count now (None: not there)."""
+        return self._admin.describe(self.projection.ktable_topic_for(self.version))
 
     def delete_topics(self, topics: list[str]) -> None:
         self._admin.delete(topics)

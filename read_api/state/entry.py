@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from eventfold.contract import KTABLE_VERSION_HEADER
+from eventfold.contract import KTABLE_MOVED_HEADER, KTABLE_VERSION_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +32,12 @@ class KTableEntry(NamedTuple):
             return None
 
     @classmethod
-    def of_record(cls, value: bytes | None,
-                  headers: list[tuple[str, bytes | None]] | None) -> KTableEntry | None:
-        """The entry of a KTable record; None for a tombstone."""
+    def of_record(cls, value: bytes | None, headers: list[tuple[str, bytes | None]] | None
+                  ) -> KTableEntry | MovedAway | None:
+        """The entry of a KTable record; None for a tombstone; ``MovedAway`` for one that
+        says where the key went (partitions were added to the topic)."""
         if value is None:
-            return None
+            return _moved_away(headers)
         for name, header in headers or ():
             if name == KTABLE_VERSION_HEADER and header:
                 return cls(value, int(header))
@@ -55,3 +56,17 @@ class KTableEntry(NamedTuple):
 
 _new_tuple = tuple.__new__
 _unpack_version = _VERSION.unpack_from
+
+
+class MovedAway(NamedTuple):
+    """A tombstone saying the key was written to another partition: until that partition
+    has applied it, the key is moving, not gone."""
+
+    partition: int
+
+
+def _moved_away(headers: list[tuple[str, bytes | None]] | None) -> MovedAway | None:
+    for name, header in headers or ():
+        if name == KTABLE_MOVED_HEADER and header:
+            return MovedAway(int(header))
+    return None

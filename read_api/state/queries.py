@@ -57,6 +57,8 @@ class Caller:
     """A forwarded request: the projection version its sender serves."""
     partitions: tuple[int, ...] = ()
     """A forwarded range or count: the partitions asked for."""
+    partition: int | None = None
+    """A forwarded get: the partition to look in."""
     min_version: int | None = None
     wait_ms: int | None = None
     """With ``min_version``: how long to wait for it (the default applied)."""
@@ -162,20 +164,53 @@ class KTableQueries:
                   ) -> tuple[int, dict[str, Any]] | Forwarded:
         """The key's entry (200) or its absence (404), from this instance or the one that
         holds the key's partition; ``wait`` (with ``caller.min_version``) waits for a
-        version where the key is answered."""
+        version where the key is answered. A key not in its partition is looked for where
+        the topic's older partition counts put it (partitions added since it was written)."""
         host, view = self._view(name, caller)
-        partition = self.routing.partition_of(view, key)
-        if partition is None or caller.local:
+        if caller.local:
+            # The partition the sender chose, unless this instance has switched versions
+            # past the sender's (a replay): then the key is where this version put it.
+            partition = (caller.partition if caller.partition is not None
+                         and host.version_of(view) == caller.version
+                         else self.routing.partition_of(view, key))
             if not (view.restored if partition is None else partition in view.ready_partitions):
                 raise self.unavailable(name, view, partition)
             return await self._local_get(host, view, name, key, partition, wait)
+        candidates = self.routing.partitions_of(view, key)
+        if not candidates:  # no topic yet: nothing in it
+            if not view.restored:
+                raise self.unavailable(name, view, None)
+            return await self._local_get(host, view, name, key, None, wait)
+        first: tuple[int, dict[str, Any]] | Forwarded | None = None
+        unavailable: Unavailable | None = None
+        for n, partition in enumerate(candidates):
+            try:
+                answer = await self._get_in(host, view, name, key, partition, caller,
+                                            wait if n == 0 else None)
+            except Unavailable as exc:  # the key may be there: answered only if found else
+                unavailable = unavailable or exc
+                continue
+            if (answer.status if isinstance(answer, Forwarded) else answer[0]) != 404:
+                return answer
+            first = first or answer
+        if unavailable is not None or first is None:
+            raise unavailable or self.unavailable(name, view, candidates[0])
+        return first
+
+    async def _get_in(self, host: ServedTable, view: KTableView, name: str, key: str,
+                      partition: int, caller: Caller, wait: Wait | None
+                      ) -> tuple[int, dict[str, Any]] | Forwarded:
+        """The key's entry in ``partition``, from this instance or the replica that holds
+        it (told which partition: while partitions are being added, the two instances may
+        count them differently)."""
         for replica in self.routing.replicas(view, partition):
             if replica.local:
                 return await self._local_get(host, view, name, key, partition, wait)
+            params = {**self._forwarded_params(host, caller), "partition": str(partition)}
             with contextlib.suppress(ReplicaUnavailable):
                 answer = await self.routing.forward(
                     replica, f"/ktables/{quote(name, safe='')}/entries/{quote(key, safe='')}",
-                    self._forwarded_params(host, caller), self._headers(caller),
+                    params, self._headers(caller),
                     (caller.wait_ms or 0) / 1000 if caller.min_version is not None else 0.0)
                 return Forwarded(answer.status, answer.body)
         raise self.unavailable(name, view, partition)
@@ -191,6 +226,10 @@ class KTableQueries:
             await wait(applied)
         entry = self._entry(name, view, key, partition)
         if entry is None:
+            if partition is not None and (to := view.store.moved_to(key, partition)) is not None:
+                raise Unavailable(f"key {key!r} of KTable {name} is moving from partition "
+                                  f"{partition} to {to} (partitions were added); retry "
+                                  "shortly")
             return 404, {"detail": f"no value for key {key!r} in KTable {name}",
                          "freshness": self.freshness(host, view, partition)}
         return 200, {**entry_json(key, entry),

@@ -18,8 +18,9 @@ from typing import NamedTuple
 from eventfold.read_api.state.assignment import Hosting, assign, owners
 from eventfold.read_api.state.forwarding import Answer, Forwarder, ForwardFailed
 from eventfold.read_api.state.membership import Member, Membership, TopicReport
-from eventfold.read_api.state.partitioner import partition_for
 from eventfold.read_api.state.view import KTableView
+
+from eventfold.contract.partitioner import partition_for
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,20 @@ class Router:
         """The key's partition (None while the topic does not exist)."""
         count = view.partition_count
         return None if count is None else partition_for(key, count)
+
+    @staticmethod
+    def partitions_of(view: KTableView, key: str) -> list[int]:
+        """Where the key may be: its partition under the topic's count now, then where each
+        older count put it (a key not written since partitions were added), newest first;
+        none while the topic does not exist."""
+        count = view.partition_count
+        if count is None:
+            return []
+        found = [partition_for(key, count)]
+        for older in reversed(view.partition_history()):
+            if older != count and (moved := partition_for(key, older)) not in found:
+                found.append(moved)
+        return found
 
     def hosting(self, view: KTableView, members: tuple[Member, ...] | None = None
                 ) -> dict[str, Hosting]:

@@ -32,10 +32,9 @@ from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
-from eventfold.read_api.state.entry import KTableEntry
+from eventfold.read_api.state.entry import KTableEntry, MovedAway
 from eventfold.read_api.state.locks import try_exclusive
 from eventfold.read_api.state.merge import merge_sorted
-from eventfold.read_api.state.partitioner import partition_for
 from rocksdict import (
     AccessType,
     BlockBasedOptions,
@@ -47,13 +46,16 @@ from rocksdict import (
 )
 from sortedcontainers import SortedDict
 
+from eventfold.contract.partitioner import partition_for
+
 log = logging.getLogger(__name__)
 
 StoreKind = Literal["rocksdb", "memory"]
 STORE_KINDS: tuple[StoreKind, ...] = ("rocksdb", "memory")
 
-Change = tuple[str, KTableEntry | None]
-"""A key and its new entry (None: a tombstone deletes it)."""
+Change = tuple[str, KTableEntry | MovedAway | None]
+"""A key and its new entry (None: a tombstone deletes it; ``MovedAway``: one that says the key
+went to another partition)."""
 
 
 @dataclass(frozen=True)
@@ -148,6 +150,11 @@ class StateStore(ABC):
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         """The key's entry (``partition``: the key's partition, when known)."""
 
+    def moved_to(self, key: str, partition: int) -> int | None:
+        """The partition the key went to from ``partition``, if a tombstone there said so
+        (partitions were added to the topic)."""
+        return None
+
     @abstractmethod
     def range(self, start: str | None = None, end: str | None = None,
               after: str | None = None, limit: int | None = None,
@@ -201,6 +208,7 @@ class MemoryStore(StateStore):
         self._partition_count = 1
         self._loading: dict[str, tuple[int, KTableEntry | None]] | None = {}
         self._restoring: set[int] = set()
+        self._moves: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def open_partitions(self, partitions: Collection[int], offsets: TopicOffsets,
@@ -213,6 +221,7 @@ class MemoryStore(StateStore):
 
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
               high_watermark: int, synced_at_ms: int | None = None) -> None:
+        changes = self._note_moves(partition, changes)
         if self._loading is not None:  # restoring: a plain dict, sorted once at the end
             self._loading.update((key, (partition, entry)) for key, entry in changes)
             return
@@ -224,6 +233,23 @@ class MemoryStore(StateStore):
                     self._entries[key] = entry
                 delta = (entry is not None) - (existed is not None)
                 self._counts[partition] = self._counts.get(partition, 0) + delta
+
+    def _note_moves(self, partition: int, changes: Sequence[Change]
+                    ) -> list[tuple[str, KTableEntry | None]]:
+        """The changes with tombstones saying where a key went noted, and made plain."""
+        plain: list[tuple[str, KTableEntry | None]] = []
+        for key, entry in changes:
+            if isinstance(entry, MovedAway):
+                self._moves[(key, partition)] = entry.partition
+                plain.append((key, None))
+            else:
+                if entry is None:
+                    self._moves.pop((key, partition), None)
+                plain.append((key, entry))
+        return plain
+
+    def moved_to(self, key: str, partition: int) -> int | None:
+        return self._moves.get((key, partition))
 
     def restored(self, partitions: Collection[int]) -> None:
         self._restoring.difference_update(partitions)
@@ -267,6 +293,7 @@ _AFTER_DATA = bytes([_DATA[0] + 1])  # the first key past every data key
 _LEAST = b"\x00"  # appended to a key: the first key after it
 _OFFSET, _COUNT, _TOPIC_ID, _HIGH = b"m:offset", b"m:count", b"m:topic_id", b"m:high"
 _RESTORED, _SYNCED = b"m:restored", b"m:synced_at"
+_MOVED = b"o"  # before the meta keys and after the data keys' bound (_AFTER_DATA)
 _INT = struct.Struct(">q")
 _WRITER_WAIT_S = 0.2
 _CACHES: dict[int, Cache] = {}
@@ -316,12 +343,17 @@ class _Partition:
         # process waited it out, ten times a second, written or not.
         self._stamp_path = path.with_name(f"{path.name}.written")
         self._stamp_fd: int | None = None
+        # The writer replaces this file when it makes the database anew (wiped, or first
+        # made): a reader that opened the one before sees it has another inode, and opens
+        # again (a secondary of a database deleted under it goes on reading the old files).
+        self._made_path = path.with_name(f"{path.name}.made")
         if writer:
             self.db = Rdict(str(path), options)
             self._stamp_fd = os.open(self._stamp_path, os.O_RDWR | os.O_CREAT, 0o644)
             self._stamp = int.from_bytes(os.urandom(8))  # unlike any earlier writer's
         else:
             secondary = path.with_name(f"{path.name}.reader-{os.getpid()}")
+            self._made = self._made_inode()
             self.db = Rdict(str(path), options,
                             access_type=AccessType.secondary(str(secondary)))
             self._secondary = secondary
@@ -334,7 +366,7 @@ class _Partition:
     def write(self, changes: Sequence[Change], next_offset: int, high_watermark: int,
               synced_at_ms: int | None) -> None:
         batch = WriteBatch(raw_mode=True)
-        latest: dict[bytes, KTableEntry | None] = {}
+        latest: dict[bytes, KTableEntry | MovedAway | None] = {}
         for key, entry in changes:
             latest[_DATA + key.encode()] = entry
         keys = list(latest)
@@ -342,12 +374,18 @@ class _Partition:
         delta = 0
         for stored_key, before in zip(keys, existed, strict=True):
             entry = latest[stored_key]
-            if entry is None:
-                batch.delete(stored_key)
-                delta -= before is not None
-            else:
+            if type(entry) is KTableEntry:
                 batch.put(stored_key, entry.encode())
                 delta += before is None
+                continue
+            batch.delete(stored_key)
+            delta -= before is not None
+            # where a key went, kept beside the data (never counted nor ranged over)
+            moved_key = _MOVED + stored_key[1:]
+            if isinstance(entry, MovedAway):
+                batch.put(moved_key, _INT.pack(entry.partition))
+            else:
+                batch.delete(moved_key)
         batch.put(_COUNT, _INT.pack(_int(self.meta(_COUNT)) + delta))
         batch.put(_OFFSET, _INT.pack(next_offset))
         batch.put(_HIGH, _INT.pack(max(high_watermark, next_offset)))
@@ -381,6 +419,10 @@ class _Partition:
         stored = self.db.get(_DATA + key.encode())
         return None if stored is None else KTableEntry.decode(stored)
 
+    def moved_to(self, key: str) -> int | None:
+        moved: bytes | None = self.db.get(_MOVED + key.encode())
+        return None if moved is None else _int(moved)
+
     def stored_items(self, low: str | None, inclusive_low: bool, high: str | None
                      ) -> tuple[Iterator[tuple[bytes, bytes]], ReadOptions]:
         """The stored pairs in range, as kept (keys with their prefix): RocksDB's own
@@ -396,13 +438,29 @@ class _Partition:
         return cast(Iterator[tuple[bytes, bytes]],
                     self.db.items(from_key=first, read_opt=bounds)), bounds
 
-    def catch_up(self) -> None:
-        """A reader: see the writer's writes since the last catch-up, if it has written."""
+    def made_anew(self) -> None:
+        """The writer: this database was made anew (readers of the one before open again)."""
+        staged = self._made_path.with_name(f".{self._made_path.name}.{os.getpid()}")
+        staged.write_bytes(os.urandom(8))
+        os.replace(staged, self._made_path)
+
+    def _made_inode(self) -> int | None:
+        try:
+            return os.stat(self._made_path).st_ino
+        except FileNotFoundError:
+            return None
+
+    def catch_up(self) -> bool:
+        """A reader: see the writer's writes since the last catch-up, if it has written;
+        False if the writer has made the database anew since this reader opened it."""
+        if self._made_inode() != self._made:
+            return False
         stamp = self._read_stamp()
         if stamp is not None and stamp == self._seen_stamp:
-            return
+            return True
         self.db.try_catch_up_with_primary()  # after reading the stamp: a later write changes it
         self._seen_stamp = stamp
+        return True
 
     def _read_stamp(self) -> bytes | None:
         if self._stamp_fd is None:
@@ -542,6 +600,7 @@ class RocksDBStore(StateStore):
         if not self.writer:
             return _Partition(path, self._reader_options, writer=False)
         opened = _Partition(path, self._options, writer=True)
+        fresh = opened.meta(_TOPIC_ID) is None
         reason = _not_valid(opened, partition, offsets)
         if reason is not None:
             log.warning("ktable %s partition %d: %s; its store is wiped and restored from the "
@@ -549,6 +608,8 @@ class RocksDBStore(StateStore):
             opened.close()
             Rdict.destroy(str(path), self._options)
             opened = _Partition(path, self._options, writer=True)
+        if fresh or reason is not None:
+            opened.made_anew()
         if opened.meta(_TOPIC_ID) is None:
             opened.put_meta(_TOPIC_ID, offsets.topic_id.encode())
         if reason is not None or not continuing:
@@ -597,9 +658,15 @@ class RocksDBStore(StateStore):
         return None if raw is None else raw.decode()
 
     def catch_up(self) -> None:
-        """A reader: see what the writer has written since."""
-        for store in self._partitions.values():
-            store.catch_up()
+        """A reader: see what the writer has written since; a partition the writer has made
+        anew (wiped) since this reader opened it is opened again."""
+        made_anew = [p for p, store in self._partitions.items() if not store.catch_up()]
+        for partition in made_anew:
+            log.info("ktable %s partition %d: its writer made the store anew; reading the new "
+                     "one", self.topic, partition)
+            self._partitions.pop(partition).close()
+            self._partitions[partition] = _Partition(self.directory / f"p{partition}",
+                                                     self._reader_options, writer=False)
 
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         if partition is not None:
@@ -615,6 +682,10 @@ class RocksDBStore(StateStore):
 
     def counts(self) -> dict[int, int]:
         return {p: _int(store.meta(_COUNT)) for p, store in self._partitions.items()}
+
+    def moved_to(self, key: str, partition: int) -> int | None:
+        store = self._partitions.get(partition)
+        return None if store is None else store.moved_to(key)
 
     def range(self, start: str | None = None, end: str | None = None,
               after: str | None = None, limit: int | None = None,

@@ -83,6 +83,9 @@ class KTableView:
         self.on_partitions: Callable[[KTableView], None] | None = None
         """Called once the topic's partition count is known, and when it changes (to
         assign the view some)."""
+        self.partition_counts: Callable[[str, str], tuple[int, ...]] = lambda _t, _id: ()
+        """Every partition count a topic (by name and id) has had, oldest first, as the
+        projection recorded them (``partition_history``)."""
         self._shape: TopicShape | None = None
         self._delete_retention_ms: int | None = None
         self._wanted: frozenset[int] | None = None
@@ -187,6 +190,12 @@ class KTableView:
         """When the end offsets the lag is measured against were last read."""
         return self._measured_at
 
+    def partition_history(self) -> tuple[int, ...]:
+        """Every partition count the topic has had, oldest first (a key written before
+        partitions were added is where an older count put it)."""
+        shape = self._shape
+        return () if shape is None else self.partition_counts(self.topic, shape.topic_id)
+
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
         return self.store.get(key, partition)
 
@@ -224,6 +233,9 @@ class KTableView:
                 except (KafkaException, TimeoutError, RuntimeError) as exc:
                     log.warning("ktable %s: could not look at the topic (will retry): %s",
                                 self.topic, exc)
+                    if planner is not None:  # its metadata may not know new partitions
+                        planner.close()
+                        planner = None
                 self._check_now.wait(MEASURE_EVERY_S)
                 if self._stop.is_set():
                     return

@@ -28,9 +28,9 @@ from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import projection
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
-from eventfold.read_api.state.partitioner import partition_for
 from sqlalchemy import BigInteger
 
+from eventfold.contract.partitioner import partition_for
 from tests.integration.test_cli import stack_env, start_serving
 from tests.pipeline_helpers import materialize, wait_for
 

@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from eventfold.read_api.state.assignment import assign, owners
 from eventfold.read_api.state.merge import merge_pages
-from eventfold.read_api.state.partitioner import murmur2, partition_for
+
+from eventfold.contract.partitioner import murmur2, partition_for
 
 
 @pytest.mark.parametrize(("key", "signed"), [

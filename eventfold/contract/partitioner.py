@@ -1,7 +1,8 @@
-"""Which partition of a KTable topic holds a key: Kafka's default partitioner for keyed
-records (``toPositive(murmur2(key)) % partitions``), which the projections' producers use
-(librdkafka's ``murmur2_random``), so that a read API instance finds a key's partition without
-reading the topic."""
+"""Which partition of a topic holds a key: Kafka's default partitioner for keyed records
+(``toPositive(murmur2(key)) % partitions``), which Debezium's and the projections' producers
+use (librdkafka's ``murmur2_random``), so that a read API instance finds a key's partition
+without reading the topic, and a projection knows where a key was before partitions were
+added to its KTable topic."""
 
 from __future__ import annotations
 
