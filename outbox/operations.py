@@ -19,8 +19,10 @@ from eventfold.contract import libpq_url
 log = logging.getLogger(__name__)
 
 DEFAULT_WAL_WARNING_BYTES = 1024**3
-SLOT_SETTLE_S = 15.0
-"""How long `status` gives a restarted task to attach to its slot before calling it inactive."""
+SLOT_SETTLE_S = 30.0
+"""How long `status` gives a restarted worker to start its connector, and its task to attach
+to its slot, before calling them absent or inactive (a worker on a busy host took over 15 s to
+read its config topic again)."""
 HEARTBEAT_TOPIC_CONFIG = {"cleanup.policy": "delete", "retention.ms": str(3600 * 1000),
                           "retention.bytes": "-1"}
 ConfigDiff = dict[str, tuple[str | None, str | None]]

@@ -152,3 +152,38 @@ def test_a_member_that_stops_beating_while_the_database_answers_is_let_go() -> N
     membership.saw((a, b), now=111.0)
     membership.saw((a,), now=112.0)
     assert [m.url for m in membership.members()] == ["http://a:1", "http://b:1"]
+
+
+# -- what an answer says of its freshness -------------------------------------------------------
+class _View:
+    topic, restored, lag_measured_at = "t", True, None
+
+    def __init__(self, lag: int) -> None:
+        self.lag = lag
+
+    def partition_lag(self, partition: int) -> int:
+        return self.lag
+
+
+class _Host:
+    def __init__(self, superseded_by: int | None = None) -> None:
+        self._superseded_by = superseded_by
+
+    def version_of(self, view: object) -> int:
+        return 1
+
+    def superseded_by(self, view: object) -> int | None:
+        return self._superseded_by
+
+
+@pytest.mark.parametrize(("lag", "superseded_by", "stale"), [
+    (0, None, False), (5, None, False), (6, None, True), (0, 2, True)])
+def test_an_answer_is_stale_past_the_acceptable_lag_or_once_superseded(
+        lag: int, superseded_by: int | None, stale: bool) -> None:
+    from eventfold.read_api.state.queries import KTableQueries
+    from eventfold.read_api.state.routing import Router
+
+    queries = KTableQueries({}, Router(Membership("", dict), 0, acceptable_lag=5), "i", [])
+    found = queries.freshness(_Host(superseded_by), _View(lag), partition=0)  # type: ignore[arg-type]
+    assert (found["stale"], found["lag_records"]) == (stale, lag)
+    assert found.get("superseded_by") == superseded_by
