@@ -135,11 +135,10 @@ class KTableQueries:
         replaced: ``superseded_by``)."""
         superseded_by = host.superseded_by(view)
         lag = view.lag if partition is None else view.partition_lag(partition) or 0
-        measured = view.lag_measured_at
         found: dict[str, Any] = {
             "topic": view.topic, "projection_version": host.version_of(view),
             "restored": view.restored, "lag_records": lag,
-            "lag_measured_at": measured.isoformat() if measured else None,
+            "lag_measured_at": view.lag_measured_at,
             "instance": self.instance_id, "served_by": self.me}
         stale = superseded_by is not None or lag > self.routing.acceptable_lag
         if partition is not None:

@@ -99,7 +99,7 @@ class KTableView:
         self._positions: dict[int, int] = {}
         self._high_watermarks: dict[int, int] = {}
         self._ends: dict[int, int] = {}
-        self._measured_at: datetime | None = None
+        self._measured_at: str | None = None
         self._synced_at: dict[int, float] = {}
         self._check_now = threading.Event()
         self._looked = threading.Event()
@@ -186,8 +186,9 @@ class KTableView:
                        0) for p, position in list(self._positions.items()))
 
     @property
-    def lag_measured_at(self) -> datetime | None:
-        """When the end offsets the lag is measured against were last read."""
+    def lag_measured_at(self) -> str | None:
+        """When the end offsets the lag is measured against were last read (ISO 8601: every
+        answer carries it)."""
         return self._measured_at
 
     def partition_history(self) -> tuple[int, ...]:
@@ -268,7 +269,7 @@ class KTableView:
             return
         ends = planner.end_offsets([(self.topic, p) for p in held])
         self._ends = {p: end for (_, p), end in ends.items()}
-        self._measured_at = datetime.now(UTC)
+        self._measured_at = datetime.now(UTC).isoformat()
 
     def _topic_now(self) -> TopicShape | None:
         """The topic's shape once the watch has seen it (None: stopped first). A topic not

@@ -58,6 +58,7 @@ from sqlalchemy import BigInteger
 
 from eventfold.contract.partitioner import partition_for
 from tests.integration.test_cli import stack_env
+from tests.integration.test_read_api_operations import _lock_holder
 from tests.kafka_helpers import produce
 from tests.pipeline_helpers import Materializer, wait_for
 
@@ -390,7 +391,7 @@ def test_the_writer_worker_of_an_instance_killed(drill: Drill) -> None:
     store = next((Path(instance.env["EVENTFOLD_STATE_DIR"])).iterdir())
     with drill.load.flowing(), drill.readers() as readers:
         time.sleep(2)
-        writer = _holder(instance.workers(), "writer.lock", store)
+        writer = _lock_holder(instance.workers(), "writer.lock", store)
         assert writer is not None
         os.kill(writer, signal.SIGKILL)
         time.sleep(6)
@@ -577,16 +578,3 @@ def _tombstones_gone(drill: Drill, keys: list[str]) -> bool:
         produce(drill.settings.kafka, drill.topic, "~roll", None, partition=partition)
     in_log = {key for _, _, key, _ in read_messages(drill.settings.kafka, drill.topic)}
     return not set(keys) & in_log
-
-
-def _holder(pids: list[int], lock_name: str, under: Path) -> int | None:
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                target = Path(os.readlink(fd))
-                if target.name == lock_name and target.parent == under:
-                    return pid
-        except OSError:
-            continue
-    return None
-
