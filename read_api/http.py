@@ -465,11 +465,14 @@ def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
     names = _known_names(read_models)
 
     def caller(request: Request) -> Caller:
+        authorization = request.headers.get("authorization")
+        if not request.scope["query_string"]:  # the common get: no parameter to read
+            return Caller(authorization)
         params = request.query_params
         local = params.get("local") == "true"
         min_version = _int_param(request, "min_version", None, 1, 2**62)
         return Caller(
-            authorization=request.headers.get("authorization"), local=local,
+            authorization=authorization, local=local,
             version=_int_param(request, "version", None, 1, 2**31) if local else None,
             partitions=_partitions(params.get("partitions", "")) if local else (),
             partition=(_int_param(request, "partition", None, 0, 2**31) if local else None),

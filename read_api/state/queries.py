@@ -21,7 +21,7 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
 
 import orjson
@@ -45,10 +45,9 @@ class UnknownTable(LookupError):
     """No KTable of that name."""
 
 
-@dataclass(frozen=True)
-class Caller:
+class Caller(NamedTuple):
     """What a request says that its answer depends on, and that a request forwarded for it
-    carries on."""
+    carries on (a tuple: one is made for every get)."""
 
     authorization: str | None = None
     local: bool = False
