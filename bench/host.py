@@ -4,10 +4,12 @@ run NAME` processes (a Spark application each), then as one `eventfold projectio
 For each: the memory of the process trees once every projection has caught up, and the summed
 streaming throughput of folding ``--events`` new events into every projection; then, in the
 host, a live projection's latency (an event's append to Kafka -> its row in the read model)
-idle and while a replay of another projection, handed to the host, runs beside it. Prints
-figures, then one JSON line.
+idle, while a replay of another projection, handed to the host, runs beside it, and while
+one more projection of the host (over a topic of its own) catches up a backlog of
+``--backlog`` events produced as fast as the producer goes. Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.host [--projections 10] [--events 100000] [--keys 10000]
+        [--backlog 1000000]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,13 +33,14 @@ from eventfold.local_stack.process import stop_pid
 from eventfold.outbox.connection import KafkaConnection
 
 from bench.common import own_stack, percentile, tree_rss
+from bench.host_app import BACKLOG_SOURCE
 from bench.projections import SOURCE, produce_events
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
 
 TARGETS = {"host_rss_ratio": 5.0, "host_vs_separate_throughput_ratio": 1.0,
-           "live_p50_during_replay_vs_idle": 1.5}
+           "live_p50_during_replay_vs_idle": 1.5, "live_p50_during_catchup_vs_idle": 2.0}
 WARMUP_EVENTS = 2_000
 PARTITIONS = 4
 
@@ -129,10 +133,12 @@ class Measured:
     replay_s: float | None = None  # a replay handed to the host
     live_idle_ms: list[float] = field(default_factory=list)
     live_during_replay_ms: list[float] = field(default_factory=list)
+    live_during_catchup_ms: list[float] = field(default_factory=list)
+    catchup_events_per_s: float = 0.0
 
 
 def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int,
-            keys: int) -> Measured:
+            keys: int, backlog: int = 0) -> Measured:
     """Memory once caught up, time to start and catch up, events/s summed over the
     projections for ``events`` new ones; for a host, a handed replay and the live latency
     beside it."""
@@ -165,7 +171,39 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
                   f"{percentile(measured.live_during_replay_ms, 0.5):,.0f} ms while "
                   f"{phase.names[0]} replays ({len(measured.live_during_replay_ms)} events)",
                   flush=True)
+            if backlog:
+                measured.catchup_events_per_s, measured.live_during_catchup_ms = (
+                    caught_up_backlog(phase, kafka, probe, backlog, keys))
+                print(f"host: {phase.names[-1]} live, append -> read model: p50 "
+                      f"{percentile(measured.live_during_catchup_ms, 0.5):,.0f} ms while "
+                      f"bench_backlog_{phase.suffix} catches up {backlog:,} events at "
+                      f"{measured.catchup_events_per_s:,.0f} events/s "
+                      f"({len(measured.live_during_catchup_ms)} events)", flush=True)
     return measured
+
+
+def caught_up_backlog(phase: Phase, kafka: KafkaConnection, probe: LatencyProbe,
+                      backlog: int, keys: int) -> tuple[float, list[float]]:
+    """The backlog projection's events/s catching up ``backlog`` events produced as fast as
+    the producer goes, and the live projection's latencies meanwhile."""
+    name = f"bench_backlog_{phase.suffix}"
+
+    def folded() -> int:
+        with psycopg.connect(libpq_url(phase.settings.database_url), autocommit=True) as conn:
+            try:
+                return int(conn.execute(f'SELECT coalesce(sum(sales), 0) FROM "{name}"')
+                           .fetchone()[0])
+            except psycopg.errors.UndefinedTable:
+                return 0
+
+    producing = threading.Thread(target=produce_events, args=(
+        kafka, backlog, keys, PARTITIONS), kwargs={"source": BACKLOG_SOURCE}, daemon=True)
+    started = time.perf_counter()
+    producing.start()
+    during = probe.sample(until=lambda: folded() >= backlog)
+    seconds = time.perf_counter() - started
+    producing.join()
+    return backlog / seconds, during
 
 
 class LatencyProbe:
@@ -264,6 +302,9 @@ def main() -> None:
     parser.add_argument("--projections", type=int, default=10)
     parser.add_argument("--events", type=int, default=100_000)
     parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--backlog", type=int, default=1_000_000,
+                        help="events the backlog projection catches up beside the live ones "
+                             "(0: none)")
     parser.add_argument("--host-only", action="store_true",
                         help="measure the host alone (no separate runs, no ratios)")
     args = parser.parse_args()
@@ -272,8 +313,10 @@ def main() -> None:
         migrations.upgrade(settings.database_url)
         kafka = settings.kafka
         produce_events(kafka, WARMUP_EVENTS, args.keys, PARTITIONS)
+        # The backlog projection's topic, there before its host starts (and empty till then)
+        produce_events(kafka, 0, args.keys, PARTITIONS, source=BACKLOG_SOURCE)
         host = measure(Phase(settings, work_dir, "host", args.projections, False),
-                       kafka, WARMUP_EVENTS, args.events, args.keys)
+                       kafka, WARMUP_EVENTS, args.events, args.keys, args.backlog)
         separate = None if args.host_only else measure(
             Phase(settings, work_dir, "separate", args.projections, True),
             kafka, WARMUP_EVENTS + args.events, args.events, args.keys)
@@ -288,6 +331,19 @@ def main() -> None:
         "live_p50_idle_ms": round(idle_p50), "live_p50_during_replay_ms": round(during_p50),
         "live_p99_during_replay_ms": round(percentile(host.live_during_replay_ms, 0.99)),
         "live_p50_during_replay_vs_idle": round(during_p50 / idle_p50, 2)}
+    if host.live_during_catchup_ms:
+        catchup_p50 = percentile(host.live_during_catchup_ms, 0.5)
+        figures.update({
+            "backlog_events": args.backlog,
+            "catchup_events_per_s": round(host.catchup_events_per_s),
+            "live_p50_during_catchup_ms": round(catchup_p50),
+            "live_p99_during_catchup_ms": round(percentile(host.live_during_catchup_ms, 0.99)),
+            "live_p50_during_catchup_vs_idle": round(catchup_p50 / idle_p50, 2)})
+        print(f"live latency: p50 {figures['live_p50_during_catchup_ms']:,} ms while another "
+              f"projection catches up {args.backlog:,} events against "
+              f"{figures['live_p50_idle_ms']:,} ms idle: "
+              f"{figures['live_p50_during_catchup_vs_idle']}x (target <= "
+              f"{TARGETS['live_p50_during_catchup_vs_idle']}x)")
     print(f"live latency: p50 {figures['live_p50_during_replay_ms']:,} ms while another "
           f"projection replays against {figures['live_p50_idle_ms']:,} ms idle: "
           f"{figures['live_p50_during_replay_vs_idle']}x (target <= "

@@ -70,10 +70,11 @@ bench_stats = aggregation(
 
 
 def produce_events(kafka: KafkaConnection, events: int, keys: int, partitions: int,
-                   after: int = 0) -> float:
-    """Events at global positions ``after + 1`` on, position ``p`` of key ``p % keys`` (each
-    key's versions go on from the events before ``after``). Returns events/s."""
-    topic = event_topic(SOURCE)
+                   after: int = 0, source: str = SOURCE) -> float:
+    """Events of aggregate type ``source`` at global positions ``after + 1`` on, position
+    ``p`` of key ``p % keys`` (each key's versions go on from the events before ``after``).
+    Returns events/s."""
+    topic = event_topic(source)
     TopicAdmin(kafka).ensure([topic], EVENT_TOPIC_CONFIG, partitions=partitions)
     producer = Producer(kafka.client_config(**{
         "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
     from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
     from eventfold.projections.runner import Progress, ProjectionRunner, RunnerSettings
+    from eventfold.projections.state.lease import WriterLease
     from eventfold.read_api.state.stores import StoreKind
 
 # Spark, pandas, pyarrow and the read API are imported by the services that use them, so
@@ -168,14 +169,16 @@ class Eventfold:
 
     def projection_runner(self, settings: Settings, name: str,
                           progress: Progress | None = None,
-                          spark: SparkSession | None = None) -> ProjectionRunner:
+                          spark: SparkSession | None = None,
+                          lease: WriterLease | None = None) -> ProjectionRunner:
         """The active version of projection ``name``, ready to start (in ``spark``, the
-        session of a host running several, else one of its own)."""
+        session of a host running several, else one of its own; ``lease``: the writer lease
+        its caller holds or will have it take)."""
         from eventfold.projections.runner import ProjectionRunner
 
         return ProjectionRunner(spark or self.spark_session(settings, f"eventfold-{name}"),
                                 self.projections.get(name), self._runner_settings(settings),
-                                progress=progress)
+                                progress=progress, lease=lease)
 
     def replay(self, settings: Settings, name: str, source: ReplaySource = "auto",
                spark: SparkSession | None = None,
@@ -208,7 +211,10 @@ class Eventfold:
             trigger_interval=settings.trigger_interval,
             max_rows_per_batch=max_rows or settings.max_rows_per_batch,
             driver_batch_max_rows=settings.driver_batch_max_rows,
+            fair_batch_rows=settings.fair_batch_rows,
             retire_wait_s=settings.ktable_retire_wait_s,
+            writer_lease_s=settings.writer_lease_s,
+            stall_after_s=settings.projection_stall_s,
             topic_configs=output_topic_configs(settings),
             deleted_key_retention_s=_seconds_or_forever(settings.deleted_key_retention),
             allow_data_loss=settings.allow_data_loss,

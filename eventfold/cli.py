@@ -159,7 +159,7 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "replay":
         [name] = names
         return _replay(app, settings, name, args.source)
-    return _run_projections(app, settings, names, args.once)
+    return _run_projections(app, settings, names, args.once, args.standby)
 
 
 def _chosen_projections(app: Eventfold, args: argparse.Namespace) -> list[str]:
@@ -247,10 +247,10 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
 
 
 def _run_projections(app: Eventfold, settings: Settings, names: list[str],
-                     once: bool) -> int:
+                     once: bool, standby: bool = False) -> int:
     from eventfold.projection_host import ProjectionHost
 
-    ProjectionHost(app, settings, names, once).run()
+    ProjectionHost(app, settings, names, once, standby).run()
     return 0
 
 
@@ -524,6 +524,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="run: every projection of the app, in one Spark application")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")
+    proj.add_argument("--standby", action="store_true",
+                      help="run: where another runner writes a projection, wait and take over "
+                           "when it ends (without it, such a run is refused)")
     proj.add_argument("--from", dest="source", choices=["auto", "kafka", "store"],
                       default="auto",
                       help="replay: start from the topics, or from the event store and then the "

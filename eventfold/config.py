@@ -120,8 +120,11 @@ class Settings(BaseSettings):
     # command process's start (docs/benchmarks.md); a test keeps the two equal.
     max_rows_per_batch: int = 500_000
     driver_batch_max_rows: int = Field(default=1_000, ge=0)
+    fair_batch_rows: int = Field(default=20_000, ge=0)
     replay_max_rows_per_batch: int = 1_000_000
     ktable_retire_wait_s: int = 60
+    writer_lease_s: float = Field(default=10.0, gt=0)
+    projection_stall_s: float = Field(default=120.0, gt=0)
     ktable_topic_config: str = ""
     ktable_store: str = "rocksdb"
     state_dir: Path = Path(".eventfold/state")

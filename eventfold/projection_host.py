@@ -9,6 +9,10 @@ that needs a person (events lost to retention, a topic's wrong configs) or keeps
 alone, and the host says so while the others carry on. SIGTERM and Ctrl-C stop every
 projection between batches.
 
+One runner writes a projection (``projections.state.lease``): a projection another live
+runner writes is refused (``WriterBusy``), or with ``standby`` waited for and taken over when
+that runner ends or dies. A runner fenced by a newer one stops writing and stands by.
+
 It uses the app (its projections, runners and Spark session) and ``projections``; only the
 command line uses it.
 """
@@ -16,13 +20,10 @@ command line uses it.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import signal
-import socket
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import FrameType
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
     from eventfold.app import Eventfold
     from eventfold.projections.replay import ReplayResult, ReplaySource
-    from eventfold.projections.runner import Progress, RunningQuery
+    from eventfold.projections.runner import Progress, ProjectionRunner, RunningQuery
+    from eventfold.projections.state.lease import WriterLease
     from eventfold.run_observer import RunObserver, Watched
 
 log = logging.getLogger("eventfold")
@@ -58,8 +60,9 @@ def needs_a_person() -> tuple[type[Exception], ...]:
     """Errors that starting again would only meet again: printed plainly, exit code 1."""
     from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
     from eventfold.projections.runner import SourceDataLost
+    from eventfold.projections.state.lease import WriterBusy
 
-    return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable, GaveUp
+    return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable, GaveUp, WriterBusy
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class _RunOutcome:
     error: str | None = None
     switched_to: int | None = None
     """The version a replay made active, when that is what ended the run."""
+    fenced: bool = False
+    """A newer runner took the projection's writer lease over."""
 
 
 class ProjectionHost:
@@ -76,11 +81,12 @@ class ProjectionHost:
     ``ProjectionsStopped`` when some of several stopped."""
 
     def __init__(self, app: Eventfold, settings: Settings, names: Sequence[str],
-                 once: bool = False) -> None:
+                 once: bool = False, standby: bool = False) -> None:
         self.app = app
         self.settings = settings
         self.names = list(dict.fromkeys(names))
         self.once = once
+        self.standby = standby
         self.stop_requested = threading.Event()
         self.stopped_on: dict[str, Exception] = {}
 
@@ -156,15 +162,24 @@ class _Supervisor:
         self.spark = spark
         self.name = name
         self.watched = watched
+        self.standing_by = host.standby
 
     def run(self) -> None:
         name, stop_requested = self.name, self.host.stop_requested
         failures, batches = 0, 0
         while True:
-            outcome = self._run_until_it_ends()
+            lease = self._lease()
+            if lease is None:
+                break  # stopped while standing by
+            outcome = self._run_until_it_ends(lease)
             batches += outcome.batches
             if outcome.error is None or stop_requested.is_set():
                 break
+            if outcome.fenced:
+                log.error("projection %s: %s; standing by to take it over again", name,
+                          outcome.error)
+                self.standing_by = True
+                continue
             if outcome.switched_to is not None:
                 log.info("projection %s: a replay made v%d active; continuing on it", name,
                          outcome.switched_to)
@@ -187,24 +202,47 @@ class _Supervisor:
         if self.watched is not None:
             self.watched.stopped("stopped")
 
-    def _run_until_it_ends(self) -> _RunOutcome:
+    def _lease(self) -> WriterLease | None:
+        """The projection's writer lease: a standby waits for it (None: stopped meanwhile);
+        otherwise the run takes it as it starts (and is refused while another holds it)."""
+        from eventfold.projections.state.lease import WriterLease
+
+        lease = WriterLease(self.host.settings.database_url, self.name,
+                            lease_s=self.host.settings.writer_lease_s)
+        if not self.standing_by:
+            return lease
+        if self.watched is not None:
+            self.watched.stopped("standing by")
+        return lease if lease.wait(self.host.stop_requested) is not None else None
+
+    def _run_until_it_ends(self, lease: WriterLease) -> _RunOutcome:
         from eventfold.projections.runner import described, stop_gracefully
+        from eventfold.projections.state.lease import WriterFenced
+        from eventfold.projections.state.topics import WritesFenced
 
         host, name = self.host, self.name
         runner = None
         try:
-            runner = host.app.projection_runner(host.settings, name, self._catch_up_bar(),
-                                                spark=self.spark)
+            runner = started = host.app.projection_runner(
+                host.settings, name, self._catch_up_bar(), spark=self.spark, lease=lease)
             query = runner.start(once=host.once)
             if self.watched is not None:
                 self.watched.running(runner, query)
             # Signal handlers only set a flag: the thread may be inside a py4j call, which
             # must not be re-entered from a handler. Wait in slices and stop from here.
-            _await_query(query, host.stop_requested, stop_gracefully)
+            stalled = _await_query(query, host.stop_requested, stop_gracefully,
+                                   lambda: self._stalled(started, query))
+            if stalled is not None:
+                # Its thread may be stuck where nothing can interrupt it: the runner is left
+                # to it, and the next run's lease (a new epoch) fences whatever it still does.
+                abandoned, runner = runner, None
+                return _RunOutcome(abandoned.batches, stalled)
             if (error := query.exception()) is None:
                 return _RunOutcome(runner.batches)
             if isinstance(error, needs_a_person()):
                 raise error
+            if isinstance(error, WriterFenced | WritesFenced) or not lease.held:
+                return _RunOutcome(runner.batches, described(error), fenced=True)
             active = runner.versions.active(name)
             return _RunOutcome(runner.batches, described(error),
                                active if active != runner.version else None)
@@ -218,6 +256,31 @@ class _Supervisor:
                     runner.close()
                 except Exception as exc:
                     log.warning("projection %s: closing the runner: %s", name, exc)
+
+    def _stalled(self, runner: ProjectionRunner, query: RunningQuery) -> str | None:
+        """The watchdog, every second of a run: a stream thread whose look or batch has gone
+        on past its bound is reported, its Spark jobs cancelled and its run given up (what
+        the run ends with, or None while it is well)."""
+        from eventfold.projections import metrics
+        from eventfold.projections.stream_thread import StreamThread
+
+        if not isinstance(query, StreamThread):
+            return None
+        if runner.batches:
+            metrics.STALLED.labels(self.name).set(0)
+        running_s = query.stalled_for()
+        if running_s is None:
+            return None
+        metrics.STALLED.labels(self.name).set(1)
+        what = (f"projection {self.name} stalled: its batch or look has gone on for "
+                f"{running_s:.0f} s")
+        log.error("%s; cancelling its Spark jobs and starting it again from its checkpoint",
+                  what)
+        if self.watched is not None:
+            self.watched.stopped("stalled")
+        self.spark.sparkContext.cancelJobGroup(query.job_group)
+        query.stop(timeout_s=0)
+        return what
 
     def _catch_up_bar(self) -> Progress | None:
         """A live bar for ``--once`` of one projection on a terminal, its total the lag at
@@ -302,9 +365,10 @@ class _Requests:
 
     def __init__(self, host: ProjectionHost, spark: SparkSession) -> None:
         from eventfold.projections.state.hosts import HostDirectory
+        from eventfold.projections.state.lease import PROCESS_HOLDER
 
         self.host, self.spark = host, spark
-        self.host_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.host_id = PROCESS_HOLDER  # the holder of the writer leases its projections take
         self.directory = HostDirectory(host.settings.database_url)
         self._registered = False
         self._stopped = threading.Event()
@@ -395,21 +459,25 @@ def _gist(error: str) -> str:
 
 
 def _await_query(query: RunningQuery, stop_requested: threading.Event,
-                 stop_gracefully: Callable[[RunningQuery], None]) -> None:
-    """Wait for the run to end: by itself (caught up with ``--once``, or failed) or on a
-    signal. A failed query raises from ``awaitTermination``; its ``exception()`` says why and
-    the caller decides (a version switch is not a failure)."""
+                 stop_gracefully: Callable[[RunningQuery], None],
+                 stalled: Callable[[], str | None]) -> str | None:
+    """Wait for the run to end: by itself (caught up with ``--once``, or failed), on a signal,
+    or once ``stalled`` (asked every second) says it is (what it said). A failed query raises
+    from ``awaitTermination``; its ``exception()`` says why and the caller decides (a version
+    switch is not a failure)."""
     from pyspark.errors import StreamingQueryException
 
     while True:
         try:
             if query.awaitTermination(1):
-                return
+                return None
         except StreamingQueryException:
-            return
+            return None
         if stop_requested.is_set():
             stop_gracefully(query)
-            return
+            return None
+        if (stall := stalled()) is not None:
+            return stall
 
 
 def stop_on_signal(requested: threading.Event,

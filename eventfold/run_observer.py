@@ -46,12 +46,14 @@ class Watched:
         self._query, self.state, self._since = None, state, time.time()
 
     def replaying(self) -> None:
-        """A replay runs batch by batch: healthy while it does."""
+        """A replay runs batch by batch: healthy while it does (and a standby while it
+        waits to take a projection over)."""
         self.state, self._since = "replaying", time.time()
 
     def health(self) -> tuple[bool, dict[str, object]]:
         query, runner = self._query, self._runner
-        healthy = self.state == "replaying" or (query is not None and query.isActive)
+        healthy = self.state in ("replaying", "standing by") or (
+            query is not None and query.isActive)
         return healthy, {
             "state": self.state if healthy or query is None else "ended",
             "since": self._since, "version": runner.version if runner else None,

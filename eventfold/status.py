@@ -31,6 +31,7 @@ from eventfold.contract import libpq_url
 from eventfold.outbox.connector import ConnectError
 from eventfold.projections.state.catalog import builds, live_readers
 from eventfold.projections.state.hosts import live_hosts
+from eventfold.projections.state.lease import live_writers
 from eventfold.projections.status import ProjectionStatus, projection_status
 
 if TYPE_CHECKING:
@@ -123,6 +124,7 @@ def _database_side(app: Eventfold, settings: Settings, status: PipelineStatus,
         building = builds(conn)
         readers = live_readers(conn)
         hosts = live_hosts(conn)
+        writers = live_writers(conn, settings.writer_lease_s)
     for projection in app.projections:
         try:
             found = projection_status(projection, settings.database_url, settings.kafka)
@@ -130,6 +132,7 @@ def _database_side(app: Eventfold, settings: Settings, status: PipelineStatus,
             status.projections.append({"name": projection.name, "error": str(exc)})
             continue
         entry = projection_entry(found, building.get(projection.name), stale_after_s)
+        entry["writer"] = writers.get(projection.name)
         if entry["stale"]:
             status.problems.append(Problem(STALE, f"projection {projection.name}: "
                                                   f"{entry['stale']}"))
@@ -143,6 +146,8 @@ def _database_side(app: Eventfold, settings: Settings, status: PipelineStatus,
     status.read_apis = [{**i, "seen_at": i["seen_at"].isoformat(timespec="seconds")}
                         for i in instances.values()]
     status.hosts = [{"host": h.host_id, "projections": h.projections,
+                     "writes": [name for name in h.projections
+                                if writers.get(name) == h.host_id],
                      "started_at": h.started_at.isoformat(timespec="seconds"),
                      "heartbeat_at": h.heartbeat_at.isoformat(timespec="seconds"),
                      "replays": h.replays} for h in hosts]
@@ -215,10 +220,12 @@ def render(status: PipelineStatus, console: Console) -> None:
                             _dead_letters(p), "" if p["rows"] is None else f"{p['rows']:,}")
     console.print(projections)
     hosts = Table(title="Projection hosts", title_justify="left")
-    for column in ("host", "projections", "replaying", "last heartbeat"):
+    for column in ("host", "writes", "stands by for", "replaying", "last heartbeat"):
         hosts.add_column(column)
     for host in status.hosts:
-        hosts.add_row(host["host"], ", ".join(host["projections"]),
+        hosts.add_row(host["host"], ", ".join(host["writes"]) or "-",
+                      ", ".join(p for p in host["projections"] if p not in host["writes"])
+                      or "-",
                       ", ".join(host["replays"]) or "-", host["heartbeat_at"])
     console.print(hosts if status.hosts else "[dim]No projection host streams.[/]")
     readers = Table(title="Read API instances serving KTables", title_justify="left")

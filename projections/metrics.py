@@ -51,6 +51,10 @@ DEAD_LETTERS = Counter("eventfold_projection_dead_letters",
                        "Events sent to the projection's dead-letter topic", ["projection"])
 LAST_BATCH = Gauge("eventfold_projection_last_batch_timestamp_seconds",
                    "When the last batch committed (Unix time)", ["projection"])
+STALLED = Gauge("eventfold_projection_stalled",
+                "1 while a projection's stream thread is stalled (a look or batch past its "
+                "bound, EVENTFOLD_PROJECTION_STALL_S) and until its next run commits a batch",
+                ["projection"])
 REPLAY_EVENTS = Gauge("eventfold_replay_events", "Events a running replay has folded so far, "
                       "and the total it folds", ["projection", "of"])
 

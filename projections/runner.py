@@ -42,12 +42,18 @@ from eventfold.projections.execution.engine import (
     run_fold_in_place,
 )
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
-from eventfold.projections.execution.limits import DRIVER_BATCH_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.limits import (
+    DRIVER_BATCH_MAX_ROWS,
+    FAIR_BATCH_ROWS,
+    STREAMING_MAX_ROWS,
+)
 from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
+from eventfold.projections.execution.turns import TURNS
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter
 from eventfold.projections.plan import Pipeline, compile_projection
 from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.lease import LEASE_S, WriterLease
 from eventfold.projections.state.parking import ParkedKeysReleased
 from eventfold.projections.state.store import (
     NOTED_LETTERS,
@@ -55,7 +61,13 @@ from eventfold.projections.state.store import (
     ReadModelStore,
     StagedBatch,
 )
-from eventfold.projections.state.topics import LetterNote, OutputTopicConfigs, TopicSink
+from eventfold.projections.state.topics import (
+    LetterNote,
+    OutputTopicConfigs,
+    TopicSink,
+    fence_writers,
+    writer_slots,
+)
 from eventfold.projections.stream_thread import StreamThread
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -91,6 +103,9 @@ class RunnerSettings:
     checkpoint_root: Path
     trigger_interval: str = "100 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
+    fair_batch_rows: int = FAIR_BATCH_ROWS
+    """The most records a batch takes while another live projection of the process has
+    records to fold (``execution.turns``; 0: no limit)."""
     driver_batch_max_rows: int = DRIVER_BATCH_MAX_ROWS
     """A batch of at most this many records, of a fold or aggregation in place, runs on the
     driver instead of as a Spark job (0: every batch is a Spark job)."""
@@ -110,6 +125,11 @@ class RunnerSettings:
     retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
+    stall_after_s: float = 120.0
+    """A stream thread whose look or batch goes on longer than this (plus three times its
+    longest batch) is stalled: its host cancels its jobs and starts it again."""
+    writer_lease_s: float = LEASE_S
+    """How long the active version's writer lease lasts unrenewed (``state.lease``)."""
     deleted_key_retention_s: float | None = None
     """How long the row of a deleted key stays (with its version guard) before the active
     version prunes it (None: forever; an app's ``Settings.deleted_key_retention`` holds the
@@ -136,12 +156,14 @@ class ProjectionRunner:
     """One version of one projection: its live run, its catch-ups and replays.
 
     Without ``version`` it runs the active version (registering version 1 on a first run) and
-    emits derived events; with a version a replay is building, it emits nothing.
+    emits derived events; with a version a replay is building, it emits nothing. The active
+    version's run holds the projection's writer lease (``lease``, taken at ``start`` unless
+    the caller took it, as a standby does) and produces in Kafka transactions named for it.
     """
 
     def __init__(self, spark: SparkSession, projection: Projection,
                  settings: RunnerSettings, version: int | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, lease: WriterLease | None = None) -> None:
         self.spark = spark
         self.projection = projection
         self.plan = compile_projection(projection)
@@ -166,6 +188,7 @@ class ProjectionRunner:
                                              f"eventfold.projection.{projection.name}")
                                if self.is_active else None)
         self.progress: Progress = progress or ProgressLog(projection.name)
+        self.lease = lease
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -212,6 +235,9 @@ class ProjectionRunner:
         clock = _PhaseClock(watching=f"{what}: starting")
         with clock.phase("tables, topics and view"):
             self.prepare()
+        if self.is_active:
+            with clock.phase("writer lease"):
+                self._take_writer_lease()
         with clock.phase("checkpoint"):
             committed = self.offsets = self.store.committed_offsets()
         with clock.phase("retention check"):
@@ -220,11 +246,36 @@ class ProjectionRunner:
             query: RunningQuery = (
                 self._spark_query(committed, once) if self.settings.source == "kafka"
                 else StreamThread(self, interval_seconds(self.settings.trigger_interval),
-                                  once).start())
+                                  once, self.settings.stall_after_s).start())
         log.info("%s: %s from %s (%s source); started in %s", what,
                  "catching up" if once else "streaming",
                  ", ".join(self.projection.source_topics), self.settings.source, clock)
         return query
+
+    @property
+    def writer(self) -> str:
+        """The prefix of this version's transactional ids (``topics.writer_transactional_id``)."""
+        return f"eventfold.{self.projection.name}.v{self.version}"
+
+    def _take_writer_lease(self) -> None:
+        """Hold the projection's writer lease (raises ``WriterBusy`` naming a live holder),
+        then fence at the broker every producer an older writer of this version may still
+        have: its transactions open now are aborted and it can commit none after."""
+        if self.lease is None:
+            self.lease = WriterLease(self.settings.database_url, self.projection.name,
+                                     lease_s=self.settings.writer_lease_s)
+        if not self.lease.held:
+            self.lease.take()
+        conf = self.spark.sparkContext
+        tasks = max(conf.defaultParallelism,
+                    int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1))
+        fence_writers(self.settings.kafka, self.writer, writer_slots(tasks))
+        self.lease.renewing()
+
+    def check_writer(self) -> None:
+        """Raise ``WriterFenced`` once this runner lost the writer lease."""
+        if self.lease is not None and self.is_active:
+            self.lease.check()
 
     def _spark_query(self, committed: Mapping[PartitionKey, int], once: bool
                      ) -> StreamingQuery:
@@ -305,10 +356,12 @@ class ProjectionRunner:
         started, clock = time.time(), _PhaseClock()
         committed = self.store.committed_offsets()
         begin = {k: committed.get(k, 0) for k in ending}
-        end = cap_rows(begin, ending, max(self.settings.max_rows_per_batch, 1))
+        end = cap_rows(begin, ending, self._batch_rows())
         records = sum(end[k] - begin[k] for k in end)
         if records <= 0:
             return 0
+        if self.is_active:
+            TURNS.worked(self.projection.name)
         slices = [KafkaSlice(self.settings.kafka, r) for r in _unread_ranges(committed, end)]
         clock.lap("plan")
         self._apply(batch_id, committed, end, records, self.plan.pipeline,
@@ -320,20 +373,25 @@ class ProjectionRunner:
         ``max_rows_per_batch`` positions, each read as its stream buckets."""
         self.prepare()
         sources = tuple(self.projection.sources)
-        window = max(self.settings.max_rows_per_batch, 1)
         batch_id = self.next_batch_id()
         while True:
             committed = self.store.committed_offsets()
             after = committed.get(STORE_PARTITION, 0)
             if after >= upto:
                 return
-            end = min(after + window, upto)
+            end = min(after + self._batch_rows(), upto)
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
             slices = store_slices(self.executor_database_url, sources, after, end)
             self._apply(batch_id, committed, {STORE_PARTITION: end}, records,
                         self.plan.pipeline, self._slices_fold(slices))
             batch_id += 1
+
+    def _batch_rows(self) -> int:
+        """The most records the next batch takes: fewer while other live projections of the
+        process have work (``execution.turns``)."""
+        return TURNS.batch_rows(self.projection.name, self.settings.max_rows_per_batch,
+                                self.settings.fair_batch_rows)
 
     def _check_retained(self, committed: Mapping[PartitionKey, int]) -> None:
         """Stop if a source partition no longer holds events this version has not read:
@@ -443,8 +501,10 @@ class ProjectionRunner:
             try:
                 staged = fold(context, pipeline)
             except Exception as exc:
-                # A replay that switched versions dropped this one's tables under its tasks.
+                # A replay that switched versions dropped this one's tables under its tasks; a
+                # newer writer fenced its producers.
                 self.versions.check_current(name, self.version)
+                self.check_writer()
                 if KeySplitAcrossPartitions.__name__ in str(exc) and self._can_fall_back(
                         pipeline):
                     log.warning("projection %s batch %d: a key is in more than one partition;"
@@ -487,6 +547,7 @@ class ProjectionRunner:
             self.settings.topic_configs.derived_config(),
             fresh=fresh, direct=fresh and not self.is_active,
             any_parked=self.plan.parks and self.store.any_parked(),
+            writer=self.writer if self.is_active and self.lease is not None else None,
             ktable_partitions=self.topics.output.partition_history)
 
     def _commit(self, batch_id: int, committed: dict[PartitionKey, int],
@@ -496,7 +557,9 @@ class ProjectionRunner:
         tasks folded one key: nothing was committed, the batch is to be folded again."""
         if new_outputs := self.topics.ensure_outputs(staged.topics):
             self.versions.note_outputs(self.projection.name, new_outputs)
-        self.store.commit(batch_id, staged, committed, produce_held=self._produce_held)
+        self.store.commit(batch_id, staged, committed, produce_held=self._produce_held,
+                          writer_epoch=self.lease.epoch if self.is_active and self.lease
+                          else None)
 
     def _produce_held(self, letters: Sequence[DeadLetter]) -> None:
         """The letters held behind keys parked before the batch, which the commit decided."""
@@ -528,6 +591,8 @@ class ProjectionRunner:
         return run_fold(events, context)
 
     def close(self) -> None:
+        if self.lease is not None:
+            self.lease.release()
         self.progress.close()
         self.topics.close()
         self.store.close()

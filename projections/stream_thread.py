@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import TYPE_CHECKING
 
 from eventfold.outbox.kafka import OffsetPlanner
@@ -30,6 +31,9 @@ log = logging.getLogger(__name__)
 
 PARTITIONS_REFRESH_S = 5.0
 """How old the source topics' partition list may get before a look asks for it again."""
+STALL_LONGEST_BATCHES = 3
+"""A thread is stalled once a look or batch has gone on for its setting's floor plus this many
+times the longest batch it has committed."""
 
 
 class StreamThread:
@@ -39,14 +43,20 @@ class StreamThread:
     Its methods are those of Spark's ``StreamingQuery`` that Eventfold uses (``isActive``,
     ``awaitTermination``, ``exception``, ``stop``), so that a caller runs either alike; unlike
     Spark's, ``awaitTermination`` does not raise: ``exception()`` says why it ended. The thread
-    inherits the caller's Spark local properties (its scheduler pool).
+    inherits the caller's Spark local properties (its scheduler pool), and runs its jobs in a
+    job group of its own (``job_group``), which a watchdog cancels when ``stalled_for`` says
+    a look or batch has gone on too long.
     """
 
-    def __init__(self, runner: ProjectionRunner, idle_wait_s: float, once: bool = False
-                 ) -> None:
+    def __init__(self, runner: ProjectionRunner, idle_wait_s: float, once: bool = False,
+                 stall_after_s: float = float("inf")) -> None:
         self._runner = runner
         self._idle_wait_s = idle_wait_s
         self._once = once
+        self._stall_after_s = stall_after_s
+        self.job_group = f"eventfold-{runner.projection.name}-{uuid.uuid4().hex[:8]}"
+        self._step_started = time.monotonic()
+        self._longest_batch_s = 0.0
         self._stopping = threading.Event()
         self._ended = threading.Event()
         self._error: BaseException | None = None
@@ -71,6 +81,16 @@ class StreamThread:
         """What ended it, if it failed."""
         return self._error
 
+    def stalled_for(self) -> float | None:
+        """How long the look or batch under way has gone on, once that is past the bound
+        (``stall_after_s`` plus ``STALL_LONGEST_BATCHES`` times the longest batch so far);
+        None while it is within it, or the thread has ended."""
+        if self._ended.is_set():
+            return None
+        running = time.monotonic() - self._step_started
+        bound = self._stall_after_s + STALL_LONGEST_BATCHES * self._longest_batch_s
+        return running if running > bound else None
+
     def stop(self, timeout_s: float = 60) -> None:
         """Stop after the batch under way, waiting up to ``timeout_s`` for it."""
         self._stopping.set()
@@ -79,26 +99,38 @@ class StreamThread:
 
     def _run(self) -> None:
         runner = self._runner
+        runner.spark.sparkContext.setJobGroup(
+            self.job_group, f"projection {runner.projection.name}", interruptOnCancel=True)
         planner = OffsetPlanner(runner.settings.kafka)
         try:
             batch_id = runner.next_batch_id()
             target = self._end_offsets(planner) if self._once else None
             while not self._stopping.is_set():
+                self._step_started = started = time.monotonic()
+                runner.check_writer()  # a runner that lost its lease folds nothing more
                 ending = target if target is not None else self._end_offsets(planner)
                 if runner.fold_batch_up_to(batch_id, ending):
                     batch_id += 1
+                    self._longest_batch_s = max(self._longest_batch_s,
+                                                time.monotonic() - started)
                 elif self._once:
                     return
                 else:
+                    self._step_started = time.monotonic()
                     self._stopping.wait(self._idle_wait_s)
         except BaseException as exc:
             log.debug("projection %s: its stream thread failed", runner.projection.name,
                       exc_info=True)
             self._error = exc
         finally:
-            planner.close()
-            worker.release()
-            self._ended.set()
+            try:
+                planner.close()
+                worker.release()
+            except Exception as exc:  # what ended must still say so: the host waits on it
+                log.warning("projection %s: letting its clients go: %s",
+                            runner.projection.name, exc)
+            finally:
+                self._ended.set()
 
     def _end_offsets(self, planner: OffsetPlanner) -> dict[PartitionKey, int]:
         """Every source partition's end. The partitions are asked for again every few

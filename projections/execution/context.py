@@ -35,6 +35,10 @@ class BatchContext:
     merge."""
     any_parked: bool = False
     """The version has parked keys: tasks ask, per key, whether theirs are."""
+    writer: str | None = None
+    """The transactional id prefix of the runner holding the version's writer lease
+    (``topics.writer_transactional_id``): its tasks produce in transactions (None: plainly,
+    as a replay's build does)."""
     ktable_partitions: tuple[int, ...] = ()
     """Every partition count the version's KTable topic has had, oldest first
     (``OutputProducer``)."""

@@ -11,3 +11,6 @@ DRIVER_BATCH_MAX_ROWS = 1_000
 """A batch of at most this many records, of a pipeline that folds where it reads, is folded on
 the driver: a Spark job's fixed price is above that many records' fold (docs/benchmarks.md)."""
 REPLAY_MAX_ROWS = 1_000_000
+FAIR_BATCH_ROWS = 20_000
+"""The most records a batch takes while another live projection of the host has records to
+fold (``execution.turns``): a live batch waits for at most one such batch's tasks."""

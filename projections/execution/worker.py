@@ -17,7 +17,13 @@ from confluent_kafka import Consumer, Producer
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, Replication, TopicAdmin
-from eventfold.projections.state.topics import new_producer
+from eventfold.projections.state.topics import (
+    DRIVER_SLOT,
+    TransactionalWrites,
+    new_producer,
+    writer_transactional_id,
+)
+from pyspark import TaskContext
 
 from eventfold.contract import libpq_url
 
@@ -30,6 +36,7 @@ class _Held(threading.local):
         self.connections: dict[tuple[str, str], psycopg.Connection] = {}
         self.producers: dict[KafkaConnection, Producer] = {}
         self.consumers: dict[KafkaConnection, Consumer] = {}
+        self.transactions: dict[tuple[KafkaConnection, str], TransactionalWrites] = {}
 
 
 _held = _Held()
@@ -63,6 +70,22 @@ def producer(kafka: KafkaConnection) -> Producer:
     return found
 
 
+def transactional_writes(kafka: KafkaConnection, writer: str) -> TransactionalWrites:
+    """The transactional producer of this task's slot of ``writer``. A Spark task's is made
+    for it (initialising it fences whoever had its slot before, an older runner or this
+    runner's other worker); the driver keeps its one per projection thread."""
+    task = TaskContext.get()
+    if task is not None:
+        return TransactionalWrites(kafka, writer_transactional_id(
+            writer, f"task-{task.partitionId()}"))
+    transactional_id = writer_transactional_id(writer, DRIVER_SLOT)
+    found = _held.transactions.get((kafka, transactional_id))
+    if found is None or found.fenced:
+        found = _held.transactions[(kafka, transactional_id)] = TransactionalWrites(
+            kafka, transactional_id)
+    return found
+
+
 def consumer(kafka: KafkaConnection) -> Consumer:
     """This worker's range reader (``kafka_source``): a new connection per partition and
     micro-batch costs more than reading its events (docs/benchmarks.md)."""
@@ -91,6 +114,7 @@ def release() -> None:
     held.connections.clear()
     held.consumers.clear()
     held.producers.clear()
+    held.transactions.clear()
 
 
 def ensure_derived_topics(kafka: KafkaConnection, replication: Replication,

@@ -62,9 +62,14 @@ class TaskWriter:
         self.context = context
         self.store = store
         self.stage = store.stage(context.attempt)
-        self.output = OutputProducer(worker.producer(context.kafka), context.kafka,
-                                     context.plan.projection, context.version,
-                                     context.ktable_partitions)
+        self.transaction = (None if context.writer is None
+                            else worker.transactional_writes(context.kafka, context.writer))
+        if self.transaction is not None:
+            self.transaction.begin()
+        self.output = OutputProducer(
+            worker.producer(context.kafka) if self.transaction is None
+            else self.transaction.producer, context.kafka, context.plan.projection,
+            context.version, context.ktable_partitions)
         self.counts = StagedBatch(context.attempt)
         self.clock = TaskClock()
         self._staged = False
@@ -120,6 +125,8 @@ class TaskWriter:
         crash_point("task.produced")
         with self.clock.phase("flush"):
             self.output.flush()
+            if self.transaction is not None:
+                self.transaction.commit()
         crash_point("task.written")
         self.counts.seconds = self.clock.total()
         self.counts.first_append_ms = self.clock.first_append_ms

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
+from eventfold.projections.state.lease import WriterFenced
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -294,18 +295,21 @@ def lock_registry(conn: psycopg.Connection, name: str) -> int | None:
 
 
 def claim_batch(conn: psycopg.Connection, name: str, version: int,
-                offsets: Mapping[PartitionKey, int]) -> None:
+                offsets: Mapping[PartitionKey, int], writer_epoch: int | None = None) -> None:
     """In a batch's transaction: the active version locks its registry row (a switch waits
-    for the batch) and moves the emission mark up to ``offsets``; a replay's version only
-    checks that it is still the one building. Raises ``VersionSwitched`` otherwise."""
-    query = sql.SQL("SELECT active_version, building_version, emitted_offsets FROM {} "
-                    "WHERE projection = %s").format(_TABLE)
+    for the batch), checks the writer lease is still at ``writer_epoch`` (when the runner
+    holds one) and moves the emission mark up to ``offsets``; a replay's version only checks
+    that it is still the one building. Raises ``VersionSwitched`` or ``WriterFenced``."""
+    query = sql.SQL("SELECT active_version, building_version, emitted_offsets, writer, "
+                    "writer_epoch FROM {} WHERE projection = %s").format(_TABLE)
     row = conn.execute(query, (name,)).fetchone()
     if row is not None and row[0] == version:
         row = conn.execute(query + sql.SQL(" FOR UPDATE"), (name,)).fetchone()
     if row is None:
         raise VersionSwitched(f"projection {name!r} is not registered")
-    active, building, emitted = row
+    active, building, emitted, writer, epoch = row
+    if active == version and writer_epoch is not None and epoch != writer_epoch:
+        raise WriterFenced(name, writer, epoch)
     if active == version:
         merged = flatten_offsets(emitted)
         for key, offset in offsets.items():

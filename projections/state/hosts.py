@@ -133,11 +133,13 @@ class HostDirectory:
 
     # -- the requester's side --------------------------------------------------------------
     def host_running(self, projection: str) -> str | None:
-        """The live host that runs ``projection``, if any."""
+        """The live host that runs ``projection``, if any: the one that writes it (holds its
+        writer lease) before one standing by for it."""
         row = self._conn().execute(
-            "SELECT host_id FROM projection_hosts WHERE %s = ANY(projections) AND "
-            "heartbeat_at > now() - make_interval(secs => %s) ORDER BY heartbeat_at DESC "
-            "LIMIT 1", (projection, ALIVE_S)).fetchone()
+            "SELECT h.host_id FROM projection_hosts h LEFT JOIN projection_versions v ON "
+            "v.projection = %s WHERE %s = ANY(h.projections) AND h.heartbeat_at > now() - "
+            "make_interval(secs => %s) ORDER BY h.host_id = v.writer DESC NULLS LAST, "
+            "h.heartbeat_at DESC LIMIT 1", (projection, projection, ALIVE_S)).fetchone()
         return str(row[0]) if row else None
 
     def submit(self, host_id: str, projection: str, action: str, source: str) -> int:

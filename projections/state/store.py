@@ -69,6 +69,18 @@ from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
 
+LOCK_TIMEOUT = "30s"
+"""The longest a runner's own connection waits for a lock (a row an operator's session holds,
+a replay's switch): past it the statement fails, and the batch (or the start) runs again from
+the checkpoint, instead of hanging the projection."""
+
+
+def _runner_connection(database_url: str) -> psycopg.Connection:
+    conn = psycopg.connect(libpq_url(database_url))
+    conn.execute(sql.SQL("SET lock_timeout = {}").format(sql.Literal(LOCK_TIMEOUT)))
+    conn.commit()
+    return conn
+
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
 
 PRUNE_BATCH = 5_000
@@ -169,7 +181,7 @@ class ReadModelStore:
         self.database_url = database_url
         self._owns_connection = conn is None
         self._written_since_analyze = 0
-        self.conn = conn if conn is not None else psycopg.connect(libpq_url(database_url))
+        self.conn = conn if conn is not None else _runner_connection(database_url)
         self._columns = list(projection.stored_columns)  # declared, and hidden components
         self._table = sql.Identifier(state_table(projection, version))
         self._stage = sql.Identifier(stage_table(projection, version))
@@ -347,19 +359,23 @@ class ReadModelStore:
 
     def commit(self, batch_id: int, batch: StagedBatch,
                previous_offsets: Mapping[PartitionKey, int],
-               produce_held: Callable[[Sequence[DeadLetter]], None]) -> None:
+               produce_held: Callable[[Sequence[DeadLetter]], None],
+               writer_epoch: int | None = None) -> None:
         """Merge what the tasks of ``batch`` staged, hold its parking letters, and save the
         checkpoint, in one transaction. ``produce_held`` produces (and flushes) the letters of
         keys parked before the batch, once the transaction has checked they still are.
+        ``writer_epoch``: the runner's writer lease, checked under the registry row (a lock
+        waited for past ``LOCK_TIMEOUT`` fails the commit; the batch runs again).
 
-        Raises, with nothing merged: ``ParkedKeysReleased`` when a key the batch held back
+        Raises, with nothing merged: ``WriterFenced`` when another runner holds the lease;
+        ``ParkedKeysReleased`` when a key the batch held back
         was retried meanwhile (the retry holds the registry row this claims);
         ``KeySplitAcrossPartitions`` when two tasks staged one key; ``StageLost`` when the
         server restarted after the tasks staged."""
         offsets = {**previous_offsets, **batch.next_offsets}
         name = self.projection.name
         with self.conn.transaction():
-            claim_batch(self.conn, name, self.version, offsets)
+            claim_batch(self.conn, name, self.version, offsets, writer_epoch)
             if batch.servers and batch.servers != {server_started(self.conn)}:
                 raise StageLost(f"projection {name} v{self.version}: the database restarted "
                                 "after the batch's tasks staged their rows")

@@ -132,7 +132,9 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
     wait_for(compacted, "the log cleaner to leave one record per live key", timeout_s=120)
     kept = [key for _, _, key, _ in read_messages(stack_settings.kafka, topic)
             if key != "~roll"]
-    assert len(kept) == 8 < written == 14  # 10 values, 3 tombstones, 1 value: 8 live keys
+    # 10 values, 3 tombstones, 1 value: 8 live keys (the offsets also hold a marker per
+    # partition of each of the writer's Kafka transactions)
+    assert len(kept) == 8 < 14 <= written
     expected = rows(stack_settings, projection)
     assert sorted(expected) == sorted([*keys[3:], "k10"])
     assert expected["k9"] == {"count": 5, "note": "n4"}

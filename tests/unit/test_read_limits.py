@@ -2,6 +2,7 @@ from eventfold.projections.execution.engine import share_out
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.execution.limits import (
     DRIVER_BATCH_MAX_ROWS,
+    FAIR_BATCH_ROWS,
     REPLAY_MAX_ROWS,
     STREAMING_MAX_ROWS,
 )
@@ -18,6 +19,7 @@ def test_the_configuration_defaults_are_the_engine_defaults() -> None:
     assert settings.max_rows_per_batch == STREAMING_MAX_ROWS
     assert settings.replay_max_rows_per_batch == REPLAY_MAX_ROWS
     assert settings.driver_batch_max_rows == DRIVER_BATCH_MAX_ROWS
+    assert settings.fair_batch_rows == FAIR_BATCH_ROWS
 
 
 def test_cap_shares_rows_across_partitions() -> None:

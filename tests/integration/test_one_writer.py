@@ -1,0 +1,222 @@
+"""One writer per projection, as operators meet it: CLI hosts of one projection while sales
+flow. A rolling deploy (a second host started with ``--standby`` beside the first, which is
+SIGTERMed after a while, and a third started by mistake, refused); a zombie (the writer
+SIGSTOPped past its lease while the standby takes over, then SIGCONTed); a commit held by an
+operator's row lock for 60 s. Each ends by reading
+the KTable topic back: every key's version rises record after record, and the read model and
+the KTable hold exactly the sales the store holds (nothing lost, nothing applied twice)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import psycopg
+from confluent_kafka import Consumer, TopicPartition
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.outbox.kafka import consume_available, consumer_config
+
+from eventfold.contract import KTABLE_VERSION_HEADER, libpq_url
+from tests.integration.test_cli import eventfold, stack_env
+from tests.integration.test_metrics import scrape, total
+from tests.pipeline_helpers import (
+    folded_total,
+    ktable_totals,
+    rows,
+    sales_totals_of_the_store,
+    selling,
+    wait_for,
+)
+
+LEASE_S = 5
+
+
+def _host(env: dict[str, str], name: str, log: Path, *flags: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run", name,
+                             *flags], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _versions_that_went_back(settings, topic: str, prefix: str) -> list[str]:
+    """Every KTable record, in each partition's order, whose key's version is below the one
+    the record before it for that key had (a value gone back in time)."""
+    consumer = Consumer(consumer_config(settings.kafka))
+    went_back: list[str] = []
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        for partition in partitions:
+            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            consumer.assign([TopicPartition(topic, partition, 0)])
+            last: dict[str, int] = {}
+            position = 0
+            while position < end - 1:
+                batch = consume_available(consumer, 10_000, 1.0)
+                if not batch:
+                    break  # the tail is a transaction marker
+                for message in batch:
+                    if message.error() is not None:
+                        continue
+                    position = message.offset() or 0
+                    key = (message.key() or b"").decode()
+                    headers = dict(message.headers() or [])
+                    if not key.startswith(prefix) or KTABLE_VERSION_HEADER not in headers:
+                        continue
+                    version = int(headers[KTABLE_VERSION_HEADER])
+                    if version < last.get(key, 0):
+                        went_back.append(f"{key} v{last[key]} -> v{version} at "
+                                         f"{partition}:{position}")
+                    last[key] = version
+    finally:
+        consumer.close()
+    return went_back
+
+
+def _exact_at_the_end(settings, engine, name: str, unique: str, sent: int) -> None:
+    expected = sales_totals_of_the_store(engine, unique)
+    assert sum(expected.values()) == sent * (sent + 1) // 2
+    wait_for(lambda: folded_total(engine, name, unique) == sum(expected.values()),
+             "the read model to hold every sale", timeout_s=120)
+    assert {k: int(v) for k, v in rows(engine, name, unique, "total").items()} == expected
+    wait_for(lambda: ktable_totals(settings, name, unique) == expected,
+             "the KTable to hold every sale", timeout_s=60)
+    assert _versions_that_went_back(settings, f"eventfold.ktable.{name}", unique) == []
+
+
+def _log_says(log: Path, text: str) -> bool:
+    return text in log.read_text(errors="replace")
+
+
+def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refused(
+        stack_settings, engine, tmp_path, unique) -> None:
+    from examples import sales
+
+    sales.app.setup(stack_settings)
+    name = f"sales_totals_{unique}"
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
+                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
+    old = _host(env, name, old_log)
+    new: subprocess.Popen | None = None
+    try:
+        with selling(stack_settings, unique) as sent:
+            wait_for(lambda: folded_total(engine, name, unique) > 0,
+                     "the first host to fold", timeout_s=180)
+            new = _host(env, name, new_log, "--standby")
+            wait_for(lambda: _log_says(new_log, "standing by while"),
+                     "the second host to stand by", timeout_s=180)
+            refused = eventfold("projection", "run", name, env=env)
+            assert refused.returncode == 1, refused.stdout + refused.stderr
+            assert f"projection {name} is written by" in refused.stderr
+            assert "--standby" in refused.stderr
+            folded_before = folded_total(engine, name, unique)
+            time.sleep(10)
+            assert folded_total(engine, name, unique) > folded_before, "the writer folds on"
+            stopped_at = time.monotonic()
+            stop_pid(old.pid, what="the old host")
+            wait_for(lambda: _log_says(new_log, "v1: streaming from"),
+                     "the standby to take the projection over and stream", timeout_s=30)
+            handover_s = time.monotonic() - stopped_at
+            assert handover_s <= 10, f"handover took {handover_s:.1f} s"
+            folded_after = folded_total(engine, name, unique)
+            wait_for(lambda: folded_total(engine, name, unique) > folded_after,
+                     "the new host to fold what keeps coming", timeout_s=60)
+        _exact_at_the_end(stack_settings, engine, name, unique, sent())
+        assert _log_says(old_log, "writer lease let go")
+    finally:
+        for process in (old, new):
+            if process is not None:
+                stop_pid(process.pid, what="a projection host")
+
+
+def test_a_zombie_writer_is_fenced_and_stands_by(
+        stack_settings, engine, tmp_path, unique) -> None:
+    from examples import sales
+
+    sales.app.setup(stack_settings)
+    name = f"sales_totals_{unique}"
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
+                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    zombie_log, standby_log = tmp_path / "zombie.log", tmp_path / "standby.log"
+    zombie = _host(env, name, zombie_log)
+    standby: subprocess.Popen | None = None
+    try:
+        with selling(stack_settings, unique) as sent:
+            wait_for(lambda: folded_total(engine, name, unique) > 0,
+                     "the first host to fold", timeout_s=180)
+            standby = _host(env, name, standby_log, "--standby")
+            wait_for(lambda: _log_says(standby_log, "standing by while"),
+                     "the second host to stand by", timeout_s=180)
+            zombie.send_signal(signal.SIGSTOP)
+            try:
+                wait_for(lambda: _log_says(standby_log, "this runner writes it"),
+                         "the standby to take over from the paused writer", timeout_s=30)
+                taken = folded_total(engine, name, unique)
+                wait_for(lambda: folded_total(engine, name, unique) > taken,
+                         "the standby to fold", timeout_s=60)
+            finally:
+                zombie.send_signal(signal.SIGCONT)
+            wait_for(lambda: _log_says(zombie_log, "lost its writer lease"),
+                     "the zombie to find itself fenced", timeout_s=30)
+            wait_for(lambda: _log_says(zombie_log, "standing by to take it over again"),
+                     "the zombie to stand by", timeout_s=60)
+            time.sleep(3)  # sales keep flowing after the zombie woke
+        _exact_at_the_end(stack_settings, engine, name, unique, sent())
+        assert zombie.poll() is None, "the fenced host stands by, it does not exit"
+    finally:
+        for process in (zombie, standby):
+            if process is not None:
+                stop_pid(process.pid, what="a projection host")
+
+
+def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
+        stack_settings, engine, tmp_path, unique) -> None:
+    """Drill (c): an operator's session holds the projection's checkpoint row for 60 s. The
+    host notices within its stall bound (log, ``eventfold_projection_stalled``), starts the
+    projection again, and once the lock goes it folds on: exact, nothing back in time."""
+    from examples import sales
+
+    sales.app.setup(stack_settings)
+    name = f"sales_totals_{unique}"
+    metrics_port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
+                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
+                    EVENTFOLD_PROJECTION_STALL_S="5", EVENTFOLD_METRICS_PORT=str(metrics_port),
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    log = tmp_path / "host.log"
+    host = _host(env, name, log)
+    metrics = f"http://127.0.0.1:{metrics_port}"
+
+    def stalled() -> float:
+        try:
+            return total(scrape(metrics), "eventfold_projection_stalled", projection=name)
+        except httpx.TransportError:
+            return -1
+
+    try:
+        with selling(stack_settings, unique) as sent:
+            wait_for(lambda: folded_total(engine, name, unique) > 0, "the host to fold",
+                     timeout_s=180)
+            with psycopg.connect(libpq_url(stack_settings.database_url)) as operator:
+                operator.execute("SELECT 1 FROM projection_checkpoints WHERE projection = %s "
+                                 "FOR UPDATE", (name,))
+                locked_at = time.monotonic()
+                wait_for(lambda: stalled() == 1, "the host to report the stall", timeout_s=45)
+                noticed_s = time.monotonic() - locked_at
+                assert noticed_s <= 40, f"the stall was noticed after {noticed_s:.0f} s"
+                assert _log_says(log, f"projection {name} stalled")
+                time.sleep(max(60 - (time.monotonic() - locked_at), 0))
+                operator.rollback()
+            released_at = time.monotonic()
+            behind = folded_total(engine, name, unique)
+            wait_for(lambda: folded_total(engine, name, unique) > behind and stalled() == 0,
+                     "the projection to fold again", timeout_s=60)
+            recovered_s = time.monotonic() - released_at
+            assert recovered_s <= 60, f"recovered {recovered_s:.0f} s after the lock went"
+        _exact_at_the_end(stack_settings, engine, name, unique, sent())
+    finally:
+        stop_pid(host.pid, what="a projection host")

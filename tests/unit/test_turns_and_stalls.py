@@ -1,0 +1,65 @@
+"""Fair turns between a host's projections, and the stream thread's stall bound: pure logic,
+with the clock moved by hand."""
+
+from __future__ import annotations
+
+import pytest
+from eventfold.projections.execution import turns
+from eventfold.projections.state.lease import WriterBusy, WriterFenced
+from eventfold.projections.state.topics import writer_slots, writer_transactional_id
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    now = [1000.0]
+    monkeypatch.setattr(turns.time, "monotonic", lambda: now[0])
+    return now
+
+
+def test_a_projection_alone_takes_its_largest_batches(clock: list[float]) -> None:
+    shared = turns.Turns()
+    shared.worked("catching_up")
+    assert shared.batch_rows("catching_up", 500_000, 20_000) == 500_000
+
+
+def test_a_batch_is_fair_while_another_live_projection_has_work(clock: list[float]) -> None:
+    shared = turns.Turns()
+    shared.worked("small")
+    assert shared.batch_rows("catching_up", 500_000, 20_000) == 20_000
+    assert shared.batch_rows("catching_up", 5_000, 20_000) == 5_000
+    assert shared.batch_rows("catching_up", 500_000, 0) == 500_000, "0 turns it off"
+    clock[0] += turns.WORK_SEEN_FOR_S + 0.01
+    assert shared.batch_rows("catching_up", 500_000, 20_000) == 500_000, (
+        "work seen long ago no longer counts")
+
+
+def test_transactional_ids_name_the_version_and_every_slot() -> None:
+    assert writer_slots(2) == ["driver", "task-0", "task-1"]
+    assert writer_transactional_id("eventfold.sales.v3", "task-1") == (
+        "eventfold.sales.v3.task-1")
+
+
+def test_lease_errors_name_the_holder_and_the_way_out() -> None:
+    busy = str(WriterBusy("sales", "host-a:41:ab12", None))
+    assert "host-a:41:ab12" in busy and "--standby" in busy
+    fenced = str(WriterFenced("sales", "host-b:7:cd34", 5))
+    assert "host-b:7:cd34 took it over (epoch 5)" in fenced
+    assert "could not be renewed" in str(WriterFenced("sales", None, None))
+
+
+def test_a_look_or_batch_past_the_floor_plus_three_longest_batches_is_stalled(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from types import SimpleNamespace
+
+    from eventfold.projections import stream_thread
+
+    now = [500.0]
+    monkeypatch.setattr(stream_thread.time, "monotonic", lambda: now[0])
+    runner = SimpleNamespace(projection=SimpleNamespace(name="sales"))
+    thread = stream_thread.StreamThread(runner, 0.1, stall_after_s=60)  # type: ignore[arg-type]
+    thread._step_started, thread._longest_batch_s = 500.0, 10.0
+    now[0] = 500.0 + 60 + 3 * 10
+    assert thread.stalled_for() is None, "within the bound"
+    now[0] += 1
+    assert thread.stalled_for() == pytest.approx(91)
+    assert thread.job_group.startswith("eventfold-sales-")
