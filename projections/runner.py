@@ -104,8 +104,8 @@ class RunnerSettings:
     trigger_interval: str = "100 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
     fair_batch_rows: int = FAIR_BATCH_ROWS
-    """The most records a batch takes while another live projection of the process has
-    records to fold (``execution.turns``; 0: no limit)."""
+    """The most records a live batch takes while another live projection of the process
+    follows its topics closely (``execution.turns``; 0: no limit)."""
     driver_batch_max_rows: int = DRIVER_BATCH_MAX_ROWS
     """A batch of at most this many records, of a fold or aggregation in place, runs on the
     driver instead of as a Spark job (0: every batch is a Spark job)."""
@@ -361,7 +361,7 @@ class ProjectionRunner:
         if records <= 0:
             return 0
         if self.is_active:
-            TURNS.worked(self.projection.name)
+            TURNS.worked(self.projection.name, records)
         slices = [KafkaSlice(self.settings.kafka, r) for r in _unread_ranges(committed, end)]
         clock.lap("plan")
         self._apply(batch_id, committed, end, records, self.plan.pipeline,
@@ -379,7 +379,7 @@ class ProjectionRunner:
             after = committed.get(STORE_PARTITION, 0)
             if after >= upto:
                 return
-            end = min(after + self._batch_rows(), upto)
+            end = min(after + max(self.settings.max_rows_per_batch, 1), upto)
             with self.store.conn.transaction():
                 records = count_events(self.store.conn, sources, after, end)
             slices = store_slices(self.executor_database_url, sources, after, end)
@@ -388,10 +388,14 @@ class ProjectionRunner:
             batch_id += 1
 
     def _batch_rows(self) -> int:
-        """The most records the next batch takes: fewer while other live projections of the
-        process have work (``execution.turns``)."""
+        """The most records the next batch takes: for the active version, fewer while
+        another live projection of the process follows its topics closely
+        (``execution.turns``)."""
+        if not self.is_active:
+            return max(self.settings.max_rows_per_batch, 1)
         return TURNS.batch_rows(self.projection.name, self.settings.max_rows_per_batch,
-                                self.settings.fair_batch_rows)
+                                self.settings.fair_batch_rows,
+                                max(self.settings.driver_batch_max_rows, 1))
 
     def _check_retained(self, committed: Mapping[PartitionKey, int]) -> None:
         """Stop if a source partition no longer holds events this version has not read:
@@ -548,6 +552,9 @@ class ProjectionRunner:
             fresh=fresh, direct=fresh and not self.is_active,
             any_parked=self.plan.parks and self.store.any_parked(),
             writer=self.writer if self.is_active and self.lease is not None else None,
+            tasks=None if self.is_active else TURNS.cores_beside(
+                self.spark.sparkContext.defaultParallelism,
+                max(self.settings.driver_batch_max_rows, 1)),
             ktable_partitions=self.topics.output.partition_history)
 
     def _commit(self, batch_id: int, committed: dict[PartitionKey, int],

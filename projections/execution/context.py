@@ -39,6 +39,8 @@ class BatchContext:
     """The transactional id prefix of the runner holding the version's writer lease
     (``topics.writer_transactional_id``): its tasks produce in transactions (None: plainly,
     as a replay's build does)."""
+    tasks: int | None = None
+    """The most tasks a job of the batch that reads in place runs (None: one per core)."""
     ktable_partitions: tuple[int, ...] = ()
     """Every partition count the version's KTable topic has had, oldest first
     (``OutputProducer``)."""

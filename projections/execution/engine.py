@@ -94,12 +94,14 @@ class SourceSlice(Protocol):
 Tasks = list[list[SourceSlice]]
 
 
-def _per_task(spark: SparkSession, slices: Sequence[SourceSlice]) -> tuple[DataFrame, Tasks]:
-    """The slices shared out over at most one task per core, and a DataFrame of one row per
-    task (its index), one Spark partition each. Each task has a start-up cost on a Python
-    worker (docs/benchmarks.md, "One task per core"), and more tasks than cores only run in
-    waves."""
-    tasks = share_out(slices, max(spark.sparkContext.defaultParallelism, 1))
+def _per_task(spark: SparkSession, slices: Sequence[SourceSlice], limit: int | None = None
+              ) -> tuple[DataFrame, Tasks]:
+    """The slices shared out over at most one task per core (or ``limit``), and a DataFrame
+    of one row per task (its index), one Spark partition each. Each task has a start-up cost
+    on a Python worker (docs/benchmarks.md, "One task per core"), and more tasks than cores
+    only run in waves."""
+    cores = max(spark.sparkContext.defaultParallelism, 1)
+    tasks = share_out(slices, min(cores, limit) if limit else cores)
     return spark.range(0, len(tasks), 1, numPartitions=len(tasks)), tasks
 
 
@@ -228,7 +230,7 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
     it and writes it: no shuffle, no sort (offset order is stream order)."""
     if not slices:
         return StagedBatch(context.attempt)
-    rows, tasks = _per_task(spark, slices)
+    rows, tasks = _per_task(spark, slices, context.tasks)
     return collect(rows.mapInArrow(lambda batches: read_and_fold_task(batches, tasks, context),
                                    SUMMARY_DDL), context)
 
@@ -274,7 +276,7 @@ def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
     schema = decoded_schema(context.plan)
     if not slices:
         return spark.createDataFrame([], spark_ddl(schema))
-    rows, tasks = _per_task(spark, slices)
+    rows, tasks = _per_task(spark, slices, context.tasks)
     return rows.mapInArrow(lambda batches: decode_task(batches, tasks, context),
                            spark_ddl(schema))
 
@@ -400,7 +402,7 @@ def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
     if not slices:
         return StagedBatch(context.attempt)
     schema = partial_schema(plan, decoded_schema(plan))
-    rows, tasks = _per_task(spark, slices)
+    rows, tasks = _per_task(spark, slices, context.tasks)
     return collect(rows.mapInArrow(
         lambda batches: aggregate_task(batches, tasks, context, schema), SUMMARY_DDL), context)
 

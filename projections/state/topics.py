@@ -188,7 +188,7 @@ _FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED,
 def fence_writers(kafka: KafkaConnection, writer: str, slots: Sequence[str]) -> None:
     """Take every slot's transactional id, all at once: whatever an older runner of the
     version still has open is aborted, and its producers are refused from now on."""
-    with ThreadPoolExecutor(max_workers=len(slots) or 1) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(slots), 16) or 1) as pool:
         for fenced in pool.map(lambda slot: TransactionalWrites(
                 kafka, writer_transactional_id(writer, slot)), slots):
             fenced.producer.flush(0)

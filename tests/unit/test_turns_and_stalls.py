@@ -18,19 +18,27 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 
 def test_a_projection_alone_takes_its_largest_batches(clock: list[float]) -> None:
     shared = turns.Turns()
-    shared.worked("catching_up")
-    assert shared.batch_rows("catching_up", 500_000, 20_000) == 500_000
+    shared.worked("catching_up", 500_000)
+    assert shared.batch_rows("catching_up", 500_000, 20_000, 1_000) == 500_000
 
 
-def test_a_batch_is_fair_while_another_live_projection_has_work(clock: list[float]) -> None:
+def test_a_batch_is_fair_while_another_live_projection_follows_closely(
+        clock: list[float]) -> None:
     shared = turns.Turns()
-    shared.worked("small")
-    assert shared.batch_rows("catching_up", 500_000, 20_000) == 20_000
-    assert shared.batch_rows("catching_up", 5_000, 20_000) == 5_000
-    assert shared.batch_rows("catching_up", 500_000, 0) == 500_000, "0 turns it off"
+    shared.worked("small", 12)
+    assert shared.batch_rows("catching_up", 500_000, 20_000, 1_000) == 20_000
+    assert shared.batch_rows("catching_up", 5_000, 20_000, 1_000) == 5_000
+    assert shared.batch_rows("catching_up", 500_000, 0, 1_000) == 500_000, "0 turns it off"
     clock[0] += turns.WORK_SEEN_FOR_S + 0.01
-    assert shared.batch_rows("catching_up", 500_000, 20_000) == 500_000, (
+    assert shared.batch_rows("catching_up", 500_000, 20_000, 1_000) == 500_000, (
         "work seen long ago no longer counts")
+
+
+def test_projections_that_all_catch_up_keep_their_large_batches(clock: list[float]) -> None:
+    shared = turns.Turns()
+    for name in ("a", "b", "c"):
+        shared.worked(name, 100_000)
+    assert shared.batch_rows("a", 500_000, 20_000, 1_000) == 500_000
 
 
 def test_transactional_ids_name_the_version_and_every_slot() -> None:
@@ -63,3 +71,13 @@ def test_a_look_or_batch_past_the_floor_plus_three_longest_batches_is_stalled(
     now[0] += 1
     assert thread.stalled_for() == pytest.approx(91)
     assert thread.job_group.startswith("eventfold-sales-")
+
+
+def test_a_replay_leaves_a_core_while_a_live_projection_follows(clock: list[float]) -> None:
+    shared = turns.Turns()
+    assert shared.cores_beside(2, 1_000) == 2, "nothing live: every core"
+    shared.worked("live", 3)
+    assert shared.cores_beside(2, 1_000) == 1
+    assert shared.cores_beside(1, 1_000) == 1, "never below one"
+    shared.worked("live", 50_000)
+    assert shared.cores_beside(8, 1_000) == 8, "a live projection catching up is no reason"
