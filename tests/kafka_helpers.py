@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config, read_messages
 
@@ -39,16 +39,23 @@ def produce(kafka: KafkaConnection, topic: str, key: str | None,
 
 
 def last_timestamp_ms(kafka: KafkaConnection, topic: str, partition: int = 0) -> int:
-    """The broker's timestamp of the newest record of a partition (-1 when it is empty)."""
+    """The broker's timestamp of the newest record of a partition (-1 when it is empty).
+    The offsets at the end may be transaction markers, which are no records: the read starts
+    a few offsets back and keeps the last record before the end of the partition."""
     consumer = Consumer(consumer_config(kafka))
     try:
-        _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-        if end <= 0:
+        first, end = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                    timeout=10)
+        if end <= first:
             return -1
-        consumer.assign([TopicPartition(topic, partition, end - 1)])
-        while (message := consumer.poll(10)) is not None and message.error() is not None:
-            pass
-        assert message is not None, f"no record at {topic}[{partition}]@{end - 1}"
-        return int(message.timestamp()[1])
+        consumer.assign([TopicPartition(topic, partition, max(first, end - 16))])
+        newest = None
+        while (message := consumer.poll(10)) is not None:
+            if message.error() is None:
+                newest = message
+            elif message.error().code() == KafkaError._PARTITION_EOF:
+                break
+        assert newest is not None, f"no record in {topic}[{partition}] before {end}"
+        return int(newest.timestamp()[1])
     finally:
         consumer.close()

@@ -36,7 +36,7 @@ def host_of(monkeypatch):
     app = SimpleNamespace(name="shop", spark_session=lambda settings, name: _Spark())
 
     def run_with(outcomes: dict[str, list[_RunOutcome]]) -> int:
-        def run_until_it_ends(supervisor: _Supervisor) -> _RunOutcome:
+        def run_until_it_ends(supervisor: _Supervisor, lease: object) -> _RunOutcome:
             calls[supervisor.name] += 1
             return outcomes[supervisor.name][calls[supervisor.name] - 1]
 
@@ -89,7 +89,7 @@ def test_in_a_host_the_projection_that_gives_up_stops_alone(host_of, capsys) -> 
 
 
 def test_a_stop_signal_during_a_pause_ends_the_run_cleanly(monkeypatch) -> None:
-    monkeypatch.setattr(_Supervisor, "_run_until_it_ends", lambda self: BROKER_DOWN)
+    monkeypatch.setattr(_Supervisor, "_run_until_it_ends", lambda self, lease: BROKER_DOWN)
     monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: True)
     host = ProjectionHost(SimpleNamespace(), Settings(metrics=False), ["orders"])
     _Supervisor(host, _Spark(), "orders", None).run()  # type: ignore[arg-type]
