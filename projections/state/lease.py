@@ -60,9 +60,12 @@ class WriterBusy(RuntimeError):
 class WriterFenced(RuntimeError):
     """The lease went to another runner: this one stops writing."""
 
-    def __init__(self, projection: str, holder: str | None, epoch: int | None) -> None:
+    def __init__(self, projection: str, holder: str | None, epoch: int | None,
+                 mine: bool = False) -> None:
         self.holder = holder
-        taken = (f"{holder} took it over (epoch {epoch})" if holder
+        taken = (f"a newer run of it in this process took it over (epoch {epoch}), this one "
+                 f"having been given up as stalled" if holder and mine
+                 else f"{holder} took it over (epoch {epoch})" if holder
                  else "it was let go or could not be renewed in time")
         super().__init__(f"projection {projection}: this runner lost its writer lease: "
                          f"{taken}")
@@ -235,7 +238,7 @@ class WriterLease:
 
     def _lose(self, holder: str | None, epoch: int | None) -> None:
         if self._lost is None:
-            self._lost = WriterFenced(self.projection, holder, epoch)
+            self._lost = WriterFenced(self.projection, holder, epoch, holder == self.holder)
             log.error("%s; it stops", self._lost)
 
     def check(self) -> None:

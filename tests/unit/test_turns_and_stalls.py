@@ -53,6 +53,8 @@ def test_lease_errors_name_the_holder_and_the_way_out() -> None:
     fenced = str(WriterFenced("sales", "host-b:7:cd34", 5))
     assert "host-b:7:cd34 took it over (epoch 5)" in fenced
     assert "could not be renewed" in str(WriterFenced("sales", None, None))
+    assert "a newer run of it in this process" in str(
+        WriterFenced("sales", "host-b:7:cd34", 6, mine=True))
 
 
 def test_a_look_or_batch_past_the_floor_plus_three_longest_batches_is_stalled(
