@@ -89,25 +89,38 @@ def _log_says(log: Path, text: str) -> bool:
     return text in log.read_text(errors="replace")
 
 
-def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refused(
-        stack_settings, engine, tmp_path, unique) -> None:
+def _drill(stack_settings, tmp_path: Path, unique: str, **extra: str
+           ) -> tuple[str, dict[str, str]]:
+    """The sales app set up; the drill's projection and the environment of its hosts."""
     from examples import sales
 
     sales.app.setup(stack_settings)
-    name = f"sales_totals_{unique}"
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
                     EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
-                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds", **extra)
+    return f"sales_totals_{unique}", env
+
+
+def _standby_beside(engine, env: dict[str, str], name: str, unique: str, log: Path
+                    ) -> subprocess.Popen:
+    """Once the first host folds, a second one started with ``--standby``, standing by."""
+    wait_for(lambda: folded_total(engine, name, unique) > 0, "the first host to fold",
+             timeout_s=180)
+    standby = _host(env, name, log, "--standby")
+    wait_for(lambda: _log_says(log, "standing by while"), "the second host to stand by",
+             timeout_s=180)
+    return standby
+
+
+def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refused(
+        stack_settings, engine, tmp_path, unique) -> None:
+    name, env = _drill(stack_settings, tmp_path, unique)
     old_log, new_log = tmp_path / "old.log", tmp_path / "new.log"
     old = _host(env, name, old_log)
     new: subprocess.Popen | None = None
     try:
         with selling(stack_settings, unique) as sent:
-            wait_for(lambda: folded_total(engine, name, unique) > 0,
-                     "the first host to fold", timeout_s=180)
-            new = _host(env, name, new_log, "--standby")
-            wait_for(lambda: _log_says(new_log, "standing by while"),
-                     "the second host to stand by", timeout_s=180)
+            new = _standby_beside(engine, env, name, unique, new_log)
             refused = eventfold("projection", "run", name, env=env)
             assert refused.returncode == 1, refused.stdout + refused.stderr
             assert f"projection {name} is written by" in refused.stderr
@@ -134,23 +147,13 @@ def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refus
 
 def test_a_zombie_writer_is_fenced_and_stands_by(
         stack_settings, engine, tmp_path, unique) -> None:
-    from examples import sales
-
-    sales.app.setup(stack_settings)
-    name = f"sales_totals_{unique}"
-    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
-                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
-                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    name, env = _drill(stack_settings, tmp_path, unique)
     zombie_log, standby_log = tmp_path / "zombie.log", tmp_path / "standby.log"
     zombie = _host(env, name, zombie_log)
     standby: subprocess.Popen | None = None
     try:
         with selling(stack_settings, unique) as sent:
-            wait_for(lambda: folded_total(engine, name, unique) > 0,
-                     "the first host to fold", timeout_s=180)
-            standby = _host(env, name, standby_log, "--standby")
-            wait_for(lambda: _log_says(standby_log, "standing by while"),
-                     "the second host to stand by", timeout_s=180)
+            standby = _standby_beside(engine, env, name, unique, standby_log)
             zombie.send_signal(signal.SIGSTOP)
             try:
                 wait_for(lambda: _log_says(standby_log, "this runner writes it"),
@@ -178,15 +181,9 @@ def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
     """Drill (c): an operator's session holds the projection's checkpoint row for 60 s. The
     host notices within its stall bound (log, ``eventfold_projection_stalled``), starts the
     projection again, and once the lock goes it folds on: exact, nothing back in time."""
-    from examples import sales
-
-    sales.app.setup(stack_settings)
-    name = f"sales_totals_{unique}"
     metrics_port = free_port()
-    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
-                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
-                    EVENTFOLD_PROJECTION_STALL_S="5", EVENTFOLD_METRICS_PORT=str(metrics_port),
-                    EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
+    name, env = _drill(stack_settings, tmp_path, unique, EVENTFOLD_PROJECTION_STALL_S="5",
+                       EVENTFOLD_METRICS_PORT=str(metrics_port))
     log = tmp_path / "host.log"
     host = _host(env, name, log)
     metrics = f"http://127.0.0.1:{metrics_port}"
