@@ -69,6 +69,7 @@ from eventfold.projections.state.topics import (
     writer_slots,
 )
 from eventfold.projections.stream_thread import StreamThread
+from eventfold.projections.task_errors import raised_in_task
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
@@ -509,7 +510,7 @@ class ProjectionRunner:
                 # newer writer fenced its producers.
                 self.versions.check_current(name, self.version)
                 self.check_writer()
-                if KeySplitAcrossPartitions.__name__ in str(exc) and self._can_fall_back(
+                if raised_in_task(exc, KeySplitAcrossPartitions) and self._can_fall_back(
                         pipeline):
                     log.warning("projection %s batch %d: a key is in more than one partition;"
                                 " folding the batch after a shuffle", name, batch_id)

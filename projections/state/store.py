@@ -60,6 +60,7 @@ from eventfold.projections.state.schema import (
     watermarks_of,
 )
 from eventfold.projections.state.topics import LetterNote
+from eventfold.projections.task_errors import TaskError
 from psycopg import sql
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine
@@ -99,8 +100,10 @@ past which a commit takes them again: filtered counts are the planner's estimate
 changing a table faster than autovacuum looks at it left them far off."""
 ANALYZE_AFTER_ROWS = 1_000
 
-class KeySplitAcrossPartitions(RuntimeError):
+class KeySplitAcrossPartitions(TaskError):
     """Two tasks folded the same key: its events were not all in one partition."""
+
+    code = "key_split_across_partitions"
 
 
 class StageLost(RuntimeError):
