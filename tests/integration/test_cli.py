@@ -298,7 +298,7 @@ def test_verify_log_compares_the_store_with_the_topic(stack_settings, tmp_path,
     again = next(m for m in read_topic(stack_settings.kafka, topic)
                  if (m["key"] or "").startswith(unique))
     # (a message that is no event would poison the shared topic for other tests' projections:
-    # tests/unit/test_verify_log.py passes one over)
+    # tests/unit/outbox/test_verify_log.py passes one over)
     produce(stack_settings.kafka, topic, again["key"], again["value"])
     verify = eventfold("verify-log", "ProductSales", "--prefix", unique, env=env)
     assert verify.returncode == 0, verify.stdout + verify.stderr

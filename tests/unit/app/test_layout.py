@@ -12,7 +12,7 @@ import pytest
 
 from tests.packaging import build_wheel
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("write_model", "outbox", "projections", "read_api", "migrations", "local_stack")
 SHARED = {"contract"}
 ALLOWED = {

@@ -68,7 +68,7 @@ def test_a_mistake_in_the_file_names_the_file(tmp_path: Path,
 
 def test_every_setting_has_a_row_in_the_readme_table() -> None:
     """The README's configuration table is the one place settings are documented."""
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    readme = (Path(__file__).parents[3] / "README.md").read_text()
     rows = "\n".join(line for line in readme.splitlines() if line.startswith("| `EVENTFOLD_"))
     documented = set(re.findall(r"`(EVENTFOLD_[A-Z_]+)`", rows))
     assert {f"EVENTFOLD_{name.upper()}" for name in Settings.model_fields} <= documented

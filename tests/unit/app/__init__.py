@@ -1,0 +1,1 @@
+"""Unit tests of eventfold/ itself: the composition root (app, CLI, settings, serving)."""

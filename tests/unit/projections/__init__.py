@@ -1,0 +1,1 @@
+"""Unit tests of eventfold.projections."""
