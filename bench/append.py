@@ -40,7 +40,8 @@ from typing import Any
 
 from eventfold.local_stack import postgres
 from eventfold.local_stack.process import free_port, stop_pid, wait_until
-from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign, switch_design
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
+from eventfold.outbox.switch import switch_design
 
 from bench.common import PRODUCTS_PER_CLIENT, WrkResult, run_wrk, threaded_round
 from bench.eventsourcing_reference import eventsourcing_threads

@@ -23,9 +23,10 @@ from confluent_kafka import Consumer, TopicPartition
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
-from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign, switch_design
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.outbox.kafka import OffsetPlanner, consume_available, consumer_config, read_messages
 from eventfold.outbox.operations import ConnectorOperations
+from eventfold.outbox.switch import switch_design
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.outbox.verify import LoggedEvent, verify_topic
 from eventfold.write_model import EventStore

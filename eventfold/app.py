@@ -24,9 +24,10 @@ from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.logs import CorrelationIds
 from eventfold.metrics import PROCESS_COLLECTORS, HttpMetrics, metrics_endpoint
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
-from eventfold.outbox.design import OutboxDesign, switch_design
+from eventfold.outbox.design import OutboxDesign
 from eventfold.outbox.kafka import iter_messages
 from eventfold.outbox.operations import ConnectorOperations
+from eventfold.outbox.switch import switch_design
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin, parse_topic_config
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.projections import ProjectionRegistry
@@ -82,7 +83,7 @@ class Eventfold:
         """Migrate the database, install the outbox design, create event topics, apply the
         CDC connector (idempotent). Topics that exist are checked against the configs they
         need; ``fix_topics`` alters them instead of refusing. A database on another outbox
-        design is switched over with its connector (``outbox.design.switch_design``)."""
+        design is switched over with its connector (``outbox.switch.switch_design``)."""
         from eventfold import migrations  # Alembic: only the processes that set up load it
 
         migrations.upgrade(settings.database_url)

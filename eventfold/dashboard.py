@@ -15,7 +15,7 @@ import json
 import threading
 import time
 from importlib.resources import files
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from fastapi import FastAPI
@@ -26,10 +26,7 @@ from eventfold.contract import event_topic, libpq_url
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.dead_letters import read_dead_letters
 from eventfold.projections.state.catalog import read_checkpoint
-from eventfold.status import pipeline_status
-
-if TYPE_CHECKING:
-    from eventfold.app import Eventfold
+from eventfold.status import DeclaredApp, pipeline_status
 
 LATEST_DEAD_LETTERS = 3
 
@@ -37,7 +34,7 @@ LATEST_DEAD_LETTERS = 3
 class PipelineSnapshots:
     """The dashboard's figures, at most one computation per ``min_interval_s``."""
 
-    def __init__(self, app: Eventfold, settings: Settings, min_interval_s: float = 1.0) -> None:
+    def __init__(self, app: DeclaredApp, settings: Settings, min_interval_s: float = 1.0) -> None:
         self.app = app
         self.settings = settings
         self.min_interval_s = min_interval_s
@@ -99,7 +96,7 @@ class PipelineSnapshots:
         return progress
 
 
-def add_dashboard(api: FastAPI, app: Eventfold, settings: Settings) -> None:
+def add_dashboard(api: FastAPI, app: DeclaredApp, settings: Settings) -> None:
     snapshots = PipelineSnapshots(app, settings)
     page = files("eventfold").joinpath("dashboard.html").read_text()
 

@@ -16,9 +16,10 @@ Exit codes, the most basic problem first:
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import psycopg
 from confluent_kafka.admin import AdminClient
@@ -29,15 +30,25 @@ from rich.table import Table
 from eventfold.config import Settings
 from eventfold.contract import libpq_url
 from eventfold.outbox.connector import ConnectError
+from eventfold.outbox.operations import ConnectorOperations
+from eventfold.projections import Projection
 from eventfold.projections.state.catalog import builds, live_readers
 from eventfold.projections.state.hosts import live_hosts
 from eventfold.projections.state.lease import live_writers
 from eventfold.projections.status import ProjectionStatus, projection_status
 
-if TYPE_CHECKING:
-    from eventfold.app import Eventfold
-
 UNREACHABLE, CDC_DOWN, STALE = 3, 4, 5
+
+
+class DeclaredApp(Protocol):
+    """What the status and the dashboard read of an app (``app.Eventfold`` is one): named by
+    what they ask of it, so that neither imports the app that serves them."""
+
+    @property
+    def projections(self) -> Iterable[Projection]: ...
+    @property
+    def aggregate_types(self) -> list[str]: ...
+    def connector(self, settings: Settings) -> ConnectorOperations: ...
 
 
 @dataclass
@@ -65,7 +76,7 @@ class PipelineStatus:
         return {"healthy": not self.problems, "exit_code": self.exit_code, **asdict(self)}
 
 
-def pipeline_status(app: Eventfold, settings: Settings, stale_after_s: float = 60,
+def pipeline_status(app: DeclaredApp, settings: Settings, stale_after_s: float = 60,
                     wal_warning_bytes: int = 1024**3) -> PipelineStatus:
     status = PipelineStatus(datetime.now(UTC).isoformat(timespec="seconds"),
                             _postgres(settings), _kafka(settings), {})
@@ -98,7 +109,7 @@ def _kafka(settings: Settings) -> dict[str, Any]:
                 "error": str(exc)}
 
 
-def _connector(app: Eventfold, settings: Settings, wal_warning_bytes: int,
+def _connector(app: DeclaredApp, settings: Settings, wal_warning_bytes: int,
                problems: list[Problem]) -> dict[str, Any]:
     operations = app.connector(settings)
     operations.client.retries = 2  # a status screen answers quickly, even when Connect won't
@@ -118,7 +129,7 @@ def _connector(app: Eventfold, settings: Settings, wal_warning_bytes: int,
                       for t in found.tasks], "slot": slot, "warnings": found.warnings}
 
 
-def _database_side(app: Eventfold, settings: Settings, status: PipelineStatus,
+def _database_side(app: DeclaredApp, settings: Settings, status: PipelineStatus,
                    stale_after_s: float) -> None:
     with psycopg.connect(libpq_url(settings.database_url), connect_timeout=5) as conn:
         building = builds(conn)

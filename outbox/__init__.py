@@ -3,10 +3,11 @@
 Owns, one module each:
 
 - ``design``: the outbox design of a database (the events table captured directly, or an
-  outbox table) and the switch between them;
+  outbox table);
 - ``connector``: the declarative Debezium connector spec and its Kafka Connect configuration,
   and the Connect REST client (``requests``);
 - ``operations``: applying, diffing, pausing and checking the connector;
+- ``switch``: moving a database to another design, its running connector drained first;
 - ``connection``: the settings every Kafka client of Eventfold connects with (SASL, TLS,
   Java translation for Connect and Spark);
 - ``topics``: creating and checking topics (configs, replication);

@@ -16,16 +16,17 @@ import logging
 import threading
 import time
 import uuid
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Protocol
 
+from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution import worker
 from pyspark import InheritableThread
+from pyspark.sql import SparkSession
 
 from eventfold.contract import PartitionKey
-
-if TYPE_CHECKING:
-    from eventfold.projections.runner import ProjectionRunner
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,26 @@ PARTITIONS_REFRESH_S = 5.0
 STALL_LONGEST_BATCHES = 3
 """A thread is stalled once a look or batch has gone on for its setting's floor plus this many
 times the longest batch it has committed."""
+
+
+class _RunnerSettings(Protocol):
+    @property
+    def kafka(self) -> KafkaConnection: ...
+
+
+class BatchRunner(Protocol):
+    """What a stream thread drives: a projection's runner (``runner.ProjectionRunner``, which
+    makes the thread; named here by what the loop asks of it, so the loop imports no runner)."""
+
+    @property
+    def spark(self) -> SparkSession: ...
+    @property
+    def projection(self) -> Projection: ...
+    @property
+    def settings(self) -> _RunnerSettings: ...
+    def next_batch_id(self) -> int: ...
+    def check_writer(self) -> None: ...
+    def fold_batch_up_to(self, batch_id: int, ending: Mapping[PartitionKey, int]) -> int: ...
 
 
 class StreamThread:
@@ -48,7 +69,7 @@ class StreamThread:
     a look or batch has gone on too long.
     """
 
-    def __init__(self, runner: ProjectionRunner, idle_wait_s: float, once: bool = False,
+    def __init__(self, runner: BatchRunner, idle_wait_s: float, once: bool = False,
                  stall_after_s: float = float("inf")) -> None:
         self._runner = runner
         self._idle_wait_s = idle_wait_s

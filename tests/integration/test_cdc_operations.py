@@ -17,9 +17,10 @@ import pytest
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
-from eventfold.outbox.design import OutboxDesign, installed_design, switch_design
+from eventfold.outbox.design import OutboxDesign, installed_design
 from eventfold.outbox.kafka import read_messages
 from eventfold.outbox.operations import ConnectorOperations, ConnectorStatus
+from eventfold.outbox.switch import switch_design
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.write_model import EventStore, StoreUnavailable

@@ -6,6 +6,8 @@ import ast
 import subprocess
 import sys
 import zipfile
+from collections.abc import Container
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
@@ -137,3 +139,42 @@ def test_a_spark_worker_loads_no_connector_side() -> None:
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, cwd=ROOT).stdout.strip()
     assert loaded == "[]"
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of the installed namespace, by its name under ``eventfold``."""
+    found: dict[str, Path] = {}
+    for base, folder in [("eventfold", ROOT / "eventfold"),
+                         *((f"eventfold.{p}", ROOT / p) for p in PACKAGES)]:
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            found[".".join([base, *parts[:-1]] if parts[-1] == "__init__"
+                           else [base, *parts])] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: Container[str]) -> set[str]:
+    """The modules of the namespace that ``name`` imports anywhere in it: at the top, in a
+    function, or for the type checker only."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:
+                base = package.split(".")[:len(package.split(".")) - node.level + 1]
+                module = ".".join([*base, *([module] if module else [])])
+            found.update(f"{module}.{a.name}" if f"{module}.{a.name}" in modules else module
+                         for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as circle:
+        pytest.fail(f"an import circle: {' -> '.join(circle.args[1])}")
