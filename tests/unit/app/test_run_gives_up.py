@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from eventfold import cli, projection_host
+from eventfold.cli import projection as projection_cli
 from eventfold.config import Settings
 from eventfold.projection_host import MAX_FAILED_STARTS, ProjectionHost, _RunOutcome, _Supervisor
 
@@ -52,8 +53,10 @@ def host_of(monkeypatch):
         monkeypatch.setattr(_Supervisor, "_run_until_it_ends", run_until_it_ends)
         monkeypatch.setattr(threading.Event, "wait", wait)
         monkeypatch.setattr(projection_host, "stop_on_signal", lambda requested: None)
-        monkeypatch.setattr(cli, "_projection", lambda settings, args: cli._run_projections(
-            app, Settings(metrics=False), args.names, False))  # type: ignore[arg-type]
+        monkeypatch.setattr(projection_cli, "_projection",
+                            lambda settings, args: projection_cli._run_projections(
+                                app, Settings(metrics=False), args.names,  # type: ignore[arg-type]
+                                False))
         return cli.main(["projection", "run", *outcomes])
 
     run_with.calls, run_with.pauses = calls, pauses  # type: ignore[attr-defined]
