@@ -11,8 +11,7 @@ write_model -> outbox -> (Kafka) -> projections -> read_api.
 names, database URL forms); any package may import it. This package's other modules are the
 composition root that wires the packages into one application: the configuration object
 (environment variables, ``eventfold.toml``), the ``Eventfold`` application entry point, the
-``eventfold`` CLI, the projection host (``projection_host``: one Spark application running
-an app's projections, and the replays handed to it), HTTP serving, and what operators see:
+``eventfold`` CLI (``cli``, a module per area), HTTP serving, and what operators see:
 logs (``logs``), Prometheus exposition (``metrics``, ``run_observer``), ``eventfold status``
 (``status``) and the dashboard (``dashboard``). They may import every subpackage; no
 subpackage imports them.

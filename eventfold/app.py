@@ -12,6 +12,7 @@ The CLI loads it from ``EVENTFOLD_APP`` (``module:attribute``) and builds every 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -47,10 +48,12 @@ from eventfold.write_model.http import bearer_auth, create_command_app, header_c
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from eventfold.projections.host import ProjectionHost
     from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
     from eventfold.projections.runner import Progress, ProjectionRunner, RunnerSettings
     from eventfold.projections.state.lease import WriterLease
     from eventfold.read_api.state.stores import StoreKind
+    from eventfold.run_observer import RunObserver
 
 # Spark, pandas, pyarrow and the read API are imported by the services that use them, so
 # that a command such as verify-log starts without them (about 120 MB of a process).
@@ -193,6 +196,30 @@ class Eventfold:
                       self.projections.get(name),
                       self._runner_settings(settings, settings.replay_max_rows_per_batch),
                       source, listener)
+
+    def projection_host(self, settings: Settings, names: Sequence[str], once: bool = False,
+                        standby: bool = False) -> ProjectionHost:
+        """A host running ``names`` in one Spark application (``projections.host``), wired to
+        this app's runners, replays and metrics."""
+        from eventfold.projections.host import HostWiring, ProjectionHost
+
+        def observer(watched: Sequence[str]) -> RunObserver | None:
+            from eventfold.run_observer import RunObserver
+
+            return (RunObserver(self, settings, watched)
+                    if settings.metrics and settings.metrics_port else None)
+
+        wiring = HostWiring(
+            app_name=self.name, projections=self.projections,
+            database_url=settings.database_url, kafka=settings.kafka,
+            writer_lease_s=settings.writer_lease_s,
+            spark_session=lambda app_name: self.spark_session(settings, app_name),
+            runner=lambda name, progress, spark, lease: self.projection_runner(
+                settings, name, progress, spark=spark, lease=lease),
+            replay=lambda name, source, spark, listener: self.replay(
+                settings, name, source, spark=spark, listener=listener),
+            observer=observer)
+        return ProjectionHost(wiring, names, once, standby)
 
     @staticmethod
     def spark_session(settings: Settings, app_name: str) -> SparkSession:

@@ -23,8 +23,8 @@ from eventfold.projections.metrics import ParkedKeys, ProjectionLag
 from eventfold.projections.state.parking import parked_counts
 
 if TYPE_CHECKING:
-    from eventfold.app import Eventfold
     from eventfold.projections.runner import ProjectionRunner, RunningQuery
+    from eventfold.status import DeclaredApp
 
 
 class Watched:
@@ -89,7 +89,7 @@ class Merged(Collector):
 
 
 class RunObserver:
-    def __init__(self, app: Eventfold, settings: Settings, names: Sequence[str],
+    def __init__(self, app: DeclaredApp, settings: Settings, names: Sequence[str],
                  with_lag: bool = True) -> None:
         self.projections = {name: Watched(name, settings.database_url) for name in names}
         watched = self.projections.values()

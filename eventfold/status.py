@@ -16,7 +16,6 @@ Exit codes, the most basic problem first:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -31,7 +30,7 @@ from eventfold.config import Settings
 from eventfold.contract import libpq_url
 from eventfold.outbox.connector import ConnectError
 from eventfold.outbox.operations import ConnectorOperations
-from eventfold.projections import Projection
+from eventfold.projections import ProjectionRegistry
 from eventfold.projections.state.catalog import builds, live_readers
 from eventfold.projections.state.hosts import live_hosts
 from eventfold.projections.state.lease import live_writers
@@ -41,11 +40,11 @@ UNREACHABLE, CDC_DOWN, STALE = 3, 4, 5
 
 
 class DeclaredApp(Protocol):
-    """What the status and the dashboard read of an app (``app.Eventfold`` is one): named by
-    what they ask of it, so that neither imports the app that serves them."""
+    """What the status, the dashboard and a run's metrics read of an app (``app.Eventfold``
+    is one): named by what they ask of it, so that none imports the app that serves them."""
 
     @property
-    def projections(self) -> Iterable[Projection]: ...
+    def projections(self) -> ProjectionRegistry: ...
     @property
     def aggregate_types(self) -> list[str]: ...
     def connector(self, settings: Settings) -> ConnectorOperations: ...

@@ -20,7 +20,9 @@ Layers, each importing only those above it:
   ``writes`` (what a task writes), ``task_output`` (the counts tasks hand the driver),
   ``worker`` (what a Python worker keeps between tasks), ``executor`` (what every task does
   first), the sources (``kafka_source``, ``store_source``);
-- what runs them: ``runner``, ``replay``, ``status``, ``dead_letters``, ``metrics``, and
+- what runs them: ``host`` (one Spark application running several, supervised, with the
+  replays handed to it; wired by the composition root through ``HostWiring``), ``runner``
+  and its ``stream_thread``, ``replay``, ``status``, ``dead_letters``, ``metrics``, and
   ``testing`` (an event topic in memory, for users' tests).
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from eventfold.local_stack import StackError
-        from eventfold.projection_host import (
+        from eventfold.projections.host import (
             ProjectionsStopped,
             ReplayCancelled,
             ReplayFailed,

@@ -93,9 +93,9 @@ def _projection_status(app: Eventfold, settings: Settings, names: list[str],
 def _replay(app: Eventfold, settings: Settings, name: str, source: ReplaySource) -> int:
     """On the host that streams the projection, if one does (no second Spark application);
     else in this process."""
-    from eventfold.projection_host import replay_on_a_host
+    from eventfold.projections.host import replay_on_a_host
 
-    result = replay_on_a_host(settings, name, source)
+    result = replay_on_a_host(settings.database_url, name, source)
     if result is None:
         observer = _observer(app, settings, name, with_lag=False)
         if observer is not None:
@@ -142,9 +142,7 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
 
 def _run_projections(app: Eventfold, settings: Settings, names: list[str],
                      once: bool, standby: bool = False) -> int:
-    from eventfold.projection_host import ProjectionHost
-
-    ProjectionHost(app, settings, names, once, standby).run()
+    app.projection_host(settings, names, once, standby).run()
     return 0
 
 

@@ -11,11 +11,17 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
+from eventfold.projections import host as projection_host
+from eventfold.projections.host import (
+    MAX_FAILED_STARTS,
+    HostWiring,
+    ProjectionHost,
+    _RunOutcome,
+    _Supervisor,
+)
 
-from eventfold import cli, projection_host
+from eventfold import cli
 from eventfold.cli import projection as projection_cli
-from eventfold.config import Settings
-from eventfold.projection_host import MAX_FAILED_STARTS, ProjectionHost, _RunOutcome, _Supervisor
 
 BROKER_DOWN = _RunOutcome(0, "KafkaException: broker down")
 REFUSED = _RunOutcome(0, "psycopg.OperationalError: connection refused")
@@ -28,13 +34,21 @@ class _Spark:
         self.sparkContext = SimpleNamespace(setLocalProperty=lambda key, value: None)
 
 
+def _wiring() -> HostWiring:
+    """A host's wiring with nothing behind its runners (the tests replace their runs)."""
+    return HostWiring(
+        app_name="shop", projections=None, database_url="postgresql://127.0.0.1:1/none",
+        kafka=None, writer_lease_s=10, spark_session=lambda name: _Spark(), runner=None,
+        replay=None, observer=lambda names: None)  # type: ignore[arg-type]
+
+
 @pytest.fixture
 def host_of(monkeypatch):
     """Runs ``cli.main`` with a host whose runs end as ``outcomes[name]`` says, in order."""
     calls: dict[str, int] = defaultdict(int)
     pauses: dict[str, list[float]] = defaultdict(list)
     waits = threading.Event.wait
-    app = SimpleNamespace(name="shop", spark_session=lambda settings, name: _Spark())
+    wiring = _wiring()
 
     def run_with(outcomes: dict[str, list[_RunOutcome]]) -> int:
         def run_until_it_ends(supervisor: _Supervisor, lease: object) -> _RunOutcome:
@@ -54,9 +68,7 @@ def host_of(monkeypatch):
         monkeypatch.setattr(threading.Event, "wait", wait)
         monkeypatch.setattr(projection_host, "stop_on_signal", lambda requested: None)
         monkeypatch.setattr(projection_cli, "_projection",
-                            lambda settings, args: projection_cli._run_projections(
-                                app, Settings(metrics=False), args.names,  # type: ignore[arg-type]
-                                False))
+                            lambda settings, args: ProjectionHost(wiring, args.names).run() or 0)
         return cli.main(["projection", "run", *outcomes])
 
     run_with.calls, run_with.pauses = calls, pauses  # type: ignore[attr-defined]
@@ -94,6 +106,6 @@ def test_in_a_host_the_projection_that_gives_up_stops_alone(host_of, capsys) -> 
 def test_a_stop_signal_during_a_pause_ends_the_run_cleanly(monkeypatch) -> None:
     monkeypatch.setattr(_Supervisor, "_run_until_it_ends", lambda self, lease: BROKER_DOWN)
     monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: True)
-    host = ProjectionHost(SimpleNamespace(), Settings(metrics=False), ["orders"])
+    host = ProjectionHost(_wiring(), ["orders"])
     _Supervisor(host, _Spark(), "orders", None).run()  # type: ignore[arg-type]
     assert "orders" not in host.stopped_on

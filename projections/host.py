@@ -13,8 +13,9 @@ One runner writes a projection (``projections.state.lease``): a projection anoth
 runner writes is refused (``WriterBusy``), or with ``standby`` waited for and taken over when
 that runner ends or dies. A runner fenced by a newer one stops writing and stands by.
 
-It uses the app (its projections, runners and Spark session) and ``projections``; only the
-command line uses it.
+A host is given what it runs (``HostWiring``: factories of the Spark session, a projection's
+runner and a replay, and of what shows the run to operators) by the composition root that makes
+it; it imports nothing of ``eventfold`` outside ``projections`` and ``outbox``.
 """
 
 from __future__ import annotations
@@ -24,21 +25,18 @@ import re
 import signal
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import FrameType
-from typing import TYPE_CHECKING, cast
-
-from eventfold.config import Settings
+from typing import TYPE_CHECKING, Protocol, cast
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
-
-    from eventfold.app import Eventfold
-    from eventfold.projections.replay import ReplayResult, ReplaySource
+    from eventfold.outbox.connection import KafkaConnection
+    from eventfold.projections.definition.registry import ProjectionRegistry
+    from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
     from eventfold.projections.runner import Progress, ProjectionRunner, RunningQuery
     from eventfold.projections.state.lease import WriterLease
-    from eventfold.run_observer import RunObserver, Watched
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger("eventfold")
 
@@ -65,6 +63,49 @@ def needs_a_person() -> tuple[type[Exception], ...]:
     return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable, GaveUp, WriterBusy
 
 
+class Watch(Protocol):
+    """What operators are shown of one projection of the host (its ``/health``)."""
+
+    def running(self, runner: ProjectionRunner, query: RunningQuery) -> None: ...
+    def stopped(self, state: str) -> None: ...
+
+
+class Observer(Protocol):
+    """What shows a host's run to operators (metrics and health), one ``Watch`` a projection."""
+
+    @property
+    def projections(self) -> Mapping[str, Watch]: ...
+    def close(self) -> None: ...
+
+
+class RunnerFactory(Protocol):
+    def __call__(self, name: str, progress: Progress | None, spark: SparkSession,
+                 lease: WriterLease) -> ProjectionRunner: ...
+
+
+class ReplayFactory(Protocol):
+    def __call__(self, name: str, source: ReplaySource, spark: SparkSession,
+                 listener: ProgressListener) -> ReplayResult: ...
+
+
+@dataclass(frozen=True)
+class HostWiring:
+    """What a host is given by the composition root that makes it: the app's name and
+    projections, where the host keeps its records, and factories of what it runs."""
+
+    app_name: str
+    projections: ProjectionRegistry
+    database_url: str
+    kafka: KafkaConnection
+    writer_lease_s: float
+    spark_session: Callable[[str], SparkSession]
+    """A Spark session named so (one for the host)."""
+    runner: RunnerFactory
+    replay: ReplayFactory
+    observer: Callable[[Sequence[str]], Observer | None]
+    """What shows the named projections' run (None: nothing does)."""
+
+
 @dataclass(frozen=True)
 class _RunOutcome:
     batches: int
@@ -80,10 +121,9 @@ class ProjectionHost:
     signal stops them. ``run`` raises the error that stopped a lone projection, and
     ``ProjectionsStopped`` when some of several stopped."""
 
-    def __init__(self, app: Eventfold, settings: Settings, names: Sequence[str],
-                 once: bool = False, standby: bool = False) -> None:
-        self.app = app
-        self.settings = settings
+    def __init__(self, wiring: HostWiring, names: Sequence[str], once: bool = False,
+                 standby: bool = False) -> None:
+        self.wiring = wiring
         self.names = list(dict.fromkeys(names))
         self.once = once
         self.standby = standby
@@ -91,13 +131,10 @@ class ProjectionHost:
         self.stopped_on: dict[str, Exception] = {}
 
     def run(self) -> None:
-        from eventfold.run_observer import RunObserver
-
-        observer = (RunObserver(self.app, self.settings, self.names)
-                    if self.settings.metrics and self.settings.metrics_port else None)
+        observer = self.wiring.observer(self.names)
         requests: _Requests | None = None
         try:
-            spark = self.app.spark_session(self.settings, self._application_name())
+            spark = self.wiring.spark_session(self._application_name())
             # After Spark started: its SparkContext puts in a SIGINT handler of its own that
             # cancels every job and raises KeyboardInterrupt wherever the main thread is.
             stop_on_signal(self.stop_requested)
@@ -121,7 +158,7 @@ class ProjectionHost:
 
     def _application_name(self) -> str:
         return (f"eventfold-{self.names[0]}" if len(self.names) == 1
-                else f"eventfold-{self.app.name}-host")
+                else f"eventfold-{self.wiring.app_name}-host")
 
     def _raise_what_stopped(self) -> None:
         if not self.stopped_on:
@@ -132,7 +169,7 @@ class ProjectionHost:
             f"{len(self.stopped_on)} of {len(self.names)} projections stopped: " + "; ".join(
                 f"{name}: {error}" for name, error in sorted(self.stopped_on.items())))
 
-    def _supervise(self, spark: SparkSession, name: str, observer: RunObserver | None) -> None:
+    def _supervise(self, spark: SparkSession, name: str, observer: Observer | None) -> None:
         from eventfold.projections.execution.spark import LIVE_POOL, SCHEDULER_POOL
 
         # Jobs of this projection's batches (they run on its stream thread, which inherits
@@ -157,7 +194,7 @@ class _Supervisor:
     """One projection of a host: its runs, and the pauses between failed ones."""
 
     def __init__(self, host: ProjectionHost, spark: SparkSession, name: str,
-                 watched: Watched | None) -> None:
+                 watched: Watch | None) -> None:
         self.host = host
         self.spark = spark
         self.name = name
@@ -207,8 +244,8 @@ class _Supervisor:
         otherwise the run takes it as it starts (and is refused while another holds it)."""
         from eventfold.projections.state.lease import WriterLease
 
-        lease = WriterLease(self.host.settings.database_url, self.name,
-                            lease_s=self.host.settings.writer_lease_s)
+        lease = WriterLease(self.host.wiring.database_url, self.name,
+                            lease_s=self.host.wiring.writer_lease_s)
         if not self.standing_by:
             return lease
         if self.watched is not None:
@@ -223,8 +260,7 @@ class _Supervisor:
         host, name = self.host, self.name
         runner = None
         try:
-            runner = started = host.app.projection_runner(
-                host.settings, name, self._catch_up_bar(), spark=self.spark, lease=lease)
+            runner = started = host.wiring.runner(name, self._catch_up_bar(), self.spark, lease)
             query = runner.start(once=host.once)
             if self.watched is not None:
                 self.watched.running(runner, query)
@@ -291,8 +327,9 @@ class _Supervisor:
         from eventfold.projections.replay import ReplayProgress
         from eventfold.projections.status import projection_status
 
-        lag = projection_status(host.app.projections.get(self.name), host.settings.database_url,
-                                host.settings.kafka).lag
+        wiring = host.wiring
+        lag = projection_status(wiring.projections.get(self.name), wiring.database_url,
+                                wiring.kafka).lag
         return ReplayProgress(self.name, lag, what="catching up", terminal=True)
 
 
@@ -305,13 +342,13 @@ class ReplayFailed(RuntimeError):
     """A replay handed to a host failed there, or the host died under it."""
 
 
-def replay_on_a_host(settings: Settings, name: str, source: str) -> ReplayResult | None:
+def replay_on_a_host(database_url: str, name: str, source: str) -> ReplayResult | None:
     """Hand the replay of ``name`` to the live host that runs it and follow it (Ctrl-C or
     SIGTERM cancel it after its batch under way); None when no host runs ``name``."""
     from eventfold.projections.replay import ReplayProgress, ReplayResult
     from eventfold.projections.state.hosts import ENDED, HostDirectory
 
-    directory = HostDirectory(settings.database_url)
+    directory = HostDirectory(database_url)
     try:
         host_id = directory.host_running(name)
         if host_id is None:
@@ -369,7 +406,7 @@ class _Requests:
 
         self.host, self.spark = host, spark
         self.host_id = PROCESS_HOLDER  # the holder of the writer leases its projections take
-        self.directory = HostDirectory(host.settings.database_url)
+        self.directory = HostDirectory(host.wiring.database_url)
         self._registered = False
         self._stopped = threading.Event()
         self._replays: list[threading.Thread] = []
@@ -412,7 +449,7 @@ class _Requests:
         from eventfold.projections.state.hosts import HostDirectory
 
         self.spark.sparkContext.setLocalProperty(SCHEDULER_POOL, REPLAY_POOL)
-        reports = HostDirectory(self.host.settings.database_url)
+        reports = HostDirectory(self.host.wiring.database_url)
         log.info("projection host: replay of %s requested (request %d)", name, request_id)
 
         def report(done: int, total: int) -> None:
@@ -421,8 +458,8 @@ class _Requests:
                                       f"{total:,} events; asked again, it resumes from there")
 
         try:
-            result = self.host.app.replay(self.host.settings, name, cast("ReplaySource", source),
-                                          spark=self.spark, listener=report)
+            result = self.host.wiring.replay(name, cast("ReplaySource", source), self.spark,
+                                             report)
             reports.finish(request_id, "done", result={
                 "old_version": result.old_version, "new_version": result.new_version,
                 "events": result.events, "seconds": result.seconds})
