@@ -321,7 +321,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         print(f"the same with Prometheus metrics off, then on (batches recorded, lag scraped "
               f"every second): {metrics_off:,.0f} / {metrics_on:,.0f} events/s "
               f"({metrics_on / metrics_off:.3f}x)", flush=True)
-        spark_kafka = dataclasses.replace(settings, source="kafka")
+        spark_kafka = dataclasses.replace(settings, driver="structured_streaming")
         stream_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_totals),
                                        args.events)
         print(f"the same through Spark's Kafka source: {stream_spark_kafka:,.0f} events/s "

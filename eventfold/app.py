@@ -230,7 +230,7 @@ class Eventfold:
 
     @staticmethod
     def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
-        from eventfold.projections.runner import KafkaSource, RunnerSettings
+        from eventfold.projections.runner import RunnerSettings, StreamingDriver
 
         return RunnerSettings(
             kafka=settings.kafka,
@@ -248,7 +248,7 @@ class Eventfold:
             deleted_key_retention_s=_seconds_or_forever(settings.deleted_key_retention),
             allow_data_loss=settings.allow_data_loss,
             replication=settings.replication,
-            source=cast(KafkaSource, settings.spark_source),
+            driver=cast(StreamingDriver, settings.streaming_driver),
             metrics=settings.metrics,
         )
 

@@ -44,9 +44,13 @@ class ConfigError(RuntimeError):
 
 
 DEFAULT_STACK_DIR = Path(".eventfold/stack")
-SPARK_SOURCES = ("eventfold", "kafka")
-"""How projections read Kafka: Eventfold's own source (``projections.kafka_source``), or Spark's
+STREAMING_DRIVERS = ("stream_thread", "structured_streaming")
+"""What drives a streaming projection's batches: a stream thread over Eventfold's own offset
+planner (``projections.stream_thread``), or a Spark Structured Streaming query over Spark's
 built-in Kafka source (``spark-sql-kafka-0-10``)."""
+RENAMED = {"EVENTFOLD_SPARK_SOURCE": "EVENTFOLD_STREAMING_DRIVER (eventfold is stream_thread, "
+                                     "kafka is structured_streaming)"}
+"""Variables of earlier releases, refused with their new names rather than ignored."""
 
 
 def find_stack_dir(start: Path) -> Path:
@@ -111,7 +115,7 @@ class Settings(BaseSettings):
     outbox_design: str = DEFAULT_OUTBOX_DESIGN.value
     spark_master: str = "local[2]"
     spark_conf: str = ""
-    spark_source: str = "eventfold"
+    streaming_driver: str = "stream_thread"
     stack_dir: Path = Field(default_factory=lambda: find_stack_dir(Path.cwd()))
     checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
@@ -223,9 +227,13 @@ class Settings(BaseSettings):
         if self.outbox_design not in tuple(OutboxDesign):
             raise ConfigError(f"EVENTFOLD_OUTBOX_DESIGN is one of "
                               f"{', '.join(OutboxDesign)}, not {self.outbox_design!r}")
-        if self.spark_source not in SPARK_SOURCES:
-            raise ConfigError(f"EVENTFOLD_SPARK_SOURCE is one of {', '.join(SPARK_SOURCES)}, "
-                              f"not {self.spark_source!r}")
+        if self.streaming_driver not in STREAMING_DRIVERS:
+            raise ConfigError(f"EVENTFOLD_STREAMING_DRIVER is one of "
+                              f"{', '.join(STREAMING_DRIVERS)}, not {self.streaming_driver!r}")
+        environment = _ENVIRONMENT.get()
+        for old, new in RENAMED.items():
+            if old in (os.environ if environment is None else environment):
+                raise ConfigError(f"{old} is now {new}")
         password = self.connect_database_password
         if password and not is_provider_reference(password):
             raise ConfigError(

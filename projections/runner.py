@@ -93,8 +93,8 @@ Spark masks it in its UI and logs."""
 _EXECUTOR_CREDENTIALS = (EXECUTOR_PASSWORD, "spark.executorEnv.PGPASSFILE",
                          "spark.executorEnv.PGSERVICEFILE")
 
-KafkaSource = Literal["eventfold", "kafka"]
-KAFKA_SOURCES: tuple[KafkaSource, ...] = get_args(KafkaSource)
+StreamingDriver = Literal["stream_thread", "structured_streaming"]
+STREAMING_DRIVERS: tuple[StreamingDriver, ...] = get_args(StreamingDriver)
 
 
 @dataclass(frozen=True)
@@ -120,9 +120,11 @@ class RunnerSettings:
     """Go on when retention deleted events this projection never read (else it stops)."""
     metrics: bool = True
     """Record each batch in the Prometheus metrics (``projections.metrics``)."""
-    source: KafkaSource = "eventfold"
-    """Which Spark source reads the topics of a streaming run: ``eventfold`` (ours, an offset
-    planner whose tasks read and fold their ranges in one pass) or ``kafka`` (Spark's)."""
+    driver: StreamingDriver = "stream_thread"
+    """What drives a streaming run's batches: ``stream_thread`` (a loop on the driver whose
+    Spark tasks read and fold their partitions' ranges in one pass) or
+    ``structured_streaming`` (a Spark Structured Streaming query over Spark's own Kafka
+    source, with a Spark checkpoint of its own)."""
     retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
@@ -198,7 +200,8 @@ class ProjectionRunner:
     def checkpoint_dir(self) -> Path:
         """The Spark checkpoint of a streaming query over Spark's Kafka source (the store's
         own checkpoint is where a new query starts; a stream thread needs no other)."""
-        suffix = "" if self.settings.source == "eventfold" else f".{self.settings.source}"
+        # ".kafka": the name such checkpoints had when the driver was named for its source.
+        suffix = "" if self.settings.driver == "stream_thread" else ".kafka"
         return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}{suffix}"
 
     def prepare(self) -> None:
@@ -248,12 +251,13 @@ class ProjectionRunner:
             self._check_retained(committed)
         with clock.phase("query"):
             query: RunningQuery = (
-                self._spark_query(committed, once) if self.settings.source == "kafka"
+                self._spark_query(committed, once)
+                if self.settings.driver == "structured_streaming"
                 else StreamThread(self, interval_seconds(self.settings.trigger_interval),
                                   once, self.settings.stall_after_s).start())
-        log.info("%s: %s from %s (%s source); started in %s", what,
+        log.info("%s: %s from %s (%s); started in %s", what,
                  "catching up" if once else "streaming",
-                 ", ".join(self.projection.source_topics), self.settings.source, clock)
+                 ", ".join(self.projection.source_topics), self.settings.driver, clock)
         return query
 
     @property

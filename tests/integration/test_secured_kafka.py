@@ -168,7 +168,8 @@ def test_sasl_ssl_with_the_stacks_own_ca_carries_cdc_and_sparks_kafka_source(
     checkpoints = tmp_path / "checkpoints"
     env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack"),
            "EVENTFOLD_KAFKA_CONFIG": as_config(client), "EVENTFOLD_APP": "examples.inventory:app",
-           "EVENTFOLD_CHECKPOINT_DIR": str(checkpoints), "EVENTFOLD_SPARK_SOURCE": "kafka"}
+           "EVENTFOLD_CHECKPOINT_DIR": str(checkpoints),
+           "EVENTFOLD_STREAMING_DRIVER": "structured_streaming"}
     stack = Settings.from_env(env).local_stack()
     ca = stack.tls_dir / "ca.pem"
     try:

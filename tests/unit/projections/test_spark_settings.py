@@ -12,10 +12,11 @@ from eventfold.projections.execution.spark import (
     session_conf,
     spark_defaults,
 )
-from eventfold.projections.runner import EXECUTOR_PASSWORD, KAFKA_SOURCES
+from eventfold.projections.runner import EXECUTOR_PASSWORD
+from eventfold.projections.runner import STREAMING_DRIVERS as RUNNER_DRIVERS
 
 from eventfold.app import spark_conf
-from eventfold.config import SPARK_SOURCES, ConfigError, Settings
+from eventfold.config import STREAMING_DRIVERS, ConfigError, Settings
 from eventfold.contract import split_password
 
 
@@ -54,9 +55,12 @@ def test_spark_settings_parse_and_fail_clearly() -> None:
                                        "spark.submit.pyFiles": "a.zip,b.zip"}
     with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_CONF"):
         Settings.from_env({"EVENTFOLD_SPARK_CONF": "spark.executor.memory"})
-    with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_SOURCE"):
-        Settings.from_env({"EVENTFOLD_SPARK_SOURCE": "kafak"})
-    assert SPARK_SOURCES == KAFKA_SOURCES
+    with pytest.raises(ConfigError, match="EVENTFOLD_STREAMING_DRIVER"):
+        Settings.from_env({"EVENTFOLD_STREAMING_DRIVER": "kafka"})
+    with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_SOURCE is now "
+                                          "EVENTFOLD_STREAMING_DRIVER"):
+        Settings.from_env({"EVENTFOLD_SPARK_SOURCE": "kafka"})
+    assert STREAMING_DRIVERS == RUNNER_DRIVERS
 
 
 def test_executors_get_the_database_password_from_their_environment() -> None:
