@@ -243,7 +243,6 @@ class Eventfold:
             retire_wait_s=settings.ktable_retire_wait_s,
             writer_lease_s=settings.writer_lease_s,
             stall_after_s=settings.projection_stall_s,
-            replay_task_nice=settings.replay_task_nice,
             topic_configs=output_topic_configs(settings),
             deleted_key_retention_s=_seconds_or_forever(settings.deleted_key_retention),
             allow_data_loss=settings.allow_data_loss,

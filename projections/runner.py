@@ -128,9 +128,6 @@ class RunnerSettings:
     retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
-    replay_task_nice: int = 10
-    """How much lower than the live batches' a replay's Python tasks run in CPU priority
-    (Linux nice; 0: the same)."""
     stall_after_s: float = 120.0
     """A stream thread whose look or batch goes on longer than this (plus three times its
     longest batch) is stalled: its host cancels its jobs and starts it again."""
@@ -563,7 +560,6 @@ class ProjectionRunner:
             tasks=None if self.is_active else TURNS.cores_beside(
                 self.spark.sparkContext.defaultParallelism,
                 max(self.settings.driver_batch_max_rows, 1)),
-            task_nice=0 if self.is_active else self.settings.replay_task_nice,
             ktable_partitions=self.topics.output.partition_history)
 
     def _commit(self, batch_id: int, committed: dict[PartitionKey, int],

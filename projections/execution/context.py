@@ -41,9 +41,6 @@ class BatchContext:
     as a replay's build does)."""
     tasks: int | None = None
     """The most tasks a job of the batch that reads in place runs (None: one per core)."""
-    task_nice: int = 0
-    """How much lower than the live batches' the CPU priority of the batch's Python tasks is
-    (a replay's: ``engine.map_in_arrow``)."""
     ktable_partitions: tuple[int, ...] = ()
     """Every partition count the version's KTable topic has had, oldest first
     (``OutputProducer``)."""

@@ -23,7 +23,6 @@ number of keys.
 from __future__ import annotations
 
 import gc
-import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from itertools import groupby
@@ -45,7 +44,7 @@ from eventfold.projections.execution.decode import (
     spark_ddl,
     spark_records_table,
 )
-from eventfold.projections.execution.executor import TASK_NICE_ENV, executor_task
+from eventfold.projections.execution.executor import executor_task
 from eventfold.projections.execution.fold import BatchFold, KeyFolder, lookup_keys
 from eventfold.projections.execution.guard import EVENT_IDENTITY, drop_applied
 from eventfold.projections.execution.partial import (
@@ -104,29 +103,6 @@ def _per_task(spark: SparkSession, slices: Sequence[SourceSlice], limit: int | N
     cores = max(spark.sparkContext.defaultParallelism, 1)
     tasks = share_out(slices, min(cores, limit) if limit else cores)
     return spark.range(0, len(tasks), 1, numPartitions=len(tasks)), tasks
-
-
-_ENVIRONMENT = threading.Lock()
-"""Held while a job's Python functions are made: they take the SparkContext's environment
-as it is then, and jobs are made on several threads."""
-
-
-def map_in_arrow(frame: DataFrame, task: Callable[[Iterator[pa.RecordBatch]],
-                                                  Iterator[pa.RecordBatch]],
-                 schema: str, context: BatchContext) -> DataFrame:
-    """``frame.mapInArrow(task, schema)``, its tasks on Python workers running at the
-    batch's ``task_nice``. Spark keeps a pool of Python workers per environment a job's
-    functions were made with, so a replay's tasks (made with ``TASK_NICE_ENV`` set) run on
-    workers of their own, which lower their CPU priority once (``executor``), and a live
-    batch's tasks never land on one of them."""
-    environment = frame.sparkSession.sparkContext.environment
-    with _ENVIRONMENT:
-        if context.task_nice:
-            environment[TASK_NICE_ENV] = str(context.task_nice)
-        try:
-            return frame.mapInArrow(task, schema)
-        finally:
-            environment.pop(TASK_NICE_ENV, None)
 
 
 def share_out(slices: Sequence[SourceSlice], cores: int) -> Tasks:
@@ -255,8 +231,8 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
     if not slices:
         return StagedBatch(context.attempt)
     rows, tasks = _per_task(spark, slices, context.tasks)
-    return collect(map_in_arrow(rows, lambda batches: read_and_fold_task(batches, tasks, context),
-                                SUMMARY_DDL, context), context)
+    return collect(rows.mapInArrow(lambda batches: read_and_fold_task(batches, tasks, context),
+                                   SUMMARY_DDL), context)
 
 
 @executor_task
@@ -301,8 +277,8 @@ def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
     if not slices:
         return spark.createDataFrame([], spark_ddl(schema))
     rows, tasks = _per_task(spark, slices, context.tasks)
-    return map_in_arrow(rows, lambda batches: decode_task(batches, tasks, context),
-                        spark_ddl(schema), context)
+    return rows.mapInArrow(lambda batches: decode_task(batches, tasks, context),
+                           spark_ddl(schema))
 
 
 @executor_task
@@ -321,8 +297,8 @@ def decode_records(records: DataFrame, context: BatchContext) -> DataFrame:
     binary ``key, value``), decoded like ``read_events``' and guarded the same way, less what
     the store committed before (a batch Spark runs again after a crash)."""
     columns = records.select("topic", "partition", "offset", "key", "value")
-    return map_in_arrow(columns, lambda batches: decode_records_task(batches, context),
-                        spark_ddl(decoded_schema(context.plan)), context)
+    return columns.mapInArrow(lambda batches: decode_records_task(batches, context),
+                              spark_ddl(decoded_schema(context.plan)))
 
 
 @executor_task
@@ -354,8 +330,8 @@ def run_fold(events: DataFrame, context: BatchContext) -> StagedBatch:
     ordered = (events.repartition("fold_key")
                .sortWithinPartitions("fold_key", "globalPosition")
                .select(*FOLD_INPUT))
-    return collect(map_in_arrow(ordered, lambda batches: fold_task(batches, context),
-                                SUMMARY_DDL, context), context)
+    return collect(ordered.mapInArrow(lambda batches: fold_task(batches, context),
+                                      SUMMARY_DDL), context)
 
 
 @executor_task
@@ -427,9 +403,8 @@ def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
         return StagedBatch(context.attempt)
     schema = partial_schema(plan, decoded_schema(plan))
     rows, tasks = _per_task(spark, slices, context.tasks)
-    return collect(map_in_arrow(
-        rows, lambda batches: aggregate_task(batches, tasks, context, schema), SUMMARY_DDL,
-        context), context)
+    return collect(rows.mapInArrow(
+        lambda batches: aggregate_task(batches, tasks, context, schema), SUMMARY_DDL), context)
 
 
 @executor_task
@@ -521,13 +496,12 @@ def run_aggregation(events: DataFrame, context: BatchContext) -> StagedBatch:
                    F.count(F.lit(1)).alias("_events"),
                    F.first("fold_key").alias(GROUP), F.first("reason").alias("reason"),
                    *(F.first(c).alias(f"_{c}") for c in RECORD_COLUMNS)))
-    staged = collect(map_in_arrow(partial, lambda batches: merge_task(batches, context),
-                                  SUMMARY_DDL, context), context)
+    staged = collect(partial.mapInArrow(lambda batches: merge_task(batches, context),
+                                        SUMMARY_DDL), context)
     if plan.rekeyed:
         # Re-keyed: a key gathers many streams, so their watermarks take a job of their own.
-        highest = events.where(~letter).groupBy("key").agg(F.max("streamVersion").alias("v"))
-        marks = map_in_arrow(highest, lambda batches: marks_task(batches, context),
-                             SUMMARY_DDL, context)
+        marks = (events.where(~letter).groupBy("key").agg(F.max("streamVersion").alias("v"))
+                 .mapInArrow(lambda batches: marks_task(batches, context), SUMMARY_DDL))
         staged.add(collect(marks, context))
     return staged
 

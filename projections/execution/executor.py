@@ -5,18 +5,12 @@ functions without loading what the tasks use.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
-import os
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 _settled = False
-
-TASK_NICE_ENV = "EVENTFOLD_TASK_NICE"
-"""Set in the environment of a job's Python workers that run at a lower CPU priority (a
-replay's, ``engine.map_in_arrow``): by how much."""
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -28,23 +22,13 @@ def executor_task(task: Callable[P, R]) -> Callable[P, R]:
     collector's permanent generation: PySpark's worker daemon runs a full ``gc.collect()``
     after every task of a reused worker, and walking all of pyspark's, pandas', SQLAlchemy's
     and Eventfold's objects each time cost more than a small batch's fold
-    (docs/benchmarks.md). What later tasks leave behind is collected as before. A worker
-    whose environment asks for it (``TASK_NICE_ENV``) lowers its CPU priority then: all its
-    tasks are a replay's."""
+    (docs/benchmarks.md). What later tasks leave behind is collected as before."""
 
     @functools.wraps(task)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:
         global _settled
         if not _settled:
             gc.freeze()
-            _lower_priority(int(os.environ.get(TASK_NICE_ENV, "0") or 0))
             _settled = True
         return task(*args, **kwargs)
     return run
-
-
-def _lower_priority(nice: int) -> None:
-    if nice > 0:
-        # Where it is not allowed, the tasks run at the worker's priority.
-        with contextlib.suppress(OSError):
-            os.nice(nice)

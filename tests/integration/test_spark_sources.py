@@ -95,33 +95,3 @@ def test_an_error_raised_in_a_spark_task_is_known_on_the_driver_by_its_code(spar
     assert raised_in_task(raised.value, KeySplitAcrossPartitions)
     assert "two tasks staged the key k-1" in str(raised.value)
     assert not raised_in_task(RuntimeError("KeySplitAcrossPartitions"), KeySplitAcrossPartitions)
-
-
-def test_a_replays_tasks_run_at_a_lower_priority_on_python_workers_of_their_own(spark) -> None:
-    """A replay's batch (``task_nice``) runs its tasks on Python workers niced once, which a
-    live batch's tasks, before and after it, never run on."""
-    import os
-    from types import SimpleNamespace
-
-    import pyarrow as pa
-    from eventfold.projections.execution.engine import map_in_arrow
-    from eventfold.projections.execution.executor import executor_task
-
-    @executor_task
-    def priority(batches):
-        for _ in batches:
-            yield pa.RecordBatch.from_pydict({"pid": pa.array([os.getpid()], pa.int64()),
-                                              "nice": pa.array([os.nice(0)], pa.int64())})
-
-    def tasks_of(task_nice: int) -> set[tuple[int, int]]:
-        frame = map_in_arrow(spark.range(0, 2, 1, 2), priority, "pid long, nice long",
-                             SimpleNamespace(task_nice=task_nice))  # type: ignore[arg-type]
-        return {(row.pid, row.nice) for row in frame.collect()}
-
-    live = tasks_of(0)
-    replay = tasks_of(10)
-    live_after = tasks_of(0)
-    base = os.nice(0)
-    assert {nice for _, nice in live | live_after} == {base}
-    assert {nice for _, nice in replay} == {min(base + 10, 19)}
-    assert not {pid for pid, _ in replay} & {pid for pid, _ in live | live_after}
