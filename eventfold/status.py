@@ -31,9 +31,10 @@ from eventfold.contract import libpq_url
 from eventfold.outbox.connector import ConnectError
 from eventfold.outbox.operations import ConnectorOperations
 from eventfold.projections import ProjectionRegistry
-from eventfold.projections.state.catalog import builds, live_readers
+from eventfold.projections.state.catalog import builds
 from eventfold.projections.state.hosts import live_hosts
 from eventfold.projections.state.lease import live_writers
+from eventfold.projections.state.readers import live_readers
 from eventfold.projections.status import ProjectionStatus, projection_status
 
 UNREACHABLE, CDC_DOWN, STALE = 3, 4, 5

@@ -1,7 +1,7 @@
 """Which KTable topics this read API instance has open, told to the database as a heartbeat.
 
 A replay deletes a replaced version's KTable topic only once no instance has it open
-(``projections.catalog.ProjectionCatalog.delete_retired_topics``), so that no reader
+(``projections.state.catalog.ProjectionCatalog.delete_retired_topics``), so that no reader
 serves from a topic being deleted under it. A worker registers a topic before its consumer
 assigns it (refused if a switch has made another version active meanwhile), and removes the
 topic's row once its consumer has closed.
@@ -24,7 +24,7 @@ from typing import IO
 
 import orjson
 import psycopg
-from eventfold.projections.state.catalog import (
+from eventfold.projections.state.readers import (
     READER_HEARTBEAT_S,
     forget_reader,
     note_reader,

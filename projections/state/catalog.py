@@ -5,8 +5,8 @@
   derived-event topics written so far;
 - ``projection_checkpoints``: per version, the source offsets a batch committed up to, in the
   same transaction as the rows it wrote;
-- ``retired_ktable_topics`` and ``ktable_readers``: replaced versions' KTable topics, deleted
-  once no read API instance has them open;
+- ``retired_ktable_topics``: replaced versions' KTable topics, deleted once no read API
+  instance has them open (``readers``, the ``ktable_readers`` table);
 - ``ktable_partitions``: every partition count each KTable topic has had.
 
 Version 1 is registered when a projection first runs. A replay builds version N+1 beside the
@@ -26,40 +26,33 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from eventfold.projections.state.lease import WriterFenced
+from eventfold.projections.state.lease import VERSIONS_TABLE, WriterFenced
+from eventfold.projections.state.readers import (
+    KTABLE_READERS_TABLE,
+    READER_TTL_S,
+    SWITCH_LOCK,
+    forget_gone_readers,
+)
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
 from eventfold.contract import PartitionKey, flatten_offsets, libpq_url, nest_offsets
 
 CHECKPOINTS_TABLE = "projection_checkpoints"
-VERSIONS_TABLE = "projection_versions"
 READER_ROLE = "eventfold_reader"  # created by migration 0005; read models grant it SELECT
-KTABLE_READERS_TABLE = "ktable_readers"  # migration 0008: which instance has which topic open
 RETIRED_TOPICS_TABLE = "retired_ktable_topics"  # replaced versions' topics awaiting deletion
-READER_TTL_S = 15.0
-"""A reader whose heartbeat is older than this is gone (crashed or stopped)."""
-READER_HEARTBEAT_S = 3.0
-"""How often a read API instance renews its rows: well inside ``READER_TTL_S``."""
 
 _TABLE = sql.Identifier(VERSIONS_TABLE)
 _CHECKPOINTS = sql.Identifier(CHECKPOINTS_TABLE)
 _RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)
 _IN_FLIGHT = sql.Identifier("batches_in_flight")
 # A retired topic nobody reads: no fresh heartbeat for it. A reader that saw the old version
-# just before the switch has its row by then (``note_reader``, under ``_SWITCH_LOCK``).
+# just before the switch has its row by then (``readers.note_reader``, under ``SWITCH_LOCK``).
 _UNREAD_RETIRED = sql.SQL("""
     SELECT r.topic FROM {retired} r
     WHERE NOT EXISTS (SELECT 1 FROM {readers} k WHERE k.topic = r.topic
                       AND k.seen_at > now() - make_interval(secs => %s))
 """).format(retired=_RETIRED, readers=sql.Identifier(KTABLE_READERS_TABLE))
-# Rows of instances that crashed: they hold no topic (as above), and would stay forever.
-_FORGET_GONE_READERS = sql.SQL(
-    "DELETE FROM {readers} WHERE seen_at <= now() - make_interval(secs => %s)"
-).format(readers=sql.Identifier(KTABLE_READERS_TABLE))
-_SWITCH_LOCK = "eventfold.switch:"
-"""Per projection, an advisory lock a switch takes exclusively as it retires the old topic,
-and a reader shares while it checks the active version and registers that version's topic."""
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +188,7 @@ class ProjectionCatalog:
         """Queue a replaced version's KTable topic for deletion (in the switch's transaction).
         It is deleted once no read API instance has it open, so that no reader serves from
         a topic being deleted under it."""
-        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (_SWITCH_LOCK + name,))
+        conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (SWITCH_LOCK + name,))
         conn.execute(sql.SQL("INSERT INTO {} (topic, projection, version) VALUES (%s, %s, %s) "
                              "ON CONFLICT (topic) DO NOTHING").format(_RETIRED),
                      (topic, name, version))
@@ -211,7 +204,7 @@ class ProjectionCatalog:
         deleted: list[str] = []
         while True:
             with self._conn().transaction():  # one now(): a row forgotten, or one that counts
-                self._conn().execute(_FORGET_GONE_READERS, (READER_TTL_S,))
+                forget_gone_readers(self._conn())
                 topics = [row[0] for row in self._conn().execute(
                     _UNREAD_RETIRED, (READER_TTL_S,)).fetchall()]
             if topics:
@@ -409,7 +402,6 @@ def active_checkpoints(conn: psycopg.Connection, names: Sequence[str]
         in rows]
 
 
-_READERS = sql.Identifier(KTABLE_READERS_TABLE)
 _PARTITION_COUNTS = sql.Identifier("ktable_partitions")
 
 
@@ -433,65 +425,6 @@ def partition_history(conn: psycopg.Connection, topics: Sequence[str]
         "WHERE topic = ANY(%s) GROUP BY topic, topic_id").format(_PARTITION_COUNTS),
         (list(topics),)).fetchall()
     return {(topic, topic_id): tuple(counts) for topic, topic_id, counts in rows}
-
-
-def note_reader(conn: psycopg.Connection, instance_id: str, topic: str, projection: str,
-                version: int) -> int | None:
-    """A read API instance is about to open ``topic``, the KTable of ``version``: registered
-    if that version is still the active one (or the projection has none yet), and None; else
-    nothing is registered, and the version a switch made active meanwhile is returned.
-
-    Both happen under a lock the switch takes as it retires the old topic (``retire_topic``),
-    so either the reader's row is there before the switch commits, and the old topic is not
-    deleted under it, or the reader sees the switch: no wait is needed for readers that saw
-    the old version just before the switch."""
-    with conn.transaction():
-        conn.execute("SELECT pg_advisory_xact_lock_shared(hashtext(%s))",
-                     (_SWITCH_LOCK + projection,))
-        row = conn.execute(sql.SQL("SELECT active_version FROM {} WHERE projection = %s")
-                           .format(_TABLE), (projection,)).fetchone()
-        if row is not None and row[0] is not None and int(row[0]) != version:
-            return int(row[0])
-        renew_reader(conn, instance_id, topic, projection, version)
-    return None
-
-
-def renew_reader(conn: psycopg.Connection, instance_id: str, topic: str, projection: str,
-                 version: int) -> None:
-    """A read API instance still has ``topic`` open: its heartbeat."""
-    conn.execute(sql.SQL("""
-        INSERT INTO {} (instance_id, topic, projection, version) VALUES (%s, %s, %s, %s)
-        ON CONFLICT (instance_id, topic) DO UPDATE SET seen_at = now()
-    """).format(_READERS), (instance_id, topic, projection, version))
-
-
-def forget_reader(conn: psycopg.Connection, instance_id: str, topic: str | None = None) -> None:
-    """The instance closed ``topic`` (None: all of its topics, as it stops)."""
-    if topic is None:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s").format(_READERS),
-                     (instance_id,))
-    else:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s AND topic = %s")
-                     .format(_READERS), (instance_id, topic))
-
-
-@dataclass(frozen=True)
-class LiveReader:
-    instance_id: str
-    projection: str
-    version: int
-    topic: str
-    seen_at: datetime
-
-
-def live_readers(conn: psycopg.Connection) -> list[LiveReader]:
-    """The KTable topics read API instances have open, by heartbeats younger than
-    ``READER_TTL_S``."""
-    rows = conn.execute(sql.SQL(
-        "SELECT instance_id, projection, version, topic, seen_at FROM {} "
-        "WHERE seen_at > now() - make_interval(secs => %s) ORDER BY instance_id, topic")
-        .format(_READERS), (READER_TTL_S,)).fetchall()
-    return [LiveReader(*row) for row in rows]
 
 
 def builds(conn: psycopg.Connection) -> dict[str, int]:

@@ -41,7 +41,9 @@ PROCESS_HOLDER = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 """This process as a holder: a runner started again in the same process takes the lease
 over from the one before it (with a new epoch, fencing it)."""
 
-_TABLE = sql.Identifier("projection_versions")
+VERSIONS_TABLE = "projection_versions"
+"""The projections' registry (``catalog``), whose rows hold the leases."""
+_TABLE = sql.Identifier(VERSIONS_TABLE)
 
 
 class WriterBusy(RuntimeError):

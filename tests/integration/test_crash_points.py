@@ -17,7 +17,7 @@ import requests
 from confluent_kafka.admin import AdminClient
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.projections.faults import CRASH_EXIT_CODE, POINTS
-from eventfold.projections.state.catalog import READER_TTL_S
+from eventfold.projections.state.readers import READER_TTL_S
 from sqlalchemy import text
 
 from examples import sales

@@ -10,13 +10,8 @@ import threading
 import uuid
 
 import psycopg
-from eventfold.projections.state.catalog import (
-    READER_ROLE,
-    READER_TTL_S,
-    ProjectionCatalog,
-    forget_reader,
-    note_reader,
-)
+from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
+from eventfold.projections.state.readers import READER_TTL_S, forget_reader, note_reader
 from eventfold.read_api.freshness import connect_as_reader
 
 from eventfold.contract import libpq_url
