@@ -6,7 +6,7 @@ Three layers, each importing only those before it:
 - ``persistence``: the Postgres event store (events and their outbox rows appended in ONE
   transaction), group commit, repositories;
 - ``commands`` (the application: commands, handlers, the command bus) and ``http`` (the
-  command API, a transport over the bus).
+  command API, a transport over the bus, with its OpenAPI document in ``openapi``).
 
 May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI, prometheus-client
 (``metrics``, a leaf every layer may import) and ``eventfold.contract``. It imports no other

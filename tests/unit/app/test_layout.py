@@ -60,8 +60,10 @@ RUNNING = {f"projections.{m}" for m in ("host", "runner", "stream_thread", "repl
                                          "metrics", "dead_letters", "testing")}
 """What runs a projection (the streaming query, replays, operations): nothing below imports it."""
 LAYERS = {
-    "write_model/domain": {"write_model.persistence", "write_model.commands", "write_model.http"},
-    "write_model/persistence": {"write_model.commands", "write_model.http"},
+    "write_model/domain": {"write_model.persistence", "write_model.commands", "write_model.http",
+                           "write_model.openapi"},
+    "write_model/persistence": {"write_model.commands", "write_model.http",
+                                "write_model.openapi"},
     # projections: definition <- plan <- outcome <- state <- execution <- running it
     "projections/definition": {"projections.plan", "projections.outcome", "projections.state",
                                "projections.execution", *RUNNING},
