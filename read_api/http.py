@@ -23,33 +23,41 @@ current version. The query grammar is in ``read_api.query``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
 import logging
 import os
 import pathlib
 import socket
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import Any
 
-import orjson
 import psycopg
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections import Projection
 from eventfold.read_api.commits import CommitNotifications
 from eventfold.read_api.freshness import FreshnessMonitor
+from eventfold.read_api.ktable_routes import ktable_gets, ktable_routes
 from eventfold.read_api.ktables import KTableHost
-from eventfold.read_api.metrics import KTABLES, READ_YOUR_WRITES
+from eventfold.read_api.metrics import KTABLES
+from eventfold.read_api.params import (
+    READ_YOUR_WRITES_DOC,
+    VersionNotReached,
+    checked_text,
+    int_param,
+    json_response,
+    known_names,
+    only_params,
+    query_params,
+    unavailable,
+    wait_deadline,
+    wait_until,
+)
 from eventfold.read_api.presence import ReaderPresence
 from eventfold.read_api.query import (
-    DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
     parse_filters,
-    parse_limit,
     parse_list_query,
 )
 from eventfold.read_api.read_models import ReadModel, reader_pool
@@ -62,13 +70,10 @@ from eventfold.read_api.responses import (
     error,
     not_found,
 )
-from eventfold.read_api.schema import QueryError, check_text
+from eventfold.read_api.schema import QueryError
 from eventfold.read_api.state import StoreConfig
 from eventfold.read_api.state.membership import Membership, Report, TopicReport
 from eventfold.read_api.state.queries import (
-    GATHER_PAGE,
-    Caller,
-    Forwarded,
     KTableQueries,
     Unavailable,
     UnknownTable,
@@ -76,27 +81,15 @@ from eventfold.read_api.state.queries import (
 from eventfold.read_api.state.routing import DEFAULT_ACCEPTABLE_LAG, Router
 from eventfold.read_api.state.stores import IN_MEMORY
 from eventfold.read_api.workers import WorkerLead
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Path, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import Response
 from psycopg_pool import PoolTimeout
-from starlette._utils import get_route_path
-from starlette.routing import Route
-from starlette.types import Scope
 
-from eventfold.contract.asgi import Match, RouterBypass
+from eventfold.contract.asgi import RouterBypass
 
 log = logging.getLogger(__name__)
 
-DEFAULT_WAIT_MS = 5_000
-MAX_WAIT_MS = 30_000
-_POLL_S = 0.02
 _YOUNG_OBJECTS_BEFORE_A_COLLECTION = 10_000
-_NOTIFIED_POLL_S = 1.0  # notified of commits: a look now and then, in case one was missed
-READ_YOUR_WRITES_DOC = (
-    f"Read-your-writes: `min_version=N` (the `version` the command API returned) waits up to "
-    f"`wait_ms` (default {DEFAULT_WAIT_MS}, at most {MAX_WAIT_MS}) until the projection has "
-    "applied version N of the stream, else answers 504; a read model re-keyed with `key_by` "
-    "also takes `stream=<the aggregate id the command wrote to>`.")
 
 
 @dataclass(frozen=True)
@@ -125,93 +118,6 @@ class ReadApiOptions:
     skip_router: bool = True
     """KTable gets go past the router (``ktable_gets``); off: through it, as the reference
     the bypass is tested against."""
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, Decimal):
-        return float(value)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def json_response(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body, default=_json_default), status_code=status,
-                    media_type="application/json")
-
-
-def _query_params(request: Request) -> list[tuple[str, str]]:
-    return list(request.query_params.multi_items())
-
-
-def _int_param(request: Request, name: str, default: int | None, low: int, high: int
-               ) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise QueryError(f"{name}: {raw!r} is not an integer") from None
-    if not low <= value <= high:
-        raise QueryError(f"{name}: must be between {low} and {high}, got {value}")
-    return value
-
-
-async def _checked_text(request: Request) -> None:
-    """Every path and query parameter must be text a stored value could hold: a 400 naming
-    the parameter, never a database error."""
-    for name, value in request.path_params.items():
-        check_text(value, name)
-    for name, value in request.query_params.multi_items():
-        check_text(name, "parameter name")
-        check_text(value, name)
-
-
-def _only(request: Request, allowed: Iterable[str]) -> None:
-    known = set(allowed)
-    for name in request.query_params:
-        if name not in known:
-            raise QueryError(f"{name}: unknown parameter; this endpoint takes "
-                             f"{', '.join(sorted(known)) or 'none'}")
-
-
-def _wait_deadline(request: Request) -> float:
-    wait_ms = _int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS) or 0
-    return time.monotonic() + wait_ms / 1000
-
-
-async def wait_until(probe: Callable[[], Awaitable[int | None]], min_version: int,
-                     deadline: float, what: str, kind: str,
-                     woken: Callable[[], asyncio.Event | None] = lambda: None) -> None:
-    """Ask ``probe`` (the version applied so far) again, when ``woken`` says something may
-    have changed (else every ``_POLL_S``), until it reaches ``min_version``; past the deadline
-    answer 504 with the version reached. ``kind`` (read_model, ktable) labels the wait's
-    metric."""
-    waited = False
-    while True:
-        wake = woken()
-        current = await probe()
-        if current is not None and current >= min_version:
-            READ_YOUR_WRITES.labels(kind, "waited" if waited else "at_once").inc()
-            return
-        if time.monotonic() >= deadline:
-            READ_YOUR_WRITES.labels(kind, "timed_out").inc()
-            raise VersionNotReached(what, min_version, current)
-        waited = True
-        pause = min(_POLL_S if wake is None else _NOTIFIED_POLL_S,
-                    max(deadline - time.monotonic(), 0.0))
-        if wake is None:
-            await asyncio.sleep(pause)
-        else:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wake.wait(), pause)
-
-
-class VersionNotReached(Exception):
-    def __init__(self, what: str, wanted: int, current: int | None) -> None:
-        super().__init__(f"{what} has not reached version {wanted} yet (at "
-                         f"{current if current is not None else 'none'}); retry later")
-        self.wanted = wanted
-        self.current = current
 
 
 def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
@@ -301,13 +207,13 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     @app.exception_handler(psycopg.errors.UndefinedTable)
     async def not_built(request: Request, exc: psycopg.Error) -> Response:
         name = request.path_params.get("name") or request.url.path.split("/")[2]
-        return _unavailable(f"read model {name} has no table yet: its projection has never "
+        return unavailable(f"read model {name} has no table yet: its projection has never "
                             f"run (start it with `eventfold projection run {name}`)")
 
     @app.exception_handler(psycopg.errors.QueryCanceled)
     async def too_slow(_: Request, exc: psycopg.Error) -> Response:
         log.warning("503: a read query ran past the statement timeout: %s", exc)
-        return _unavailable(f"the query ran past the read statement timeout "
+        return unavailable(f"the query ran past the read statement timeout "
                             f"({options.statement_timeout_ms} ms): narrow its filters, or sort "
                             "by an indexed field")
 
@@ -315,7 +221,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     @app.exception_handler(PoolTimeout)
     async def database_down(_: Request, exc: Exception) -> Response:
         log.warning("503: database unavailable: %s", exc)
-        return _unavailable("the database is unavailable; retry shortly")
+        return unavailable("the database is unavailable; retry shortly")
 
     @app.exception_handler(VersionNotReached)
     async def not_reached(_: Request, exc: VersionNotReached) -> Response:
@@ -324,18 +230,18 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
 
     @app.exception_handler(Unavailable)
     async def not_yet(_: Request, exc: Unavailable) -> Response:
-        return _unavailable(str(exc))
+        return unavailable(str(exc))
 
     @app.exception_handler(UnknownTable)
     async def no_such_table(_: Request, exc: UnknownTable) -> Response:
         return json_response({"detail": str(exc)}, 404)
 
-    data = APIRouter(dependencies=[*auth, Depends(_checked_text)],
+    data = APIRouter(dependencies=[*auth, Depends(checked_text)],
                      responses={**BAD_QUERY, **(UNAUTHORIZED if auth else {})})
     _discovery_routes(data, read_models, monitor)
     for read_model in read_models.values():
         _read_model_routes(data, read_model, monitor, commits)
-    get_entry = _ktable_routes(data, read_models, queries)
+    get_entry = ktable_routes(data, read_models, queries)
     if options.skip_router and (not auth or authorize is not None):
         app.add_middleware(RouterBypass, handlers=app.exception_handlers,
                            match=ktable_gets(get_entry, frozenset(read_models), authorize))
@@ -345,16 +251,9 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     return app
 
 
-def _known_names(read_models: dict[str, ReadModel]) -> Any:
-    """The ``{name}`` path parameter, documented as one of the app's read models (any other
-    name is answered 404)."""
-    return Path(description="a read model (and KTable) of this app",
-                json_schema_extra={"enum": sorted(read_models)})
-
-
 def _discovery_routes(router: APIRouter, read_models: dict[str, ReadModel],
                       monitor: FreshnessMonitor) -> None:
-    names = _known_names(read_models)
+    names = known_names(read_models)
 
     @router.get("/read-models", tags=["read models"])
     async def list_read_models() -> Response:
@@ -395,8 +294,8 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                            **not_found("no row with that key", with_freshness=True),
                            **UNAVAILABLE, **NOT_REACHED})
     async def get_row(key: str, request: Request) -> Response:
-        _only(request, ("min_version", "stream", "wait_ms"))
-        min_version = _int_param(request, "min_version", None, 1, 2**62)
+        only_params(request, ("min_version", "stream", "wait_ms"))
+        min_version = int_param(request, "min_version", None, 1, 2**62)
         if min_version is not None:
             stream = request.query_params.get("stream")
             if stream is None and not schema.keyed_by_stream:
@@ -409,7 +308,7 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                 return None if version is None else await read_model.stream_version(
                     version, stream or key)
 
-            await wait_until(applied, min_version, _wait_deadline(request),
+            await wait_until(applied, min_version, wait_deadline(request),
                              f"{name} for stream {stream or key!r}", "read_model",
                              woken=lambda: commits.next_commit(name))
         row = await read_model.get(key)
@@ -427,7 +326,7 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                         "next_cursor": {"type": ["string", "null"]},
                         "freshness": FRESHNESS}}}}}, **UNAVAILABLE})
     async def list_rows(request: Request) -> Response:
-        query = parse_list_query(schema, _query_params(request))
+        query = parse_list_query(schema, query_params(request))
         rows, next_cursor = await read_model.page(query)
         return json_response({"rows": rows, "next_cursor": next_cursor,
                               "freshness": freshness()})
@@ -445,7 +344,7 @@ def _read_model_routes(router: APIRouter, read_model: ReadModel,
                             "rows_written_since": {"type": "integer"}}},
                         "freshness": FRESHNESS}}}}}, **UNAVAILABLE})
     async def count_rows(request: Request) -> Response:
-        counted = await read_model.count(parse_filters(schema, _query_params(request)))
+        counted = await read_model.count(parse_filters(schema, query_params(request)))
         return json_response({**counted.as_json(), "freshness": freshness()})
 
 
@@ -456,161 +355,6 @@ def _unknown_read_model_route(router: APIRouter, read_models: dict[str, ReadMode
             raise HTTPException(404, f"no endpoint {rest!r} on read model {name}; use rows, "
                                      "rows/{key} or count")
         raise HTTPException(404, f"unknown read model {name!r}; known: {sorted(read_models)}")
-
-
-def _ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],
-                   queries: KTableQueries) -> Callable[..., Awaitable[Response]]:
-    """The KTable routes on ``router``, over ``queries``; returns the get-by-key endpoint
-    (``KTableGets``)."""
-    names = _known_names(read_models)
-
-    def caller(request: Request) -> Caller:
-        authorization = request.headers.get("authorization")
-        if not request.scope["query_string"]:  # the common get: no parameter to read
-            return Caller(authorization)
-        params = request.query_params
-        local = params.get("local") == "true"
-        min_version = _int_param(request, "min_version", None, 1, 2**62)
-        return Caller(
-            authorization=authorization, local=local,
-            version=_int_param(request, "version", None, 1, 2**31) if local else None,
-            partitions=_partitions(params.get("partitions", "")) if local else (),
-            partition=(_int_param(request, "partition", None, 0, 2**31) if local else None),
-            min_version=min_version,
-            wait_ms=(_int_param(request, "wait_ms", DEFAULT_WAIT_MS, 0, MAX_WAIT_MS)
-                     if min_version is not None else None))
-
-    @router.get("/ktables", tags=["ktables"], summary="KTables this instance serves")
-    async def list_ktables() -> Response:
-        return json_response(queries.tables())
-
-    @router.get("/ktables/{name}/metadata", tags=["ktables"],
-                summary="Which instance holds which partitions of a KTable",
-                responses=not_found("no KTable of that name"))
-    async def ktable_metadata(name: str = names) -> Response:
-        return json_response(queries.metadata(name))
-
-    @router.get("/ktables/{name}/keys/{key}/metadata", tags=["ktables"],
-                summary="Which instance holds a key (as Kafka Streams' queryMetadataForKey)",
-                responses=not_found("no KTable of that name"))
-    async def key_metadata(key: str, name: str = names) -> Response:
-        return json_response(queries.key_metadata(name, key))
-
-    @router.get("/ktables/{name}/entries/{key}", tags=["ktables"], summary="One KTable value",
-                description=READ_YOUR_WRITES_DOC + " Any instance answers: a key held by "
-                "another is fetched from it (from a standby, marked `stale`, when its active "
-                "host is down). `freshness.lag_records` is measured against the topic's end "
-                "offsets (`lag_measured_at`).",
-                responses={**not_found("no KTable of that name, or no value for the key"),
-                           **UNAVAILABLE, **NOT_REACHED})
-    async def get_entry(request: Request, key: str, name: str = names) -> Response:
-        _only(request, ("min_version", "wait_ms", "local", "version", "partition"))
-        asked = caller(request)
-        wait = None
-        if asked.min_version is not None:
-            if not read_models[name].schema.keyed_by_stream:
-                raise QueryError(f"min_version: KTable {name} is keyed by "
-                                 f"{read_models[name].projection.key_by!r}, not by stream; "
-                                 "use the read model with stream=")
-            wanted, deadline = asked.min_version, _wait_deadline(request)
-
-            async def wait(applied: Callable[[], Awaitable[int | None]]) -> None:
-                await wait_until(applied, wanted, deadline, f"KTable {name} key {key!r}",
-                                 "ktable")
-
-        answer = await queries.get(name, key, asked, wait)
-        if isinstance(answer, Forwarded):
-            return Response(answer.body, answer.status, media_type="application/json")
-        status, body = answer
-        return json_response(body, status)
-
-    @router.get("/ktables/{name}/entries", tags=["ktables"],
-                summary="A key range of a KTable, paged or as NDJSON",
-                description="`from` and `to` are inclusive key bounds (key order); `after` "
-                f"and `limit` (1..{MAX_PAGE_SIZE}) page; `format=ndjson` streams every entry "
-                "in the range, one JSON object per line. Gathered from every instance that "
-                "holds a part of the table, merged in key order.",
-                responses={**not_found("no KTable of that name"), **UNAVAILABLE})
-    async def range_entries(request: Request, name: str = names) -> Response:
-        _only(request, ("from", "to", "after", "limit", "format", "local", "partitions",
-                        "version"))
-        params = request.query_params
-        start, end, after = params.get("from"), params.get("to"), params.get("after")
-        output = params.get("format", "json")
-        if output not in ("json", "ndjson"):
-            raise QueryError(f"format: {output!r}; use json or ndjson")
-        asked = caller(request)
-        if asked.local:  # one instance's part of a gathered range
-            limit = _int_param(request, "limit", DEFAULT_PAGE_SIZE, 1, GATHER_PAGE + 1) or 1
-            return json_response(await queries.range(name, asked, start, end, after, limit))
-        if output == "ndjson" or "application/x-ndjson" in request.headers.get("accept", ""):
-            chunks = queries.export(name, asked, start, end)  # a 503 now, not a stream cut
-            return StreamingResponse(_ndjson(chunks), media_type="application/x-ndjson")
-        limit = parse_limit(params.get("limit"))
-        return json_response(await queries.range(name, asked, start, end, after, limit))
-
-    @router.get("/ktables/{name}/count", tags=["ktables"], summary="Key count",
-                description="The keys of every partition, as each instance serving it holds "
-                "them now.", responses={**not_found("no KTable of that name"), **UNAVAILABLE})
-    async def count_entries(request: Request, name: str = names) -> Response:
-        _only(request, ("local", "partitions", "version"))
-        return json_response(await queries.count(name, caller(request)))
-
-    return get_entry
-
-
-async def _ndjson(chunks: AsyncIterator[list[dict[str, Any]]]) -> AsyncIterator[bytes]:
-    async for chunk in chunks:
-        yield b"".join(orjson.dumps(entry, default=_json_default) + b"\n" for entry in chunk)
-
-
-def _partitions(raw: str) -> tuple[int, ...]:
-    """A forwarded range's or count's partitions (``0,3,5``)."""
-    try:
-        return tuple(int(p) for p in raw.split(",") if p)
-    except ValueError:
-        raise QueryError(f"partitions: {raw!r} is not a list of partitions") from None
-
-
-def ktable_gets(get_entry: Callable[..., Awaitable[Response]], names: frozenset[str],
-                authorize: Callable[[str | None], None] | None) -> Match:
-    """``GET /ktables/{name}/entries/{key}`` with no parameters but those of a forwarded
-    read, for ``RouterBypass``: a KTable get is the read API's hot path, and one forwarded to
-    another instance crosses two of them (docs/benchmarks.md, "KTable partitions among
-    instances"). What the route's dependencies do, its endpoint here does first:
-    ``authorize`` the Authorization header, check the path's text."""
-
-    async def endpoint(request: Request, name: str, key: str) -> Response:
-        if authorize is not None:
-            authorize(request.headers.get("authorization"))
-        await _checked_text(request)
-        return await get_entry(request, key=key, name=name)
-
-    route = Route("/ktables/{name}/entries/{key}", endpoint, methods=["GET"])
-
-    def match(scope: Scope) -> tuple[Route, dict[str, str]] | None:
-        if scope.get("method") != "GET":
-            return None
-        parts = get_route_path(scope).split("/")
-        if (len(parts) != 5 or parts[1] != "ktables" or parts[3] != "entries"
-                or parts[2] not in names or not parts[4]):
-            return None
-        query = scope.get("query_string", b"")
-        if query and not all(pair.split(b"=", 1)[0] in _FORWARD_PARAMETERS
-                             for pair in query.split(b"&")):
-            return None
-        return route, {"name": parts[2], "key": parts[4]}
-
-    return match
-
-
-_FORWARD_PARAMETERS = frozenset({b"local", b"version", b"partition"})
-
-
-def _unavailable(detail: str) -> Response:
-    response = json_response({"detail": detail}, 503)
-    response.headers["Retry-After"] = "1"
-    return response
 
 
 def _health_routes(app: FastAPI, pool: Any, hosts: dict[str, KTableHost],

@@ -23,7 +23,7 @@ from eventfold.projections import FoldProjection
 from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
 from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
-from eventfold.read_api import http as read_http
+from eventfold.read_api import params as read_params
 from eventfold.read_api.metrics import READ_YOUR_WRITES
 from eventfold.read_api.query import encode_cursor, page_query, parse_list_query, parse_sort
 from eventfold.read_api.schema import ReadModelSchema
@@ -376,8 +376,8 @@ def test_a_waiting_read_wakes_at_the_commit_not_at_a_poll(inventory_app, stack_s
                                                           monkeypatch):
     """Polls put 30 s apart: only the batch commit's notification can answer the waiting
     read within seconds."""
-    monkeypatch.setattr(read_http, "_POLL_S", 30.0)
-    monkeypatch.setattr(read_http, "_NOTIFIED_POLL_S", 30.0)
+    monkeypatch.setattr(read_params, "_POLL_S", 30.0)
+    monkeypatch.setattr(read_params, "_NOTIFIED_POLL_S", 30.0)
     projection = catalog_projection(uuid.uuid4().hex[:8])
     materialize(stack_settings, projection, {"p1": {"stock": 1}})
     server = read_api([projection], stack_settings, "woken")
