@@ -24,7 +24,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.outbox.connector import ConnectClient
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config
-from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
+from eventfold.projections.running_query import stop_gracefully
 from eventfold.projections.state.store import StagedBatch
 
 from bench.common import own_stack, percentile

@@ -40,7 +40,9 @@ from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MA
 from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.metrics import ProjectionLag
 from eventfold.projections.replay import ReplayResult, replay
-from eventfold.projections.runner import ProjectionRunner, RunnerSettings, stop_gracefully
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
+from eventfold.projections.running_query import stop_gracefully
 from eventfold.projections.state.store import StagedBatch
 from sqlalchemy import BigInteger
 
@@ -270,7 +272,8 @@ def main() -> None:
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("eventfold.projections.runner").setLevel(args.log_level)
+    for running in ("eventfold.projections.runner", "eventfold.projections.progress"):
+        logging.getLogger(running).setLevel(args.log_level)
     for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="eventfold-bench-") as tmp:

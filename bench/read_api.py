@@ -26,7 +26,8 @@ import psycopg
 import requests
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.execution.spark import spark_session
-from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
 from eventfold.write_model import EventStore, StreamAppend
 from eventfold.write_model.persistence.store import NewEvent
 

@@ -34,12 +34,9 @@ from eventfold.projections.execution.spark import (
     spark_session,
 )
 from eventfold.projections.replay import ReplayResult, replay
-from eventfold.projections.runner import (
-    ProjectionRunner,
-    RunnerSettings,
-    RunningQuery,
-    stop_gracefully,
-)
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
+from eventfold.projections.running_query import RunningQuery, stop_gracefully
 
 from bench.common import own_stack, percentile
 from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
@@ -101,7 +98,8 @@ def main() -> None:
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("py4j", "alembic", "eventfold.outbox.topics", "eventfold.projections.runner"):
+    for noisy in ("py4j", "alembic", "eventfold.outbox.topics", "eventfold.projections.runner",
+                  "eventfold.projections.progress"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     with own_stack("eventfold-replay-live-") as (settings, work_dir):
         migrations.upgrade(settings.database_url)

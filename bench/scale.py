@@ -31,7 +31,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.replay import replay
-from eventfold.projections.runner import RunnerSettings
+from eventfold.projections.run_settings import RunnerSettings
 
 from bench.common import PeakMemory, in_a_process
 from bench.projections import (

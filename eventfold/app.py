@@ -49,8 +49,10 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from eventfold.projections.host import ProjectionHost
+    from eventfold.projections.progress import Progress
     from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
-    from eventfold.projections.runner import Progress, ProjectionRunner, RunnerSettings
+    from eventfold.projections.run_settings import RunnerSettings
+    from eventfold.projections.runner import ProjectionRunner
     from eventfold.projections.state.lease import WriterLease
     from eventfold.read_api.state.stores import StoreKind
     from eventfold.run_observer import RunObserver
@@ -230,7 +232,7 @@ class Eventfold:
 
     @staticmethod
     def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
-        from eventfold.projections.runner import RunnerSettings, StreamingDriver
+        from eventfold.projections.run_settings import RunnerSettings, StreamingDriver
 
         return RunnerSettings(
             kafka=settings.kafka,
@@ -262,7 +264,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     and Spark's UI masks), so that task closures carry the URL without it; and Spark's Kafka
     source from the jars setup fetched, when the settings name no jars or packages of their
     own."""
-    from eventfold.projections.runner import EXECUTOR_PASSWORD
+    from eventfold.projections.run_settings import EXECUTOR_PASSWORD
 
     conf = dict(settings.spark_settings)
     # Python workers import the app's module to run its folds (pickled by reference).

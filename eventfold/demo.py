@@ -12,7 +12,7 @@ import requests
 from eventfold.app import app_of
 from eventfold.config import Settings
 from eventfold.local_stack.process import free_port
-from eventfold.projections.runner import stop_gracefully
+from eventfold.projections.running_query import stop_gracefully
 from eventfold.serving import BackgroundServer
 
 DELIVERIES = [("apples", 5), ("pears", 3), ("apples", 7), ("plums", 11), ("pears", 4),

@@ -23,7 +23,8 @@ from eventfold.projections.metrics import ParkedKeys, ProjectionLag
 from eventfold.projections.state.parking import parked_counts
 
 if TYPE_CHECKING:
-    from eventfold.projections.runner import ProjectionRunner, RunningQuery
+    from eventfold.projections.runner import ProjectionRunner
+    from eventfold.projections.running_query import RunningQuery
     from eventfold.status import DeclaredApp
 
 

@@ -23,8 +23,11 @@ Layers, each importing only those above it:
   first), the sources (``kafka_source``, ``store_source``);
 - what runs them: ``host`` (one Spark application running several, supervised, with the
   replays handed to it; wired by the composition root through ``HostWiring``), ``runner``
-  and its ``stream_thread``, ``replay``, ``status``, ``dead_letters``, ``metrics``, and
-  ``testing`` (an event topic in memory, for users' tests).
+  (with its ``run_settings``, ``progress`` and ``retention`` check, driven by a
+  ``stream_thread`` or by ``structured_streaming``, seen by callers as a ``running_query``),
+  ``replay``,
+  ``status``, ``dead_letters``, ``metrics``, and ``testing`` (an event topic in memory, for
+  users' tests).
 
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
 pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client, rich (progress

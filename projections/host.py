@@ -33,8 +33,10 @@ from typing import TYPE_CHECKING, Protocol, cast
 if TYPE_CHECKING:
     from eventfold.outbox.connection import KafkaConnection
     from eventfold.projections.definition.registry import ProjectionRegistry
+    from eventfold.projections.progress import Progress
     from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
-    from eventfold.projections.runner import Progress, ProjectionRunner, RunningQuery
+    from eventfold.projections.runner import ProjectionRunner
+    from eventfold.projections.running_query import RunningQuery
     from eventfold.projections.state.lease import WriterLease
     from pyspark.sql import SparkSession
 
@@ -57,7 +59,7 @@ class ProjectionsStopped(RuntimeError):
 def needs_a_person() -> tuple[type[Exception], ...]:
     """Errors that starting again would only meet again: printed plainly, exit code 1."""
     from eventfold.outbox.topics import ReplicationUnavailable, TopicConfigMismatch
-    from eventfold.projections.runner import SourceDataLost
+    from eventfold.projections.retention import SourceDataLost
     from eventfold.projections.state.lease import WriterBusy
 
     return SourceDataLost, TopicConfigMismatch, ReplicationUnavailable, GaveUp, WriterBusy
@@ -253,7 +255,7 @@ class _Supervisor:
         return lease if lease.wait(self.host.stop_requested) is not None else None
 
     def _run_until_it_ends(self, lease: WriterLease) -> _RunOutcome:
-        from eventfold.projections.runner import described, stop_gracefully
+        from eventfold.projections.running_query import described, stop_gracefully
         from eventfold.projections.state.lease import WriterFenced
         from eventfold.projections.state.topics import WritesFenced
 

@@ -28,7 +28,8 @@ from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.projections import metrics
 from eventfold.projections.definition.projection import Projection
-from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
 from eventfold.projections.state.catalog import ProjectionCatalog, written_in_flight
 from eventfold.projections.state.store import ReadModelStore, StagedBatch
 from pyspark.sql import SparkSession

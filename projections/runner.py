@@ -1,5 +1,6 @@
 """Running a projection: a stream thread (``stream_thread``) on the driver finds the records the
-store has not committed, or, with Spark's Kafka source, a Spark Structured Streaming query.
+store has not committed, or a Spark Structured Streaming query (``structured_streaming``) hands
+them over.
 
 Each batch: the runner shares the offset ranges out over Spark tasks; the executors read, fold
 and write them (``execution.engine``): each task stages the rows it
@@ -13,21 +14,14 @@ what was committed, and KTable re-writes are the same values again (last value w
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Protocol, get_args
 
-from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.history import count_events
-from eventfold.outbox.kafka import GroupProgress, OffsetPlanner
-from eventfold.outbox.topics import Replication
+from eventfold.outbox.kafka import GroupProgress
 from eventfold.projections import metrics
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution.context import BatchContext
@@ -42,18 +36,20 @@ from eventfold.projections.execution.engine import (
     run_fold_in_place,
 )
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
-from eventfold.projections.execution.limits import (
-    DRIVER_BATCH_MAX_ROWS,
-    FAIR_BATCH_ROWS,
-    STREAMING_MAX_ROWS,
-)
 from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
 from eventfold.projections.execution.turns import TURNS
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter
 from eventfold.projections.plan import Pipeline, compile_projection
+from eventfold.projections.progress import WAITED, PhaseClock, Progress, ProgressLog
+from eventfold.projections.retention import check_retained
+from eventfold.projections.run_settings import (
+    RunnerSettings,
+    executor_database_url,
+)
+from eventfold.projections.running_query import RunningQuery, described
 from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.lease import LEASE_S, WriterLease
+from eventfold.projections.state.lease import WriterLease
 from eventfold.projections.state.parking import ParkedKeysReleased
 from eventfold.projections.state.store import (
     NOTED_LETTERS,
@@ -63,18 +59,17 @@ from eventfold.projections.state.store import (
 )
 from eventfold.projections.state.topics import (
     LetterNote,
-    OutputTopicConfigs,
     TopicSink,
     fence_writers,
     writer_slots,
 )
 from eventfold.projections.stream_thread import StreamThread
+from eventfold.projections.structured_streaming import start_query
 from eventfold.projections.task_errors import raised_in_task
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
 
-from eventfold.contract import PartitionKey, interval_seconds, nest_offsets, split_password
+from eventfold.contract import PartitionKey, interval_seconds
 
 log = logging.getLogger(__name__)
 
@@ -83,76 +78,6 @@ _CLEANUP_EVERY_S = 30.0
 _LOOK_AT_PARTITIONS_EVERY_S = 5.0
 """How often the KTable topic's partition count is asked for (partitions added under a
 running projection)."""
-_SLOW_PHASE_S = 15.0
-"""A phase of starting a query that takes longer than this is logged while it runs."""
-
-
-EXECUTOR_PASSWORD = "spark.executorEnv.PGPASSWORD"
-"""The Spark setting that gives executors the database password (libpq reads ``PGPASSWORD``);
-Spark masks it in its UI and logs."""
-_EXECUTOR_CREDENTIALS = (EXECUTOR_PASSWORD, "spark.executorEnv.PGPASSFILE",
-                         "spark.executorEnv.PGSERVICEFILE")
-
-StreamingDriver = Literal["stream_thread", "structured_streaming"]
-STREAMING_DRIVERS: tuple[StreamingDriver, ...] = get_args(StreamingDriver)
-
-
-@dataclass(frozen=True)
-class RunnerSettings:
-    kafka: KafkaConnection
-    database_url: str
-    checkpoint_root: Path
-    trigger_interval: str = "100 milliseconds"
-    max_rows_per_batch: int = STREAMING_MAX_ROWS
-    fair_batch_rows: int = FAIR_BATCH_ROWS
-    """The most records a live batch takes while another live projection of the process
-    follows its topics closely (``execution.turns``; 0: no limit)."""
-    driver_batch_max_rows: int = DRIVER_BATCH_MAX_ROWS
-    """A batch of at most this many records, of a fold or aggregation in place, runs on the
-    driver instead of as a Spark job (0: every batch is a Spark job)."""
-    topic_configs: OutputTopicConfigs = field(default_factory=OutputTopicConfigs)
-    """Of the KTable topics beyond ``cleanup.policy=compact`` (segment size, dirty ratio,
-    compaction lag...), and the retention of dead letters and derived events."""
-    replication: Replication = field(default_factory=Replication)
-    """Replication of the KTable, dead-letter and derived-event topics this projection
-    creates."""
-    allow_data_loss: bool = False
-    """Go on when retention deleted events this projection never read (else it stops)."""
-    metrics: bool = True
-    """Record each batch in the Prometheus metrics (``projections.metrics``)."""
-    driver: StreamingDriver = "stream_thread"
-    """What drives a streaming run's batches: ``stream_thread`` (a loop on the driver whose
-    Spark tasks read and fold their partitions' ranges in one pass) or
-    ``structured_streaming`` (a Spark Structured Streaming query over Spark's own Kafka
-    source, with a Spark checkpoint of its own)."""
-    retire_wait_s: float = 60.0
-    """How long a replay waits for read APIs to leave the old KTable topic before deleting
-    it (later runs delete it once they have)."""
-    stall_after_s: float = 120.0
-    """A stream thread whose look or batch goes on longer than this (plus three times its
-    longest batch) is stalled: its host cancels its jobs and starts it again."""
-    writer_lease_s: float = LEASE_S
-    """How long the active version's writer lease lasts unrenewed (``state.lease``)."""
-    deleted_key_retention_s: float | None = None
-    """How long the row of a deleted key stays (with its version guard) before the active
-    version prunes it (None: forever; an app's ``Settings.deleted_key_retention`` holds the
-    default)."""
-
-
-WAITED = "waited"
-"""The phase, before a batch starts, from its earliest record's append to Kafka."""
-
-
-class SourceDataLost(RuntimeError):
-    """Retention deleted source events a projection had not read yet."""
-
-
-class Progress(Protocol):
-    def add(self, batch_id: int, records: int, batch: StagedBatch,
-            phases: Mapping[str, float]) -> None:
-        """A committed batch: ``phases`` its seconds by phase (``BatchPhases``)."""
-
-    def close(self) -> None: ...
 
 
 class ProjectionRunner:
@@ -236,7 +161,7 @@ class ProjectionRunner:
     def start(self, once: bool = False) -> RunningQuery:
         """Start streaming: ``once`` catches up with what is there now and stops."""
         what = f"projection {self.projection.name} v{self.version}"
-        clock = _PhaseClock(watching=f"{what}: starting")
+        clock = PhaseClock(watching=f"{what}: starting")
         with clock.phase("tables, topics and view"):
             self.prepare()
         if self.is_active:
@@ -245,10 +170,10 @@ class ProjectionRunner:
         with clock.phase("checkpoint"):
             committed = self.offsets = self.store.committed_offsets()
         with clock.phase("retention check"):
-            self._check_retained(committed)
+            check_retained(self.projection, self.version, self.settings, committed)
         with clock.phase("query"):
             query: RunningQuery = (
-                self._spark_query(committed, once)
+                start_query(self, committed, once)
                 if self.settings.driver == "structured_streaming"
                 else StreamThread(self, interval_seconds(self.settings.trigger_interval),
                                   once, self.settings.stall_after_s).start())
@@ -281,39 +206,6 @@ class ProjectionRunner:
         """Raise ``WriterFenced`` once this runner lost the writer lease."""
         if self.lease is not None and self.is_active:
             self.lease.check()
-
-    def _spark_query(self, committed: Mapping[PartitionKey, int], once: bool
-                     ) -> StreamingQuery:
-        writer = (
-            self._spark_kafka_source(committed).writeStream
-            .queryName(f"{self.projection.name}_v{self.version}")
-            .option("checkpointLocation", str(self.checkpoint_dir))
-            .foreachBatch(self.process_records)
-        )
-        return (writer.trigger(availableNow=True) if once else writer.trigger(
-            processingTime=self.settings.trigger_interval)).start()
-
-    def _spark_kafka_source(self, committed: Mapping[PartitionKey, int]) -> DataFrame:
-        """Spark's built-in Kafka source (``spark-sql-kafka-0-10`` on the classpath): each
-        batch's rows are its records."""
-        kafka = self.settings.kafka
-        planner = OffsetPlanner(kafka)
-        try:
-            partitions = planner.partitions(self.projection.source_topics)
-        finally:
-            planner.close()
-        # Spark wants every partition named: -2 is "earliest" in its offsets JSON.
-        starting = nest_offsets({key: committed.get(key, -2) for key in partitions})
-        return (
-            self.spark.readStream.format("kafka")
-            .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-            .options(**{f"kafka.{k}": v for k, v in kafka.java_config().items()})
-            .option("subscribe", ",".join(self.projection.source_topics))
-            .option("startingOffsets", json.dumps(starting))
-            .option("maxOffsetsPerTrigger", str(self.settings.max_rows_per_batch))
-            .option("failOnDataLoss", str(not self.settings.allow_data_loss).lower())
-            .load()
-        )
 
     def catch_up(self, timeout_s: float = 3600) -> None:
         query = self.start(once=True)
@@ -351,14 +243,15 @@ class ProjectionRunner:
         per batch."""
         self.prepare()
         batch_id = self.next_batch_id()
-        self._check_retained(self.store.committed_offsets())
+        check_retained(self.projection, self.version, self.settings,
+                       self.store.committed_offsets())
         while self.fold_batch_up_to(batch_id, ending):
             batch_id += 1
 
     def fold_batch_up_to(self, batch_id: int, ending: Mapping[PartitionKey, int]) -> int:
         """Fold one batch of the records the store has not committed below ``ending``, at
         most ``max_rows_per_batch`` of them; how many it folded (0: none were left)."""
-        started, clock = time.time(), _PhaseClock()
+        started, clock = time.time(), PhaseClock()
         committed = self.store.committed_offsets()
         begin = {k: committed.get(k, 0) for k in ending}
         end = cap_rows(begin, ending, self._batch_rows())
@@ -402,45 +295,17 @@ class ProjectionRunner:
                                 self.settings.fair_batch_rows,
                                 max(self.settings.driver_batch_max_rows, 1))
 
-    def _check_retained(self, committed: Mapping[PartitionKey, int]) -> None:
-        """Stop if a source partition no longer holds events this version has not read:
-        retention deleted them, and folding on would silently leave them out. A version that
-        folded the event store first read them from there."""
-        if STORE_PARTITION in committed:
-            return
-        planner = OffsetPlanner(self.settings.kafka)
-        try:
-            beginning = planner.beginning_offsets(planner.partitions(
-                self.projection.source_topics))
-        finally:
-            planner.close()
-        lost = {key: (committed.get(key, 0), first) for key, first in beginning.items()
-                if first > committed.get(key, 0)}
-        if not lost:
-            return
-        events = sum(first - read for read, first in lost.values())
-        where = ", ".join(f"{t}[{p}] offsets {read:,}-{first - 1:,}"
-                          for (t, p), (read, first) in sorted(lost.items()))
-        message = (f"projection {self.projection.name} v{self.version}: {events:,} events it "
-                   f"never read were deleted by the topics' retention ({where}). Rebuild it "
-                   f"from the event store, which keeps every event: `eventfold projection "
-                   f"replay {self.projection.name} --from store`")
-        if not self.settings.allow_data_loss:
-            raise SourceDataLost(message + "; or set EVENTFOLD_ALLOW_DATA_LOSS=true to go on "
-                                 "without them")
-        log.warning("%s. Going on without them (EVENTFOLD_ALLOW_DATA_LOSS)", message)
-
     def next_batch_id(self) -> int:
         checkpoint = self.store.checkpoint()
         return checkpoint.batch_id + 1 if checkpoint else 0
 
     def _apply(self, batch_id: int, committed: dict[PartitionKey, int],
                end: dict[PartitionKey, int], records: int, pipeline: Pipeline | None,
-               fold: Fold, clock: _PhaseClock | None = None, started: float | None = None
+               fold: Fold, clock: PhaseClock | None = None, started: float | None = None
                ) -> None:
         """Fold the batch (its tasks write what they fold), then commit up to ``end``.
         ``clock`` has timed the batch's planning, which began at ``started`` (Unix time)."""
-        clock = clock or _PhaseClock()
+        clock = clock or PhaseClock()
         started = started or time.time()
         name = self.projection.name
         emit_from = self.versions.emitted_offsets(name) if self.is_active else None
@@ -499,7 +364,7 @@ class ProjectionRunner:
     def _fold_and_commit(self, batch_id: int, committed: dict[PartitionKey, int],
                          end: dict[PartitionKey, int], pipeline: Pipeline | None, fold: Fold,
                          emit_from: Mapping[PartitionKey, int] | None,
-                         clock: _PhaseClock) -> StagedBatch:
+                         clock: PhaseClock) -> StagedBatch:
         """Attempts at the batch until one commits: folded again when a key it held back was
         retried meanwhile, after a shuffle when a key turned up in two partitions."""
         name = self.projection.name
@@ -619,128 +484,9 @@ Fold = Callable[[BatchContext, Pipeline | None], StagedBatch]
 """One attempt at a batch's fold, along a pipeline: its tasks' counts."""
 
 
-def executor_database_url(spark: SparkSession, database_url: str) -> str:
-    """The URL tasks connect with: without its password when executors get credentials from
-    their environment (``EXECUTOR_PASSWORD``, or a libpq password or service file), so that
-    the password is not inside every pickled task."""
-    url, password = split_password(database_url)
-    if not password:
-        return url
-    conf = spark.sparkContext.getConf()
-    if any(conf.contains(key) for key in _EXECUTOR_CREDENTIALS):
-        return url
-    log.warning("the database password reaches executors inside each task; set %s (the CLI "
-                "does) or a libpq password file on executor hosts", EXECUTOR_PASSWORD)
-    return database_url
-
-
 def _unread_ranges(committed: Mapping[PartitionKey, int],
                    end: Mapping[PartitionKey, int]) -> list[OffsetRange]:
     """What the store has not applied yet, up to the batch's end: per partition."""
     ranges = [OffsetRange(topic, partition, committed.get((topic, partition), 0), offset)
               for (topic, partition), offset in sorted(end.items())]
     return [r for r in ranges if r.end > r.start]
-
-
-class _PhaseClock:
-    """How long each phase of a piece of work took. ``watching`` names the work to warn about
-    a phase still running after ``_SLOW_PHASE_S``: a start that hangs says where."""
-
-    def __init__(self, watching: str | None = None) -> None:
-        self._last = time.perf_counter()
-        self._laps: list[tuple[str, float]] = []
-        self._watching = watching
-
-    def lap(self, name: str) -> None:
-        now = time.perf_counter()
-        self._laps.append((name, now - self._last))
-        self._last = now
-
-    @contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        self._last = time.perf_counter()
-        alarm = None
-        if self._watching is not None:
-            alarm = threading.Timer(_SLOW_PHASE_S, log.warning, (
-                "%s: %s still running after %.0f s", self._watching, name, _SLOW_PHASE_S))
-            alarm.daemon = True
-            alarm.start()
-        try:
-            yield
-        finally:
-            if alarm is not None:
-                alarm.cancel()
-            self.lap(name)
-
-    @property
-    def total(self) -> float:
-        return sum(seconds for _, seconds in self._laps)
-
-    @property
-    def laps(self) -> dict[str, float]:
-        return dict(self._laps)
-
-    def __str__(self) -> str:
-        return ", ".join(f"{name} {seconds:.2f} s" for name, seconds in self._laps)
-
-
-class ProgressLog:
-    """One INFO line per interval, not per micro-batch: rates, duplicates, dead letters."""
-
-    def __init__(self, name: str, interval_s: float = 10.0) -> None:
-        self.name = name
-        self.interval_s = interval_s
-        self._since = time.monotonic()
-        self._first = True
-        self._counts = [0, 0, 0, 0, 0]  # batches, records, applied, duplicates, dead letters
-
-    def add(self, batch_id: int, records: int, batch: StagedBatch,
-            phases: Mapping[str, float]) -> None:
-        for i, value in enumerate((1, records, batch.applied, batch.duplicates,
-                                   batch.dead_letters)):
-            self._counts[i] += value
-        elapsed = time.monotonic() - self._since
-        if not self._first and elapsed < self.interval_s:
-            return
-        batches, records, applied, duplicates, dead = self._counts
-        log.info("projection %s: %d batches up to #%d, %d records (%.0f/s), %d applied, "
-                 "%d duplicates skipped, %d dead letters", self.name, batches, batch_id,
-                 records, records / max(elapsed, 1e-6), applied, duplicates, dead)
-        self._since, self._first, self._counts = time.monotonic(), False, [0, 0, 0, 0, 0]
-
-    def close(self) -> None:
-        """Nothing to let go: each line is complete when logged."""
-
-
-def described(error: BaseException) -> str:
-    """A run's error as text that names it: Spark's query exceptions carry the Python
-    traceback in their text, a stream thread's are the exception itself."""
-    text = str(error)
-    return text if type(error).__name__ in text else f"{type(error).__name__}: {text}"
-
-
-class RunningQuery(Protocol):
-    """A running projection: a ``StreamThread``, or Spark's ``StreamingQuery`` for Spark's
-    Kafka source. What callers use of either."""
-
-    @property
-    def isActive(self) -> bool: ...
-
-    def awaitTermination(self, timeout: int | None = None) -> bool | None: ...
-
-    def exception(self) -> BaseException | None: ...
-
-    def stop(self) -> None: ...
-
-
-def stop_gracefully(query: RunningQuery, timeout_s: float = 60) -> None:
-    """Stop between batches: cancelling one mid-flight only wastes its work (the guards make
-    its replay safe, but there is no reason to pay for it)."""
-    if isinstance(query, StreamThread):
-        query.stop(timeout_s)
-        return
-    assert isinstance(query, StreamingQuery)
-    deadline = time.monotonic() + timeout_s
-    while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-        time.sleep(0.02)
-    query.stop()

@@ -8,7 +8,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from eventfold.projections.runner import ProjectionRunner, RunnerSettings
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 

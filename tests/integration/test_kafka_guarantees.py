@@ -25,7 +25,7 @@ from eventfold.outbox.topics import (
     TopicConfigMismatch,
 )
 from eventfold.projections import FoldProjection
-from eventfold.projections.runner import SourceDataLost
+from eventfold.projections.retention import SourceDataLost
 from eventfold.projections.state.topics import (
     DeliveryFailed,
     OutputTopicConfigs,

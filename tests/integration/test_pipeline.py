@@ -9,7 +9,7 @@ import shutil
 
 import requests
 from eventfold.local_stack.process import free_port
-from eventfold.projections.runner import stop_gracefully
+from eventfold.projections.running_query import stop_gracefully
 from eventfold.projections.status import projection_status
 from sqlalchemy import text
 

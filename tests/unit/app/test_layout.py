@@ -56,8 +56,10 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
         f"{package} imports {sorted(imported - ALLOWED[package])}")
 
 
-RUNNING = {f"projections.{m}" for m in ("host", "runner", "stream_thread", "replay", "status",
-                                         "metrics", "dead_letters", "testing")}
+RUNNING = {f"projections.{m}" for m in ("host", "runner", "run_settings", "progress",
+                                         "retention", "structured_streaming", "running_query",
+                                         "stream_thread", "replay", "status", "metrics",
+                                         "dead_letters", "testing")}
 """What runs a projection (the streaming query, replays, operations): nothing below imports it."""
 LAYERS = {
     "write_model/domain": {"write_model.persistence", "write_model.commands", "write_model.http",

@@ -12,8 +12,8 @@ from eventfold.projections.execution.spark import (
     session_conf,
     spark_defaults,
 )
-from eventfold.projections.runner import EXECUTOR_PASSWORD
-from eventfold.projections.runner import STREAMING_DRIVERS as RUNNER_DRIVERS
+from eventfold.projections.run_settings import EXECUTOR_PASSWORD
+from eventfold.projections.run_settings import STREAMING_DRIVERS as RUNNER_DRIVERS
 
 from eventfold.app import spark_conf
 from eventfold.config import STREAMING_DRIVERS, ConfigError, Settings
