@@ -17,7 +17,8 @@ Layers, each importing only those above it:
   API instance has which KTable topic open);
 - ``execution/``: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
   task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
-  columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs),
+  columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs of
+  a batch, by pipeline: ``fold_jobs``, ``aggregate_jobs``, over ``jobs``),
   ``writes`` (what a task writes), ``task_output`` (the counts tasks hand the driver),
   ``worker`` (what a Python worker keeps between tasks), ``executor`` (what every task does
   first), the sources (``kafka_source``, ``store_source``);

@@ -26,9 +26,10 @@ from eventfold.projections import (
     compile_projection,
     fold_records,
 )
+from eventfold.projections.execution.aggregate_jobs import aggregate_outcome
 from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
-from eventfold.projections.execution.engine import aggregate_outcome, columns, decoded_rows
 from eventfold.projections.execution.fold import EMIT_ALL, KeyFolder, by_partition
+from eventfold.projections.execution.fold_jobs import columns, decoded_rows
 from eventfold.projections.execution.partial import PartitionAggregate, partial_schema
 from eventfold.projections.outcome import FoldOutcome, SourceRecord
 from hypothesis import HealthCheck, given, settings

@@ -1,4 +1,4 @@
-from eventfold.projections.execution.engine import share_out
+from eventfold.projections.execution.jobs import share_out
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.execution.limits import (
     DRIVER_BATCH_MAX_ROWS,
