@@ -33,16 +33,15 @@ from eventfold.outbox.topics import TopicAdmin, TopicShape
 from eventfold.read_api.state.entry import KTableEntry
 from eventfold.read_api.state.heap import PROCESS_HEAP, UNTRIMMED
 from eventfold.read_api.state.restore import Restoration, RestoreProgress
+from eventfold.read_api.state.rocksdb_store import RocksDBStore, stored_partitions
 from eventfold.read_api.state.stores import (
     IN_MEMORY,
     Change,
     MemoryStore,
-    RocksDBStore,
     StateStore,
     StoreClosed,
     StoreConfig,
     TopicOffsets,
-    stored_partitions,
 )
 
 log = logging.getLogger(__name__)
