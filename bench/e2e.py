@@ -27,7 +27,7 @@ from eventfold.outbox.kafka import OffsetPlanner, consumer_config
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from eventfold.projections.running_query import stop_gracefully
-from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.stage import StagedBatch
 
 from bench.common import own_stack, percentile
 from bench.read_api import start_read_api, wait_ready

@@ -43,7 +43,7 @@ from eventfold.projections.replay import ReplayResult, replay
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from eventfold.projections.running_query import stop_gracefully
-from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory

@@ -10,11 +10,11 @@ Layers, each importing only those above it:
   one place that branches on kind, re-keying and lookups;
 - ``outcome``: what a batch moves (source records, key states, dead letters, derived events);
 - ``state/``: where a version's state lives and how a batch commits: ``store`` (the state
-  table, the stage tasks write to, the merge and checkpoint), ``schema``, ``catalog``
-  (versions, checkpoints, emission marks, batches under way), ``parking``, ``topics`` (its
-  KTable, dead-letter and derived-event topics), ``hosts`` (the streaming hosts and the
-  replays handed to them), ``lease`` (one writer per projection), ``readers`` (which read
-  API instance has which KTable topic open);
+  table, the merge and checkpoint), ``stage`` (what the tasks write before the commit),
+  ``schema``, ``catalog`` (versions, checkpoints, emission marks, batches under way),
+  ``parking``, ``topics`` (its KTable, dead-letter and derived-event topics), ``hosts`` (the
+  streaming hosts and the replays handed to them), ``lease`` (one writer per projection),
+  ``readers`` (which read API instance has which KTable topic open);
 - ``execution/``: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
   task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
   columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs of

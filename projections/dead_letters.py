@@ -38,7 +38,8 @@ from eventfold.projections.state.parking import (
     resolutions,
     resolve,
 )
-from eventfold.projections.state.store import ReadModelStore, StagedBatch, lookup_rows
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore, lookup_rows
 from eventfold.projections.state.topics import OutputTopicConfigs, TopicSink
 
 from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url

@@ -11,7 +11,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Protocol
 
-from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.stage import StagedBatch
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ from eventfold.projections.definition.projection import Projection
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from eventfold.projections.state.catalog import ProjectionCatalog, written_in_flight
-from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.progress import (

@@ -51,12 +51,8 @@ from eventfold.projections.running_query import RunningQuery, described
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.lease import WriterLease
 from eventfold.projections.state.parking import ParkedKeysReleased
-from eventfold.projections.state.store import (
-    NOTED_LETTERS,
-    KeySplitAcrossPartitions,
-    ReadModelStore,
-    StagedBatch,
-)
+from eventfold.projections.state.stage import NOTED_LETTERS, KeySplitAcrossPartitions, StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import (
     LetterNote,
     TopicSink,

@@ -114,7 +114,7 @@ class Materializer:
         import uuid
 
         from eventfold.projections.outcome import KeyState
-        from eventfold.projections.state.store import StagedBatch
+        from eventfold.projections.state.stage import StagedBatch
 
         store = self.store
         if batch_id is None:

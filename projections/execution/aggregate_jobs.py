@@ -48,7 +48,8 @@ from eventfold.projections.outcome import (
     SourceRecord,
 )
 from eventfold.projections.plan import Plan
-from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 

@@ -47,7 +47,7 @@ from eventfold.projections.execution.partial import (
     partial_schema,
 )
 from eventfold.projections.plan import Pipeline
-from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.stage import StagedBatch
 
 __all__ = ["SourceSlice", "decode_records", "fold_on_driver", "read_events", "run_aggregation",
            "run_aggregation_in_place", "run_fold", "run_fold_in_place"]

@@ -44,7 +44,8 @@ from eventfold.projections.outcome import (
     SourceRecord,
 )
 from eventfold.projections.plan import Plan
-from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 from pyspark.sql import DataFrame, SparkSession
 
 from eventfold.contract import PartitionKey

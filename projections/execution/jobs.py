@@ -23,7 +23,8 @@ from eventfold.projections.outcome import (
     RawRecords,
     SourceRecord,
 )
-from eventfold.projections.state.store import ReadModelStore, StagedBatch, lookup_rows
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore, lookup_rows
 from pyspark.sql import DataFrame, SparkSession
 
 RECORD_COLUMNS = SourceRecord._fields

@@ -19,12 +19,8 @@ from eventfold.projections.execution import task_output, worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import FoldOutcome, RawRecords
-from eventfold.projections.state.store import (
-    NOTED_LETTERS,
-    ReadModelStore,
-    StagedBatch,
-    server_started,
-)
+from eventfold.projections.state.stage import NOTED_LETTERS, StagedBatch
+from eventfold.projections.state.store import ReadModelStore, server_started
 from eventfold.projections.state.topics import LetterNote, OutputProducer
 
 

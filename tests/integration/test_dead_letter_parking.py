@@ -26,7 +26,8 @@ from eventfold.projections.outcome import (
 )
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.parking import ParkedKeysReleased, held_events, release
-from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
 from sqlalchemy import BigInteger, create_engine
 from sqlalchemy.exc import ProgrammingError

@@ -34,7 +34,8 @@ from eventfold.projections.execution.fold import EMIT_ALL
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange
 from eventfold.projections.outcome import FoldOutcome, KeyState, SourceRecord
 from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.store import ReadModelStore, StagedBatch
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql

@@ -83,7 +83,7 @@ def test_an_error_raised_in_a_spark_task_is_known_on_the_driver_by_its_code(spar
     """Spark hands the driver its own error, holding the task's traceback as text: the
     runner's fallback after a key found in two partitions knows the task's error by its
     code."""
-    from eventfold.projections.state.store import KeySplitAcrossPartitions
+    from eventfold.projections.state.stage import KeySplitAcrossPartitions
     from eventfold.projections.task_errors import raised_in_task
 
     def split(_: object) -> None:

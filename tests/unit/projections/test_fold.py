@@ -17,7 +17,7 @@ from eventfold.projections import (
 from eventfold.projections.execution import task_output
 from eventfold.projections.execution.fold import BatchFold
 from eventfold.projections.outcome import PARKED_BEHIND, ParkedKey, RawRecords
-from eventfold.projections.state.store import StagedBatch
+from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
 from eventfold.contract import EventEnvelope

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventfold.projections.state.store import KeySplitAcrossPartitions, StageLost
+from eventfold.projections.state.stage import KeySplitAcrossPartitions, StageLost
 from eventfold.projections.task_errors import TaskError, raised_in_task
 
 
