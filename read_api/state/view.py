@@ -2,13 +2,13 @@
 from its changelog: from the store's checkpoint (or the beginning) up to the end offsets seen
 when each partition opened (``restore``), then live.
 
-Two threads per view. The view's own thread applies the topic's records (the store's
-writer), or, in the other HTTP workers of an instance, reads behind the writer's store and
-takes its place if it dies. The topic's watch measures what the view is asked about without
-trusting the first thread to be well: every second the partitions' end offsets (the lag an
-answer carries is measured against them), and every few seconds the topic's id and
-partition count: a topic deleted and made again is restored from its new beginning, and
-partitions added are held and served.
+Two threads per view. The view's own thread applies the topic's records (the store's writer),
+or, in the other HTTP workers of an instance, reads behind the writer's store and takes its
+place if it dies. The topic's watch (``topic_watch``) measures what the view is asked about
+without trusting the first thread to be well: every second the partitions' end offsets (the lag
+an answer carries is measured against them), and every few seconds the topic's id and partition
+count: a topic deleted and made again is restored from its new beginning, and partitions added
+are held and served.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from datetime import UTC, datetime
 from typing import cast
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import (
     TAILING_FETCH_WAIT_MS,
@@ -29,7 +28,7 @@ from eventfold.outbox.kafka import (
     consumer_config,
     offset_of,
 )
-from eventfold.outbox.topics import TopicAdmin, TopicShape
+from eventfold.outbox.topics import TopicShape
 from eventfold.read_api.state.entry import KTableEntry
 from eventfold.read_api.state.heap import PROCESS_HEAP, UNTRIMMED
 from eventfold.read_api.state.restore import Restoration, RestoreProgress
@@ -43,6 +42,7 @@ from eventfold.read_api.state.stores import (
     StoreConfig,
     TopicOffsets,
 )
+from eventfold.read_api.state.topic_watch import TopicWatch
 
 log = logging.getLogger(__name__)
 
@@ -50,16 +50,11 @@ _PROGRESS_EVERY_S = 5.0
 _CATCH_UP_EVERY_S = 0.1
 _PROMOTE_EVERY_S = 1.0
 _RETRY_S = 1.0
-MEASURE_EVERY_S = 1.0
 """How often the partitions' end offsets are asked for: the lag an answer carries."""
-CHECK_TOPIC_EVERY_S = 2.0
-"""How often the topic's id and partition count are asked for."""
 SYNC_EVERY_S = 30.0
 """How often a partition read to its end says so in its store (``StateStore.synced``) when no
 record comes: a store whose last such time is older than the topic keeps tombstones is
 restored from the beginning at its next start."""
-_DEFAULT_DELETE_RETENTION_MS = 86_400_000
-"""Kafka's default ``delete.retention.ms``, for a topic whose config cannot be read."""
 
 
 class TopicRecreated(Exception):
@@ -85,8 +80,6 @@ class KTableView:
         self.partition_counts: Callable[[str, str], tuple[int, ...]] = lambda _t, _id: ()
         """Every partition count a topic (by name and id) has had, oldest first, as the
         projection recorded them (``partition_history``)."""
-        self._shape: TopicShape | None = None
-        self._delete_retention_ms: int | None = None
         self._wanted: frozenset[int] | None = None
         self._hold_all = self.config.kind == "memory"
         # the memory store stands for the design before on-disk stores (benchmarks compare
@@ -97,18 +90,14 @@ class KTableView:
         self._reading_progress: RestoreProgress | None = None
         self._positions: dict[int, int] = {}
         self._high_watermarks: dict[int, int] = {}
-        self._ends: dict[int, int] = {}
-        self._measured_at: str | None = None
         self._synced_at: dict[int, float] = {}
-        self._check_now = threading.Event()
-        self._looked = threading.Event()
         self._restored = threading.Event()
         self._restore_seconds: float | None = None
         self._started_at = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"ktable-{topic}", daemon=True)
-        self._watch = threading.Thread(target=self._watch_topic, name=f"ktable-watch-{topic}",
-                                       daemon=True)
+        self._watch = TopicWatch(kafka, topic, self._stop, held=lambda: list(self._positions),
+                                 on_shape=self._shape_seen)
 
     def start(self) -> KTableView:
         self._started_at = time.monotonic()
@@ -128,9 +117,9 @@ class KTableView:
     def stop(self) -> bool:
         """Stop following; True once the consumer has closed and the store is let go."""
         self._stop.set()
-        for thread in (self._thread, self._watch):
-            if thread.is_alive():
-                thread.join(timeout=10)
+        if self._thread.is_alive():
+            self._thread.join(timeout=10)
+        self._watch.join(timeout_s=10)
         return not self._thread.is_alive()
 
     def retire(self) -> bool:
@@ -175,25 +164,25 @@ class KTableView:
         measured (or as the writer last saw it, if later); None if it is not ready here."""
         if partition not in self._ready:
             return None
-        end = max(self._ends.get(partition, 0), self._high_watermarks.get(partition, 0))
+        end = max(self._watch.ends.get(partition, 0), self._high_watermarks.get(partition, 0))
         return max(end - self._positions.get(partition, 0), 0)
 
     @property
     def lag(self) -> int:
         """Records in the topic's held partitions not applied yet."""
-        return sum(max(max(self._ends.get(p, 0), self._high_watermarks.get(p, 0)) - position,
+        return sum(max(max(self._watch.ends.get(p, 0), self._high_watermarks.get(p, 0)) - position,
                        0) for p, position in list(self._positions.items()))
 
     @property
     def lag_measured_at(self) -> str | None:
         """When the end offsets the lag is measured against were last read (ISO 8601: every
         answer carries it)."""
-        return self._measured_at
+        return self._watch.measured_at
 
     def partition_history(self) -> tuple[int, ...]:
         """Every partition count the topic has had, oldest first (a key written before
         partitions were added is where an older count put it)."""
-        shape = self._shape
+        shape = self._watch.shape
         return () if shape is None else self.partition_counts(self.topic, shape.topic_id)
 
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
@@ -213,47 +202,8 @@ class KTableView:
             return frozenset(range(self.partition_count))
         return self._wanted
 
-    # -- the watch -----------------------------------------------------------------------------
-    def _watch_topic(self) -> None:
-        """Until stopped: the topic's shape every ``CHECK_TOPIC_EVERY_S`` (or at once when the
-        view asks), its held partitions' end offsets every ``MEASURE_EVERY_S``."""
-        planner: OffsetPlanner | None = None
-        admin: TopicAdmin | None = None
-        next_check = 0.0
-        try:
-            while not self._stop.is_set():
-                try:
-                    planner = planner or OffsetPlanner(self.kafka)
-                    admin = admin or TopicAdmin(self.kafka, timeout_s=10)
-                    if time.monotonic() >= next_check or self._check_now.is_set():
-                        self._check_now.clear()
-                        self._look_at_topic(admin)
-                        next_check = time.monotonic() + CHECK_TOPIC_EVERY_S
-                    self._measure(planner)
-                except (KafkaException, TimeoutError, RuntimeError) as exc:
-                    log.warning("ktable %s: could not look at the topic (will retry): %s",
-                                self.topic, exc)
-                    if planner is not None:  # its metadata may not know new partitions
-                        planner.close()
-                        planner = None
-                self._check_now.wait(MEASURE_EVERY_S)
-                if self._stop.is_set():
-                    return
-        finally:
-            if planner is not None:
-                planner.close()
-
-    def _look_at_topic(self, admin: TopicAdmin) -> None:
-        shape = admin.describe(self.topic)
-        self._looked.set()
-        if shape is None:
-            return
-        # asked each time: a config altered while the view runs counts from its next look
-        self._delete_retention_ms = _delete_retention_ms(admin, self.topic)
-        before, self._shape = self._shape, shape
-        if before is not None and before.topic_id != shape.topic_id:
-            log.warning("ktable %s: the topic was deleted and made again (id %s, was %s)",
-                        self.topic, shape.topic_id, before.topic_id)
+    def _shape_seen(self, shape: TopicShape) -> None:
+        """The watch saw the topic: held partitions follow its partition count."""
         if self.partition_count is not None and shape.partitions != self.partition_count:
             log.warning("ktable %s: the topic has %d partitions now, %d before; holding the "
                         "new ones", self.topic, shape.partitions, self.partition_count)
@@ -262,28 +212,20 @@ class KTableView:
             if self.on_partitions is not None:
                 self.on_partitions(self)
 
-    def _measure(self, planner: OffsetPlanner) -> None:
-        held = sorted(self._positions)
-        if not held:
-            return
-        ends = planner.end_offsets([(self.topic, p) for p in held])
-        self._ends = {p: end for (_, p), end in ends.items()}
-        self._measured_at = datetime.now(UTC).isoformat()
-
     def _topic_now(self) -> TopicShape | None:
         """The topic's shape once the watch has seen it (None: stopped first). A topic not
         created yet is empty, and up to date."""
-        while self._shape is None:
-            if self._looked.is_set():
+        while (shape := self._watch.shape) is None:
+            if self._watch.looked.is_set():
                 self._mark_restored()
-                self._check_now.set()
+                self._watch.check_now()
             if self._stop.wait(0.2):
                 return None
-        return self._shape
+        return shape
 
     def _recreated(self, shape: TopicShape) -> None:
         """Raise ``TopicRecreated`` if the watch has seen another topic by this name."""
-        now = self._shape
+        now = self._watch.shape
         if now is not None and now.topic_id != shape.topic_id:
             raise TopicRecreated(f"ktable {self.topic}: the topic was deleted and made again "
                                  f"(id {now.topic_id}, was {shape.topic_id}); restoring it "
@@ -338,7 +280,7 @@ class KTableView:
             planner.close()
         return TopicOffsets(shape.topic_id, {p: o for (_, p), o in begin.items()},
                             {p: o for (_, p), o in end.items()},
-                            self._delete_retention_ms or _DEFAULT_DELETE_RETENTION_MS)
+                            self._watch.delete_retention_ms)
 
     # -- a reader -------------------------------------------------------------------------------
     def _read_behind(self, shape: TopicShape) -> frozenset[int] | None:
@@ -501,7 +443,7 @@ class KTableView:
             elif error.code() == KafkaError._PARTITION_EOF:
                 end = offset_of(message)
                 if end < positions[partition]:
-                    self._check_now.set()
+                    self._watch.check_now()
                     continue
                 reached[partition] = max(reached.get(partition, 0), end)
             else:
@@ -524,7 +466,7 @@ class KTableView:
     def _sync_idle(self, consumer: Consumer, held: frozenset[int], polled_at_ms: int) -> None:
         """Partitions read to their end with nothing new say so now and then (four times
         within the topic's delete retention at least)."""
-        retention_s = (self._delete_retention_ms or _DEFAULT_DELETE_RETENTION_MS) / 1000
+        retention_s = self._watch.delete_retention_ms / 1000
         due = time.monotonic() - min(SYNC_EVERY_S, retention_s / 4)
         for partition in held:
             position = self._positions.get(partition)
@@ -555,15 +497,3 @@ class KTableView:
                  len(self.store), self.progress.records, self._restore_seconds)
         self._restored.set()
         self._heap.trim()
-
-
-def _delete_retention_ms(admin: TopicAdmin, topic: str) -> int:
-    """How long the topic keeps a tombstone after its log is cleaned (Kafka's default if the
-    config cannot be read: an ACL may not allow it)."""
-    try:
-        return int(admin.configs(topic).get("delete.retention.ms")
-                   or _DEFAULT_DELETE_RETENTION_MS)
-    except (KafkaException, ValueError) as exc:
-        log.warning("ktable %s: its delete.retention.ms cannot be read (%s); taking Kafka's "
-                    "default, %d ms", topic, exc, _DEFAULT_DELETE_RETENTION_MS)
-        return _DEFAULT_DELETE_RETENTION_MS
