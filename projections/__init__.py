@@ -23,7 +23,8 @@ Layers, each importing only those above it:
   ``worker`` (what a Python worker keeps between tasks), ``executor`` (what every task does
   first), the sources (``kafka_source``, ``store_source``);
 - what runs them: ``host`` (one Spark application running several, supervised, with the
-  replays handed to it; wired by the composition root through ``HostWiring``), ``runner``
+  replays handed to it, ``replay_requests`` being the requester's side; wired by the
+  composition root through ``HostWiring``), ``runner``
   (with its ``run_settings``, ``progress`` and ``retention`` check, driven by a
   ``stream_thread`` or by ``structured_streaming``, seen by callers as a ``running_query``),
   ``replay``,

@@ -57,12 +57,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from eventfold.local_stack import StackError
-        from eventfold.projections.host import (
-            ProjectionsStopped,
-            ReplayCancelled,
-            ReplayFailed,
-            needs_a_person,
-        )
+        from eventfold.projections.host import ProjectionsStopped, needs_a_person
+        from eventfold.projections.replay_requests import ReplayCancelled, ReplayFailed
 
         if isinstance(exc, ReplayCancelled):
             print(f"eventfold: {exc}", file=sys.stderr)

@@ -73,7 +73,7 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
         print(json.dumps(operations.restart(only_failed=not args.all), indent=2))
     elif args.action == "supervise":
         stop = threading.Event()
-        from eventfold.projections.host import stop_on_signal
+        from eventfold.projections.signals import stop_on_signal
 
         stop_on_signal(stop, "stopping")
         log.info("supervising connector %s: FAILED tasks are restarted", name)

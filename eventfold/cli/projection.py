@@ -93,7 +93,7 @@ def _projection_status(app: Eventfold, settings: Settings, names: list[str],
 def _replay(app: Eventfold, settings: Settings, name: str, source: ReplaySource) -> int:
     """On the host that streams the projection, if one does (no second Spark application);
     else in this process."""
-    from eventfold.projections.host import replay_on_a_host
+    from eventfold.projections.replay_requests import replay_on_a_host
 
     result = replay_on_a_host(settings.database_url, name, source)
     if result is None:

@@ -56,7 +56,8 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
         f"{package} imports {sorted(imported - ALLOWED[package])}")
 
 
-RUNNING = {f"projections.{m}" for m in ("host", "runner", "run_settings", "progress",
+RUNNING = {f"projections.{m}" for m in ("host", "replay_requests", "signals", "runner",
+                                         "run_settings", "progress",
                                          "retention", "structured_streaming", "running_query",
                                          "stream_thread", "replay", "status", "metrics",
                                          "dead_letters", "testing")}
@@ -182,3 +183,14 @@ def test_no_module_imports_itself_round_a_circle() -> None:
         TopologicalSorter(graph).prepare()
     except CycleError as circle:
         pytest.fail(f"an import circle: {' -> '.join(circle.args[1])}")
+
+
+MOST_LINES = 500
+
+
+def test_no_module_of_the_namespace_is_over_500_lines() -> None:
+    """A file doing several jobs is split by job; tests and migrations are exempt."""
+    long = {str(path.relative_to(ROOT)): lines for path in _modules().values()
+            if "migrations" not in path.parts
+            and (lines := len(path.read_text().splitlines())) > MOST_LINES}
+    assert not long, f"over {MOST_LINES} lines: {long}"
