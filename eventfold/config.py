@@ -2,7 +2,7 @@
 EVENTFOLD_* environment variables over an optional ``eventfold.toml``.
 
 Endpoints default to the local stack started by ``eventfold stack up`` (its state file holds
-the ports it picked); production sets them explicitly. The README documents every variable.
+the ports it picked); production sets them explicitly. docs/configuration.md documents every variable.
 """
 
 from __future__ import annotations
