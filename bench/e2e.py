@@ -256,7 +256,7 @@ def run(settings: Settings, work_dir: Path, args: argparse.Namespace) -> None:
                                           ktable_topic="")
     fold_runner = ProjectionRunner(runner.spark, fold_projection, RunnerSettings(
         kafka=settings.kafka, database_url=settings.database_url,
-        checkpoint_root=settings.checkpoint_dir))
+        checkpoint_dir=settings.checkpoint_dir))
     fold_runner.prepare()
     started = time.perf_counter()
     query = fold_runner.start(once=True)

@@ -308,7 +308,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
           f"cores give here)", flush=True)
 
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
-                              checkpoint_root=work_dir / "checkpoints",
+                              checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
                               max_rows_per_batch=args.max_rows_per_batch)
     replay_settings = RunnerSettings(**{**settings.__dict__,
@@ -324,7 +324,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         print(f"the same with Prometheus metrics off, then on (batches recorded, lag scraped "
               f"every second): {metrics_off:,.0f} / {metrics_on:,.0f} events/s "
               f"({metrics_on / metrics_off:.3f}x)", flush=True)
-        spark_kafka = dataclasses.replace(settings, driver="structured_streaming")
+        spark_kafka = dataclasses.replace(settings, streaming_driver="structured_streaming")
         stream_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_totals),
                                        args.events)
         print(f"the same through Spark's Kafka source: {stream_spark_kafka:,.0f} events/s "

@@ -112,7 +112,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection,
     print(f"produced {args.events:,} events over {args.keys:,} keys at {rate:,.0f} events/s",
           flush=True)
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
-                              checkpoint_root=work_dir / "checkpoints",
+                              checkpoint_dir=work_dir / "checkpoints",
                               max_rows_per_batch=STREAMING_MAX_ROWS)
     spark = spark_session(args.master, app_name="eventfold-replay-beside-live",
                           extra_conf=spark_conf(Settings.from_env()))

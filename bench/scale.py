@@ -104,7 +104,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     print(f"{args.events:,} events over {args.keys:,} keys; plain Python fold (one process, "
           f"confluent-kafka loop into a dict): {plain:,.0f} events/s", flush=True)
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
-                              checkpoint_root=work_dir / "checkpoints",
+                              checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
                               max_rows_per_batch=STREAMING_MAX_ROWS)
     replay_settings = RunnerSettings(**{**settings.__dict__,

@@ -153,20 +153,14 @@ class Eventfold:
         from eventfold.serving import workers_dir
 
         register_ktable_metrics(PROCESS_COLLECTORS)
-        options = ReadApiOptions(
-            database_url=settings.read_database_url or settings.database_url,
-            kafka=settings.kafka, reader_role=settings.reader_role,
-            instance_id=settings.instance_id,
+        options = settings.fill(
+            ReadApiOptions, database_url=settings.read_database_url or settings.database_url,
             pool_size=settings.per_http_worker(settings.read_pool_size),
-            statement_timeout_ms=settings.read_statement_timeout_ms,
-            count_timeout_ms=settings.read_count_timeout_ms,
-            exact_count_max_rows=settings.read_exact_count_max_rows, title=f"{self.name} reads",
+            title=f"{self.name} reads",
             ktable_store=StoreConfig(cast("StoreKind", settings.ktable_store),
                                      Path(settings.state_dir),
                                      settings.per_http_worker(settings.ktable_cache_mb)),
-            advertised_url=settings.advertised_url,
-            standby_replicas=settings.ktable_standby_replicas, workers_dir=workers_dir(),
-            acceptable_lag=settings.ktable_acceptable_lag, skip_router=skip_router)
+            workers_dir=workers_dir(), skip_router=skip_router)
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []
         app = create_read_app(self.projections, options, auth=auth,
                               authorize=header_check(settings.api_token or None))
@@ -232,26 +226,12 @@ class Eventfold:
 
     @staticmethod
     def _runner_settings(settings: Settings, max_rows: int | None = None) -> RunnerSettings:
-        from eventfold.projections.run_settings import RunnerSettings, StreamingDriver
+        from eventfold.projections.run_settings import RunnerSettings
 
-        return RunnerSettings(
-            kafka=settings.kafka,
-            database_url=settings.database_url,
-            checkpoint_root=Path(settings.checkpoint_dir),
-            trigger_interval=settings.trigger_interval,
-            max_rows_per_batch=max_rows or settings.max_rows_per_batch,
-            driver_batch_max_rows=settings.driver_batch_max_rows,
-            fair_batch_rows=settings.fair_batch_rows,
-            retire_wait_s=settings.ktable_retire_wait_s,
-            writer_lease_s=settings.writer_lease_s,
-            stall_after_s=settings.projection_stall_s,
+        return settings.fill(
+            RunnerSettings, max_rows_per_batch=max_rows or settings.max_rows_per_batch,
             topic_configs=output_topic_configs(settings),
-            deleted_key_retention_s=_seconds_or_forever(settings.deleted_key_retention),
-            allow_data_loss=settings.allow_data_loss,
-            replication=settings.replication,
-            driver=cast(StreamingDriver, settings.streaming_driver),
-            metrics=settings.metrics,
-        )
+            deleted_key_retention_s=_seconds_or_forever(settings.deleted_key_retention))
 
 
 EXECUTOR_PYTHONPATH = "spark.executorEnv.PYTHONPATH"

@@ -2,11 +2,13 @@
 EVENTFOLD_* environment variables over an optional ``eventfold.toml``.
 
 Endpoints default to the local stack started by ``eventfold stack up`` (its state file holds
-the ports it picked); production sets them explicitly. docs/configuration.md documents every variable.
+the ports it picked); production sets them explicitly. docs/configuration.md documents
+every variable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tomllib
@@ -14,7 +16,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import (
@@ -84,6 +86,8 @@ def _config_file(env: Mapping[str, str]) -> tuple[dict[str, object], Path | None
 
 _KINDS = {bool: "true or false (also 1/0, yes/no, on/off)", int: "an integer",
           Path: "a path", str: "text"}
+
+PackageSettings = TypeVar("PackageSettings")
 
 _ENVIRONMENT: ContextVar[Mapping[str, str] | None] = ContextVar("eventfold_environment",
                                                                 default=None)
@@ -268,6 +272,18 @@ class Settings(BaseSettings):
     @cached_property
     def replication(self) -> Replication:
         return Replication.parse(self.replication_factor, self.min_insync_replicas)
+
+    def fill(self, package_settings: type[PackageSettings], **given: Any) -> PackageSettings:
+        """A package's own settings (a dataclass: ``RunnerSettings``, ``ReadApiOptions``)
+        made from these: each of its fields named as a setting of this class (``kafka`` and
+        ``replication`` parsed) takes that setting's value, ``given`` the rest, and a field
+        neither names keeps its default. So a package's new setting is a field there and a
+        row of docs/configuration.md, never a line copying it here."""
+        names = {f.name for f in dataclasses.fields(package_settings)}  # type: ignore[arg-type]
+        taken = {name: getattr(self, name) for name in names - set(given)
+                 if name in type(self).model_fields or isinstance(
+                     getattr(type(self), name, None), property | cached_property)}
+        return package_settings(**taken, **given)
 
     def per_http_worker(self, per_instance: int) -> int:
         """A worker's share of what an instance is given (its database pool, its block

@@ -157,9 +157,9 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
         builder.close()
         log.info("replay %s: v%d active; waiting up to %.0f s for read APIs to move off the "
                  "v%d KTable topic before deleting it", projection.name, new,
-                 settings.retire_wait_s, old)
+                 settings.ktable_retire_wait_s, old)
         versions.delete_retired_topics(TopicAdmin(settings.kafka).delete,
-                                       settings.retire_wait_s)
+                                       settings.ktable_retire_wait_s)
     finally:
         if progress is not None:
             progress.close()

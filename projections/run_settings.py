@@ -36,7 +36,7 @@ STREAMING_DRIVERS: tuple[StreamingDriver, ...] = get_args(StreamingDriver)
 class RunnerSettings:
     kafka: KafkaConnection
     database_url: str
-    checkpoint_root: Path
+    checkpoint_dir: Path
     trigger_interval: str = "100 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
     fair_batch_rows: int = FAIR_BATCH_ROWS
@@ -55,15 +55,15 @@ class RunnerSettings:
     """Go on when retention deleted events this projection never read (else it stops)."""
     metrics: bool = True
     """Record each batch in the Prometheus metrics (``projections.metrics``)."""
-    driver: StreamingDriver = "stream_thread"
+    streaming_driver: StreamingDriver = "stream_thread"
     """What drives a streaming run's batches: ``stream_thread`` (a loop on the driver whose
     Spark tasks read and fold their partitions' ranges in one pass) or
     ``structured_streaming`` (a Spark Structured Streaming query over Spark's own Kafka
     source, with a Spark checkpoint of its own)."""
-    retire_wait_s: float = 60.0
+    ktable_retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""
-    stall_after_s: float = 120.0
+    projection_stall_s: float = 120.0
     """A stream thread whose look or batch goes on longer than this (plus three times its
     longest batch) is stalled: its host cancels its jobs and starts it again."""
     writer_lease_s: float = LEASE_S

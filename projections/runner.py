@@ -119,8 +119,8 @@ class ProjectionRunner:
         """The Spark checkpoint of a streaming query over Spark's Kafka source (the store's
         own checkpoint is where a new query starts; a stream thread needs no other)."""
         # ".kafka": the name such checkpoints had when the driver was named for its source.
-        suffix = "" if self.settings.driver == "stream_thread" else ".kafka"
-        return self.settings.checkpoint_root / f"{self.projection.name}.v{self.version}{suffix}"
+        suffix = "" if self.settings.streaming_driver == "stream_thread" else ".kafka"
+        return self.settings.checkpoint_dir / f"{self.projection.name}.v{self.version}{suffix}"
 
     def prepare(self) -> None:
         """Tables, topics and (the active version) the view: once per runner, as a replay's
@@ -170,12 +170,12 @@ class ProjectionRunner:
         with clock.phase("query"):
             query: RunningQuery = (
                 start_query(self, committed, once)
-                if self.settings.driver == "structured_streaming"
+                if self.settings.streaming_driver == "structured_streaming"
                 else StreamThread(self, interval_seconds(self.settings.trigger_interval),
-                                  once, self.settings.stall_after_s).start())
+                                  once, self.settings.projection_stall_s).start())
         log.info("%s: %s from %s (%s); started in %s", what,
                  "catching up" if once else "streaming",
-                 ", ".join(self.projection.source_topics), self.settings.driver, clock)
+                 ", ".join(self.projection.source_topics), self.settings.streaming_driver, clock)
         return query
 
     @property

@@ -99,20 +99,20 @@ class ReadApiOptions:
     reader_role: str = "eventfold_reader"
     instance_id: str = ""
     pool_size: int = 10
-    statement_timeout_ms: int = 5_000
-    count_timeout_ms: int = 200
-    exact_count_max_rows: int | None = None
+    read_statement_timeout_ms: int = 5_000
+    read_count_timeout_ms: int = 200
+    read_exact_count_max_rows: int | None = None
     """Counts whose estimate is above this answer the estimate at once (None: always try)."""
     title: str = "Eventfold read API"
     ktable_store: StoreConfig = IN_MEMORY
     advertised_url: str = ""
     """Where the other instances reach this one; empty: it is alone, and holds every KTable
     partition."""
-    standby_replicas: int = 1
+    ktable_standby_replicas: int = 1
     workers_dir: pathlib.Path | None = None
     """The directory this instance's HTTP workers share (``read_api.workers``); None: one
     worker."""
-    acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG
+    ktable_acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG
     """How far behind (records) an instance may be and still become a partition's active
     host, as Kafka Streams' ``acceptable.recovery.lag``."""
     skip_router: bool = True
@@ -131,12 +131,12 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     stateful = [p for p in projections if p.has_state]
     instance_id = options.instance_id or f"{socket.gethostname()}:{os.getpid()}"
     pool = reader_pool(options.database_url, options.reader_role, options.pool_size,
-                       options.statement_timeout_ms)
+                       options.read_statement_timeout_ms)
     lead = WorkerLead(options.workers_dir)
     monitor = FreshnessMonitor(stateful, options.database_url, options.kafka,
                                options.reader_role, lead=lead)
-    read_models = {p.name: ReadModel(pool, p, options.count_timeout_ms,
-                                     options.exact_count_max_rows) for p in stateful}
+    read_models = {p.name: ReadModel(pool, p, options.read_count_timeout_ms,
+                                     options.read_exact_count_max_rows) for p in stateful}
     presence = ReaderPresence(options.database_url, options.reader_role, instance_id, lead)
     commits = CommitNotifications(options.database_url)
     hosts: dict[str, KTableHost] = {}
@@ -153,7 +153,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     membership = Membership(options.advertised_url, report, options.database_url,
                             options.reader_role, lead)
     membership.on_change(rebalance)
-    routing = Router(membership, options.standby_replicas, options.acceptable_lag)
+    routing = Router(membership, options.ktable_standby_replicas, options.ktable_acceptable_lag)
     queries = KTableQueries(hosts, routing, instance_id, list(read_models))
 
     def follow_version(name: str, version: int) -> None:
@@ -214,8 +214,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     async def too_slow(_: Request, exc: psycopg.Error) -> Response:
         log.warning("503: a read query ran past the statement timeout: %s", exc)
         return unavailable(f"the query ran past the read statement timeout "
-                            f"({options.statement_timeout_ms} ms): narrow its filters, or sort "
-                            "by an indexed field")
+                           f"({options.read_statement_timeout_ms} ms): narrow its filters, or "
+                           "sort by an indexed field")
 
     @app.exception_handler(psycopg.OperationalError)
     @app.exception_handler(PoolTimeout)

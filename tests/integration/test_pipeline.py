@@ -172,9 +172,9 @@ def test_lost_spark_checkpoint_does_not_double_count(
     projection = copy_of(inventory_totals, unique)
     send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 2) for i in range(9)])
     wait_until_in_topic(stack_settings, "Product", unique, 9)
-    runner = catch_up(spark, stack_settings, projection, driver="structured_streaming")
+    runner = catch_up(spark, stack_settings, projection, streaming_driver="structured_streaming")
     shutil.rmtree(runner.checkpoint_dir)
-    catch_up(spark, stack_settings, projection, driver="structured_streaming")
+    catch_up(spark, stack_settings, projection, streaming_driver="structured_streaming")
     expected = {f"{unique}-{i}": 6 for i in range(3)}
     assert read_model_totals(engine, projection.table, unique) == expected
     assert ktable_totals(stack_settings, projection.ktable_topic, unique) == expected

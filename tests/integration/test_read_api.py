@@ -266,11 +266,11 @@ def big_catalog(inventory_app, stack_settings):
 def test_a_slow_count_answers_an_estimate_and_a_slow_page_a_503(big_catalog, stack_settings):
     path = f"/read-models/{big_catalog.name}"
     half = {"stock.lt": "25"}  # half the rows
-    impatient = read_api([big_catalog], stack_settings, "impatient", count_timeout_ms=1,
-                         statement_timeout_ms=50)
+    impatient = read_api([big_catalog], stack_settings, "impatient", read_count_timeout_ms=1,
+                         read_statement_timeout_ms=50)
     patient = read_api([big_catalog], stack_settings, "patient")
-    bounded = read_api([big_catalog], stack_settings, "bounded", count_timeout_ms=60_000,
-                       exact_count_max_rows=100_000)
+    bounded = read_api([big_catalog], stack_settings, "bounded", read_count_timeout_ms=60_000,
+                       read_exact_count_max_rows=100_000)
     try:
         # over the bound: the estimate at once, however patient; under it, counted
         over = get(bounded, f"{path}/count", **half).json()

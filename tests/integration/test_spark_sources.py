@@ -51,7 +51,7 @@ def test_spark_kafka_source_folds_like_ours(stack_settings, spark, engine, uniqu
     spark_kafka = renamed(definition, f"{unique}_spark")
     catch_up(spark, stack_settings, ours)
     # Batches smaller than the shared topic: several, each merging into what the last stored.
-    catch_up(spark, stack_settings, spark_kafka, driver="structured_streaming",
+    catch_up(spark, stack_settings, spark_kafka, streaming_driver="structured_streaming",
              max_rows_per_batch=topic_records(stack_settings, "ProductSales") // 3 + 1)
     columns = _columns(definition)
     expected = _state(engine, stack_settings, ours, columns, unique)
@@ -64,7 +64,8 @@ def test_spark_kafka_source_folds_like_ours(stack_settings, spark, engine, uniqu
     bus.execute(sales.RecordSale(product=f"{unique}-a", value=5))
     wait_until_in_topic(stack_settings, "ProductSales", unique, len(SALES) + 3)
     catch_up(spark, stack_settings, ours)
-    runner = make_runner(spark, stack_settings, spark_kafka, driver="structured_streaming")
+    runner = make_runner(spark, stack_settings, spark_kafka,
+                         streaming_driver="structured_streaming")
     try:
         whole_topic = (spark.read.format("kafka")
                        .option("kafka.bootstrap.servers", stack_settings.kafka.bootstrap_servers)

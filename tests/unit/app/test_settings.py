@@ -95,3 +95,28 @@ def test_an_instances_pool_and_cache_are_divided_among_its_http_workers() -> Non
     three = Settings.from_env({"EVENTFOLD_HTTP_WORKERS": "3"})
     assert (three.per_http_worker(10), three.per_http_worker(64)) == (4, 22)
     assert Settings.from_env({}).per_http_worker(10) == 10
+
+
+def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
+    """``Settings.fill`` copies by name: a field of ``RunnerSettings`` the app's settings do
+    not name would keep its default whatever the environment says, so each one is named,
+    but for those the app computes."""
+    import dataclasses
+
+    from eventfold.projections.run_settings import RunnerSettings
+    from eventfold.read_api import ReadApiOptions
+
+    from eventfold.app import Eventfold
+
+    named = set(Settings.model_fields) | {"kafka", "replication"}
+    computed = {"topic_configs", "deleted_key_retention_s"}
+    assert {f.name for f in dataclasses.fields(RunnerSettings)} - computed <= named
+    computed = {"pool_size", "title", "ktable_store", "workers_dir", "skip_router"}
+    assert {f.name for f in dataclasses.fields(ReadApiOptions)} - computed <= named
+    settings = Settings(projection_stall_s=77, streaming_driver="structured_streaming",
+                        ktable_retire_wait_s=5, writer_lease_s=3, fair_batch_rows=9)
+    run = Eventfold._runner_settings(settings, max_rows=123)
+    assert (run.projection_stall_s, run.streaming_driver, run.ktable_retire_wait_s,
+            run.writer_lease_s, run.fair_batch_rows, run.max_rows_per_batch) == (
+        77, "structured_streaming", 5, 3, 9, 123)
+    assert run.kafka == settings.kafka
