@@ -1,31 +1,30 @@
 """KTables at millions of keys: two read API instances (2 HTTP workers each) dividing one
 KTable's partitions in RocksDB state stores (each partition active on one, standby on the
-other), beside one instance with ``EVENTFOLD_KTABLE_STORE=memory`` (today's design before
-issue 34: every worker holding the whole table), in the same run.
+other), then one instance alone serving the whole table, in the same run.
 
 The KTable topic is written through the projection's own sink (``TopicSink``: the records the
 pipeline publishes, version headers included), N keys of small values, so that the benchmark
-spends its time on the read side. For each store it prints the RSS of an instance (its
-process tree, peak while restoring and after), the time from start to ready on a first start
-and on a restart, get-by-key req/s with p50 and p99 (wrk, 50 connections, random keys) and
-the records/s of a range scan (the whole table as NDJSON). With two instances, gets are
-measured through one of them for keys it is the active host of (local) and for keys the
-other is (forwarded), and the other is then SIGKILLed: ``failover_s`` is the time until the
-first has answered every one of a sample of the killed instance's keys (a client retrying
-once), ``rebalance_s`` until it holds them as their active host. One RocksDB instance is then
-measured exactly as the memory instance is (keys prefixed ``one_instance_``): the two
-instances above share the machine's cores, so their start and gets are not like against like.
-The two single instances start one after the other, then serve side by side, their gets and
-range scans taken in turns (``--rounds``, medians reported).
+spends its time on the read side. For each it prints the RSS of an instance (its process
+tree, peak while restoring and after), the time from start to ready on a first start and on a
+restart, get-by-key req/s with p50 and p99 (wrk, 50 connections, random keys) and the
+records/s of a range scan (the whole table as NDJSON). With two instances, gets are measured
+through one of them for keys it is the active host of (local) and for keys the other is
+(forwarded), and the other is then SIGKILLed: ``failover_s`` is the time until the first has
+answered every one of a sample of the killed instance's keys (a client retrying once),
+``rebalance_s`` until it holds them as their active host. One instance is then measured alone
+(keys prefixed ``one_instance_``): the two instances above share the machine's cores, so their
+start and gets are not like against like.
 
-The memory store is today's code with the old design's store: it has every other gain made
-since. ``--before DIR`` adds the code itself from before issue 34, a checkout with its own
-virtualenv, as a third single instance (keys prefixed ``before_``)::
+``--before DIR`` adds another checkout's code, with its own virtualenv, as a second single
+instance (keys prefixed ``before_``), started with ``EVENTFOLD_KTABLE_STORE=memory`` as the
+code before issue 34 kept KTables; the two single instances start one after the other, then
+serve side by side, their gets and range scans taken in turns (``--rounds``, medians
+reported)::
 
     git worktree add ../before d388046 && (cd ../before && bash scripts/setup.sh)
 
     .venv/bin/python -m bench.ktable_scale [--keys 5000000] [--seconds 10] [--partitions 4]
-        [--stores rocksdb,memory] [--rounds 3] [--before ../before]
+        [--rounds 3] [--before ../before]
 """
 
 from __future__ import annotations
@@ -113,7 +112,7 @@ class Instance:
                "EVENTFOLD_CONNECT_URL": settings.connect_url,
                "EVENTFOLD_READ_API_PORT": str(self.port), "EVENTFOLD_HTTP_WORKERS": "2",
                "EVENTFOLD_REQUEST_LOG": "false", "EVENTFOLD_READ_POOL_SIZE": "4",
-               "EVENTFOLD_KTABLE_STORE": "memory" if kind == BEFORE else kind,
+               **({"EVENTFOLD_KTABLE_STORE": "memory"} if kind == BEFORE else {}),
                "EVENTFOLD_STATE_DIR": str(state_dir),
                "EVENTFOLD_ADVERTISED_URL": self.url if advertised else ""}
         checkout = (checkouts or {}).get(kind)
@@ -221,7 +220,7 @@ def measure_one_instance(settings: Settings, kinds: list[str], keys: int, second
                          rounds: int, work_dir: Path, checkouts: dict[str, Path]
                          ) -> dict[str, dict[str, Any]]:
     """One instance of each kind with 2 workers serving the whole table, as before issue 34
-    (with the memory store, every worker holding all of it): the like-for-like comparison.
+    (the code then kept every entry in each worker's memory): the like-for-like comparison.
     Each first start is measured alone; then both serve side by side, idle but for the one
     measured, their gets and range scans taken in turns, ``rounds`` of each (the medians
     are kept), so that neither always runs first on a machine that warms up or drifts."""
@@ -393,12 +392,10 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=5_000_000)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--stores", default="rocksdb,memory",
-                        help="which to measure (the JSON has the keys of those measured)")
     parser.add_argument("--one-instance", action=argparse.BooleanOptionalAction,
                         default=True,
-                        help="also measure one RocksDB instance alone, as the memory store "
-                             "is (one_instance_ keys): like against like")
+                        help="also measure one instance alone, as --before's is "
+                             "(one_instance_ keys): like against like")
     parser.add_argument("--rounds", type=int, default=3,
                         help="turns of gets (local and forwarded, and on one instance) and "
                              "of range scans (one instance); medians are reported")
@@ -413,19 +410,14 @@ def main() -> None:
         in_a_process(publish, settings, args.keys, args.partitions)
         log.info("%s KTable records published in %.0f s", f"{args.keys:,}",
                  time.monotonic() - started)
-        stores = args.stores.split(",")
-        rocksdb = (measure_rocksdb(settings, args.keys, args.seconds, args.rounds, work_dir)
-                   if "rocksdb" in stores else {})
+        rocksdb = measure_rocksdb(settings, args.keys, args.seconds, args.rounds, work_dir)
         one = measure_one_instance(
-            settings, [kind for kind in ("rocksdb", "memory")
-                       if kind in stores and (kind == "memory" or args.one_instance)]
-            + list(checkouts), args.keys, args.seconds, args.rounds, work_dir, checkouts)
+            settings, ["rocksdb"] * args.one_instance + list(checkouts), args.keys,
+            args.seconds, args.rounds, work_dir, checkouts)
     print_against_targets(rocksdb, one)
     print(json.dumps({"keys": args.keys, "partitions": args.partitions, **rocksdb,
                       **{f"one_instance_{name}": value
                          for name, value in one.get("rocksdb", {}).items()},
-                      **{f"memory_{name}": value
-                         for name, value in one.get("memory", {}).items()},
                       **{f"before_{name}": value
                          for name, value in one.get(BEFORE, {}).items()}}))
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Depends, FastAPI
 
@@ -54,7 +54,6 @@ if TYPE_CHECKING:
     from eventfold.projections.run_settings import RunnerSettings
     from eventfold.projections.runner import ProjectionRunner
     from eventfold.projections.state.lease import WriterLease
-    from eventfold.read_api.state.stores import StoreKind
     from eventfold.run_observer import RunObserver
 
 # Spark, pandas, pyarrow and the read API are imported by the services that use them, so
@@ -157,8 +156,7 @@ class Eventfold:
             ReadApiOptions, database_url=settings.read_database_url or settings.database_url,
             pool_size=settings.per_http_worker(settings.read_pool_size),
             title=f"{self.name} reads",
-            ktable_store=StoreConfig(cast("StoreKind", settings.ktable_store),
-                                     Path(settings.state_dir),
+            ktable_store=StoreConfig(Path(settings.state_dir),
                                      settings.per_http_worker(settings.ktable_cache_mb)),
             workers_dir=workers_dir(), skip_router=skip_router)
         auth = [Depends(bearer_auth(settings.api_token))] if settings.api_token else []

@@ -50,9 +50,11 @@ STREAMING_DRIVERS = ("stream_thread", "structured_streaming")
 """What drives a streaming projection's batches: a stream thread over Eventfold's own offset
 planner (``projections.stream_thread``), or a Spark Structured Streaming query over Spark's
 built-in Kafka source (``spark-sql-kafka-0-10``)."""
-RENAMED = {"EVENTFOLD_SPARK_SOURCE": "EVENTFOLD_STREAMING_DRIVER (eventfold is stream_thread, "
-                                     "kafka is structured_streaming)"}
-"""Variables of earlier releases, refused with their new names rather than ignored."""
+RETIRED = {"EVENTFOLD_SPARK_SOURCE": "is now EVENTFOLD_STREAMING_DRIVER (eventfold is "
+                                     "stream_thread, kafka is structured_streaming)",
+           "EVENTFOLD_KTABLE_STORE": "is gone: every KTable is kept in RocksDB under "
+                                     "EVENTFOLD_STATE_DIR"}
+"""Variables of earlier releases, refused saying what replaced them rather than ignored."""
 
 
 def find_stack_dir(start: Path) -> Path:
@@ -134,7 +136,6 @@ class Settings(BaseSettings):
     writer_lease_s: float = Field(default=10.0, gt=0)
     projection_stall_s: float = Field(default=120.0, gt=0)
     ktable_topic_config: str = ""
-    ktable_store: str = "rocksdb"
     state_dir: Path = Path(".eventfold/state")
     ktable_cache_mb: int = Field(default=64, ge=1)
     ktable_standby_replicas: int = Field(default=1, ge=0)
@@ -222,9 +223,6 @@ class Settings(BaseSettings):
         if self.app_dir and not Path(self.app_dir).is_dir():
             raise ConfigError(f"EVENTFOLD_APP_DIR names {self.app_dir}, which is not a "
                               "directory")
-        if self.ktable_store not in ("rocksdb", "memory"):
-            raise ConfigError(f"EVENTFOLD_KTABLE_STORE is rocksdb or memory, not "
-                              f"{self.ktable_store!r}")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"EVENTFOLD_LOG_FORMAT is text or json, not {self.log_format!r}")
         if self.outbox_design not in tuple(OutboxDesign):
@@ -234,9 +232,9 @@ class Settings(BaseSettings):
             raise ConfigError(f"EVENTFOLD_STREAMING_DRIVER is one of "
                               f"{', '.join(STREAMING_DRIVERS)}, not {self.streaming_driver!r}")
         environment = _ENVIRONMENT.get()
-        for old, new in RENAMED.items():
+        for old, instead in RETIRED.items():
             if old in (os.environ if environment is None else environment):
-                raise ConfigError(f"{old} is now {new}")
+                raise ConfigError(f"{old} {instead}")
         password = self.connect_database_password
         if password and not is_provider_reference(password):
             raise ConfigError(

@@ -30,7 +30,7 @@ import pathlib
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -79,7 +79,7 @@ from eventfold.read_api.state.queries import (
     UnknownTable,
 )
 from eventfold.read_api.state.routing import DEFAULT_ACCEPTABLE_LAG, Router
-from eventfold.read_api.state.stores import IN_MEMORY
+from eventfold.read_api.state.stores import scratch_store_config
 from eventfold.read_api.workers import WorkerLead
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import Response
@@ -104,7 +104,7 @@ class ReadApiOptions:
     read_exact_count_max_rows: int | None = None
     """Counts whose estimate is above this answer the estimate at once (None: always try)."""
     title: str = "Eventfold read API"
-    ktable_store: StoreConfig = IN_MEMORY
+    ktable_store: StoreConfig = field(default_factory=scratch_store_config)
     advertised_url: str = ""
     """Where the other instances reach this one; empty: it is alone, and holds every KTable
     partition."""

@@ -21,7 +21,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.read_api.state import KTableView, StoreConfig
 from eventfold.read_api.state.membership import Member, Membership
 from eventfold.read_api.state.routing import Router
-from eventfold.read_api.state.stores import IN_MEMORY
+from eventfold.read_api.state.stores import scratch_store_config
 
 if TYPE_CHECKING:
     from eventfold.read_api.presence import ReaderPresence
@@ -49,7 +49,7 @@ class KTableHost:
         self.projection = projection
         self.topic_for = topic_for
         self.presence = presence
-        self.store_config = store or IN_MEMORY
+        self.store_config = store or scratch_store_config()
         self.router = router or Router(Membership("", dict), standby_replicas=0)
         self.partition_history = partition_history or (lambda _topic, _topic_id: ())
         while (moved_to := self._register(version)) is not None:

@@ -1,7 +1,6 @@
 """State stores of a KTable topic: the contract every store keeps (``StateStore``: its
 lifecycle, its writes and its queries, as Kafka Streams' ``StateStore`` and
-``ReadOnlyKeyValueStore``), what configures them, and the store in memory; the RocksDB store
-is ``rocksdb_store``.
+``ReadOnlyKeyValueStore``) and what configures them; the store is ``rocksdb_store``'s.
 
 A RocksDB store keeps one database per topic partition, as Kafka Streams keeps one store per
 task: the partition's entries (keys prefixed ``k``), and beside them, written in the same
@@ -22,22 +21,15 @@ wiped and restored from the beginning, saying why.
 from __future__ import annotations
 
 import logging
-import threading
+import tempfile
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from eventfold.read_api.state.entry import KTableEntry, MovedAway
-from sortedcontainers import SortedDict
-
-from eventfold.contract.partitioner import partition_for
 
 log = logging.getLogger(__name__)
-
-StoreKind = Literal["rocksdb", "memory"]
-STORE_KINDS: tuple[StoreKind, ...] = ("rocksdb", "memory")
 
 Change = tuple[str, KTableEntry | MovedAway | None]
 """A key and its new entry (None: a tombstone deletes it; ``MovedAway``: one that says the key
@@ -58,10 +50,9 @@ class TopicOffsets:
 
 @dataclass(frozen=True)
 class StoreConfig:
-    """Where and how KTable stores are kept (``EVENTFOLD_KTABLE_STORE``,
-    ``EVENTFOLD_STATE_DIR``, ``EVENTFOLD_KTABLE_CACHE_MB``)."""
+    """Where and how KTable stores are kept (``EVENTFOLD_STATE_DIR``,
+    ``EVENTFOLD_KTABLE_CACHE_MB``)."""
 
-    kind: StoreKind
     directory: Path
     cache_mb: int
     """RocksDB's cache of blocks and rows, shared by every store of the process."""
@@ -73,9 +64,11 @@ class StoreConfig:
     is bound by applying them, not by flushing."""
 
 
-IN_MEMORY = StoreConfig("memory", Path(), cache_mb=0)
-"""Stores in memory: for views a library user makes without a configuration (the app
-configures its read API from ``Settings``, whose default is RocksDB)."""
+def scratch_store_config() -> StoreConfig:
+    """Stores in a new temporary directory, restored from the topics' beginning: for a read
+    app a library user makes without a configuration (the app's read API keeps them under
+    ``EVENTFOLD_STATE_DIR``)."""
+    return StoreConfig(Path(tempfile.mkdtemp(prefix="eventfold-ktables-")), cache_mb=8)
 
 
 class StoreClosed(RuntimeError):
@@ -177,100 +170,30 @@ class StateStore(ABC):
         self.close()
 
 
-def lower_bound(start: str | None, after: str | None) -> tuple[str | None, bool]:
-    """The range's lower bound and whether it is inclusive."""
-    if after is not None and (start is None or after >= start):
-        return after, False
-    return start, True
-
-
-class MemoryStore(StateStore):
-    """Every entry of every partition in a sorted dict: restored from the beginning at every
-    start (the design before RocksDB stores, kept to compare with)."""
-
-    def __init__(self) -> None:
-        self._entries: SortedDict = SortedDict()
-        self._counts: dict[int, int] = {}
-        self._partition_count = 1
-        self._loading: dict[str, tuple[int, KTableEntry | None]] | None = {}
-        self._restoring: set[int] = set()
-        self._moves: dict[tuple[str, int], int] = {}
-        self._lock = threading.Lock()
-
-    def open_partitions(self, partitions: Collection[int], offsets: TopicOffsets,
-                        continuing: Collection[int] = ()) -> None:
-        self._partition_count = max(self._partition_count, max(partitions, default=0) + 1)
-        self._restoring.update(partitions)
+class UnopenedStore(StateStore):
+    """A view's store until its topic's own store opens: it holds nothing, and says so."""
 
     def positions(self) -> dict[int, int]:
         return {}
 
     def write(self, partition: int, changes: Sequence[Change], next_offset: int,
               high_watermark: int, synced_at_ms: int | None = None) -> None:
-        changes = self._note_moves(partition, changes)
-        if self._loading is not None:  # restoring: a plain dict, sorted once at the end
-            self._loading.update((key, (partition, entry)) for key, entry in changes)
-            return
-        with self._lock:
-            for key, entry in changes:
-                existed = (self._entries.pop(key, None) if entry is None
-                           else self._entries.get(key))
-                if entry is not None:
-                    self._entries[key] = entry
-                delta = (entry is not None) - (existed is not None)
-                self._counts[partition] = self._counts.get(partition, 0) + delta
-
-    def _note_moves(self, partition: int, changes: Sequence[Change]
-                    ) -> list[tuple[str, KTableEntry | None]]:
-        """The changes with tombstones saying where a key went noted, and made plain."""
-        plain: list[tuple[str, KTableEntry | None]] = []
-        for key, entry in changes:
-            if isinstance(entry, MovedAway):
-                self._moves[(key, partition)] = entry.partition
-                plain.append((key, None))
-            else:
-                if entry is None:
-                    self._moves.pop((key, partition), None)
-                plain.append((key, entry))
-        return plain
-
-    def moved_to(self, key: str, partition: int) -> int | None:
-        return self._moves.get((key, partition))
-
-    def restored(self, partitions: Collection[int]) -> None:
-        self._restoring.difference_update(partitions)
-        if self._loading is None or self._restoring:
-            return
-        loaded = SortedDict({k: e for k, (_, e) in self._loading.items() if e is not None})
-        counts: dict[int, int] = {}
-        for partition, entry in self._loading.values():
-            if entry is not None:
-                counts[partition] = counts.get(partition, 0) + 1
-        with self._lock:
-            self._entries, self._counts, self._loading = loaded, counts, None
+        raise StoreClosed("the view's store has not opened yet")
 
     def get(self, key: str, partition: int | None = None) -> KTableEntry | None:
-        entry: KTableEntry | None = self._entries.get(key)
-        return entry
-
-    def counts(self) -> dict[int, int]:
-        return dict(self._counts)
+        return None
 
     def range(self, start: str | None = None, end: str | None = None,
               after: str | None = None, limit: int | None = None,
               partitions: Collection[int] | None = None) -> list[tuple[str, KTableEntry]]:
-        low, inclusive_low = lower_bound(start, after)
-        wanted = None if partitions is None else frozenset(partitions)
-        with self._lock:
-            found = []
-            for key in self._entries.irange(low, end, inclusive=(inclusive_low, True)):
-                if wanted is not None and partition_for(key, self._partition_count
-                                                        ) not in wanted:
-                    continue
-                found.append((key, self._entries[key]))
-                if limit is not None and len(found) >= limit:
-                    break
-        return found
+        return []
+
+    def counts(self) -> dict[int, int]:
+        return {}
 
 
-# -- RocksDB -------------------------------------------------------------------------------------
+def lower_bound(start: str | None, after: str | None) -> tuple[str | None, bool]:
+    """The range's lower bound and whether it is inclusive."""
+    if after is not None and (start is None or after >= start):
+        return after, False
+    return start, True

@@ -30,17 +30,17 @@ from eventfold.outbox.kafka import (
 )
 from eventfold.outbox.topics import TopicShape
 from eventfold.read_api.state.entry import KTableEntry
-from eventfold.read_api.state.heap import PROCESS_HEAP, UNTRIMMED
+from eventfold.read_api.state.heap import PROCESS_HEAP
 from eventfold.read_api.state.restore import Restoration, RestoreProgress
 from eventfold.read_api.state.rocksdb_store import RocksDBStore, stored_partitions
 from eventfold.read_api.state.stores import (
-    IN_MEMORY,
     Change,
-    MemoryStore,
     StateStore,
     StoreClosed,
     StoreConfig,
     TopicOffsets,
+    UnopenedStore,
+    scratch_store_config,
 )
 from eventfold.read_api.state.topic_watch import TopicWatch
 
@@ -65,14 +65,14 @@ class KTableView:
     """The partitions of one KTable topic this process holds, restored into a store and
     followed by a thread: the store's writer consumes them; a reader of a store another
     process writes catches up with it. Which partitions: ``assign`` (until then, none), or
-    every one (``hold_all``, and always with the memory store)."""
+    every one (``hold_all``)."""
 
     def __init__(self, kafka: KafkaConnection, topic: str,
                  config: StoreConfig | None = None) -> None:
         self.kafka = kafka
         self.topic = topic
-        self.config = config or IN_MEMORY
-        self.store: StateStore = MemoryStore()  # until the topic's own store opens
+        self.config = config or scratch_store_config()
+        self.store: StateStore = UnopenedStore()
         self.partition_count: int | None = None
         self.on_partitions: Callable[[KTableView], None] | None = None
         """Called once the topic's partition count is known, and when it changes (to
@@ -81,10 +81,8 @@ class KTableView:
         """Every partition count a topic (by name and id) has had, oldest first, as the
         projection recorded them (``partition_history``)."""
         self._wanted: frozenset[int] | None = None
-        self._hold_all = self.config.kind == "memory"
-        # the memory store stands for the design before on-disk stores (benchmarks compare
-        # against it): it keeps its heap as that design did
-        self._heap = PROCESS_HEAP if self.config.kind == "rocksdb" else UNTRIMMED
+        self._hold_all = False
+        self._heap = PROCESS_HEAP
         self._ready: frozenset[int] = frozenset()
         self._restoration = Restoration(topic)
         self._reading_progress: RestoreProgress | None = None
@@ -151,8 +149,6 @@ class KTableView:
 
     def stored_partitions(self) -> frozenset[int]:
         """The partitions this instance has a store of on disk, held or not."""
-        if self.config.kind != "rocksdb":
-            return frozenset()
         return stored_partitions(self.config, self.topic)
 
     def partition_lags(self) -> dict[int, int]:
@@ -256,8 +252,7 @@ class KTableView:
         shape = self._topic_now()
         if shape is None:
             return
-        self.store = (MemoryStore() if self.config.kind == "memory"
-                      else RocksDBStore(self.config, self.topic, self._stop))
+        self.store = RocksDBStore(self.config, self.topic, self._stop)
         try:
             continuing = frozenset[int]()
             if not self.store.writer:

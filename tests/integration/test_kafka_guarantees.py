@@ -139,7 +139,9 @@ def test_the_log_cleaner_compacts_a_ktable_topic_and_a_restore_equals_the_read_m
     assert sorted(expected) == sorted([*keys[3:], "k10"])
     assert expected["k9"] == {"count": 5, "note": "n4"}
     assert read_table(stack_settings.kafka, topic) == expected
-    view = KTableView(stack_settings.kafka, topic).start()
+    view = KTableView(stack_settings.kafka, topic)
+    view.hold_all()
+    view.start()
     try:
         wait_for(lambda: view.restored, "the KTable restore", timeout_s=60)
         assert {k: e.value for c in view.store.chunks() for k, e in c} == expected

@@ -65,7 +65,7 @@ def read_api(projections, settings, instance: str, **limits: int) -> BackgroundS
     """A read API instance as the product runs it: KTables in RocksDB stores of its own."""
     options = ReadApiOptions(database_url=settings.database_url,
                              kafka=settings.kafka, instance_id=instance,
-                             ktable_store=StoreConfig("rocksdb", settings.state_dir / instance,
+                             ktable_store=StoreConfig(settings.state_dir / instance,
                                                       cache_mb=64),
                              **limits)
     server = BackgroundServer(create_read_app(projections, options), "127.0.0.1",

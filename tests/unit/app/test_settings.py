@@ -97,6 +97,12 @@ def test_an_instances_pool_and_cache_are_divided_among_its_http_workers() -> Non
     assert Settings.from_env({}).per_http_worker(10) == 10
 
 
+def test_a_retired_variable_is_refused_saying_what_replaced_it() -> None:
+    with pytest.raises(ConfigError, match="EVENTFOLD_KTABLE_STORE is gone: every KTable is "
+                                          "kept in RocksDB under EVENTFOLD_STATE_DIR"):
+        Settings.from_env({"EVENTFOLD_KTABLE_STORE": "memory"})
+
+
 def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     """``Settings.fill`` copies by name: a field of ``RunnerSettings`` the app's settings do
     not name would keep its default whatever the environment says, so each one is named,

@@ -1,6 +1,6 @@
-"""KTable state stores on local disk and in memory: the same queries over both; a RocksDB
-store keeps its changelog position with its data, is wiped when that position is not valid
-for the topic, and is shared by a writer and readers in other processes."""
+"""KTable state stores on local disk: gets, ranges, scans and counts in key order; a store
+keeps its changelog position with its data, is wiped when that position is not valid for the
+topic, and is shared by a writer and readers in other processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from operator import itemgetter
 from pathlib import Path
 
 import pytest
-from eventfold.read_api.state import KTableEntry, MemoryStore, RocksDBStore, StoreConfig
+from eventfold.read_api.state import KTableEntry, RocksDBStore, StoreConfig
 from eventfold.read_api.state.merge import merge_sorted
 from eventfold.read_api.state.stores import StateStore, TopicOffsets
 from hypothesis import given
@@ -24,20 +24,20 @@ def entry(n: int) -> KTableEntry:
 
 def rocksdb(directory: Path, topic_id: str = TOPIC_ID, end: int = 100,
             partitions: tuple[int, ...] = (0, 1)) -> RocksDBStore:
-    store = RocksDBStore(StoreConfig("rocksdb", directory, cache_mb=8), TOPIC)
+    store = RocksDBStore(StoreConfig(directory, cache_mb=8), TOPIC)
     store.open_partitions(partitions, TopicOffsets(topic_id, {p: 0 for p in partitions},
                                                    {p: end for p in partitions}))
     return store
 
 
-@pytest.fixture(params=["memory", "rocksdb"])
-def store(request, tmp_path):
-    made: StateStore = MemoryStore() if request.param == "memory" else rocksdb(tmp_path)
+@pytest.fixture
+def store(tmp_path):
+    made: StateStore = rocksdb(tmp_path)
     yield made
     made.close()
 
 
-def test_both_stores_answer_gets_ranges_scans_and_counts_in_key_order(store) -> None:
+def test_a_store_answers_gets_ranges_scans_and_counts_in_key_order(store) -> None:
     # keys in two partitions: a range merges them in key order
     store.write(0, [("b", entry(1)), ("d", entry(2)), ("c", entry(9))], 3, 3)
     store.write(1, [("a", entry(3)), ("e", entry(4)), ("é", entry(5))], 3, 3)
@@ -132,16 +132,16 @@ def test_a_range_of_some_partitions_holds_only_their_keys(tmp_path) -> None:
     from eventfold.contract.partitioner import partition_for
 
     keys = [f"key-{i}" for i in range(40)]
-    for store in (MemoryStore(), rocksdb(tmp_path, partitions=(0, 1, 2))):
-        store.open_partitions([0, 1, 2], TopicOffsets(TOPIC_ID, {}, {p: 100 for p in range(3)}))
-        for p in range(3):
-            store.write(p, [(k, entry(1)) for k in keys if partition_for(k, 3) == p], 1, 1)
-        store.restored([0, 1, 2])
-        expected = sorted(k for k in keys if partition_for(k, 3) in (0, 2))
-        assert [k for k, _ in store.range(partitions=[0, 2])] == expected
-        assert [k for k, _ in store.range(after=expected[0], limit=2, partitions=[2, 0])
-                ] == expected[1:3]
-        store.close()
+    store = rocksdb(tmp_path, partitions=(0, 1, 2))
+    store.open_partitions([0, 1, 2], TopicOffsets(TOPIC_ID, {}, {p: 100 for p in range(3)}))
+    for p in range(3):
+        store.write(p, [(k, entry(1)) for k in keys if partition_for(k, 3) == p], 1, 1)
+    store.restored([0, 1, 2])
+    expected = sorted(k for k in keys if partition_for(k, 3) in (0, 2))
+    assert [k for k, _ in store.range(partitions=[0, 2])] == expected
+    assert [k for k, _ in store.range(after=expected[0], limit=2, partitions=[2, 0])
+            ] == expected[1:3]
+    store.close()
 
 
 def test_a_partition_let_go_keeps_its_files_and_comes_back_at_its_checkpoint(tmp_path) -> None:

@@ -56,7 +56,7 @@ def test_moves_the_states_do_not_allow_are_refused() -> None:
 # -- a store's checkpoint against its topic -----------------------------------------------------
 def _store(directory: Path, retention_ms: int | None, continuing: tuple[int, ...] = ()
            ) -> RocksDBStore:
-    store = RocksDBStore(StoreConfig("rocksdb", directory, cache_mb=8), TOPIC)
+    store = RocksDBStore(StoreConfig(directory, cache_mb=8), TOPIC)
     store.open_partitions([0], TopicOffsets(TOPIC_ID, {0: 0}, {0: 100}, retention_ms),
                           continuing)
     return store
