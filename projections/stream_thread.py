@@ -17,9 +17,8 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution import worker
@@ -28,6 +27,9 @@ from pyspark.sql import SparkSession
 
 from eventfold.contract import PartitionKey
 
+if TYPE_CHECKING:
+    from eventfold.projections.run_settings import RunnerSettings
+
 log = logging.getLogger(__name__)
 
 PARTITIONS_REFRESH_S = 5.0
@@ -35,11 +37,6 @@ PARTITIONS_REFRESH_S = 5.0
 STALL_LONGEST_BATCHES = 3
 """A thread is stalled once a look or batch has gone on for its setting's floor plus this many
 times the longest batch it has committed."""
-
-
-class _RunnerSettings(Protocol):
-    @property
-    def kafka(self) -> KafkaConnection: ...
 
 
 class BatchRunner(Protocol):
@@ -51,7 +48,7 @@ class BatchRunner(Protocol):
     @property
     def projection(self) -> Projection: ...
     @property
-    def settings(self) -> _RunnerSettings: ...
+    def settings(self) -> RunnerSettings: ...
     def next_batch_id(self) -> int: ...
     def check_writer(self) -> None: ...
     def fold_batch_up_to(self, batch_id: int, ending: Mapping[PartitionKey, int]) -> int: ...

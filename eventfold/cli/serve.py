@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
-from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("eventfold")
 

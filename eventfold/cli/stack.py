@@ -7,12 +7,8 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
-
-if TYPE_CHECKING:
-    pass
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

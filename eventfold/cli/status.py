@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import TYPE_CHECKING
 
 from eventfold.config import Settings
-
-if TYPE_CHECKING:
-    pass
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
