@@ -6,7 +6,7 @@
 - ``projection_checkpoints``: per version, the source offsets a batch committed up to, in the
   same transaction as the rows it wrote;
 - ``retired_ktable_topics``: replaced versions' KTable topics, deleted once no read API
-  instance has them open (``readers``, the ``ktable_readers`` table);
+  instance has them open (``readers``, members of kind ``KTABLE_READER``);
 - ``ktable_partitions``: every partition count each KTable topic has had.
 
 Version 1 is registered when a projection first runs. A replay builds version N+1 beside the
@@ -28,8 +28,7 @@ from datetime import datetime
 import psycopg
 from eventfold.projections.state.lease import VERSIONS_TABLE, WriterFenced
 from eventfold.projections.state.readers import (
-    KTABLE_READERS_TABLE,
-    READER_TTL_S,
+    LIVE_READER_OF_TOPIC,
     SWITCH_LOCK,
     forget_gone_readers,
 )
@@ -48,11 +47,8 @@ _RETIRED = sql.Identifier(RETIRED_TOPICS_TABLE)
 _IN_FLIGHT = sql.Identifier("batches_in_flight")
 # A retired topic nobody reads: no fresh heartbeat for it. A reader that saw the old version
 # just before the switch has its row by then (``readers.note_reader``, under ``SWITCH_LOCK``).
-_UNREAD_RETIRED = sql.SQL("""
-    SELECT r.topic FROM {retired} r
-    WHERE NOT EXISTS (SELECT 1 FROM {readers} k WHERE k.topic = r.topic
-                      AND k.seen_at > now() - make_interval(secs => %s))
-""").format(retired=_RETIRED, readers=sql.Identifier(KTABLE_READERS_TABLE))
+_UNREAD_RETIRED = sql.SQL("SELECT r.topic FROM {retired} r WHERE NOT EXISTS ({readers})").format(
+    retired=_RETIRED, readers=sql.SQL(LIVE_READER_OF_TOPIC.format(topic="r.topic")))
 
 log = logging.getLogger(__name__)
 
@@ -197,16 +193,15 @@ class ProjectionCatalog:
                               wait_s: float = 0.0) -> list[str]:
         """Delete every retired topic no live reader has open, waiting up to ``wait_s`` for
         readers to move off. The topics still read are left for a later call (the next
-        replay, or a streaming run, which calls this as it goes). Rows of readers gone for
-        ``READER_TTL_S`` go first, so a topic deleted because its reader is gone takes the
+        replay, or a streaming run, which calls this as it goes). Rows of readers gone go
+        first, so a topic deleted because its reader is gone takes the
         reader's row with it."""
         deadline = time.monotonic() + wait_s
         deleted: list[str] = []
         while True:
             with self._conn().transaction():  # one now(): a row forgotten, or one that counts
                 forget_gone_readers(self._conn())
-                topics = [row[0] for row in self._conn().execute(
-                    _UNREAD_RETIRED, (READER_TTL_S,)).fetchall()]
+                topics = [row[0] for row in self._conn().execute(_UNREAD_RETIRED).fetchall()]
             if topics:
                 delete(topics)
                 self._conn().execute(sql.SQL("DELETE FROM {} WHERE topic = ANY(%s)")

@@ -1,5 +1,6 @@
-"""Which streaming host runs which projections, and the replays handed to them: the
-``projection_hosts`` and ``projection_requests`` tables (migration 0012).
+"""Which streaming host runs which projections, and the replays handed to them: hosts are
+members of kind ``PROJECTION_HOST`` (``contract.members``), requests rows of the
+``projection_requests`` table (migration 0012).
 
 A request is a row the host polls: the requester and the host share nothing but the database,
 which both have already (a host's HTTP port may not be reachable from where an operator runs
@@ -17,9 +18,10 @@ from typing import Any, Literal
 import psycopg
 
 from eventfold.contract import libpq_url
+from eventfold.contract.members import LIVE, PROJECTION_HOST, join, leave, renew
 
 ALIVE_S = 10.0
-"""A host whose last heartbeat is older than this is taken for dead."""
+"""A host not renewed for this long is taken for dead (its ``ttl_s`` as a member)."""
 
 RequestState = Literal["pending", "running", "done", "failed", "cancelled"]
 ENDED: frozenset[str] = frozenset({"done", "failed", "cancelled"})
@@ -41,10 +43,12 @@ class Request:
     host_alive: bool
 
 
+_HOSTS = (f"(SELECT member_id AS host_id, detail, started_at, seen_at FROM {LIVE} "
+          f"WHERE kind = '{PROJECTION_HOST}')")
+"""The live hosts, as a relation to join."""
 _REQUEST = ("SELECT r.id, r.host_id, r.projection, r.action, r.source, r.state, r.cancel, "
-            "r.done, r.total, r.result, r.error, coalesce(h.heartbeat_at > now() - "
-            "make_interval(secs => %s), false) FROM projection_requests r "
-            "LEFT JOIN projection_hosts h USING (host_id) WHERE r.id = %s")
+            "r.done, r.total, r.result, r.error, h.host_id IS NOT NULL FROM "
+            f"projection_requests r LEFT JOIN {_HOSTS} h USING (host_id) WHERE r.id = %s")
 
 
 @dataclass(frozen=True)
@@ -58,14 +62,13 @@ class LiveHost:
 
 
 def live_hosts(conn: psycopg.Connection) -> list[LiveHost]:
-    """The hosts whose heartbeat is younger than ``ALIVE_S``, with the replays they run."""
+    """The live hosts, with the replays they run."""
     rows = conn.execute(
-        "SELECT h.host_id, h.projections, h.started_at, h.heartbeat_at, coalesce(array_agg("
-        "r.projection || ' ' || r.done || '/' || r.total ORDER BY r.id) FILTER (WHERE r.id IS "
-        "NOT NULL), '{}') FROM projection_hosts h LEFT JOIN projection_requests r ON "
-        "r.host_id = h.host_id AND r.state = 'running' WHERE h.heartbeat_at > now() - "
-        "make_interval(secs => %s) GROUP BY h.host_id ORDER BY h.host_id",
-        (ALIVE_S,)).fetchall()
+        "SELECT h.host_id, array(SELECT jsonb_array_elements_text(h.detail -> 'projections')), "
+        "h.started_at, h.seen_at, coalesce(array_agg(r.projection || ' ' || r.done || '/' || "
+        "r.total ORDER BY r.id) FILTER (WHERE r.id IS NOT NULL), '{}') FROM " + _HOSTS +
+        " h LEFT JOIN projection_requests r ON r.host_id = h.host_id AND r.state = 'running' "
+        "GROUP BY h.host_id, h.detail, h.started_at, h.seen_at ORDER BY h.host_id").fetchall()
     return [LiveHost(*row) for row in rows]
 
 
@@ -75,6 +78,7 @@ class HostDirectory:
     def __init__(self, database_url: str) -> None:
         self.database_url = database_url
         self._connection: psycopg.Connection | None = None
+        self._projections: list[str] = []
 
     def _conn(self) -> psycopg.Connection:
         if self._connection is None or self._connection.closed:
@@ -88,17 +92,18 @@ class HostDirectory:
 
     # -- the host's side -------------------------------------------------------------------
     def register(self, host_id: str, projections: list[str]) -> None:
-        """This host runs ``projections``; rows of hosts long dead go."""
+        """This host runs ``projections``."""
         with self._conn().transaction():
-            self._conn().execute("DELETE FROM projection_hosts WHERE heartbeat_at < now() - "
-                                 "make_interval(secs => %s)", (ALIVE_S * 6,))
-            self._conn().execute(
-                "INSERT INTO projection_hosts (host_id, projections) VALUES (%s, %s)",
-                (host_id, projections))
+            join(self._conn(), PROJECTION_HOST, host_id, ALIVE_S,
+                 {"projections": projections})
+        self._projections = projections
 
     def heartbeat(self, host_id: str) -> None:
-        self._conn().execute("UPDATE projection_hosts SET heartbeat_at = now() "
-                             "WHERE host_id = %s", (host_id,))
+        """The host lives; its row, deleted as gone while the database could not be reached
+        for long, comes back."""
+        if not renew(self._conn(), PROJECTION_HOST, host_id):
+            join(self._conn(), PROJECTION_HOST, host_id, ALIVE_S,
+                 {"projections": self._projections})
 
     def unregister(self, host_id: str) -> None:
         """The host stops: its requests not yet claimed fail, so that nobody waits for them."""
@@ -107,7 +112,7 @@ class HostDirectory:
                 "UPDATE projection_requests SET state = 'failed', error = 'the host stopped "
                 "before it started the request', updated_at = now() WHERE host_id = %s AND "
                 "state = 'pending'", (host_id,))
-            self._conn().execute("DELETE FROM projection_hosts WHERE host_id = %s", (host_id,))
+            leave(self._conn(), PROJECTION_HOST, host_id)
 
     def claim(self, host_id: str) -> Request | None:
         """The oldest request waiting for this host, now running."""
@@ -136,10 +141,10 @@ class HostDirectory:
         """The live host that runs ``projection``, if any: the one that writes it (holds its
         writer lease) before one standing by for it."""
         row = self._conn().execute(
-            "SELECT h.host_id FROM projection_hosts h LEFT JOIN projection_versions v ON "
-            "v.projection = %s WHERE %s = ANY(h.projections) AND h.heartbeat_at > now() - "
-            "make_interval(secs => %s) ORDER BY h.host_id = v.writer DESC NULLS LAST, "
-            "h.heartbeat_at DESC LIMIT 1", (projection, projection, ALIVE_S)).fetchone()
+            "SELECT h.host_id FROM " + _HOSTS + " h LEFT JOIN projection_versions v ON "
+            "v.projection = %s WHERE h.detail -> 'projections' ? %s ORDER BY "
+            "h.host_id = v.writer DESC NULLS LAST, h.seen_at DESC LIMIT 1",
+            (projection, projection)).fetchone()
         return str(row[0]) if row else None
 
     def submit(self, host_id: str, projection: str, action: str, source: str) -> int:
@@ -161,7 +166,7 @@ class HostDirectory:
         return host_id if row else None
 
     def request(self, request_id: int) -> Request:
-        row = self._conn().execute(_REQUEST, (ALIVE_S, request_id)).fetchone()
+        row = self._conn().execute(_REQUEST, (request_id,)).fetchone()
         if row is None:
             raise LookupError(f"no projection request {request_id}")
         return Request(*row)

@@ -1,11 +1,12 @@
-"""Which read API instance has which KTable topic open: the ``ktable_readers`` table
-(migration 0008), and the only code that reads or writes it.
+"""Which read API instance has which KTable topic open: members of kind ``KTABLE_READER``
+(``contract.members``), one per instance and topic, and the only code that writes them.
 
 An instance registers a topic before its consumer assigns it (refused when a switch made
 another version active meanwhile: ``note_reader``), renews the row every
 ``READER_HEARTBEAT_S`` while it has the topic open and deletes it once closed; a row not
-renewed for ``READER_TTL_S`` is a reader gone. A replay deletes a replaced version's KTable
-topic only once no live reader has it (``catalog.ProjectionCatalog.delete_retired_topics``).
+renewed for ``READER_TTL_S`` (its ``ttl_s``) is a reader gone. A replay deletes a replaced
+version's KTable topic only once no live reader has it
+(``catalog.ProjectionCatalog.delete_retired_topics``).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import psycopg
 from eventfold.projections.state.lease import VERSIONS_TABLE
 from psycopg import sql
 
-KTABLE_READERS_TABLE = "ktable_readers"
+from eventfold.contract.members import KTABLE_READER, LIVE, forget_gone, join, leave, leave_where
+
 READER_TTL_S = 15.0
 """A reader whose heartbeat is older than this is gone (crashed or stopped)."""
 READER_HEARTBEAT_S = 3.0
@@ -26,7 +28,6 @@ SWITCH_LOCK = "eventfold.switch:"
 """Per projection, an advisory lock a switch takes exclusively as it retires the old topic,
 and a reader shares while it checks the active version and registers that version's topic."""
 
-_READERS = sql.Identifier(KTABLE_READERS_TABLE)
 _TABLE = sql.Identifier(VERSIONS_TABLE)
 
 
@@ -54,20 +55,21 @@ def note_reader(conn: psycopg.Connection, instance_id: str, topic: str, projecti
 def renew_reader(conn: psycopg.Connection, instance_id: str, topic: str, projection: str,
                  version: int) -> None:
     """A read API instance still has ``topic`` open: its heartbeat."""
-    conn.execute(sql.SQL("""
-        INSERT INTO {} (instance_id, topic, projection, version) VALUES (%s, %s, %s, %s)
-        ON CONFLICT (instance_id, topic) DO UPDATE SET seen_at = now()
-    """).format(_READERS), (instance_id, topic, projection, version))
+    join(conn, KTABLE_READER, _member_id(instance_id, topic), READER_TTL_S,
+         {"instance_id": instance_id, "topic": topic, "projection": projection,
+          "version": version})
 
 
 def forget_reader(conn: psycopg.Connection, instance_id: str, topic: str | None = None) -> None:
     """The instance closed ``topic`` (None: all of its topics, as it stops)."""
     if topic is None:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s").format(_READERS),
-                     (instance_id,))
+        leave_where(conn, KTABLE_READER, "instance_id", instance_id)
     else:
-        conn.execute(sql.SQL("DELETE FROM {} WHERE instance_id = %s AND topic = %s")
-                     .format(_READERS), (instance_id, topic))
+        leave(conn, KTABLE_READER, _member_id(instance_id, topic))
+
+
+def _member_id(instance_id: str, topic: str) -> str:
+    return f"{instance_id} {topic}"
 
 
 @dataclass(frozen=True)
@@ -80,17 +82,21 @@ class LiveReader:
 
 
 def live_readers(conn: psycopg.Connection) -> list[LiveReader]:
-    """The KTable topics read API instances have open, by heartbeats younger than
-    ``READER_TTL_S``."""
-    rows = conn.execute(sql.SQL(
-        "SELECT instance_id, projection, version, topic, seen_at FROM {} "
-        "WHERE seen_at > now() - make_interval(secs => %s) ORDER BY instance_id, topic")
-        .format(_READERS), (READER_TTL_S,)).fetchall()
+    """The KTable topics live read API instances have open."""
+    rows = conn.execute(
+        f"SELECT detail ->> 'instance_id', detail ->> 'projection', "
+        f"(detail ->> 'version')::int, detail ->> 'topic', seen_at FROM {LIVE} "
+        f"WHERE kind = %s ORDER BY 1, 4", (KTABLE_READER,)).fetchall()
     return [LiveReader(*row) for row in rows]
+
+
+LIVE_READER_OF_TOPIC = (f"SELECT 1 FROM {LIVE} WHERE kind = '{KTABLE_READER}' AND "
+                        "detail ->> 'topic' = {topic}")
+"""A condition for SQL that asks for a topic's live readers (``{topic}``: the column or
+placeholder naming it)."""
 
 
 def forget_gone_readers(conn: psycopg.Connection) -> None:
     """Delete the rows of instances that crashed: they hold no topic, and would stay
     forever."""
-    conn.execute(sql.SQL("DELETE FROM {} WHERE seen_at <= now() - make_interval(secs => %s)")
-                 .format(_READERS), (READER_TTL_S,))
+    forget_gone(conn, KTABLE_READER)

@@ -1,10 +1,10 @@
 """The read API instances serving an app's KTables, found by their heartbeats in the
-database (table ``ktable_members``).
+database: members of kind ``KTABLE_MEMBER`` (``contract.members``), by advertised URL.
 
 An instance with an advertised URL renews its row every ``HEARTBEAT_S`` with, per KTable
 topic, the partitions it holds restored (and their lag) and those it has stores of on disk;
-rows not renewed for ``TIMEOUT_S`` are members no more (a crashed instance leaves within that
-time, one that stops deletes its row).
+rows not renewed for ``TIMEOUT_S`` (their ``ttl_s``) are members no more (a crashed instance
+leaves within that time, one that stops deletes its row).
 
 An instance only lets members go once its own heartbeats have gone through for ``TIMEOUT_S``
 in a row. A database that stalled (a pause, a failover) held every instance's heartbeat at
@@ -30,6 +30,8 @@ import orjson
 import psycopg
 from eventfold.read_api.freshness import connect_as_reader
 from eventfold.read_api.workers import FOLLOW_S, WorkerLead
+
+from eventfold.contract.members import KTABLE_MEMBER, join, leave, live
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +126,7 @@ class Membership:
             self._thread.join(timeout=10)
         if self._conn is not None:
             try:  # leave at once: the others rebalance now rather than after TIMEOUT_S
-                self._conn.execute("DELETE FROM ktable_members WHERE url = %s", (self.url,))
+                leave(self._conn, KTABLE_MEMBER, self.url)
             except psycopg.Error as exc:
                 log.warning("ktable membership: could not leave: %s", exc)
             self._conn.close()
@@ -162,15 +164,10 @@ class Membership:
         if self._conn is None or self._conn.closed:
             self._conn = connect_as_reader(self.database_url, self.role, read_only=False,
                                            purpose="membership")
-        tables = {topic: report.as_json() for topic, report in self.report().items()}
-        self._conn.execute(
-            "INSERT INTO ktable_members (url, tables) VALUES (%s, %s) ON CONFLICT (url) DO "
-            "UPDATE SET seen_at = now(), tables = excluded.tables",
-            (self.url, orjson.dumps(tables).decode()))
-        rows = self._conn.execute(
-            "SELECT url, tables FROM ktable_members WHERE seen_at > now() - "
-            "make_interval(secs => %s) ORDER BY url", (TIMEOUT_S,)).fetchall()
-        self.saw(_members_of(rows), time.monotonic())
+        join(self._conn, KTABLE_MEMBER, self.url, TIMEOUT_S,
+             {topic: report.as_json() for topic, report in self.report().items()})
+        seen = live(self._conn, KTABLE_MEMBER)
+        self.saw(_members_of((m.member_id, m.detail) for m in seen), time.monotonic())
 
     def saw(self, seen: tuple[Member, ...], now: float) -> None:
         """A heartbeat went through at ``now`` and found the members ``seen``: they are
@@ -219,7 +216,7 @@ def _kept(before: tuple[Member, ...], seen: tuple[Member, ...]) -> tuple[Member,
 
 
 def _members_of(rows: Iterable[Sequence[Any]]) -> tuple[Member, ...]:
-    """Members from ``ktable_members`` rows (url, tables), as read or as published."""
+    """Members from (url, tables) pairs, as read or as published."""
     return tuple(Member(url, {topic: TopicReport.from_json(report)
                               for topic, report in tables.items()})
                  for url, tables in rows)

@@ -121,8 +121,8 @@ def test_an_interrupted_replay_resumes_and_a_crashed_reader_does_not_keep_the_ol
     admin = AdminClient(stack_settings.kafka.client_config())
     assert old_topic not in admin.list_topics(timeout=30).topics
     with engine.connect() as conn:  # the killed reader's row went with the topic
-        assert conn.execute(text("SELECT count(*) FROM ktable_readers WHERE topic = :t"),
-                            {"t": old_topic}).scalar() == 0
+        assert conn.execute(text("SELECT count(*) FROM members WHERE kind = 'ktable_reader' "
+                                 "AND detail ->> 'topic' = :t"), {"t": old_topic}).scalar() == 0
 
 
 def reader_killed_on(topic: str, env: dict[str, str], tmp_path) -> None:

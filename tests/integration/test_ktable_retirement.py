@@ -67,11 +67,13 @@ def test_rows_of_readers_that_crashed_go_at_the_next_cleanup(inventory_app,
         with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
             for instance in ("crashed", "alive"):
                 assert note_reader(conn, f"{name}-{instance}", topic, name, 1) is None
-            conn.execute("UPDATE ktable_readers SET seen_at = now() - make_interval(secs => %s) "
-                         "WHERE instance_id = %s", (READER_TTL_S + 1, f"{name}-crashed"))
+            conn.execute("UPDATE members SET seen_at = now() - make_interval(secs => %s) "
+                         "WHERE kind = 'ktable_reader' AND detail ->> 'instance_id' = %s",
+                         (READER_TTL_S + 1, f"{name}-crashed"))
             catalog.delete_retired_topics(lambda topics: None)
             left = [row[0] for row in conn.execute(
-                "SELECT instance_id FROM ktable_readers WHERE projection = %s", (name,))]
+                "SELECT detail ->> 'instance_id' FROM members WHERE kind = 'ktable_reader' "
+                "AND detail ->> 'projection' = %s", (name,))]
             assert left == [f"{name}-alive"]
             forget_reader(conn, f"{name}-alive")
     finally:

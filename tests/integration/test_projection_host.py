@@ -200,8 +200,8 @@ def test_a_replay_asked_of_a_host_that_died_before_claiming_it_goes_to_the_one_a
         request_id = directory.submit(dead, name, "replay", "topics")
         assert directory.reroute(request_id, name) == dead  # alive: nothing to move
         directory._conn().execute(
-            "UPDATE projection_hosts SET heartbeat_at = now() - interval '1 minute' "
-            "WHERE host_id = %s", (dead,))
+            "UPDATE members SET seen_at = now() - interval '1 minute' "
+            "WHERE kind = 'projection_host' AND member_id = %s", (dead,))
         assert not directory.request(request_id).host_alive
         assert directory.reroute(request_id, name) is None  # no live host runs it yet
         directory.register(restarted, [name])

@@ -303,15 +303,17 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
 
     def membership_age_s() -> float:
         with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
-            row = conn.execute("SELECT extract(epoch FROM now() - seen_at) FROM ktable_members"
-                               " WHERE url = %s", (advertised,)).fetchone()
+            row = conn.execute("SELECT extract(epoch FROM now() - seen_at) FROM members WHERE "
+                               "kind = 'ktable_member' AND member_id = %s",
+                               (advertised,)).fetchone()
         return float(row[0]) if row else float("inf")
 
     def presence_ages_s() -> dict[int, float]:
         """How old each worker's presence row for the KTable's topic is, by worker pid."""
         with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
-            rows = conn.execute("SELECT instance_id, extract(epoch FROM now() - seen_at) "
-                                "FROM ktable_readers WHERE projection = %s", (name,)).fetchall()
+            rows = conn.execute("SELECT detail ->> 'instance_id', extract(epoch FROM now() - "
+                                "seen_at) FROM members WHERE kind = 'ktable_reader' AND "
+                                "detail ->> 'projection' = %s", (name,)).fetchall()
         return {int(instance.rsplit(":", 1)[1]): float(age) for instance, age in rows}
 
     def freshness_ages_s() -> list[float]:
