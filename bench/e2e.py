@@ -34,6 +34,7 @@ from bench.read_api import start_read_api, wait_ready
 from eventfold.config import Settings
 from eventfold.contract import event_topic, libpq_url
 from eventfold.serving import BackgroundServer
+from eventfold.wiring import connector_spec
 from examples.inventory import ReceiveStock, app, inventory_totals
 
 WARMUP_COMMANDS = 40
@@ -105,7 +106,8 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, phases: PhaseL
     """Commands at ~20/s over HTTP; a poller notes when each product's row appears, a consumer
     when its KTable record does, and a ``min_version`` read sent after each command (to
     ``eventfold serve reads`` in a process of its own, as deployed) when it is answered."""
-    server = BackgroundServer(app.command_api(settings), "127.0.0.1", free_port()).start()
+    server = BackgroundServer(app.runtime(settings).command_api(), "127.0.0.1",
+                              free_port()).start()
     reads_pid, reads_url = start_read_api(settings, 1, work_dir / "read_api.log")
     sent: dict[str, float] = {}
     seen: dict[str, float] = {}
@@ -174,7 +176,7 @@ def measure_latency(settings: Settings, runner: ProjectionRunner, phases: PhaseL
 
 
 def append_commands(settings: Settings, events: int, clients: int) -> float:
-    bus = app.command_bus(settings)
+    bus = app.runtime(settings).command_bus()
     keys = [f"thr-{i % 1000:04d}" for i in range(events)]
     started = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -219,9 +221,9 @@ def main() -> None:
 
 
 def run(settings: Settings, work_dir: Path, args: argparse.Namespace) -> None:
-    app.setup(settings)
+    app.runtime(settings).setup()
     phases = PhaseLog()
-    runner = app.projection_runner(settings, "inventory_totals", phases)
+    runner = app.runtime(settings).projection_runner("inventory_totals", phases)
     print(f"stack ready; trigger interval {settings.trigger_interval}", flush=True)
 
     measured = measure_latency(settings, runner, phases, args.latency_commands, work_dir)
@@ -238,7 +240,7 @@ def run(settings: Settings, work_dir: Path, args: argparse.Namespace) -> None:
         f"{name} {ms:.1f} ms" for name, ms in measured.phases_p50_ms.items()), flush=True)
 
     connect = ConnectClient(settings.connect_url)
-    connector = app.connector_spec(settings).name
+    connector = connector_spec(settings).name
     connect.pause(connector)
     connect.wait_state(connector, "PAUSED")
     append_rate = append_commands(settings, args.events, args.clients)

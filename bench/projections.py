@@ -48,10 +48,10 @@ from sqlalchemy import BigInteger
 
 from bench.common import PeakMemory
 from eventfold import migrations
-from eventfold.app import spark_conf
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
 from eventfold.metrics import PROCESS_COLLECTORS, exposition
+from eventfold.wiring import spark_conf
 
 SOURCE = "BenchSale"
 TARGETS = {"streaming": 150_000, "replay_aggregation": 250_000, "replay_python_fold": 150_000,

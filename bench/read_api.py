@@ -162,7 +162,7 @@ def report(name: str, result: WrkResult) -> None:
 
 
 def run(settings: Settings, args: argparse.Namespace, workdir: Path) -> dict[str, float]:
-    app.setup(settings)
+    app.runtime(settings).setup()
     started = time.perf_counter()
     write_products(settings, args.keys)
     print(f"wrote {args.keys:,} events in {time.perf_counter() - started:.1f} s")

@@ -41,9 +41,9 @@ from eventfold.projections.running_query import RunningQuery, stop_gracefully
 from bench.common import own_stack, percentile
 from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
 from eventfold import migrations
-from eventfold.app import spark_conf
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic
+from eventfold.wiring import spark_conf
 
 log = logging.getLogger("bench")
 

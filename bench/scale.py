@@ -43,8 +43,8 @@ from bench.projections import (
     write_history,
 )
 from eventfold import migrations
-from eventfold.app import spark_conf
 from eventfold.config import Settings
+from eventfold.wiring import spark_conf
 
 T = TypeVar("T")
 log = logging.getLogger("bench")

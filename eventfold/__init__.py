@@ -10,7 +10,9 @@ write_model -> outbox -> (Kafka) -> projections -> read_api.
 ``eventfold.contract`` holds what every layer must agree on (partition keys, KTable header
 names, database URL forms); any package may import it. This package's other modules are the
 composition root that wires the packages into one application: the configuration object
-(environment variables, ``eventfold.toml``), the ``Eventfold`` application entry point, the
+(environment variables, ``eventfold.toml``), the ``Eventfold`` declaration of an app (its
+commands and projections), the ``Runtime`` a process builds once from the settings to make
+its services (``runtime``, with ``wiring``: the settings translated for each package), the
 ``eventfold`` CLI (``cli``, a module per area), HTTP serving, and what operators see:
 logs (``logs``), Prometheus exposition (``metrics``, ``run_observer``), ``eventfold status``
 (``status``) and the dashboard (``dashboard``). They may import every subpackage; no
@@ -22,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["Eventfold", "Settings"]
+__all__ = ["Eventfold", "Runtime", "Settings"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,6 +33,10 @@ def __getattr__(name: str) -> Any:
         from eventfold.app import Eventfold
 
         return Eventfold
+    if name == "Runtime":
+        from eventfold.runtime import Runtime
+
+        return Runtime
     if name == "Settings":
         from eventfold.config import Settings
 

@@ -14,9 +14,9 @@ from eventfold.config import Settings
 
 def command_api() -> FastAPI:
     settings = Settings.from_env().with_local_stack()
-    return app_of(settings).command_api(settings)
+    return app_of(settings).runtime(settings).command_api()
 
 
 def read_api() -> FastAPI:
     settings = Settings.from_env().with_local_stack()
-    return app_of(settings).read_api(settings)
+    return app_of(settings).runtime(settings).read_api()

@@ -23,10 +23,11 @@ from fastapi.responses import HTMLResponse, JSONResponse
 
 from eventfold.config import Settings
 from eventfold.contract import event_topic, libpq_url
+from eventfold.declared import DeclaredApp
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.dead_letters import read_dead_letters
 from eventfold.projections.state.catalog import read_checkpoint
-from eventfold.status import DeclaredApp, pipeline_status
+from eventfold.status import pipeline_status
 
 LATEST_DEAD_LETTERS = 3
 

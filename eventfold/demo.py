@@ -51,12 +51,12 @@ Table = list[tuple[str, int, int, int]]
 
 
 def _run_example(settings: Settings) -> Table:
-    app = app_of(settings)
+    runtime = app_of(settings).runtime(settings)
     say("migrating the database, creating event topics, applying the Debezium connector")
-    app.setup(settings)
-    commands = BackgroundServer(app.command_api(settings), "127.0.0.1", free_port()).start()
-    reads = BackgroundServer(app.read_api(settings), "127.0.0.1", free_port()).start()
-    runner = app.projection_runner(settings, "inventory_totals")
+    runtime.setup()
+    commands = BackgroundServer(runtime.command_api(), "127.0.0.1", free_port()).start()
+    reads = BackgroundServer(runtime.read_api(), "127.0.0.1", free_port()).start()
+    runner = runtime.projection_runner("inventory_totals")
     query = None
     try:
         say(f"command API at {commands.url}, read API at {reads.url}")

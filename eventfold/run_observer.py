@@ -21,11 +21,12 @@ from eventfold.metrics import PROCESS_COLLECTORS, MetricsServer
 from eventfold.outbox.metrics import ConnectorMetrics
 from eventfold.projections.metrics import ParkedKeys, ProjectionLag
 from eventfold.projections.state.parking import parked_counts
+from eventfold.wiring import connector_operations
 
 if TYPE_CHECKING:
+    from eventfold.declared import DeclaredApp
     from eventfold.projections.runner import ProjectionRunner
     from eventfold.projections.running_query import RunningQuery
-    from eventfold.status import DeclaredApp
 
 
 class Watched:
@@ -95,7 +96,7 @@ class RunObserver:
         self.projections = {name: Watched(name, settings.database_url) for name in names}
         watched = self.projections.values()
         self._collectors: list[Collector] = [
-            ConnectorMetrics(app.connector(settings)),
+            ConnectorMetrics(connector_operations(settings)),
             Merged(ParkedKeys(w.name, w.parked) for w in watched)]
         if with_lag:
             self._collectors.append(Merged(

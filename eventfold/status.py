@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 import psycopg
 from confluent_kafka.admin import AdminClient
@@ -28,27 +28,16 @@ from rich.table import Table
 
 from eventfold.config import Settings
 from eventfold.contract import libpq_url
+from eventfold.declared import DeclaredApp
 from eventfold.outbox.connector import ConnectError
-from eventfold.outbox.operations import ConnectorOperations
-from eventfold.projections import ProjectionRegistry
 from eventfold.projections.state.catalog import builds
 from eventfold.projections.state.hosts import live_hosts
 from eventfold.projections.state.lease import live_writers
 from eventfold.projections.state.readers import live_readers
 from eventfold.projections.status import ProjectionStatus, projection_status
+from eventfold.wiring import connector_operations
 
 UNREACHABLE, CDC_DOWN, STALE = 3, 4, 5
-
-
-class DeclaredApp(Protocol):
-    """What the status, the dashboard and a run's metrics read of an app (``app.Eventfold``
-    is one): named by what they ask of it, so that none imports the app that serves them."""
-
-    @property
-    def projections(self) -> ProjectionRegistry: ...
-    @property
-    def aggregate_types(self) -> list[str]: ...
-    def connector(self, settings: Settings) -> ConnectorOperations: ...
 
 
 @dataclass
@@ -111,7 +100,7 @@ def _kafka(settings: Settings) -> dict[str, Any]:
 
 def _connector(app: DeclaredApp, settings: Settings, wal_warning_bytes: int,
                problems: list[Problem]) -> dict[str, Any]:
-    operations = app.connector(settings)
+    operations = connector_operations(settings)
     operations.client.retries = 2  # a status screen answers quickly, even when Connect won't
     try:
         found = operations.status(wal_warning_bytes=wal_warning_bytes, settle_s=0)

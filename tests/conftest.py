@@ -44,7 +44,7 @@ def inventory_app(stack_settings: Settings):
     """The inventory example, set up on the stack: migrated, topics created, connector RUNNING."""
     from examples.inventory import app
 
-    app.setup(stack_settings)
+    app.runtime(stack_settings).setup()
     return app
 
 
@@ -52,7 +52,7 @@ def inventory_app(stack_settings: Settings):
 def spark(stack_settings: Settings):
     from eventfold.projections.execution.spark import spark_session
 
-    from eventfold.app import spark_conf
+    from eventfold.wiring import spark_conf
 
     session = spark_session("local[2]", app_name="eventfold-tests",
                             extra_conf=spark_conf(stack_settings))

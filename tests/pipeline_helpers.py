@@ -206,7 +206,7 @@ def selling(settings, prefix: str) -> Iterator[Callable[[], int]]:
     stop, sent = threading.Event(), [0]
 
     def sell() -> None:
-        bus = sales.app.command_bus(settings)
+        bus = sales.app.runtime(settings).command_bus()
         while not stop.is_set():
             bus.execute(sales.RecordSale(product=f"{prefix}-{sent[0] % 7}", value=sent[0] + 1))
             sent[0] += 1

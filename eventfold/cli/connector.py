@@ -41,7 +41,7 @@ def _connector(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import app_of
 
     settings = settings.with_local_stack()
-    operations = app_of(settings).connector(settings)
+    operations = app_of(settings).runtime(settings).connector()
     name = operations.spec.name
     if args.action in ("apply", "diff"):
         from eventfold.outbox.operations import describe_diff
@@ -110,7 +110,7 @@ def _verify_log(settings: Settings, args: argparse.Namespace) -> int:
     if args.aggregate_type not in app.aggregate_types:
         raise ConfigError(f"unknown aggregate type {args.aggregate_type!r} in {settings.app}; "
                           f"known: {', '.join(app.aggregate_types) or 'none'}")
-    report = app.verify_log(settings.with_local_stack(), args.aggregate_type, args.prefix)
+    report = app.runtime(settings.with_local_stack()).verify_log(args.aggregate_type, args.prefix)
     print(report.summary())
     for stream_id, versions in list(report.missing.items())[:20]:
         print(f"  missing {stream_id}: versions {versions[:10]}")

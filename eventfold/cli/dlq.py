@@ -104,8 +104,8 @@ def _status_of(resolution: Resolution | None) -> str:
 
 
 def _dlq_retry(settings: Settings, projection: Projection, key: str, by: str) -> int:
-    from eventfold.app import output_topic_configs
     from eventfold.projections.dead_letters import RetryFailed, retry_key
+    from eventfold.wiring import output_topic_configs
 
     try:
         result = retry_key(settings.database_url, settings.kafka, projection, key, by,

@@ -101,7 +101,7 @@ def _replay(app: Eventfold, settings: Settings, name: str, source: ReplaySource)
         if observer is not None:
             observer.projections[name].replaying()
         try:
-            result = app.replay(settings, name, source)
+            result = app.runtime(settings).replay(name, source)
         finally:
             if observer is not None:
                 observer.close()
@@ -142,7 +142,7 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
 
 def _run_projections(app: Eventfold, settings: Settings, names: list[str],
                      once: bool, standby: bool = False) -> int:
-    app.projection_host(settings, names, once, standby).run()
+    app.runtime(settings).projection_host(names, once, standby).run()
     return 0
 
 

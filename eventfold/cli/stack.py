@@ -122,7 +122,7 @@ def _init(_: Settings, args: argparse.Namespace) -> int:
 def _setup(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import app_of
 
-    app_of(settings).setup(settings.with_local_stack(), fix_topics=args.fix_topics)
+    app_of(settings).runtime(settings.with_local_stack()).setup(fix_topics=args.fix_topics)
     print("database migrated, event topics created, connector RUNNING")
     return 0
 

@@ -144,7 +144,8 @@ def test_streaming_projection_stops_cleanly_on_ctrl_c(inventory_app, stack_setti
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds")
     from examples.inventory import ReceiveStock, inventory_totals
 
-    inventory_app.command_bus(stack_settings).execute(ReceiveStock(product=unique, quantity=4))
+    bus = inventory_app.runtime(stack_settings).command_bus()
+    bus.execute(ReceiveStock(product=unique, quantity=4))
     log = tmp_path / "run.log"
     runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
                                "inventory_totals"], env=env, stdout=log.open("w"),
@@ -180,8 +181,8 @@ def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
     from tests.kafka_helpers import read_table, read_topic
     from tests.pipeline_helpers import wait_for, wait_until_in_topic
 
-    sales.app.setup(stack_settings)
-    bus = sales.app.command_bus(stack_settings)
+    sales.app.runtime(stack_settings).setup()
+    bus = sales.app.runtime(stack_settings).command_bus()
     for round_ in range(10):
         for product in range(20):
             bus.execute(sales.RecordSale(product=f"{unique}-{product}", value=250 + round_))
@@ -283,8 +284,8 @@ def test_verify_log_compares_the_store_with_the_topic(stack_settings, tmp_path,
     from tests.kafka_helpers import produce, read_topic
     from tests.pipeline_helpers import wait_until_in_topic
 
-    sales.app.setup(stack_settings)
-    bus = sales.app.command_bus(stack_settings)
+    sales.app.runtime(stack_settings).setup()
+    bus = sales.app.runtime(stack_settings).command_bus()
     for product in range(30):
         bus.execute(sales.RecordSale(product=f"{unique}-{product}", value=10))
     wait_until_in_topic(stack_settings, "ProductSales", unique, 30)
@@ -326,7 +327,7 @@ def test_serve_prints_its_url_and_refuses_a_port_in_use(inventory_app, stack_set
 def test_projection_list_shows_each_projections_outputs(stack_settings, tmp_path) -> None:
     from examples import sales
 
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     listed = eventfold("projection", "list", env=stack_env(
         stack_settings, tmp_path, EVENTFOLD_APP="examples.sales:app"))
     assert listed.returncode == 0, listed.stderr

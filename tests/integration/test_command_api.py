@@ -19,13 +19,13 @@ from tests.pipeline_helpers import wait_for
 
 @pytest.fixture(scope="module")
 def client(inventory_app, stack_settings):
-    with TestClient(inventory_app.command_api(stack_settings)) as test_client:
+    with TestClient(inventory_app.runtime(stack_settings).command_api()) as test_client:
         yield test_client
 
 
 @pytest.fixture(scope="module")
 def events_count(inventory_app, stack_settings):
-    engine = inventory_app.event_store(stack_settings).engine
+    engine = inventory_app.runtime(stack_settings).event_store().engine
 
     def count(stream_id: str) -> int:
         with engine.connect() as conn:
@@ -116,7 +116,7 @@ def test_middleware_added_to_the_app_wraps_command_requests_too(inventory_app, s
                                                                 unique) -> None:
     """Command requests skip the router (RouterBypass), not the app's middleware."""
     seen: list[tuple[str, int]] = []
-    app = inventory_app.command_api(stack_settings)
+    app = inventory_app.runtime(stack_settings).command_api()
 
     @app.middleware("http")
     async def record(request, call_next):
@@ -143,7 +143,7 @@ def test_a_command_mounted_under_a_prefix_is_dispatched(inventory_app, stack_set
 
     from fastapi import FastAPI
 
-    commands = inventory_app.command_api(stack_settings)
+    commands = inventory_app.runtime(stack_settings).command_api()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI):  # Starlette runs no lifespan of a mounted app
@@ -168,7 +168,7 @@ def test_a_command_id_returns_its_result_for_the_retention_then_appends_again(
     command_id = str(uuid.uuid4())
     body = {"product": unique, "quantity": 3, "command_id": command_id}
     settings = stack_settings.model_copy(update={"command_id_retention": "2 seconds"})
-    with TestClient(inventory_app.command_api(settings)) as client:
+    with TestClient(inventory_app.runtime(settings).command_api()) as client:
         sent_at = datetime.now(UTC)
         first = client.post("/commands/ReceiveStock", json=body)
         assert first.status_code == 201
@@ -186,7 +186,7 @@ def test_a_command_id_returns_its_result_for_the_retention_then_appends_again(
 
 def test_pruning_forgets_only_results_older_than_the_retention(inventory_app, stack_settings,
                                                                 unique) -> None:
-    bus = inventory_app.command_bus(stack_settings)
+    bus = inventory_app.runtime(stack_settings).command_bus()
     old, fresh = uuid.uuid4(), uuid.uuid4()
     for command_id in (old, fresh):
         bus.execute(ReceiveStock(product=f"{unique}-{command_id}", quantity=1,

@@ -30,7 +30,7 @@ from tests.concurrency import run_together
 
 @pytest.fixture(scope="module")
 def client(inventory_app, stack_settings):
-    with TestClient(inventory_app.command_api(stack_settings)) as test_client:
+    with TestClient(inventory_app.runtime(stack_settings).command_api()) as test_client:
         yield test_client
 
 
@@ -46,7 +46,7 @@ def total_events(store: EventStore) -> int:
 
 def test_same_command_id_posted_five_times_concurrently_appends_once(
         inventory_app, stack_settings, store, unique) -> None:
-    server = BackgroundServer(inventory_app.command_api(stack_settings), "127.0.0.1",
+    server = BackgroundServer(inventory_app.runtime(stack_settings).command_api(), "127.0.0.1",
                               free_port()).start()
     body = {"product": unique, "quantity": 3, "command_id": str(uuid.uuid4())}
     responses: list[requests.Response] = []
@@ -77,7 +77,7 @@ def test_idempotency_key_header_works_like_command_id(client, store, unique) -> 
 
 def test_eight_http_writers_on_one_aggregate_lose_with_409(
         inventory_app, stack_settings, store, unique) -> None:
-    server = BackgroundServer(inventory_app.command_api(stack_settings), "127.0.0.1",
+    server = BackgroundServer(inventory_app.runtime(stack_settings).command_api(), "127.0.0.1",
                               free_port()).start()
     statuses: list[int] = []
     conflicts_with_version: list[int] = []
@@ -122,7 +122,7 @@ def test_business_rule_violation_is_409_and_writes_nothing(client, store, unique
 
 def test_oversized_body_is_413(inventory_app, stack_settings, store) -> None:
     small = stack_settings.replace(max_body_bytes=1000)
-    with TestClient(inventory_app.command_api(small)) as limited:
+    with TestClient(inventory_app.runtime(small).command_api()) as limited:
         before = total_events(store)
         response = limited.post("/commands/ReceiveStock",
                                 json={"product": "x" * 5000, "quantity": 1})
@@ -142,7 +142,7 @@ def test_oversized_body_is_413(inventory_app, stack_settings, store) -> None:
 
 def test_bearer_token_is_required_when_configured(inventory_app, stack_settings, unique) -> None:
     secured = stack_settings.replace(api_token="s3cret")
-    with TestClient(inventory_app.command_api(secured)) as api:
+    with TestClient(inventory_app.runtime(secured).command_api()) as api:
         body = {"product": unique, "quantity": 1}
         assert api.post("/commands/ReceiveStock", json=body).status_code == 401
         assert api.post("/commands/ReceiveStock", json=body,

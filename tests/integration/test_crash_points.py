@@ -39,8 +39,8 @@ SALES = [("a", 1500), ("b", 1000), ("a", 600), ("c", 2500), ("b", 500), ("d", 70
 def sold(stack_settings, tmp_path_factory) -> str:
     """The sales, once, for every crash point's projection to fold."""
     prefix = f"crash-{tmp_path_factory.mktemp('crash').name}"
-    sales.app.setup(stack_settings)
-    bus = sales.app.command_bus(stack_settings)
+    sales.app.runtime(stack_settings).setup()
+    bus = sales.app.runtime(stack_settings).command_bus()
     for product, value in SALES:
         bus.execute(sales.RecordSale(product=f"{prefix}-{product}", value=value))
     bus.execute(sales.DelistProduct(product=f"{prefix}-d"))
@@ -150,8 +150,8 @@ def test_a_crash_while_keys_are_parked_strands_no_event(stack_settings, engine, 
     name = f"parked_{unique}"
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.poison_app:app",
                     EVENTFOLD_TEST_PROJECTION=name, EVENTFOLD_TEST_UNLUCKY_PREFIX=unique)
-    app.setup(stack_settings)
-    bus = app.command_bus(stack_settings)
+    app.runtime(stack_settings).setup()
+    bus = app.runtime(stack_settings).command_bus()
     parked, healthy = f"{unique}-x", f"{unique}-y"
     for product, quantity in [(parked, 5), (parked, 13), (parked, 7), (healthy, 4),
                               (parked, 2)]:

@@ -74,7 +74,7 @@ def test_the_dashboard_shows_the_pipeline_and_follows_it(inventory_app, stack_se
     run = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
                             "inventory_totals"], env=env, stdout=logs["run"],
                            stderr=subprocess.STDOUT)
-    bus = inventory_app.command_bus(stack_settings)
+    bus = inventory_app.runtime(stack_settings).command_bus()
     try:
         wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
         browser.get(f"http://127.0.0.1:{port}/ui")

@@ -50,7 +50,7 @@ def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(
                     EVENTFOLD_METRICS_PORT=str(metrics_port))
     fixed = {**env, "EVENTFOLD_TEST_FOLD_FIXED": "1"}
     engine = create_engine(stack_settings.database_url)
-    bus = inventory_app.command_bus(stack_settings)
+    bus = inventory_app.runtime(stack_settings).command_bus()
     poisoned, discarded, hopeless, healthy = (f"{unique}-{k}" for k in ("x", "z", "w", "y"))
 
     def receive(product: str, *quantities: int) -> None:

@@ -45,9 +45,9 @@ def derived(settings, topic: str, prefix: str) -> list[dict]:
 
 def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
         stack_settings, spark, engine, unique) -> None:
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     totals = renamed(sales.sales_totals, unique)
-    bus = sales.app.command_bus(stack_settings)
+    bus = sales.app.runtime(stack_settings).command_bus()
 
     def product(n: int) -> str:
         return f"{unique}-product{n}"
@@ -118,9 +118,9 @@ def test_sales_targets_notify_once_per_crossing_also_across_a_replay(
 
 def test_spark_aggregation_matches_the_event_store(stack_settings, spark, engine,
                                                    unique) -> None:
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     stats = renamed(sales.sales_stats, unique)
-    bus = sales.app.command_bus(stack_settings)
+    bus = sales.app.runtime(stack_settings).command_bus()
     values = {f"{unique}-a": [5, 7, 11], f"{unique}-b": [3]}
     for name, amounts in values.items():
         for value in amounts:
@@ -143,9 +143,9 @@ def test_poison_events_of_an_aggregation_are_dead_lettered_and_the_rest_counts(
     """The Spark path (each read task decodes and aggregates its partition): each bad record,
     a value that is not UTF-8 among them, is a dead letter of its own, with its raw value and
     reason, and the good ones aggregate."""
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     stats = renamed(sales.sales_stats, unique)
-    bus = sales.app.command_bus(stack_settings)
+    bus = sales.app.runtime(stack_settings).command_bus()
     topic = event_topic("ProductSales")
     list_payload = EventEnvelope(event_id=f"{unique}-x", event_type="SaleRecorded",
                                  stream_id=f"{unique}-list", stream_version=1,
@@ -215,8 +215,8 @@ def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
     """Events the topics lost (here: written to the store while it was out of the outbox's
     publication, as if their retention had passed) come back through a replay that reads the
     store first; events of the same streams that are on the topics too count once."""
-    sales.app.setup(stack_settings)
-    bus = sales.app.command_bus(stack_settings)
+    sales.app.runtime(stack_settings).setup()
+    bus = sales.app.runtime(stack_settings).command_bus()
     old1, old2, new1 = (f"{unique}-{name}" for name in ("old1", "old2", "new1"))
     with unpublished(engine), engine.begin() as conn:
         for product, version, value in [(old1, 1, 700), (old1, 2, 300), (old2, 1, 40)]:
@@ -254,8 +254,8 @@ def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
 def test_point_of_sale_shipments_loyalty_and_masked_analytics(
         stack_settings, spark, engine, unique, driver: str) -> None:
     """Stream projections and a re-keyed fold, by either streaming driver."""
-    point_of_sale.app.setup(stack_settings)
-    bus = point_of_sale.app.command_bus(stack_settings)
+    point_of_sale.app.runtime(stack_settings).setup()
+    bus = point_of_sale.app.runtime(stack_settings).command_bus()
     invoices = [("1", "S1", "C1", "PRIME", "HOME-DELIVERY", 100_000, 2),
                 ("2", "S2", "C1", "PRIME", "TAKEAWAY", 50_000, 2),
                 ("3", "S1", "C2", "NON-PRIME", "HOME-DELIVERY", 10_000, 3)]
@@ -289,11 +289,11 @@ def test_point_of_sale_shipments_loyalty_and_masked_analytics(
 @pytest.mark.parametrize("driver", ["stream_thread", "structured_streaming"])
 def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, engine,
                                                        unique, driver: str) -> None:
-    orders.app.setup(stack_settings)
+    orders.app.runtime(stack_settings).setup()
     customers = renamed(orders.customers, unique)
     per_customer = renamed(orders.orders_per_customer, unique,
                            lookup=Lookup(customers.table, on="customer_id"))
-    bus = orders.app.command_bus(stack_settings)
+    bus = orders.app.runtime(stack_settings).command_bus()
     bus.execute(orders.RegisterCustomer(customer_id=f"{unique}-c1", name="Ada"))
     bus.execute(orders.RegisterCustomer(customer_id=f"{unique}-c2", name="Grace"))
     for i, customer in enumerate(["c1", "c2", "c1", "ghost"]):

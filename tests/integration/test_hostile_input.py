@@ -24,7 +24,7 @@ def store(stack_settings) -> EventStore:
 
 @pytest.fixture(scope="module")
 def client(inventory_app, stack_settings):
-    with TestClient(inventory_app.command_api(stack_settings)) as test_client:
+    with TestClient(inventory_app.runtime(stack_settings).command_api()) as test_client:
         yield test_client
 
 
@@ -32,8 +32,8 @@ def client(inventory_app, stack_settings):
 def orders_client(stack_settings):
     from examples import orders
 
-    orders.app.setup(stack_settings)
-    with TestClient(orders.app.command_api(stack_settings)) as test_client:
+    orders.app.runtime(stack_settings).setup()
+    with TestClient(orders.app.runtime(stack_settings).command_api()) as test_client:
         yield test_client
 
 
@@ -192,8 +192,8 @@ def test_generated_hostile_bodies_never_5xx_on_any_command_route(stack_settings,
     import importlib
 
     app = importlib.import_module(f"examples.{example}").app
-    app.setup(stack_settings)
-    api = app.command_api(stack_settings)
+    app.runtime(stack_settings).setup()
+    api = app.runtime(stack_settings).command_api()
     routes = _command_routes(api)
     assert routes, "every example has commands"
     with TestClient(api) as test_client:

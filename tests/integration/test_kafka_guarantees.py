@@ -330,7 +330,7 @@ def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothi
     sent = [0]
 
     def send() -> None:
-        bus = app.command_bus(settings)
+        bus = app.runtime(settings).command_bus()
         while not stop.is_set():
             bus.execute(ReceiveStock(product=f"{unique}-{sent[0] % 10}", quantity=1))
             sent[0] += 1
@@ -354,7 +354,7 @@ def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothi
     log = tmp_path / "run.log"
     run = None
     try:
-        app.setup(settings)
+        app.runtime(settings).setup()
         run = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
                                 "inventory_totals"], env=env, stdout=log.open("w"),
                                stderr=subprocess.STDOUT, start_new_session=True)

@@ -94,7 +94,7 @@ def _drill(stack_settings, tmp_path: Path, unique: str, **extra: str
     """The sales app set up; the drill's projection and the environment of its hosts."""
     from examples import sales
 
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
                     EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_WRITER_LEASE_S=str(LEASE_S),
                     EVENTFOLD_TRIGGER_INTERVAL="200 milliseconds", **extra)

@@ -55,7 +55,7 @@ def test_both_apis_answer_as_their_openapi_documents_say(example, tokens, stack_
                                                          engine, tmp_path) -> None:
     """The token guard is the same for every app: one example is fuzzed with it too."""
     app = importlib.import_module(f"examples.{example}").app
-    app.setup(stack_settings)
+    app.runtime(stack_settings).setup()
     for seed, token in enumerate(tokens):
         commands_port, reads_port = free_port(), free_port()
         env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP=f"examples.{example}:app",

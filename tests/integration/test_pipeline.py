@@ -56,9 +56,9 @@ def send(bus, prefix: str, deliveries: list[tuple[int, int]]) -> None:
 
 def test_commands_reach_read_model_and_ktable_through_the_real_stack(
         inventory_app, stack_settings, spark, engine, unique) -> None:
-    commands = BackgroundServer(inventory_app.command_api(stack_settings), "127.0.0.1",
+    commands = BackgroundServer(inventory_app.runtime(stack_settings).command_api(), "127.0.0.1",
                                 free_port()).start()
-    reads = BackgroundServer(inventory_app.read_api(stack_settings), "127.0.0.1",
+    reads = BackgroundServer(inventory_app.runtime(stack_settings).read_api(), "127.0.0.1",
                              free_port()).start()
     runner = make_runner(spark, stack_settings, inventory_totals)
     query = runner.start()
@@ -122,7 +122,7 @@ def test_commands_reach_read_model_and_ktable_through_the_real_stack(
 def test_restart_gives_exact_totals_with_redelivered_events(
         inventory_app, stack_settings, spark, engine, unique) -> None:
     projection = copy_of(inventory_totals, unique)
-    bus = inventory_app.command_bus(stack_settings)
+    bus = inventory_app.runtime(stack_settings).command_bus()
     send(bus, unique, [(i % 4, i + 1) for i in range(20)])
     wait_until_in_topic(stack_settings, "Product", unique, 20)
     first = catch_up(spark, stack_settings, projection,
@@ -151,7 +151,8 @@ def test_a_catch_up_folds_in_batches_of_at_most_max_rows_and_stops_at_the_end(
     """``--once`` folds the records there were at its start, ``max_rows_per_batch`` at most
     per batch, and stops by itself."""
     projection = copy_of(inventory_totals, unique)
-    send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 1) for i in range(12)])
+    send(inventory_app.runtime(stack_settings).command_bus(), unique,
+         [(i % 3, 1) for i in range(12)])
     wait_until_in_topic(stack_settings, "Product", unique, 12)
     runner = make_runner(spark, stack_settings, projection, max_rows_per_batch=5)
     try:
@@ -170,7 +171,8 @@ def test_lost_spark_checkpoint_does_not_double_count(
     """With Spark's Kafka source, a streaming query has a checkpoint of its own: losing it
     starts the query from the store's offsets, not from the beginning."""
     projection = copy_of(inventory_totals, unique)
-    send(inventory_app.command_bus(stack_settings), unique, [(i % 3, 2) for i in range(9)])
+    send(inventory_app.runtime(stack_settings).command_bus(), unique,
+         [(i % 3, 2) for i in range(9)])
     wait_until_in_topic(stack_settings, "Product", unique, 9)
     runner = catch_up(spark, stack_settings, projection, streaming_driver="structured_streaming")
     shutil.rmtree(runner.checkpoint_dir)
@@ -185,7 +187,7 @@ def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(
     projection = copy_of(inventory_totals, unique)
     poison_key = f"{unique}-poison"
     produce(stack_settings.kafka, PRODUCT_TOPIC, poison_key, "{this is not json")
-    send(inventory_app.command_bus(stack_settings), unique, [(1, 5)])
+    send(inventory_app.runtime(stack_settings).command_bus(), unique, [(1, 5)])
     wait_until_in_topic(stack_settings, "Product", unique, 2)
     catch_up(spark, stack_settings, projection)
 

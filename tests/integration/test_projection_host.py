@@ -37,7 +37,7 @@ def test_a_host_runs_an_apps_projections_and_a_poison_one_disturbs_none(
         stack_settings, engine, tmp_path, unique) -> None:
     from examples import sales
 
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     totals, stats, poison = (f"{name}_{unique}" for name in ("sales_totals", "sales_stats",
                                                              "poison"))
     metrics_port = free_port()
@@ -121,10 +121,10 @@ def test_a_replay_handed_to_a_host_stops_on_ctrl_c_and_resumes_there(
     the live version still active. Asked again, it resumes from that batch and switches."""
     from examples import sales
 
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     name = f"handed_{unique}"
     # its own events, so that the replay has batches to cancel when the test runs alone
-    bus = sales.app.command_bus(stack_settings)
+    bus = sales.app.runtime(stack_settings).command_bus()
     before = topic_records(stack_settings, "ProductSales")
     for n in range(200):
         bus.execute(sales.RecordSale(product=f"{unique}-{n % 20}", value=1))

@@ -38,7 +38,7 @@ def both(inventory_app, stack_settings, tmp_path_factory):
     servers = []
     for skip in (True, False):
         settings = stack_settings.replace(state_dir=tmp_path_factory.mktemp("state"))
-        read_app = app.read_api(settings, skip_router=skip)
+        read_app = app.runtime(settings).read_api(skip_router=skip)
         servers.append(BackgroundServer(read_app, "127.0.0.1", free_port()).start())
     try:
         for server in servers:

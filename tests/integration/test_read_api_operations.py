@@ -55,7 +55,7 @@ def serve(app: Eventfold, settings, **changes: str) -> BackgroundServer:
     """``app``'s read API on ``settings`` with ``changes`` (a new Settings: derived values
     such as the Kafka connection are made afresh)."""
     changed = Settings(**{**settings.model_dump(), **changes})
-    return BackgroundServer(app.read_api(changed), "127.0.0.1", free_port()).start()
+    return BackgroundServer(app.runtime(changed).read_api(), "127.0.0.1", free_port()).start()
 
 
 def test_a_read_api_token_guards_data_routes_but_not_health(shop, stack_settings) -> None:

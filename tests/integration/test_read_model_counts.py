@@ -40,7 +40,8 @@ def counted(inventory_app, stack_settings):
                 first_stream_version=200_000)
     app = Eventfold(f"counts_{name}")
     app.projections.add(customers)
-    server = BackgroundServer(app.read_api(stack_settings), "127.0.0.1", free_port()).start()
+    server = BackgroundServer(app.runtime(stack_settings).read_api(), "127.0.0.1",
+                              free_port()).start()
     try:
         yield server, customers, KEYS - len(deleted) + len(revived)
     finally:

@@ -111,7 +111,7 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
         from examples.inventory import ReceiveStock, app, inventory_totals
 
         settings = Settings.from_env(env).with_local_stack()
-        bus = app.command_bus(settings)
+        bus = app.runtime(settings).command_bus()
         for n in range(5):
             bus.execute(ReceiveStock(product=f"secured-{n}", quantity=n + 1))
         wait_until_in_topic(settings, "Product", "secured-", 5)  # through the SASL worker
@@ -192,7 +192,7 @@ def test_sasl_ssl_with_the_stacks_own_ca_carries_cdc_and_sparks_kafka_source(
         assert setup.returncode == 0, setup.stderr[-3000:]
         from examples.inventory import ReceiveStock, app, inventory_totals
 
-        bus = app.command_bus(settings)
+        bus = app.runtime(settings).command_bus()
         for n in range(4):
             bus.execute(ReceiveStock(product=f"tls-{n}", quantity=10 * (n + 1)))
         wait_until_in_topic(settings, "Product", "tls-", 4)  # through Connect, over TLS

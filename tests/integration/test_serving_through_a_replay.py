@@ -98,7 +98,7 @@ def test_reads_and_a_streaming_run_carry_on_through_a_replay(inventory_app, stac
 def through_a_replay(inventory_app, stack_settings, tmp_path, unique: str) -> None:
     from examples.inventory import ReceiveStock, inventory_totals
 
-    bus = inventory_app.command_bus(stack_settings)
+    bus = inventory_app.runtime(stack_settings).command_bus()
     products = [f"{unique}-p{n:02d}" for n in range(PRODUCTS)]
     for product in products:
         bus.execute(ReceiveStock(product=product, quantity=1))

@@ -38,8 +38,8 @@ def _state(engine, settings, projection: Projection, columns: list[str], unique:
                          ids=["fold", "aggregation"])
 def test_spark_kafka_source_folds_like_ours(stack_settings, spark, engine, unique,
                                             definition: Projection) -> None:
-    sales.app.setup(stack_settings)
-    bus = sales.app.command_bus(stack_settings)
+    sales.app.runtime(stack_settings).setup()
+    bus = sales.app.runtime(stack_settings).command_bus()
     for product, value in SALES:
         bus.execute(sales.RecordSale(product=f"{unique}-{product}", value=value))
     bus.execute(sales.DelistProduct(product=f"{unique}-c"))

@@ -23,7 +23,7 @@ def test_status_says_what_is_wrong_by_its_exit_code(inventory_app, stack_setting
     from examples.inventory import ReceiveStock
 
     env = stack_env(stack_settings, tmp_path)
-    bus = inventory_app.command_bus(stack_settings)
+    bus = inventory_app.runtime(stack_settings).command_bus()
     bus.execute(ReceiveStock(product=f"{unique}-1", quantity=1))
     wait_until_in_topic(stack_settings, "Product", f"{unique}-1", 1)
     caught_up = eventfold("projection", "run", "inventory_totals", "--once", env=env)

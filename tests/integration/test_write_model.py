@@ -37,7 +37,7 @@ def store(inventory_app, stack_settings) -> EventStore:
 
 @pytest.fixture(scope="module")
 def bus(inventory_app, stack_settings):
-    return inventory_app.command_bus(stack_settings)
+    return inventory_app.runtime(stack_settings).command_bus()
 
 
 def one(quantity: int = 1) -> list[NewEvent]:
@@ -213,7 +213,7 @@ def test_a_retry_after_the_stream_moved_on_returns_the_first_result(bus, store, 
 
 def test_stale_cached_aggregate_is_reloaded_not_trusted(bus, inventory_app, stack_settings,
                                                         unique) -> None:
-    other_process = inventory_app.command_bus(stack_settings)
+    other_process = inventory_app.runtime(stack_settings).command_bus()
     bus.execute(ReceiveStock(product=unique, quantity=5))  # bus caches version 1
     other_process.execute(ShipStock(product=unique, quantity=5))  # version 2, 0 on hand
     # The cache says version 1; the store says 2, which is what the client expects.

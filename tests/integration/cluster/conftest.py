@@ -28,7 +28,7 @@ def cluster_stack(tmp_path_factory):
                             connect_url=endpoints.connect_url, stack_dir=root / "stack",
                             checkpoint_dir=root / "checkpoints",
                             trigger_interval="200 milliseconds")
-        sales.app.setup(settings)
+        sales.app.runtime(settings).setup()
         yield stack, settings
     finally:
         gc.collect()

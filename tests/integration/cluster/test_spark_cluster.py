@@ -94,7 +94,7 @@ def _environment(stack_settings, shipped, name: str, **extra: str) -> dict[str, 
 
 
 def _record_sales(stack_settings, unique: str, count: int) -> None:
-    bus = sales.app.command_bus(stack_settings)
+    bus = sales.app.runtime(stack_settings).command_bus()
     for n in range(count):
         bus.execute(sales.RecordSale(product=f"{unique}-{n % 7}", value=n + 1))
 
@@ -105,7 +105,7 @@ def _record_sales(stack_settings, unique: str, count: int) -> None:
 
 def test_spark_submit_runs_a_projection_on_the_cluster_with_shipped_code(
         stack_settings, engine, cluster, shipped, unique) -> None:
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     _record_sales(stack_settings, unique, 40)
     wait_until_in_topic(stack_settings, "ProductSales", unique, 40)
     name = f"cluster_totals_{unique}"
@@ -131,7 +131,7 @@ def test_spark_submit_runs_a_projection_on_the_cluster_with_shipped_code(
 def test_a_worker_killed_mid_stream_loses_and_doubles_nothing(
         stack_settings, engine, cluster, shipped, unique) -> None:
     spark_cluster, state = cluster
-    sales.app.setup(stack_settings)
+    sales.app.runtime(stack_settings).setup()
     name = f"cluster_stream_{unique}"
     log_path = shipped["app"].parent / f"{name}.log"
     with open(log_path, "wb") as log_file:

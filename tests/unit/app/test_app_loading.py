@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from eventfold.app import load_app, spark_conf
+from eventfold.app import load_app
 from eventfold.config import ConfigError, Settings
 from eventfold.scaffold import Scaffold
+from eventfold.wiring import spark_conf
 
 APP = '''
 from eventfold.app import Eventfold

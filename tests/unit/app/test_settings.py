@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from eventfold.config import ConfigError, Settings
+from eventfold.wiring import runner_settings
 
 
 @pytest.mark.parametrize(("variable", "value", "message"), [
@@ -75,7 +76,7 @@ def test_every_setting_has_a_row_in_the_configuration_table() -> None:
 
 
 def test_retentions_become_the_topic_configs_of_the_projections_outputs() -> None:
-    from eventfold.app import output_topic_configs
+    from eventfold.wiring import output_topic_configs
 
     default = output_topic_configs(Settings())
     assert default.dead_letter_config()["retention.ms"] == str(30 * 86_400_000)
@@ -112,7 +113,6 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     from eventfold.projections.run_settings import RunnerSettings
     from eventfold.read_api import ReadApiOptions
 
-    from eventfold.app import Eventfold
 
     named = set(Settings.model_fields) | {"kafka", "replication"}
     computed = {"topic_configs", "deleted_key_retention_s"}
@@ -121,7 +121,7 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     assert {f.name for f in dataclasses.fields(ReadApiOptions)} - computed <= named
     settings = Settings(projection_stall_s=77, streaming_driver="structured_streaming",
                         ktable_retire_wait_s=5, writer_lease_s=3, fair_batch_rows=9)
-    run = Eventfold._runner_settings(settings, max_rows=123)
+    run = runner_settings(settings, max_rows=123)
     assert (run.projection_stall_s, run.streaming_driver, run.ktable_retire_wait_s,
             run.writer_lease_s, run.fair_batch_rows, run.max_rows_per_batch) == (
         77, "structured_streaming", 5, 3, 9, 123)

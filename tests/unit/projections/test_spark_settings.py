@@ -15,9 +15,9 @@ from eventfold.projections.execution.spark import (
 from eventfold.projections.run_settings import EXECUTOR_PASSWORD
 from eventfold.projections.run_settings import STREAMING_DRIVERS as RUNNER_DRIVERS
 
-from eventfold.app import spark_conf
 from eventfold.config import STREAMING_DRIVERS, ConfigError, Settings
 from eventfold.contract import split_password
+from eventfold.wiring import spark_conf
 
 
 def test_the_launch_wins_over_settings_which_win_over_defaults() -> None:
