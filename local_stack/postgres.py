@@ -101,10 +101,13 @@ def init_cluster(data_dir: Path, log_path: Path) -> None:
 def start(data_dir: Path, port: int, log_path: Path, timeout_s: float = 60) -> int:
     """Start the server and create the application database; returns the postmaster PID."""
     bin_dir = find_bin_dir()
+    user = _run_as()
+    if user:  # again at every start: another pytest session resets its temp root to 0700
+        _grant_traverse(data_dir.parent)
     process = spawn(
         [str(bin_dir / "postgres"), "-D", str(data_dir), "-p", str(port)],
         log_path,
-        user=_run_as(),
+        user=user,
     )
     wait_until(
         lambda: _accepts_connections(port), what=f"PostgreSQL on port {port}",
