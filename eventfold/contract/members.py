@@ -44,6 +44,7 @@ class LiveMember:
     detail: dict[str, Any]
     started_at: datetime
     seen_at: datetime
+    ttl_s: float
 
 
 def join(conn: psycopg.Connection, kind: str, member_id: str, ttl_s: float,
@@ -80,7 +81,7 @@ def leave_where(conn: psycopg.Connection, kind: str, field: str, value: str) -> 
 
 def live(conn: psycopg.Connection, kind: str) -> list[LiveMember]:
     """The live members of ``kind``, by id."""
-    rows = conn.execute(f"SELECT member_id, detail, started_at, seen_at FROM {LIVE} "
+    rows = conn.execute(f"SELECT member_id, detail, started_at, seen_at, ttl_s FROM {LIVE} "
                         "WHERE kind = %s ORDER BY member_id", (kind,)).fetchall()
     return [LiveMember(*row) for row in rows]
 

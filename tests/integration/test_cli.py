@@ -160,6 +160,7 @@ def test_streaming_projection_stops_cleanly_on_ctrl_c(inventory_app, stack_setti
             assert runner.poll() is None, log.read_text()
             time.sleep(0.5)
         assert status.lag == 0
+        assert "inventory_totals" in str(hosts_alive(env))  # `members` sees the host run it
         os.killpg(runner.pid, signal.SIGINT)
         runner.wait(timeout=90)
         output = log.read_text()
@@ -167,8 +168,16 @@ def test_streaming_projection_stops_cleanly_on_ctrl_c(inventory_app, stack_setti
         assert "stopping after the current batch" in output
         assert "stopped after" in output
         assert "Traceback" not in output and "Py4J" not in output, output[-3000:]
+        assert "inventory_totals" not in str(hosts_alive(env))  # it left as it stopped
     finally:
         stop_pid(runner.pid, what="projection run")
+
+
+def hosts_alive(env: dict[str, str]) -> list[dict[str, object]]:
+    """``eventfold members --kind projection_host --json``: the live hosts."""
+    listed = eventfold("members", "--kind", "projection_host", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    return list(json.loads(listed.stdout)["projection_host"])
 
 
 def test_sigkill_mid_stream_then_restart_and_replay_match_the_event_store(
