@@ -140,6 +140,7 @@ class Settings(BaseSettings):
     ktable_cache_mb: int = Field(default=64, ge=1)
     ktable_standby_replicas: int = Field(default=1, ge=0)
     ktable_acceptable_lag: int = Field(default=10_000, ge=0)
+    read_forward_timeout_s: float = Field(default=3.0, gt=0)
     advertised_url: str = ""
     allow_data_loss: bool = False
     http_host: str = "127.0.0.1"

@@ -72,6 +72,7 @@ from eventfold.read_api.responses import (
 )
 from eventfold.read_api.schema import QueryError
 from eventfold.read_api.state import StoreConfig
+from eventfold.read_api.state.forwarding import READ_TIMEOUT_S
 from eventfold.read_api.state.membership import Membership, Report, TopicReport
 from eventfold.read_api.state.queries import (
     KTableQueries,
@@ -115,6 +116,9 @@ class ReadApiOptions:
     ktable_acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG
     """How far behind (records) an instance may be and still become a partition's active
     host, as Kafka Streams' ``acceptable.recovery.lag``."""
+    read_forward_timeout_s: float = READ_TIMEOUT_S
+    """How long a read forwarded to another instance may take (beyond a version it waits for)
+    before the read goes to another replica."""
     skip_router: bool = True
     """KTable gets go past the router (``ktable_gets``); off: through it, as the reference
     the bypass is tested against."""
@@ -153,7 +157,8 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
     membership = Membership(options.advertised_url, report, options.database_url,
                             options.reader_role, lead)
     membership.on_change(rebalance)
-    routing = Router(membership, options.ktable_standby_replicas, options.ktable_acceptable_lag)
+    routing = Router(membership, options.ktable_standby_replicas, options.ktable_acceptable_lag,
+                     options.read_forward_timeout_s)
     queries = KTableQueries(hosts, routing, instance_id, list(read_models))
 
     def follow_version(name: str, version: int) -> None:
@@ -172,7 +177,7 @@ def create_read_app(projections: Iterable[Projection], options: ReadApiOptions,
         # from walking it again and again while a restore allocates (and during requests).
         # A request allocates hundreds of containers that reference counting frees; the
         # default threshold (700) collected every few requests (docs/benchmarks.md, "Range
-        # pages merged in C, rows cached, fewer collections").
+        # pages merged in C").
         gc.freeze()
         gc.set_threshold(_YOUNG_OBJECTS_BEFORE_A_COLLECTION)
         presence.start()

@@ -2,8 +2,7 @@
 connections per instance, each an asyncio protocol whose responses are parsed by
 ``httptools`` (uvicorn's parser) as the bytes arrive. A general client (httpx) spent several
 milliseconds of CPU per forwarded get, more than the get itself (docs/benchmarks.md, "KTable
-partitions among instances" and "Forwarded gets kept alive, a lean supervisor, NDJSON merged
-per replica")."""
+partitions among instances")."""
 
 from __future__ import annotations
 
@@ -20,8 +19,9 @@ import httptools
 CONNECT_TIMEOUT_S = 2.0
 """An instance that is down is given up on at once (connection refused comes sooner)."""
 READ_TIMEOUT_S = 3.0
-"""How long a forwarded read may take beyond any wait for a version it asks for: an instance
-that stalls (paused, swapping) is given up on, and the read goes to another replica."""
+"""How long a forwarded read may take beyond any wait for a version it asks for, unless the
+instance sets ``EVENTFOLD_READ_FORWARD_TIMEOUT_S``: an instance that stalls (paused,
+swapping) is given up on, and the read goes to another replica."""
 _IDLE_PER_HOST = 64
 
 
@@ -123,13 +123,14 @@ def _endpoint(base_url: str) -> tuple[tuple[str, int], str, str]:
 class Forwarder:
     """GET requests to other instances over connections kept open between them."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_timeout_s: float = READ_TIMEOUT_S) -> None:
+        self.read_timeout_s = read_timeout_s
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
 
     async def get(self, base_url: str, path: str, params: Mapping[str, str],
                   headers: Mapping[str, str], waits_s: float = 0.0) -> Answer:
         """``GET base_url + path?params``; raises ``ForwardFailed`` if there is no answer
-        within ``READ_TIMEOUT_S`` (plus ``waits_s``, what the other instance is asked to
+        within ``read_timeout_s`` (plus ``waits_s``, what the other instance is asked to
         wait for a version)."""
         host, netloc, prefix = _endpoint(base_url)
         target = f"{prefix}{path}" + (f"?{urlencode(params)}" if params else "")
@@ -139,7 +140,7 @@ class Forwarder:
             reused = bool(self._idle.get(host))
             connection = await self._connection(host)
             try:
-                answer, keep = await connection.get(request, READ_TIMEOUT_S + waits_s)
+                answer, keep = await connection.get(request, self.read_timeout_s + waits_s)
             except (OSError, ConnectionError, httptools.HttpParserError,
                     TimeoutError) as exc:
                 connection.close()

@@ -16,7 +16,7 @@ from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
 from eventfold.read_api.state.assignment import Hosting, assign, owners
-from eventfold.read_api.state.forwarding import Answer, Forwarder, ForwardFailed
+from eventfold.read_api.state.forwarding import READ_TIMEOUT_S, Answer, Forwarder, ForwardFailed
 from eventfold.read_api.state.membership import Member, Membership, TopicReport
 from eventfold.read_api.state.view import KTableView
 
@@ -45,11 +45,12 @@ class ReplicaUnavailable(Exception):
 
 class Router:
     def __init__(self, membership: Membership, standby_replicas: int,
-                 acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG) -> None:
+                 acceptable_lag: int = DEFAULT_ACCEPTABLE_LAG,
+                 forward_timeout_s: float = READ_TIMEOUT_S) -> None:
         self.membership = membership
         self.standby_replicas = standby_replicas
         self.acceptable_lag = acceptable_lag
-        self._forwarder = Forwarder()
+        self._forwarder = Forwarder(forward_timeout_s)
         self._cache: dict[str, tuple[tuple[Member, ...], int | None,
                                      tuple[dict[str, Hosting], dict[int, list[str]]]]] = {}
 

@@ -113,7 +113,6 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     from eventfold.projections.run_settings import RunnerSettings
     from eventfold.read_api import ReadApiOptions
 
-
     named = set(Settings.model_fields) | {"kafka", "replication"}
     computed = {"topic_configs", "deleted_key_retention_s"}
     assert {f.name for f in dataclasses.fields(RunnerSettings)} - computed <= named
@@ -126,3 +125,5 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
             run.writer_lease_s, run.fair_batch_rows, run.max_rows_per_batch) == (
         77, "structured_streaming", 5, 3, 9, 123)
     assert run.kafka == settings.kafka
+    reads = Settings(read_forward_timeout_s=0.5).fill(ReadApiOptions, database_url="postgresql://x")
+    assert reads.read_forward_timeout_s == 0.5

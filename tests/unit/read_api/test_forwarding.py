@@ -7,7 +7,6 @@ import asyncio
 
 import pytest
 from eventfold.local_stack.process import free_port
-from eventfold.read_api.state import forwarding
 from eventfold.read_api.state.forwarding import Forwarder, ForwardFailed
 
 
@@ -81,10 +80,7 @@ def test_an_instance_that_is_down_fails_at_once() -> None:
     _run(test)
 
 
-def test_an_instance_that_never_answers_fails_after_the_read_timeout(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forwarding, "READ_TIMEOUT_S", 0.2)
-
+def test_an_instance_that_never_answers_fails_after_the_read_timeout() -> None:
     async def test() -> None:
         accepted: list[asyncio.StreamWriter] = []
 
@@ -93,7 +89,7 @@ def test_an_instance_that_never_answers_fails_after_the_read_timeout(
 
         port = free_port()
         async with await asyncio.start_server(silent, "127.0.0.1", port):
-            forwarder = Forwarder()
+            forwarder = Forwarder(read_timeout_s=0.2)  # EVENTFOLD_READ_FORWARD_TIMEOUT_S
             started = asyncio.get_running_loop().time()
             with pytest.raises(ForwardFailed, match="no response within"):
                 await asyncio.wait_for(forwarder.get(f"http://127.0.0.1:{port}", "/", {}, {}),
