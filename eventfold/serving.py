@@ -35,7 +35,7 @@ class CoalescedWrites:
     Why: uvicorn writes a response's head and its body separately, so a small response
     cost two sends, and the client two wake-ups to read it; where a system call is dear,
     that was a good part of a KTable get, and of both hops of a forwarded one
-    (docs/benchmarks.md, "One send a response; the code from before issue 34 beside it").
+    (docs/benchmarks.md, "One send a response").
     Everything but writing is the transport's own."""
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:

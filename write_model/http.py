@@ -222,7 +222,8 @@ def _command_endpoint(bus: AsyncCommandBus, command_model: type[Command],
 def command_dispatch(endpoints: Mapping[str, Endpoint]) -> Match:
     """The command a request posts, if it is one of ``endpoints`` (``RouterBypass``: a
     command request is the API's hot path, and the router was a large share of it,
-    docs/benchmarks.md "Commands skip the router"; the body limit still wraps it)."""
+    docs/benchmarks.md "Commands bypass FastAPI and skip the router"; the body limit still
+    wraps it)."""
     # What the router would put in the scope: middleware outside (metrics) reads its path.
     routes = {path: Route(path, endpoint, methods=["POST"])
               for path, endpoint in endpoints.items()}

@@ -54,7 +54,7 @@ class AsyncEventStore:
 
     Two commits at a time by default, the waiting appends split evenly between them: while
     one batch is in the database, the event loop runs the other batch's callers
-    (docs/benchmarks.md, "Two commit slots, shared evenly").
+    (docs/benchmarks.md, "Commit slots").
     """
 
     def __init__(self, conninfo: str, pool_size: int = 10, max_batch: int = 256,
