@@ -1,17 +1,25 @@
-"""Crash points: where tests make a projection process die on purpose, between the steps of a
-batch, to check that what it leaves behind still comes out exactly once.
+"""Fault points: where tests make a projection process die or freeze on purpose, between the
+steps of a batch, to check that what it leaves behind still comes out exactly once.
 
 ``EVENTFOLD_CRASH_AT=<point>`` makes the process that reaches ``<point>`` exit at once, as
 SIGKILL would (no cleanup, no flush, no rollback), with ``CRASH_EXIT_CODE``. With
 ``EVENTFOLD_CRASH_ONCE=<file>`` it does so only if the file does not exist yet, and creates it
 first: the process that starts again (a Spark task the query retries, a run started again)
 goes through. Spark's Python workers inherit the environment, so task points work on local
-executors; the points are unset in production and cost a dictionary lookup.
+executors.
+
+``EVENTFOLD_PAUSE_AT=<point>`` with ``EVENTFOLD_PAUSE_WHEN=<file>`` makes the process that
+reaches ``<point>`` while the file exists delete it and stop itself with SIGSTOP, as an
+operator's ``kill -STOP`` (or a long GC pause, a frozen VM) would at that moment; the test
+sends SIGCONT. A test arms it by creating the file, when the drill is ready for it.
+
+The points are unset in production and cost a dictionary lookup.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 CRASH_EXIT_CODE = 86
@@ -26,10 +34,14 @@ POINTS = {
 
 _ARMED = os.environ.get("EVENTFOLD_CRASH_AT")
 _ONCE = os.environ.get("EVENTFOLD_CRASH_ONCE")
+_PAUSE_AT = os.environ.get("EVENTFOLD_PAUSE_AT")
+_PAUSE_WHEN = os.environ.get("EVENTFOLD_PAUSE_WHEN")
 
 
 def crash_point(name: str) -> None:
-    """Exit here, now, if this is the point armed."""
+    """Exit (or freeze) here, now, if this is the point armed."""
+    if name == _PAUSE_AT and _PAUSE_WHEN:
+        _pause_if_armed(Path(_PAUSE_WHEN))
     if name != _ARMED:
         return
     if _ONCE:
@@ -38,3 +50,11 @@ def crash_point(name: str) -> None:
             return
         marker.write_text(name)
     os._exit(CRASH_EXIT_CODE)
+
+
+def _pause_if_armed(trigger: Path) -> None:
+    try:
+        trigger.unlink()
+    except FileNotFoundError:
+        return  # not armed (yet, or any more)
+    os.kill(os.getpid(), signal.SIGSTOP)

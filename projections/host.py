@@ -280,8 +280,12 @@ class _Supervisor:
                 return _RunOutcome(runner.batches)
             if isinstance(error, needs_a_person()):
                 raise error
-            if isinstance(error, WriterFenced | WritesFenced) or not lease.held:
+            # A writer frozen past its lease fails on whatever it touched first when it
+            # wakes (its database session ended, a fenced producer): the lease says why.
+            if isinstance(error, WriterFenced | WritesFenced):
                 return _RunOutcome(runner.batches, described(error), fenced=True)
+            if (lost := lease.lost()) is not None:
+                return _RunOutcome(runner.batches, described(lost), fenced=True)
             active = runner.versions.active(name)
             return _RunOutcome(runner.batches, described(error),
                                active if active != runner.version else None)

@@ -49,7 +49,7 @@ from eventfold.projections.run_settings import (
 )
 from eventfold.projections.running_query import RunningQuery, described
 from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.lease import WriterLease
+from eventfold.projections.state.lease import LEASE_S, WriterLease
 from eventfold.projections.state.parking import ParkedKeysReleased
 from eventfold.projections.state.stage import NOTED_LETTERS, KeySplitAcrossPartitions, StagedBatch
 from eventfold.projections.state.store import ReadModelStore
@@ -430,9 +430,10 @@ class ProjectionRunner:
         tasks folded one key: nothing was committed, the batch is to be folded again."""
         if new_outputs := self.topics.ensure_outputs(staged.topics):
             self.versions.note_outputs(self.projection.name, new_outputs)
+        writing = self.lease if self.is_active else None
         self.store.commit(batch_id, staged, committed, produce_held=self._produce_held,
-                          writer_epoch=self.lease.epoch if self.is_active and self.lease
-                          else None)
+                          writer_epoch=writing.epoch if writing else None,
+                          writer_lease_s=writing.lease_s if writing else LEASE_S)
 
     def _produce_held(self, letters: Sequence[DeadLetter]) -> None:
         """The letters held behind keys parked before the batch, which the commit decided."""

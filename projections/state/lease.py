@@ -135,7 +135,7 @@ class WriterLease:
 
     @property
     def held(self) -> bool:
-        return self.epoch is not None and self._lost is None
+        return self.epoch is not None and self.lost() is None
 
     def acquire(self) -> int:
         """Take the lease: free, expired or this process's own; its new epoch. Raises
@@ -243,13 +243,18 @@ class WriterLease:
             self._lost = WriterFenced(self.projection, holder, epoch, holder == self.holder)
             log.error("%s; it stops", self._lost)
 
-    def check(self) -> None:
-        """Raise ``WriterFenced`` if the lease is lost, or went a whole lease unrenewed (this
-        runner was paused, or cut off from the database: another may hold it now)."""
-        if self._lost is None and time.monotonic() - self._renewed >= self.lease_s:
+    def lost(self) -> WriterFenced | None:
+        """Why the lease is lost: taken, let go, or a whole lease unrenewed (this runner was
+        paused, or cut off from the database: another may hold it now); None while held."""
+        if (self._lost is None and self.epoch is not None
+                and time.monotonic() - self._renewed >= self.lease_s):
             self._lose(None, None)
-        if self._lost is not None:
-            raise self._lost
+        return self._lost
+
+    def check(self) -> None:
+        """Raise ``WriterFenced`` if the lease is lost (``lost``)."""
+        if (lost := self.lost()) is not None:
+            raise lost
 
     def release(self) -> None:
         """Let the lease go (a standby takes it at its next look) and stop renewing."""

@@ -38,6 +38,7 @@ from eventfold.projections.state.catalog import (
     read_checkpoint,
     save_checkpoint,
 )
+from eventfold.projections.state.lease import LEASE_S
 from eventfold.projections.state.parking import (
     ParkedKeysReleased,
     any_parked,
@@ -296,12 +297,15 @@ class ReadModelStore:
     def commit(self, batch_id: int, batch: StagedBatch,
                previous_offsets: Mapping[PartitionKey, int],
                produce_held: Callable[[Sequence[DeadLetter]], None],
-               writer_epoch: int | None = None) -> None:
+               writer_epoch: int | None = None, writer_lease_s: float = LEASE_S) -> None:
         """Merge what the tasks of ``batch`` staged, hold its parking letters, and save the
         checkpoint, in one transaction. ``produce_held`` produces (and flushes) the letters of
         keys parked before the batch, once the transaction has checked they still are.
         ``writer_epoch``: the runner's writer lease, checked under the registry row (a lock
-        waited for past ``LOCK_TIMEOUT`` fails the commit; the batch runs again).
+        waited for past ``LOCK_TIMEOUT`` fails the commit; the batch runs again). The row
+        stays locked until the commit ends, so a writer silent inside it for
+        ``writer_lease_s`` (frozen, cut off) has the server end its session: its lock would
+        otherwise keep a standby from taking the expired lease for as long as it sleeps.
 
         Raises, with nothing merged: ``WriterFenced`` when another runner holds the lease;
         ``ParkedKeysReleased`` when a key the batch held back
@@ -311,6 +315,9 @@ class ReadModelStore:
         offsets = {**previous_offsets, **batch.next_offsets}
         name = self.projection.name
         with self.conn.transaction():
+            if writer_epoch is not None:
+                self.conn.execute(sql.SQL("SET LOCAL idle_in_transaction_session_timeout = {}"
+                                          ).format(sql.Literal(f"{writer_lease_s * 1000:.0f}")))
             claim_batch(self.conn, name, self.version, offsets, writer_epoch)
             if batch.servers and batch.servers != {server_started(self.conn)}:
                 raise StageLost(f"projection {name} v{self.version}: the database restarted "

@@ -1,9 +1,9 @@
 """One writer per projection, as operators meet it: CLI hosts of one projection while sales
 flow. A rolling deploy (a second host started with ``--standby`` beside the first, which is
 SIGTERMed after a while, and a third started by mistake, refused); a zombie (the writer
-SIGSTOPped past its lease while the standby takes over, then SIGCONTed); a commit held by an
-operator's row lock for 60 s. Each ends by reading
-the KTable topic back: every key's version rises record after record, and the read model and
+frozen with SIGSTOP inside its commit, past its lease, while the standby takes over, then
+SIGCONTed); a commit held by an operator's row lock for 60 s. Each ends by reading the KTable
+topic back: every key's version rises record after record, and the read model and
 the KTable hold exactly the sales the store holds (nothing lost, nothing applied twice)."""
 
 from __future__ import annotations
@@ -147,14 +147,20 @@ def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refus
 
 def test_a_zombie_writer_is_fenced_and_stands_by(
         stack_settings, engine, tmp_path, unique) -> None:
+    """The writer frozen inside its batch's commit, holding the registry row's lock: the
+    standby takes over all the same, and the writer, woken, finds itself fenced."""
     name, env = _drill(stack_settings, tmp_path, unique)
     zombie_log, standby_log = tmp_path / "zombie.log", tmp_path / "standby.log"
-    zombie = _host(env, name, zombie_log)
+    pause = tmp_path / "pause-the-writer"
+    zombie = _host({**env, "EVENTFOLD_PAUSE_AT": "commit.merged",
+                    "EVENTFOLD_PAUSE_WHEN": str(pause)}, name, zombie_log)
     standby: subprocess.Popen | None = None
     try:
         with selling(stack_settings, unique) as sent:
             standby = _standby_beside(engine, env, name, unique, standby_log)
-            zombie.send_signal(signal.SIGSTOP)
+            pause.touch()
+            wait_for(lambda: _stopped(zombie.pid), "the writer to freeze inside its commit",
+                     timeout_s=30)
             try:
                 wait_for(lambda: _log_says(standby_log, "this runner writes it"),
                          "the standby to take over from the paused writer", timeout_s=30)
@@ -173,7 +179,14 @@ def test_a_zombie_writer_is_fenced_and_stands_by(
     finally:
         for process in (zombie, standby):
             if process is not None:
+                process.send_signal(signal.SIGCONT)
                 stop_pid(process.pid, what="a projection host")
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
 
 
 def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
