@@ -1,7 +1,9 @@
-"""The application entry point: one object that declares an app's commands and projections.
+"""The application entry point: one object that declares an app's commands, projections and
+reactions.
 
     app = Eventfold("inventory")
     app.projections.add(inventory_totals)
+    app.reactions.add(reserve_stock)
 
     @app.commands.handler(ReceiveStock, Product)
     def receive_stock(product: Product, command: ReceiveStock) -> None: ...
@@ -19,6 +21,7 @@ from pathlib import Path
 from eventfold.config import ConfigError, Settings
 from eventfold.loading import AppNotFound, import_app_module
 from eventfold.projections import ProjectionRegistry
+from eventfold.reactions import ReactionRegistry
 from eventfold.runtime import Runtime
 from eventfold.write_model import CommandRegistry
 
@@ -28,11 +31,13 @@ class Eventfold:
         self.name = name
         self.commands = CommandRegistry()
         self.projections = ProjectionRegistry()
+        self.reactions = ReactionRegistry()
 
     @property
     def aggregate_types(self) -> list[str]:
         return sorted(set(self.commands.aggregate_types)
-                      | set(self.projections.source_aggregate_types))
+                      | set(self.projections.source_aggregate_types)
+                      | set(self.reactions.source_aggregate_types))
 
     def runtime(self, settings: Settings) -> Runtime:
         """The services of this app in this process, made from ``settings``."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from eventfold.projections import ProjectionRegistry
+from eventfold.reactions import ReactionRegistry
 from eventfold.write_model import CommandRegistry
 
 
@@ -16,5 +17,7 @@ class DeclaredApp(Protocol):
     def commands(self) -> CommandRegistry: ...
     @property
     def projections(self) -> ProjectionRegistry: ...
+    @property
+    def reactions(self) -> ReactionRegistry: ...
     @property
     def aggregate_types(self) -> list[str]: ...

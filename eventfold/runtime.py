@@ -56,6 +56,7 @@ if TYPE_CHECKING:
     from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
     from eventfold.projections.runner import ProjectionRunner
     from eventfold.projections.state.lease import WriterLease
+    from eventfold.reactions.runner import ReactionRunner
     from eventfold.run_observer import RunObserver
 
 # Spark, pandas, pyarrow and the read API are imported by the services that use them, so
@@ -205,6 +206,15 @@ class Runtime:
 
     def spark_session(self, app_name: str) -> SparkSession:
         return spark_session(self.settings, app_name)
+
+    # -- reactions ----------------------------------------------------------------------------
+    def reaction_runner(self, name: str, bus: AsyncCommandBus) -> ReactionRunner:
+        """The runner of reaction ``name``, sending through ``bus`` (one bus, and one pool of
+        connections, for every reaction of a process; opened by the caller)."""
+        from eventfold.reactions.runner import ReactionOptions, ReactionRunner
+
+        return ReactionRunner(self.app.reactions.get(name), bus, self.settings.kafka,
+                              self.settings.database_url, self.settings.fill(ReactionOptions))
 
     def _observed(self, app: FastAPI, api: str, request_log: bool) -> FastAPI:
         """The request log, then Prometheus metrics at ``/metrics`` (``EVENTFOLD_METRICS``),

@@ -1,5 +1,5 @@
-"""Fault points: where tests make a projection process die or freeze on purpose, between the
-steps of a batch, to check that what it leaves behind still comes out exactly once.
+"""Fault points: where tests make a projection or reaction process die or freeze on purpose,
+between the steps of a batch, to check that what it leaves behind still comes out exactly once.
 
 ``EVENTFOLD_CRASH_AT=<point>`` makes the process that reaches ``<point>`` exit at once, as
 SIGKILL would (no cleanup, no flush, no rollback), with ``CRASH_EXIT_CODE``. With
@@ -30,6 +30,8 @@ POINTS = {
     "task.written": "a task has staged and flushed everything, its summary not yet returned",
     "commit.merged": "the commit has merged the staged rows, inside its transaction",
     "commit.done": "the batch has committed, its progress not yet reported",
+    "reaction.sent": "a reaction has sent every command of a batch, its positions not yet "
+                     "saved",
 }
 
 _ARMED = os.environ.get("EVENTFOLD_CRASH_AT")

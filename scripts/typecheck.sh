@@ -10,7 +10,7 @@ mkdir -p "$tree/eventfold"
 for path in eventfold/*; do
   ln -s "$PWD/$path" "$tree/eventfold/"
 done
-for package in write_model outbox projections read_api migrations local_stack; do
+for package in write_model outbox projections read_api reactions migrations local_stack; do
   ln -s "$PWD/$package" "$tree/eventfold/$package"
 done
 cd "$tree"

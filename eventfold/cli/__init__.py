@@ -1,6 +1,7 @@
 """The ``eventfold`` command line: the parser, assembled from one module per area (``stack``,
-``serve``, ``projection``, ``status``, ``connector``, ``dlq``), and the exit codes every
-command shares. A new command goes in its area's module, registered by its ``register``."""
+``serve``, ``projection``, ``reaction``, ``status``, ``connector``, ``dlq``), and the exit
+codes every command shares. A new command goes in its area's module, registered by its
+``register``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import os
 import sys
 from pathlib import Path
 
-from eventfold.cli import connector, dlq, projection, serve, stack, status
+from eventfold.cli import connector, dlq, projection, reaction, serve, stack, status
 from eventfold.config import ConfigError, Settings
 from eventfold.logs import configure_logging
 
-AREAS = (stack, serve, projection, status, connector, dlq)
+AREAS = (stack, serve, projection, reaction, status, connector, dlq)
 
 
 def build_parser() -> argparse.ArgumentParser:

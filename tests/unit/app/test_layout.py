@@ -15,13 +15,15 @@ import pytest
 from tests.packaging import build_wheel
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = ("write_model", "outbox", "projections", "read_api", "migrations", "local_stack")
+PACKAGES = ("write_model", "outbox", "projections", "read_api", "reactions", "migrations",
+            "local_stack")
 SHARED = {"contract"}
 ALLOWED = {
     "write_model": SHARED,
     "outbox": SHARED | {"write_model"},
     "projections": SHARED | {"outbox"},
     "read_api": SHARED | {"projections", "outbox"},
+    "reactions": SHARED | {"write_model", "outbox", "projections"},
     "migrations": SHARED | {"write_model"},
     "local_stack": set(),
 }

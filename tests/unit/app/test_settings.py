@@ -111,6 +111,7 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     import dataclasses
 
     from eventfold.projections.run_settings import RunnerSettings
+    from eventfold.reactions.runner import ReactionOptions
     from eventfold.read_api import ReadApiOptions
 
     named = set(Settings.model_fields) | {"kafka", "replication"}
@@ -118,6 +119,7 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     assert {f.name for f in dataclasses.fields(RunnerSettings)} - computed <= named
     computed = {"pool_size", "title", "ktable_store", "workers_dir", "skip_router"}
     assert {f.name for f in dataclasses.fields(ReadApiOptions)} - computed <= named
+    assert {f.name for f in dataclasses.fields(ReactionOptions)} <= named
     settings = Settings(projection_stall_s=77, streaming_driver="structured_streaming",
                         ktable_retire_wait_s=5, writer_lease_s=3, fair_batch_rows=9)
     run = runner_settings(settings, max_rows=123)

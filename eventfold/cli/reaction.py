@@ -1,0 +1,145 @@
+"""``eventfold reaction``: run reactions, see where they are and what was refused, move one
+on purpose."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING
+
+from eventfold.config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from eventfold.app import Eventfold
+
+
+def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    react = commands.add_parser(
+        "reaction", help="run reactions; status, refusals; reset one to a position")
+    react.add_argument("action", choices=["list", "run", "status", "refusals", "reset"],
+                       help="run: until SIGTERM; status: lag and refusals; refusals: what "
+                            "the domain refused (newest first); reset: move one to the "
+                            "beginning, the end or a time, saying how many events it will "
+                            "act on again")
+    react.add_argument("names", nargs="*", help="the reactions (run: default all of them)")
+    where = react.add_mutually_exclusive_group()
+    where.add_argument("--to-beginning", action="store_true", help="reset: to the first event")
+    where.add_argument("--to-end", action="store_true", help="reset: past the last event")
+    where.add_argument("--to-time", metavar="ISO",
+                       help="reset: to each partition's first event at or after this time")
+    react.add_argument("--dry-run", action="store_true",
+                       help="reset: say how many events it would act on again, move nothing")
+    react.add_argument("--last", type=int, default=20, metavar="N",
+                       help="refusals: the newest N")
+    react.add_argument("--json", action="store_true", help="status, refusals: JSON")
+    react.set_defaults(run=_reaction)
+
+
+def _reaction(settings: Settings, args: argparse.Namespace) -> int:
+    from eventfold.app import app_of
+
+    app = app_of(settings)
+    if args.action == "list":
+        for reaction in app.reactions:
+            print(f"{reaction.name}\tsources: {', '.join(reaction.sources)}\t"
+                  f"starts at the {'end' if reaction.start == 'latest' else 'beginning'}")
+        return 0
+    names = args.names or [r.name for r in app.reactions]
+    try:
+        for name in names:
+            app.reactions.get(name)
+    except LookupError as exc:
+        raise ConfigError(str(exc)) from None
+    settings = settings.with_local_stack()
+    if args.action == "run":
+        return _run(app, settings, names)
+    if args.action == "status":
+        return _status(app, settings, names, args.json)
+    if args.action == "refusals":
+        return _refusals(app, settings, names, args.last, args.json)
+    return _reset(app, settings, names, args)
+
+
+def _run(app: Eventfold, settings: Settings, names: list[str]) -> int:
+    from eventfold.projections.signals import stop_on_signal
+
+    stopping = threading.Event()
+    stop_on_signal(stopping, "stopping after the current batch")
+    runtime = app.runtime(settings)
+
+    async def run_all() -> None:
+        bus = runtime.async_command_bus()
+        async with bus.repository.store:
+            await asyncio.gather(*(runtime.reaction_runner(name, bus).run(stopping)
+                                   for name in names))
+
+    asyncio.run(run_all())
+    return 0
+
+
+def _status(app: Eventfold, settings: Settings, names: list[str], as_json: bool) -> int:
+    from eventfold.reactions.operations import report
+
+    reports = [report(settings.kafka, settings.database_url, app.reactions.get(name))
+               for name in names]
+    if as_json:
+        print(json.dumps([{"name": r.name, "started": r.started, "lag": r.lag,
+                           "refused": r.refused} for r in reports]))
+        return 0
+    for r in reports:
+        where = f"{r.lag} events behind" if r.started else "never ran"
+        print(f"{r.name}\t{where}\t{r.refused} refused")
+    return 0
+
+
+def _refusals(app: Eventfold, settings: Settings, names: list[str], last: int,
+              as_json: bool) -> int:
+    import psycopg
+
+    from eventfold.contract import libpq_url
+    from eventfold.reactions.positions import refusals_of
+
+    with psycopg.connect(libpq_url(settings.database_url)) as conn:
+        found = {name: refusals_of(conn, name, last) for name in names}
+    if as_json:
+        print(json.dumps({name: [vars(r) for r in rows] for name, rows in found.items()}))
+        return 0
+    for name, rows in found.items():
+        for r in rows:
+            print(f"{name}\t{r.recorded_at}\t{r.kind}\t{r.command or '-'}\t{r.event_type} "
+                  f"{r.event_id} ({r.stream_id})\t{r.reason}")
+    return 0
+
+
+def _reset(app: Eventfold, settings: Settings, names: list[str],
+           args: argparse.Namespace) -> int:
+    from eventfold.reactions.operations import ReactionRunning, ResetTo, reset
+
+    if len(names) != 1:
+        raise ConfigError("reaction reset takes exactly one reaction")
+    to: ResetTo
+    if args.to_beginning:
+        to = "beginning"
+    elif args.to_end:
+        to = "end"
+    elif args.to_time:
+        try:
+            to = datetime.fromisoformat(args.to_time)
+        except ValueError:
+            raise ConfigError(f"--to-time {args.to_time!r} is not an ISO time") from None
+    else:
+        raise ConfigError("reaction reset needs --to-beginning, --to-end or --to-time")
+    try:
+        again = reset(settings.kafka, settings.database_url, app.reactions.get(names[0]), to,
+                      args.dry_run)
+    except ReactionRunning as exc:
+        raise ConfigError(str(exc)) from None
+    verb = "would" if args.dry_run else "will"
+    if again >= 0:
+        print(f"reaction {names[0]} {verb} act again on {again} events")
+    else:
+        print(f"reaction {names[0]} {verb} skip {-again} events")
+    return 0

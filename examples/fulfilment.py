@@ -1,0 +1,132 @@
+"""Fulfilment: a reaction turns each placed purchase into a stock reservation.
+
+    POST /commands/StockShelf    {"shelf_id": "apples", "quantity": 100}
+    POST /commands/PlacePurchase {"purchase_id": "p1", "shelf_id": "apples", "quantity": 2}
+
+``reserve_stock`` reacts to every ``PurchasePlaced`` by sending ``ReserveStock`` to the
+purchase's shelf. A shelf does not remember which purchases it reserved for: what keeps a
+purchase from being reserved twice, through crashes and restarts, is the id the reaction
+gives the command (the same every time it acts on the event), which the command log
+answers with the first result. A shelf without enough stock refuses; the refusal is
+recorded with the purchase's event (``eventfold reaction refusals reserve_stock``) and the
+reaction goes on. Run it with ``eventfold reaction run reserve_stock``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from eventfold.projections import Event
+from eventfold.reactions import reaction
+from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
+from pydantic import Field
+
+from eventfold.app import Eventfold
+
+
+@dataclass(frozen=True)
+class ShelfStocked(DomainEvent):
+    quantity: int
+
+
+@dataclass(frozen=True)
+class StockReserved(DomainEvent):
+    purchase_id: str
+    quantity: int
+
+
+@dataclass(frozen=True)
+class PurchasePlaced(DomainEvent):
+    shelf_id: str
+    quantity: int
+
+
+class Shelf(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.available = 0
+
+    def stock(self, quantity: int) -> None:
+        self.record(ShelfStocked(quantity=quantity))
+
+    def reserve(self, purchase_id: str, quantity: int) -> None:
+        if quantity > self.available:
+            raise DomainError(f"shelf {self.id} has {self.available} available, purchase "
+                              f"{purchase_id} asks for {quantity}")
+        self.record(StockReserved(purchase_id=purchase_id, quantity=quantity))
+
+    def apply(self, event: DomainEvent) -> None:
+        if isinstance(event, ShelfStocked):
+            self.available += event.quantity
+        elif isinstance(event, StockReserved):
+            self.available -= event.quantity
+
+
+class Purchase(Aggregate):
+    def place(self, shelf_id: str, quantity: int) -> None:
+        if self.version > 0:
+            raise DomainError(f"purchase {self.id} was already placed")
+        self.record(PurchasePlaced(shelf_id=shelf_id, quantity=quantity))
+
+    def apply(self, event: DomainEvent) -> None:
+        pass
+
+
+class StockShelf(Command):
+    """Put stock on a shelf."""
+
+    shelf_id: str = Field(min_length=1, max_length=100)
+    quantity: int = Field(gt=0)
+
+    def stream_id(self) -> str:
+        return self.shelf_id
+
+
+class PlacePurchase(Command):
+    """Buy from a shelf; the stock is reserved by the reaction."""
+
+    purchase_id: str = Field(min_length=1, max_length=100)
+    shelf_id: str = Field(min_length=1, max_length=100)
+    quantity: int = Field(gt=0)
+
+    def stream_id(self) -> str:
+        return self.purchase_id
+
+
+class ReserveStock(Command):
+    """Reserve a purchase's quantity on its shelf (sent by ``reserve_stock``)."""
+
+    shelf_id: str = Field(min_length=1, max_length=100)
+    purchase_id: str = Field(min_length=1, max_length=100)
+    quantity: int = Field(gt=0)
+
+    def stream_id(self) -> str:
+        return self.shelf_id
+
+
+@reaction("reserve_stock", sources=[Purchase])
+def reserve_stock(event: Event) -> ReserveStock | None:
+    """Every placed purchase reserves its quantity on its shelf."""
+    if event.type != "PurchasePlaced":
+        return None
+    return ReserveStock(shelf_id=event.data["shelf_id"], purchase_id=event.stream_id,
+                        quantity=event.data["quantity"])
+
+
+app = Eventfold("fulfilment")
+app.reactions.add(reserve_stock)
+
+
+@app.commands.handler(StockShelf, Shelf)
+def stock_shelf(shelf: Shelf, command: StockShelf) -> None:
+    shelf.stock(command.quantity)
+
+
+@app.commands.handler(PlacePurchase, Purchase)
+def place_purchase(purchase: Purchase, command: PlacePurchase) -> None:
+    purchase.place(command.shelf_id, command.quantity)
+
+
+@app.commands.handler(ReserveStock, Shelf, requires_existing=True)
+def reserve(shelf: Shelf, command: ReserveStock) -> None:
+    shelf.reserve(command.purchase_id, command.quantity)

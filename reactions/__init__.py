@@ -1,0 +1,30 @@
+"""Reactions: events that drive commands.
+
+A reaction is a function of one event that returns the commands to send (zero or more):
+``@reaction("reserve_stock", sources=["Order"])``. A ``ReactionRunner`` reads the sources'
+event topics from the reaction's own positions, sends each command through the command bus
+with an id derived from the reaction, the event and the command's index (so a batch run
+again after a crash sends nothing twice: the command log answers the repeat with the first
+result), records the commands the domain refuses, and saves its positions only after every
+command of the batch was answered.
+
+- ``definition``: what a reaction is (plain Python): ``Reaction``, ``reaction``,
+  ``ReactionRegistry``, ``command_id_for``;
+- ``positions``: where a reaction is, and what the domain refused it, in Postgres;
+- ``runner``: the loop that reads, reacts, sends and saves.
+
+May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it sends),
+``eventfold.outbox`` (the event topics it reads) and ``eventfold.projections.definition``
+(the ``Event`` a reaction receives, the one a projection's fold receives). Nothing but the
+composition root imports it: events flow from the outbox into reactions and back to the
+write side as commands.
+"""
+
+from eventfold.reactions.definition import (
+    Reaction,
+    ReactionRegistry,
+    command_id_for,
+    reaction,
+)
+
+__all__ = ["Reaction", "ReactionRegistry", "command_id_for", "reaction"]

@@ -1,0 +1,94 @@
+"""What a reaction is: a name, the aggregate types whose events it reads, and a function of
+one event that returns the commands to send."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from eventfold.projections.definition.projection import Event
+from eventfold.write_model import Aggregate, Command
+
+React = Callable[[Event], Iterable[Command] | Command | None]
+"""The commands one event asks for: one, several, or none."""
+
+Start = Literal["latest", "earliest"]
+
+_COMMAND_IDS = uuid.UUID("5b0c6e2e-3f7a-4c55-9d1e-6f4a0e8b7c21")
+"""The namespace of the ids reactions give their commands (``command_id_for``)."""
+
+
+def command_id_for(reaction: str, event_id: str, index: int) -> uuid.UUID:
+    """The id of the ``index``-th command ``reaction`` sends for event ``event_id``: the same
+    every time the event is acted on, so that the command log answers a repeat with the first
+    result instead of executing it again."""
+    return uuid.uuid5(_COMMAND_IDS, f"{reaction}\n{event_id}\n{index}")
+
+
+@dataclass(frozen=True)
+class Reaction:
+    """``react`` runs once per event of ``sources`` (aggregate types, or aggregate classes),
+    in each stream's order. ``start``: where a reaction that never ran begins; ``latest``
+    (the default) acts only on events from now on, since acting on every past event is a
+    decision, not a default (``earliest`` does it)."""
+
+    name: str
+    sources: tuple[str, ...]
+    react: React
+    start: Start = "latest"
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"reaction name {self.name!r}: use letters, digits and _")
+        if not self.sources:
+            raise ValueError(f"reaction {self.name!r} names no sources")
+
+    def commands_for(self, event: Event) -> list[Command]:
+        """What ``react`` asks for ``event``, each with the id it always has for it (an id
+        the function set itself is kept)."""
+        asked = self.react(event)
+        commands = [] if asked is None else [asked] if isinstance(asked, Command) else list(asked)
+        return [command if command.command_id is not None else command.model_copy(
+                    update={"command_id": command_id_for(self.name, event.event_id, index)})
+                for index, command in enumerate(commands)]
+
+
+def reaction(name: str, sources: Sequence[str | type[Aggregate]],
+             start: Start = "latest") -> Callable[[React], Reaction]:
+    """Decorator: the function of one event becomes a ``Reaction``."""
+    names = tuple(s if isinstance(s, str) else s.stream_type for s in sources)
+
+    def define(react: React) -> Reaction:
+        return Reaction(name, names, react, start)
+
+    return define
+
+
+class ReactionRegistry:
+    def __init__(self) -> None:
+        self._by_name: dict[str, Reaction] = {}
+
+    def add(self, reaction: Reaction) -> Reaction:
+        if reaction.name in self._by_name:
+            raise ValueError(f"reaction {reaction.name!r} is already registered")
+        self._by_name[reaction.name] = reaction
+        return reaction
+
+    def get(self, name: str) -> Reaction:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            known = ", ".join(sorted(self._by_name)) or "none"
+            raise LookupError(f"unknown reaction {name!r}; known: {known}") from None
+
+    def __iter__(self) -> Iterator[Reaction]:
+        return iter(self._by_name.values())
+
+    def __len__(self) -> int:
+        return len(self._by_name)
+
+    @property
+    def source_aggregate_types(self) -> list[str]:
+        return sorted({source for r in self for source in r.sources})

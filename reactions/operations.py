@@ -1,0 +1,128 @@
+"""What operators do with a reaction: see where it is (its lag, what was refused), and move
+it on purpose (``reset``), saying how many events it will act on again."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+import psycopg
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consumer_config, iter_range
+from eventfold.reactions.definition import Reaction
+from eventfold.reactions.positions import load_positions, move_to, refusal_count
+
+from eventfold.contract import PartitionKey, event_topic, libpq_url
+
+ResetTo = Literal["beginning", "end"] | datetime
+
+
+def group_of(reaction: Reaction) -> str:
+    """The consumer group that shares a reaction's partitions among its runners."""
+    return f"eventfold.reaction.{reaction.name}"
+
+
+@dataclass(frozen=True)
+class ReactionReport:
+    name: str
+    started: bool
+    lag: int
+    """Events in its sources' topics past its positions."""
+    refused: int
+    partitions: dict[PartitionKey, tuple[int, int]]
+    """Per partition: its position, and the partition's end."""
+
+
+def _ends(kafka: KafkaConnection, reaction: Reaction) -> dict[PartitionKey, tuple[int, int]]:
+    """Each source partition's first and next offset."""
+    consumer = Consumer(consumer_config(kafka))
+    try:
+        ends: dict[PartitionKey, tuple[int, int]] = {}
+        for topic in (event_topic(source) for source in reaction.sources):
+            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            for partition in metadata.partitions:
+                ends[(topic, partition)] = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=10)
+        return ends
+    finally:
+        consumer.close()
+
+
+def report(kafka: KafkaConnection, database_url: str, reaction: Reaction) -> ReactionReport:
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        positions = load_positions(conn, reaction.name)
+        refused = refusal_count(conn, reaction.name)
+    ends = _ends(kafka, reaction)
+    partitions = {tp: (positions.get(tp, low), high) for tp, (low, high) in ends.items()}
+    return ReactionReport(reaction.name, bool(positions),
+                          sum(max(high - at, 0) for at, high in partitions.values()), refused,
+                          partitions)
+
+
+class ReactionRunning(RuntimeError):
+    """A reset asked for while runners of the reaction are alive."""
+
+
+def running_members(kafka: KafkaConnection, reaction: Reaction) -> int:
+    """How many consumers of the reaction's group are alive now."""
+    admin = AdminClient(kafka.client_config())
+    futures = admin.describe_consumer_groups([group_of(reaction)], request_timeout=10)
+    description = futures[group_of(reaction)].result()
+    return len(description.members)
+
+
+def reset(kafka: KafkaConnection, database_url: str, reaction: Reaction, to: ResetTo,
+          dry_run: bool = False) -> int:
+    """Move the reaction's positions to ``to`` (the beginning, the end, or each partition's
+    first event at or after a time); how many events it will act on again (negative: how
+    many it will skip). Refused (``ReactionRunning``) while a runner of it is alive: it
+    would save its own positions over these."""
+    if (alive := running_members(kafka, reaction)) and not dry_run:
+        raise ReactionRunning(f"reaction {reaction.name} has {alive} runner(s) alive: stop "
+                              "them first (their positions would overwrite the reset)")
+    ends = _ends(kafka, reaction)
+    target = _targets(kafka, ends, to)
+    with psycopg.connect(libpq_url(database_url)) as conn:
+        positions = load_positions(conn, reaction.name)
+        now = {tp: positions.get(tp, low) for tp, (low, _) in ends.items()}
+        again = (_events_between(kafka, {tp: (target[tp], now[tp]) for tp in target})
+                 - _events_between(kafka, {tp: (now[tp], target[tp]) for tp in target}))
+        if not dry_run:
+            move_to(conn, reaction.name, target)
+    return again
+
+
+def _events_between(kafka: KafkaConnection, ranges: dict[PartitionKey, tuple[int, int]]
+                    ) -> int:
+    """The events in each partition's offsets [start, end), counted by reading them: offsets
+    also number transaction markers, which are no events."""
+    consumer = Consumer(consumer_config(kafka))
+    try:
+        return sum(len(chunk) for tp, (start, end) in ranges.items() if end > start
+                   for chunk in iter_range(consumer, tp, start, end))
+    finally:
+        consumer.close()
+
+
+def _targets(kafka: KafkaConnection, ends: dict[PartitionKey, tuple[int, int]],
+             to: ResetTo) -> dict[PartitionKey, int]:
+    if to == "beginning":
+        return {tp: low for tp, (low, _) in ends.items()}
+    if to == "end":
+        return {tp: high for tp, (_, high) in ends.items()}
+    assert isinstance(to, datetime)
+    consumer = Consumer(consumer_config(kafka))
+    try:
+        at_ms = int(to.timestamp() * 1000)
+        found = consumer.offsets_for_times(
+            [TopicPartition(topic, partition, at_ms) for topic, partition in ends], timeout=10)
+        # No event at or after the time: the partition's end.
+        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0
+                else ends[(tp.topic, tp.partition)][1] for tp in found}
+    finally:
+        consumer.close()

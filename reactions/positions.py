@@ -1,0 +1,102 @@
+"""Where a reaction is (the next offset of each partition it reads) and what it could not
+do, in Postgres: a batch's refusals and its new positions commit in one transaction."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import psycopg
+
+from eventfold.contract import PartitionKey
+
+RefusalKind = Literal["refused", "raised", "undecodable"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One thing a batch could not do: a command the domain refused, an event the reaction's
+    function raised on (``command_index`` -1), or a message that is no event."""
+
+    event_id: str
+    command_index: int
+    kind: RefusalKind
+    event_type: str
+    stream_id: str
+    reason: str
+    command: str | None = None
+    command_id: uuid.UUID | None = None
+
+
+def load_positions(conn: psycopg.Connection, reaction: str) -> dict[PartitionKey, int]:
+    rows = conn.execute("SELECT topic, partition, next_offset FROM reaction_positions "
+                        "WHERE reaction = %s", (reaction,)).fetchall()
+    return {(str(topic), int(partition)): int(offset) for topic, partition, offset in rows}
+
+
+def save_batch(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],
+               refusals: Sequence[Refusal]) -> None:
+    """The batch's refusals and its new positions, in one transaction. A position never
+    moves back here (a runner that lost its partitions to another may finish a batch the
+    other already did): only ``move_to`` moves it back, on purpose."""
+    with conn.transaction():
+        if refusals:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO reaction_refusals (reaction, event_id, command_index, kind, "
+                    "command, command_id, event_type, stream_id, reason) VALUES "
+                    "(%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (reaction, event_id, "
+                    "command_index) DO UPDATE SET reason = EXCLUDED.reason, "
+                    "recorded_at = now()",
+                    [(reaction, r.event_id, r.command_index, r.kind, r.command, r.command_id,
+                      r.event_type, r.stream_id, r.reason) for r in refusals])
+        _upsert(conn, reaction, positions,
+                "GREATEST(reaction_positions.next_offset, EXCLUDED.next_offset)")
+
+
+def move_to(conn: psycopg.Connection, reaction: str,
+            positions: Mapping[PartitionKey, int]) -> None:
+    """Set the reaction's positions, back or forth (``reaction reset``)."""
+    with conn.transaction():
+        _upsert(conn, reaction, positions, "EXCLUDED.next_offset")
+
+
+def _upsert(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],
+            new_offset: str) -> None:
+    if not positions:
+        return
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO reaction_positions (reaction, topic, partition, next_offset) "
+            "VALUES (%s, %s, %s, %s) ON CONFLICT (reaction, topic, partition) DO UPDATE SET "
+            f"next_offset = {new_offset}, saved_at = now()",
+            [(reaction, topic, partition, offset)
+             for (topic, partition), offset in sorted(positions.items())])
+
+
+@dataclass(frozen=True)
+class RefusalRow:
+    event_id: str
+    kind: str
+    command: str | None
+    event_type: str
+    stream_id: str
+    reason: str
+    recorded_at: str
+
+
+def refusals_of(conn: psycopg.Connection, reaction: str, limit: int = 100) -> list[RefusalRow]:
+    """The latest of what the reaction could not do, newest first."""
+    rows = conn.execute(
+        "SELECT event_id, kind, command, event_type, stream_id, reason, recorded_at::text "
+        "FROM reaction_refusals WHERE reaction = %s ORDER BY recorded_at DESC LIMIT %s",
+        (reaction, limit)).fetchall()
+    return [RefusalRow(*row) for row in rows]
+
+
+def refusal_count(conn: psycopg.Connection, reaction: str) -> int:
+    row = conn.execute("SELECT count(*) FROM reaction_refusals WHERE reaction = %s",
+                       (reaction,)).fetchone()
+    return int(row[0]) if row else 0

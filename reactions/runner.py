@@ -1,0 +1,308 @@
+"""The loop of a reaction: read a batch of its sources' events from its own positions, ask
+the reaction for each event's commands, send them, record what the domain refused, and save
+the positions only once every command of the batch was answered.
+
+Exactly once in effect, not in delivery: a batch read again (the process died before its
+positions were saved, or its partitions moved to another process of the reaction mid-batch)
+sends the same commands with the same ids, and the command log answers each repeat with
+the first result instead of executing it again. Commands to one aggregate are sent one
+after the other, in the order of the events that asked for them (no two of a batch race for
+its version); commands to different aggregates go concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import psycopg
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consume_available
+from eventfold.projections.definition.projection import Event
+from eventfold.projections.faults import crash_point
+from eventfold.reactions.definition import Reaction
+from eventfold.reactions.positions import Refusal, load_positions, move_to, save_batch
+from eventfold.write_model import (
+    AsyncCommandBus,
+    Command,
+    CommandIdReused,
+    CommandResult,
+    ConcurrencyError,
+    DomainError,
+    StreamNotFound,
+    StreamOwnedByAnotherType,
+)
+
+from eventfold.contract import PartitionKey, event_topic, libpq_url
+from eventfold.contract.envelope import EventEnvelope, MalformedEvent
+
+log = logging.getLogger(__name__)
+
+REFUSALS = (DomainError, StreamNotFound, ConcurrencyError, CommandIdReused,
+            StreamOwnedByAnotherType)
+"""What the domain answers a command with when it will not execute it: final, recorded with
+the event, and the reaction goes on. A version conflict is final only for a command that
+states the version it expects; otherwise the bus retries it, and so does the runner once the
+bus gives up. Anything else (the database away) fails the batch, which is read again from
+the saved positions."""
+
+CONFLICT_PAUSE_S = 0.05
+
+REPORT_EVERY_S = 10.0
+
+
+@dataclass
+class ReactionCounts:
+    """What a runner did since it started."""
+
+    events: int = 0
+    sent: int = 0
+    repeated: int = 0
+    """Commands the command log had already executed (a batch read again)."""
+    refused: int = 0
+    batches: int = 0
+
+
+@dataclass
+class _Batch:
+    """One batch's events in order, their commands by source stream, and what it refused."""
+
+    positions: dict[PartitionKey, int] = field(default_factory=dict)
+    by_target: dict[str, list[tuple[Event, int, Command, str | None]]] = field(
+        default_factory=lambda: defaultdict(list))
+    """Each aggregate's commands, in the order of the events that asked for them."""
+    refusals: list[Refusal] = field(default_factory=list)
+    events: int = 0
+
+
+@dataclass(frozen=True)
+class ReactionOptions:
+    """A reaction runner's settings (``EVENTFOLD_REACTION_*``, docs/configuration.md)."""
+
+    reaction_batch_max_events: int = 500
+    reaction_retry_pause_s: float = 2.0
+    reaction_session_timeout_s: float = 10.0
+
+
+POLL_WAIT_S = 0.5
+"""How long an idle runner waits for an event before it looks at its stop flag again."""
+
+
+class ReactionRunner:
+    """Runs one reaction until ``stopping`` is set. Several processes may run one reaction:
+    the consumer group ``eventfold.reaction.<name>`` gives each its partitions."""
+
+    def __init__(self, reaction: Reaction, bus: AsyncCommandBus, kafka: KafkaConnection,
+                 database_url: str, options: ReactionOptions | None = None) -> None:
+        self.reaction = reaction
+        self.bus = bus
+        self.kafka = kafka
+        self.database_url = database_url
+        self.options = options or ReactionOptions()
+        self.topics = [event_topic(source) for source in reaction.sources]
+        self.counts = ReactionCounts()
+        self._conn: psycopg.Connection | None = None
+
+    @property
+    def group(self) -> str:
+        return f"eventfold.reaction.{self.reaction.name}"
+
+    def _connection(self) -> psycopg.Connection:
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(libpq_url(self.database_url), autocommit=True)
+        return self._conn
+
+    async def run(self, stopping: threading.Event) -> ReactionCounts:
+        """Read, react, send, save, until ``stopping`` is set; a failed batch (the broker or
+        the database away) is read again from the saved positions after a pause."""
+        name = self.reaction.name
+        session_ms = int(self.options.reaction_session_timeout_s * 1000)
+        consumer = Consumer(self.kafka.client_config(**{
+            "group.id": self.group, "enable.auto.commit": False,
+            "auto.offset.reset": "earliest", "log.connection.close": False,
+            "enable.partition.eof": True,
+            # A runner killed without leaving the group holds its partitions until the
+            # broker gives up on it: librdkafka's 45 s default would stall the reaction that
+            # long after every SIGKILL.
+            "session.timeout.ms": session_ms,
+            "heartbeat.interval.ms": max(session_ms // 5, 500)}))
+        try:
+            self._place_a_new_reaction(consumer)
+            consumer.subscribe(self.topics, on_assign=self._seek_to_positions)
+            log.info("reaction %s: reading %s", name, ", ".join(self.topics))
+            reported, reported_counts = time.monotonic(), dataclasses.replace(self.counts)
+            while not stopping.is_set():
+                try:
+                    await self._one_batch(consumer)
+                except (psycopg.Error, KafkaException, OSError) as exc:
+                    log.warning("reaction %s: batch failed (%s); reading it again in %.0f s",
+                                name, str(exc).splitlines()[0], self.options.reaction_retry_pause_s)
+                    self._drop_connection()
+                    self._rewind(consumer)
+                    await asyncio.sleep(self.options.reaction_retry_pause_s)
+                if (time.monotonic() - reported >= REPORT_EVERY_S
+                        and self.counts != reported_counts):
+                    reported, reported_counts = time.monotonic(), dataclasses.replace(self.counts)
+                    self._report()
+        finally:
+            consumer.close()
+            self._drop_connection()
+        self._report()
+        return self.counts
+
+    def _report(self) -> None:
+        c = self.counts
+        log.info("reaction %s: %d events, %d commands sent (%d answered from the command log "
+                 "as already executed), %d refused, %d batches", self.reaction.name, c.events,
+                 c.sent, c.repeated, c.refused, c.batches)
+
+    def _place_a_new_reaction(self, consumer: Consumer) -> None:
+        """A reaction that never ran starts where it says (``Reaction.start``), saved before
+        it reads anything: a crash before its first batch must not move its start."""
+        conn = self._connection()
+        if load_positions(conn, self.reaction.name):
+            return
+        positions: dict[PartitionKey, int] = {}
+        for topic in self.topics:
+            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+            if metadata.error is not None:
+                raise KafkaException(metadata.error)
+            for partition in metadata.partitions:
+                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
+                                                           timeout=10)
+                positions[(topic, partition)] = high if self.reaction.start == "latest" else low
+        move_to(conn, self.reaction.name, positions)
+        log.info("reaction %s: first run, acting on events from the %s on (%d partitions)",
+                 self.reaction.name, "end" if self.reaction.start == "latest" else "beginning",
+                 len(positions))
+
+    def _seek_to_positions(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """On assignment: each partition from the reaction's saved position (a partition
+        created after the reaction started, from its beginning)."""
+        saved = load_positions(self._connection(), self.reaction.name)
+        for tp in partitions:
+            tp.offset = saved.get((tp.topic, tp.partition), OFFSET_BEGINNING)
+        consumer.assign(partitions)
+
+    def _rewind(self, consumer: Consumer) -> None:
+        """After a failed batch: every assigned partition back to its saved position."""
+        try:
+            saved = load_positions(self._connection(), self.reaction.name)
+            for tp in consumer.assignment():
+                consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                             saved.get((tp.topic, tp.partition),
+                                                       OFFSET_BEGINNING)))
+        except (psycopg.Error, KafkaException) as exc:
+            # Still away: the next batch fails the same way and rewinds again.
+            log.debug("reaction %s: rewinding: %s", self.reaction.name, exc)
+            self._drop_connection()
+
+    async def _one_batch(self, consumer: Consumer) -> None:
+        messages = await asyncio.to_thread(consume_available, consumer,
+                                           self.options.reaction_batch_max_events,
+                                           POLL_WAIT_S)
+        if not messages:
+            return
+        batch = self._react(messages)
+        if not batch.positions:
+            return
+        repeated_before = self.counts.repeated
+        await asyncio.gather(*(self._send_in_order(commands, batch.refusals)
+                               for commands in batch.by_target.values()))
+        if batch.by_target:
+            crash_point("reaction.sent")
+        save_batch(self._connection(), self.reaction.name, batch.positions, batch.refusals)
+        if repeated := self.counts.repeated - repeated_before:
+            log.info("reaction %s: %d commands of a batch of %d events had been executed "
+                     "already (the batch was read again): answered from the command log",
+                     self.reaction.name, repeated, batch.events)
+        self.counts.events += batch.events
+        self.counts.refused += len(batch.refusals)
+        self.counts.batches += batch.events > 0
+
+    def _react(self, messages: Sequence[Message]) -> _Batch:
+        """Decode each message and ask the reaction for its commands."""
+        batch = _Batch()
+        for message in messages:
+            topic, partition, offset = message.topic(), message.partition(), message.offset()
+            if (error := message.error()) is not None:
+                if error.code() == KafkaError._PARTITION_EOF and topic is not None:
+                    # The partition's end, past any transaction marker after the last event:
+                    # saved, so that a reaction that has acted on everything shows no lag.
+                    key = (topic, partition or 0)
+                    batch.positions[key] = max(batch.positions.get(key, 0), offset or 0)
+                elif error.fatal():
+                    raise KafkaException(error)
+                continue
+            assert topic is not None and partition is not None and offset is not None
+            batch.positions[(topic, partition)] = offset + 1
+            batch.events += 1
+            try:
+                envelope = EventEnvelope.decode(message.key(), message.value())
+            except MalformedEvent as exc:
+                batch.refusals.append(Refusal(f"{topic}:{partition}:{offset}", -1,
+                                              "undecodable", "", "", str(exc)))
+                continue
+            event = Event(envelope.event_type, envelope.data, envelope.stream_id,
+                          envelope.stream_version, envelope.event_id,
+                          envelope.global_position, envelope.recorded_at)
+            try:
+                commands = self.reaction.commands_for(event)
+            except Exception as exc:  # the user's function: recorded, the reaction goes on
+                batch.refusals.append(Refusal(event.event_id, -1, "raised", event.type,
+                                              event.stream_id, f"{type(exc).__name__}: {exc}"))
+                continue
+            for index, command in enumerate(commands):
+                batch.by_target[command.stream_id()].append(
+                    (event, index, command, envelope.correlation_id))
+        return batch
+
+    async def _send_in_order(self, commands: Sequence[tuple[Event, int, Command, str | None]],
+                             refusals: list[Refusal]) -> None:
+        for event, index, command, correlation_id in commands:
+            try:
+                result = await self._send(command, event, correlation_id)
+            except REFUSALS as refused:
+                refusals.append(Refusal(event.event_id, index, "refused", event.type,
+                                        event.stream_id, f"{type(refused).__name__}: "
+                                        f"{refused}", command.command_name,
+                                        command.command_id))
+                log.info("reaction %s: %s for event %s refused: %s", self.reaction.name,
+                         command.command_name, event.event_id, refused)
+                continue
+            self.counts.sent += 1
+            self.counts.repeated += result.replayed
+
+    async def _send(self, command: Command, event: Event,
+                    correlation_id: str | None) -> CommandResult:
+        """Execute ``command``; a version conflict the bus gave up on is tried again (the
+        aggregate is busy with other writers), unless the command states its version."""
+        while True:
+            try:
+                return await self.bus.execute(
+                    command, metadata={"reaction": self.reaction.name,
+                                       "caused_by_event": event.event_id},
+                    correlation_id=correlation_id)
+            except ConcurrencyError:
+                if command.expected_version is not None:
+                    raise
+                await asyncio.sleep(CONFLICT_PAUSE_S)
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

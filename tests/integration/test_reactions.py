@@ -1,0 +1,144 @@
+"""Reactions as operators meet them: ``eventfold reaction run`` processes killed while
+purchases flow (once at the worst moment, after a batch's commands went out and before its
+positions were saved; twice from outside with SIGKILL), then the event store read back:
+every purchase reserved exactly once, every refusal recorded, and a reset that says how many
+events it will act on again."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from eventfold.local_stack.process import stop_pid
+from sqlalchemy import text
+
+from tests.integration.test_cli import eventfold, stack_env
+from tests.pipeline_helpers import wait_for
+
+PURCHASES = 2_000
+REFUSED_EVERY = 50
+"""Every 50th purchase asks a shelf that has too little: the domain refuses its reservation."""
+
+
+def _reaction(env: dict[str, str], log: Path) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "reaction", "run",
+                             "reserve_stock"], env=env, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT)
+
+
+@contextmanager
+def _purchasing(settings, unique: str, shelves: list[str], short: str) -> Iterator[list[str]]:
+    """``PURCHASES`` purchases placed on a thread, one every ~2 ms; yields the ids placed."""
+    from examples import fulfilment
+
+    placed: list[str] = []
+
+    def place() -> None:
+        bus = fulfilment.app.runtime(settings).command_bus()
+        for n in range(PURCHASES):
+            refused = n % REFUSED_EVERY == 0
+            purchase = f"{unique}-p{n}"
+            bus.execute(fulfilment.PlacePurchase(
+                purchase_id=purchase, shelf_id=short if refused else shelves[n % len(shelves)],
+                quantity=2 if refused else 1))
+            placed.append(purchase)
+            time.sleep(0.002)
+
+    placing = threading.Thread(target=place, daemon=True)
+    placing.start()
+    try:
+        yield placed
+    finally:
+        placing.join(timeout=120)
+
+
+def _log_says(log: Path, text_: str) -> bool:
+    return log.exists() and text_ in log.read_text(errors="replace")
+
+
+def _reservations(engine, unique: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT data->>'purchase_id', count(*) FROM events WHERE event_type = "
+            "'StockReserved' AND stream_id LIKE :shelves GROUP BY 1"),
+            {"shelves": f"{unique}-%"}).all()
+    return {str(purchase): int(n) for purchase, n in rows}
+
+
+def _refused(engine, unique: str) -> list[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT stream_id FROM reaction_refusals WHERE reaction = 'reserve_stock' AND "
+            "kind = 'refused' AND stream_id LIKE :purchases AND reason LIKE '%available%'"),
+            {"purchases": f"{unique}-%"}).all()
+    return sorted(str(r[0]) for r in rows)
+
+
+def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
+        stack_settings, engine, tmp_path, unique) -> None:
+    from examples import fulfilment
+
+    runtime = fulfilment.app.runtime(stack_settings)
+    runtime.setup()
+    bus = runtime.command_bus()
+    shelves = [f"{unique}-shelf{n}" for n in range(4)]
+    short = f"{unique}-short"
+    for shelf in shelves:
+        bus.execute(fulfilment.StockShelf(shelf_id=shelf, quantity=1_000_000))
+    bus.execute(fulfilment.StockShelf(shelf_id=short, quantity=1))
+    crashed = tmp_path / "crashed"
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.fulfilment:app",
+                    EVENTFOLD_REACTION_BATCH_MAX_EVENTS="50")
+    logs = [tmp_path / f"reaction{n}.log" for n in range(4)]
+    running = _reaction({**env, "EVENTFOLD_CRASH_AT": "reaction.sent",
+                         "EVENTFOLD_CRASH_ONCE": str(crashed)}, logs[0])
+    try:
+        wait_for(lambda: _log_says(logs[0], "reading eventfold.events.Purchase"),
+                 "the reaction to start reading", timeout_s=60)
+        with _purchasing(stack_settings, unique, shelves, short) as placed:
+            # 1: dies after a batch's commands went out, its positions not saved.
+            assert running.wait(timeout=60) == 86, logs[0].read_text()
+            for log in logs[1:3]:
+                running = _reaction(env, log)
+                # 2, 3: SIGKILLed from outside, once it has acted on events again.
+                acted = len(_reservations(engine, unique))
+                wait_for(lambda acted=acted: len(_reservations(engine, unique)) > acted + 50,
+                         "the reaction to act again", timeout_s=60)
+                time.sleep(0.5)
+                running.send_signal(signal.SIGKILL)
+                running.wait(timeout=30)
+            running = _reaction(env, logs[3])
+        assert len(placed) == PURCHASES
+        expected = [p for n, p in enumerate(placed) if n % REFUSED_EVERY]
+        wait_for(lambda: len(_reservations(engine, unique)) == len(expected),
+                 "every purchase to be reserved", timeout_s=180)
+        time.sleep(2)  # anything sent twice would land now
+        reservations = _reservations(engine, unique)
+        assert sorted(reservations) == sorted(expected)
+        assert {p: n for p, n in reservations.items() if n != 1} == {}
+        assert _refused(engine, unique) == sorted(
+            p for n, p in enumerate(placed) if n % REFUSED_EVERY == 0)
+        assert any(_log_says(log, "answered from the command log") for log in logs[1:]), (
+            "the batch the first runner sent and did not save was sent again, and answered "
+            "from the command log")
+        status = eventfold("reaction", "status", "reserve_stock", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        assert json.loads(status.stdout)[0]["lag"] == 0
+        refused_now = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", env=env)
+        assert refused_now.returncode == 2
+        assert "runner(s) alive" in refused_now.stderr
+    finally:
+        stop_pid(running.pid, what="a reaction")
+    dry = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", "--dry-run",
+                    env=env)
+    assert dry.returncode == 0, dry.stderr
+    # The purchases' topic holds this test's purchases alone, all acted on.
+    assert f"would act again on {PURCHASES} events" in dry.stdout, dry.stdout
+    assert _log_says(logs[3], "reaction reserve_stock:"), "the last runner reports as it stops"
