@@ -3,8 +3,9 @@ it on purpose (``reset``), saying how many events it will act on again."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Literal
 
 import psycopg
@@ -76,12 +77,18 @@ def running_members(kafka: KafkaConnection, reaction: Reaction) -> int:
     return len(description.members)
 
 
+class BeyondCommandRetention(RuntimeError):
+    """A reset that would act again on events older than the command log keeps ids: their
+    commands, no longer known there, would execute a second time."""
+
+
 def reset(kafka: KafkaConnection, database_url: str, reaction: Reaction, to: ResetTo,
-          dry_run: bool = False) -> int:
+          command_id_retention_s: float, dry_run: bool = False, force: bool = False) -> int:
     """Move the reaction's positions to ``to`` (the beginning, the end, or each partition's
     first event at or after a time); how many events it will act on again (negative: how
-    many it will skip). Refused (``ReactionRunning``) while a runner of it is alive: it
-    would save its own positions over these."""
+    many it will skip). Refused while a runner of it is alive (``ReactionRunning``: it would
+    save its own positions over these), and, unless ``force``, when the oldest event it would
+    act on again is older than the command log keeps ids (``BeyondCommandRetention``)."""
     if (alive := running_members(kafka, reaction)) and not dry_run:
         raise ReactionRunning(f"reaction {reaction.name} has {alive} runner(s) alive: stop "
                               "them first (their positions would overwrite the reset)")
@@ -90,11 +97,40 @@ def reset(kafka: KafkaConnection, database_url: str, reaction: Reaction, to: Res
     with psycopg.connect(libpq_url(database_url)) as conn:
         positions = load_positions(conn, reaction.name)
         now = {tp: positions.get(tp, low) for tp, (low, _) in ends.items()}
-        again = (_events_between(kafka, {tp: (target[tp], now[tp]) for tp in target})
+        back = {tp: (target[tp], now[tp]) for tp in target}
+        again = (_events_between(kafka, back)
                  - _events_between(kafka, {tp: (now[tp], target[tp]) for tp in target}))
+        oldest_ms = _oldest_timestamp_ms(kafka, back)
+        if (not force and oldest_ms is not None
+                and oldest_ms < (time.time() - command_id_retention_s) * 1000):
+            raise BeyondCommandRetention(
+                f"reaction {reaction.name} would act again on events from "
+                f"{datetime.fromtimestamp(oldest_ms / 1000, UTC):%Y-%m-%d %H:%M} UTC, older "
+                f"than the command log keeps command ids ({_span(command_id_retention_s)}, "
+                "EVENTFOLD_COMMAND_ID_RETENTION): the commands of those events would execute "
+                "again. --force to do it anyway")
         if not dry_run:
             move_to(conn, reaction.name, target)
     return again
+
+
+def _span(seconds: float) -> str:
+    for unit, size in (("days", 86400), ("hours", 3600)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds:g} s"
+
+
+def _oldest_timestamp_ms(kafka: KafkaConnection,
+                         ranges: dict[PartitionKey, tuple[int, int]]) -> int | None:
+    """The broker's timestamp of the first event of each range, the oldest of them."""
+    consumer = Consumer(consumer_config(kafka))
+    try:
+        firsts = [next(iter_range(consumer, tp, start, end))[0].timestamp()[1]
+                  for tp, (start, end) in ranges.items() if end > start]
+    finally:
+        consumer.close()
+    return min(firsts, default=None)
 
 
 def _events_between(kafka: KafkaConnection, ranges: dict[PartitionKey, tuple[int, int]]

@@ -32,6 +32,9 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                        help="reset: to each partition's first event at or after this time")
     react.add_argument("--dry-run", action="store_true",
                        help="reset: say how many events it would act on again, move nothing")
+    react.add_argument("--force", action="store_true",
+                       help="reset: even to events older than the command log keeps command "
+                            "ids (their commands execute again)")
     react.add_argument("--last", type=int, default=20, metavar="N",
                        help="refusals: the newest N")
     react.add_argument("--json", action="store_true", help="status, refusals: JSON")
@@ -116,7 +119,13 @@ def _refusals(app: Eventfold, settings: Settings, names: list[str], last: int,
 
 def _reset(app: Eventfold, settings: Settings, names: list[str],
            args: argparse.Namespace) -> int:
-    from eventfold.reactions.operations import ReactionRunning, ResetTo, reset
+    from eventfold.contract import interval_seconds
+    from eventfold.reactions.operations import (
+        BeyondCommandRetention,
+        ReactionRunning,
+        ResetTo,
+        reset,
+    )
 
     if len(names) != 1:
         raise ConfigError("reaction reset takes exactly one reaction")
@@ -134,8 +143,9 @@ def _reset(app: Eventfold, settings: Settings, names: list[str],
         raise ConfigError("reaction reset needs --to-beginning, --to-end or --to-time")
     try:
         again = reset(settings.kafka, settings.database_url, app.reactions.get(names[0]), to,
-                      args.dry_run)
-    except ReactionRunning as exc:
+                      interval_seconds(settings.command_id_retention), args.dry_run,
+                      args.force)
+    except (ReactionRunning, BeyondCommandRetention) as exc:
         raise ConfigError(str(exc)) from None
     verb = "would" if args.dry_run else "will"
     if again >= 0:

@@ -136,9 +136,19 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
         assert "runner(s) alive" in refused_now.stderr
     finally:
         stop_pid(running.pid, what="a reaction")
+    # The purchases' topic holds this test's purchases alone, all acted on.
     dry = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", "--dry-run",
                     env=env)
     assert dry.returncode == 0, dry.stderr
-    # The purchases' topic holds this test's purchases alone, all acted on.
     assert f"would act again on {PURCHASES} events" in dry.stdout, dry.stdout
+    forgetful = {**env, "EVENTFOLD_COMMAND_ID_RETENTION": "1 second"}
+    beyond = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", env=forgetful)
+    assert beyond.returncode == 2
+    assert "older than the command log keeps command ids (1 s" in beyond.stderr
+    moved = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", "--force",
+                      env=forgetful)
+    assert moved.returncode == 0, moved.stderr
+    assert f"will act again on {PURCHASES} events" in moved.stdout
+    back = eventfold("reaction", "reset", "reserve_stock", "--to-end", env=env)
+    assert f"will skip {PURCHASES} events" in back.stdout, back.stdout + back.stderr
     assert _log_says(logs[3], "reaction reserve_stock:"), "the last runner reports as it stops"
