@@ -14,8 +14,8 @@ command of the batch was answered.
 - ``runner``: the loop that reads, reacts, sends and saves.
 
 May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it sends),
-``eventfold.outbox`` (the event topics it reads) and ``eventfold.projections.definition``
-(the ``Event`` a reaction receives, the one a projection's fold receives). Nothing but the
+``eventfold.outbox`` (the event topics it reads) and ``eventfold.projections`` (the ``Event``
+a reaction receives, the one a projection's fold receives, and the fault points tests use). Nothing but the
 composition root imports it: events flow from the outbox into reactions and back to the
 write side as commands.
 """
