@@ -1,7 +1,9 @@
-"""Fulfilment: a reaction turns each placed purchase into a stock reservation.
+"""Fulfilment: a reaction turns each placed purchase into a stock reservation, and a process
+manager cancels a purchase not paid in time.
 
     POST /commands/StockShelf    {"shelf_id": "apples", "quantity": 100}
     POST /commands/PlacePurchase {"purchase_id": "p1", "shelf_id": "apples", "quantity": 2}
+    POST /commands/PayPurchase   {"purchase_id": "p1"}
 
 ``reserve_stock`` reacts to every ``PurchasePlaced`` by sending ``ReserveStock`` to the
 purchase's shelf. A shelf does not remember which purchases it reserved for: what keeps a
@@ -9,15 +11,21 @@ purchase from being reserved twice, through crashes and restarts, is the id the 
 gives the command (the same every time it acts on the event), which the command log
 answers with the first result. A shelf without enough stock refuses; the refusal is
 recorded with the purchase's event (``eventfold reaction refusals reserve_stock``) and the
-reaction goes on. Run it with ``eventfold reaction run reserve_stock``.
+reaction goes on.
+
+``payment_deadline`` is a process per purchase: placed, it schedules a ``payment_due`` timer
+``pay_within_s`` later; paid, it ends; if the timer fires first, it sends ``CancelPurchase``
+and ends. The timer is kept in Postgres and fires once, also when it fell due while no runner
+was up. Run both with ``eventfold reaction run``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from eventfold.projections import Event
-from eventfold.reactions import reaction
+from eventfold.reactions import ProcessContext, process, reaction
 from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 from pydantic import Field
 
@@ -39,6 +47,17 @@ class StockReserved(DomainEvent):
 class PurchasePlaced(DomainEvent):
     shelf_id: str
     quantity: int
+    pay_within_s: int = 3600
+
+
+@dataclass(frozen=True)
+class PurchasePaid(DomainEvent):
+    pass
+
+
+@dataclass(frozen=True)
+class PurchaseCancelled(DomainEvent):
+    reason: str
 
 
 class Shelf(Aggregate):
@@ -63,13 +82,32 @@ class Shelf(Aggregate):
 
 
 class Purchase(Aggregate):
-    def place(self, shelf_id: str, quantity: int) -> None:
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.paid = False
+        self.cancelled = False
+
+    def place(self, shelf_id: str, quantity: int, pay_within_s: int) -> None:
         if self.version > 0:
             raise DomainError(f"purchase {self.id} was already placed")
-        self.record(PurchasePlaced(shelf_id=shelf_id, quantity=quantity))
+        self.record(PurchasePlaced(shelf_id=shelf_id, quantity=quantity,
+                                   pay_within_s=pay_within_s))
+
+    def pay(self) -> None:
+        if self.cancelled:
+            raise DomainError(f"purchase {self.id} was cancelled")
+        self.record(PurchasePaid())
+
+    def cancel(self, reason: str) -> None:
+        if self.paid:
+            raise DomainError(f"purchase {self.id} is paid")
+        self.record(PurchaseCancelled(reason=reason))
 
     def apply(self, event: DomainEvent) -> None:
-        pass
+        if isinstance(event, PurchasePaid):
+            self.paid = True
+        elif isinstance(event, PurchaseCancelled):
+            self.cancelled = True
 
 
 class StockShelf(Command):
@@ -88,6 +126,26 @@ class PlacePurchase(Command):
     purchase_id: str = Field(min_length=1, max_length=100)
     shelf_id: str = Field(min_length=1, max_length=100)
     quantity: int = Field(gt=0)
+    pay_within_s: int = Field(default=3600, gt=0)
+
+    def stream_id(self) -> str:
+        return self.purchase_id
+
+
+class PayPurchase(Command):
+    """Pay for a purchase (before its deadline, or it is cancelled)."""
+
+    purchase_id: str = Field(min_length=1, max_length=100)
+
+    def stream_id(self) -> str:
+        return self.purchase_id
+
+
+class CancelPurchase(Command):
+    """Cancel an unpaid purchase (sent by ``payment_deadline``)."""
+
+    purchase_id: str = Field(min_length=1, max_length=100)
+    reason: str = Field(min_length=1, max_length=200)
 
     def stream_id(self) -> str:
         return self.purchase_id
@@ -113,8 +171,23 @@ def reserve_stock(event: Event) -> ReserveStock | None:
                         quantity=event.data["quantity"])
 
 
+@process("payment_deadline", sources=[Purchase])
+def payment_deadline(purchase: ProcessContext, event: Event) -> None:
+    """A purchase not paid within its ``pay_within_s`` is cancelled."""
+    match event.type:
+        case "PurchasePlaced":
+            purchase.state["placed"] = event.recorded_at
+            purchase.schedule("payment_due", after=timedelta(seconds=event.data["pay_within_s"]))
+        case "PurchasePaid" | "PurchaseCancelled":
+            purchase.done()
+        case "payment_due":
+            purchase.send(CancelPurchase(purchase_id=purchase.key, reason="not paid in time"))
+            purchase.done()
+
+
 app = Eventfold("fulfilment")
 app.reactions.add(reserve_stock)
+app.reactions.add(payment_deadline)
 
 
 @app.commands.handler(StockShelf, Shelf)
@@ -124,7 +197,17 @@ def stock_shelf(shelf: Shelf, command: StockShelf) -> None:
 
 @app.commands.handler(PlacePurchase, Purchase)
 def place_purchase(purchase: Purchase, command: PlacePurchase) -> None:
-    purchase.place(command.shelf_id, command.quantity)
+    purchase.place(command.shelf_id, command.quantity, command.pay_within_s)
+
+
+@app.commands.handler(PayPurchase, Purchase, requires_existing=True)
+def pay_purchase(purchase: Purchase, command: PayPurchase) -> None:
+    purchase.pay()
+
+
+@app.commands.handler(CancelPurchase, Purchase, requires_existing=True)
+def cancel_purchase(purchase: Purchase, command: CancelPurchase) -> None:
+    purchase.cancel(command.reason)
 
 
 @app.commands.handler(ReserveStock, Shelf, requires_existing=True)

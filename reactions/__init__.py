@@ -1,23 +1,28 @@
 """Reactions: events that drive commands.
 
 A reaction is a function of one event that returns the commands to send (zero or more):
-``@reaction("reserve_stock", sources=["Order"])``. A ``ReactionRunner`` reads the sources'
+``@reaction("reserve_stock", sources=["Purchase"])``. A process manager is a reaction with
+state per correlation key and timers: ``@process("payment_deadline", sources=[Purchase])``
+on a function of a ``ProcessContext`` and an event. A ``ReactionRunner`` reads the sources'
 event topics from the reaction's own positions, sends each command through the command bus
 with an id derived from the reaction, the event and the command's index (so a batch run
 again after a crash sends nothing twice: the command log answers the repeat with the first
-result), records the commands the domain refuses, and saves its positions only after every
-command of the batch was answered.
+result), records what the domain refused, and saves its positions (and a process's states)
+only after every command of the batch was answered.
 
 - ``definition``: what a reaction is (plain Python): ``Reaction``, ``reaction``,
   ``ReactionRegistry``, ``command_id_for``;
+- ``process``: process managers: ``Process``, ``process``, ``ProcessContext``, and their
+  states and timers in Postgres;
 - ``positions``: where a reaction is, and what the domain refused it, in Postgres;
-- ``runner``: the loop that reads, reacts, sends and saves.
+- ``runner``: the loop that reads, reacts, sends and saves, and fires due timers;
+- ``operations``: status and reset, for operators.
 
 May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it sends),
-``eventfold.outbox`` (the event topics it reads) and ``eventfold.projections`` (the ``Event``
-a reaction receives, the one a projection's fold receives, and the fault points tests use). Nothing but the
-composition root imports it: events flow from the outbox into reactions and back to the
-write side as commands.
+``eventfold.outbox`` (the event topics it reads) and ``eventfold.projections`` (the
+``Event`` a reaction receives, the one a projection's fold receives, and the fault points
+tests use). Nothing but the composition root imports it: events flow from the outbox into
+reactions and back to the write side as commands.
 """
 
 from eventfold.reactions.definition import (
@@ -26,5 +31,7 @@ from eventfold.reactions.definition import (
     command_id_for,
     reaction,
 )
+from eventfold.reactions.process import Process, ProcessContext, process
 
-__all__ = ["Reaction", "ReactionRegistry", "command_id_for", "reaction"]
+__all__ = ["Process", "ProcessContext", "Reaction", "ReactionRegistry", "command_id_for",
+           "process", "reaction"]

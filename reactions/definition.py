@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 from eventfold.projections.definition.projection import Event
 from eventfold.write_model import Aggregate, Command
@@ -15,6 +15,7 @@ React = Callable[[Event], Iterable[Command] | Command | None]
 """The commands one event asks for: one, several, or none."""
 
 Start = Literal["latest", "earliest"]
+R = TypeVar("R", bound="Declared")
 
 _COMMAND_IDS = uuid.UUID("5b0c6e2e-3f7a-4c55-9d1e-6f4a0e8b7c21")
 """The namespace of the ids reactions give their commands (``command_id_for``)."""
@@ -40,10 +41,7 @@ class Reaction:
     start: Start = "latest"
 
     def __post_init__(self) -> None:
-        if not self.name or not self.name.replace("_", "").isalnum():
-            raise ValueError(f"reaction name {self.name!r}: use letters, digits and _")
-        if not self.sources:
-            raise ValueError(f"reaction {self.name!r} names no sources")
+        check_name(self.name, self.sources)
 
     def commands_for(self, event: Event) -> list[Command]:
         """What ``react`` asks for ``event``, each with the id it always has for it (an id
@@ -55,35 +53,60 @@ class Reaction:
                 for index, command in enumerate(commands)]
 
 
+def check_name(name: str, sources: Sequence[str]) -> None:
+    """A reaction's name is part of table rows, a consumer group and command ids."""
+    if not name or not name.replace("_", "").isalnum():
+        raise ValueError(f"reaction name {name!r}: use letters, digits and _")
+    if not sources:
+        raise ValueError(f"reaction {name!r} names no sources")
+
+
+def source_names(sources: Sequence[str | type[Aggregate]]) -> tuple[str, ...]:
+    """Aggregate types, named or given as aggregate classes."""
+    return tuple(s if isinstance(s, str) else s.stream_type for s in sources)
+
+
 def reaction(name: str, sources: Sequence[str | type[Aggregate]],
              start: Start = "latest") -> Callable[[React], Reaction]:
     """Decorator: the function of one event becomes a ``Reaction``."""
-    names = tuple(s if isinstance(s, str) else s.stream_type for s in sources)
 
     def define(react: React) -> Reaction:
-        return Reaction(name, names, react, start)
+        return Reaction(name, source_names(sources), react, start)
 
     return define
 
 
-class ReactionRegistry:
-    def __init__(self) -> None:
-        self._by_name: dict[str, Reaction] = {}
+class Declared(Protocol):
+    """What the runner and the operations read of a reaction or a process manager."""
 
-    def add(self, reaction: Reaction) -> Reaction:
+    @property
+    def name(self) -> str: ...
+    @property
+    def sources(self) -> tuple[str, ...]: ...
+    @property
+    def start(self) -> Start: ...
+
+
+class ReactionRegistry:
+    """The app's reactions and process managers, by name."""
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, Declared] = {}
+
+    def add(self, reaction: R) -> R:
         if reaction.name in self._by_name:
             raise ValueError(f"reaction {reaction.name!r} is already registered")
         self._by_name[reaction.name] = reaction
         return reaction
 
-    def get(self, name: str) -> Reaction:
+    def get(self, name: str) -> Declared:
         try:
             return self._by_name[name]
         except KeyError:
             known = ", ".join(sorted(self._by_name)) or "none"
             raise LookupError(f"unknown reaction {name!r}; known: {known}") from None
 
-    def __iter__(self) -> Iterator[Reaction]:
+    def __iter__(self) -> Iterator[Declared]:
         return iter(self._by_name.values())
 
     def __len__(self) -> int:

@@ -13,15 +13,16 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config, iter_range
-from eventfold.reactions.definition import Reaction
+from eventfold.reactions.definition import Declared
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
+from eventfold.reactions.process import Process, process_counts
 
 from eventfold.contract import PartitionKey, event_topic, libpq_url
 
 ResetTo = Literal["beginning", "end"] | datetime
 
 
-def group_of(reaction: Reaction) -> str:
+def group_of(reaction: Declared) -> str:
     """The consumer group that shares a reaction's partitions among its runners."""
     return f"eventfold.reaction.{reaction.name}"
 
@@ -35,9 +36,11 @@ class ReactionReport:
     refused: int
     partitions: dict[PartitionKey, tuple[int, int]]
     """Per partition: its position, and the partition's end."""
+    processes: tuple[int, int] | None = None
+    """A process manager's running keys and pending timers."""
 
 
-def _ends(kafka: KafkaConnection, reaction: Reaction) -> dict[PartitionKey, tuple[int, int]]:
+def _ends(kafka: KafkaConnection, reaction: Declared) -> dict[PartitionKey, tuple[int, int]]:
     """Each source partition's first and next offset."""
     consumer = Consumer(consumer_config(kafka))
     try:
@@ -54,22 +57,24 @@ def _ends(kafka: KafkaConnection, reaction: Reaction) -> dict[PartitionKey, tupl
         consumer.close()
 
 
-def report(kafka: KafkaConnection, database_url: str, reaction: Reaction) -> ReactionReport:
+def report(kafka: KafkaConnection, database_url: str, reaction: Declared) -> ReactionReport:
     with psycopg.connect(libpq_url(database_url)) as conn:
         positions = load_positions(conn, reaction.name)
         refused = refusal_count(conn, reaction.name)
+        processes = (process_counts(conn, reaction.name) if isinstance(reaction, Process)
+                     else None)
     ends = _ends(kafka, reaction)
     partitions = {tp: (positions.get(tp, low), high) for tp, (low, high) in ends.items()}
     return ReactionReport(reaction.name, bool(positions),
                           sum(max(high - at, 0) for at, high in partitions.values()), refused,
-                          partitions)
+                          partitions, processes)
 
 
 class ReactionRunning(RuntimeError):
     """A reset asked for while runners of the reaction are alive."""
 
 
-def running_members(kafka: KafkaConnection, reaction: Reaction) -> int:
+def running_members(kafka: KafkaConnection, reaction: Declared) -> int:
     """How many consumers of the reaction's group are alive now."""
     admin = AdminClient(kafka.client_config())
     futures = admin.describe_consumer_groups([group_of(reaction)], request_timeout=10)
@@ -82,7 +87,7 @@ class BeyondCommandRetention(RuntimeError):
     commands, no longer known there, would execute a second time."""
 
 
-def reset(kafka: KafkaConnection, database_url: str, reaction: Reaction, to: ResetTo,
+def reset(kafka: KafkaConnection, database_url: str, reaction: Declared, to: ResetTo,
           command_id_retention_s: float, dry_run: bool = False, force: bool = False) -> int:
     """Move the reaction's positions to ``to`` (the beginning, the end, or each partition's
     first event at or after a time); how many events it will act on again (negative: how

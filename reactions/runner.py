@@ -34,8 +34,19 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
-from eventfold.reactions.definition import Reaction
+from eventfold.reactions.definition import Declared, Reaction
 from eventfold.reactions.positions import Refusal, load_positions, move_to, save_batch
+from eventfold.reactions.process import (
+    KeyStates,
+    Process,
+    StateConflict,
+    database_now,
+    forget_fired,
+    load_states,
+    save_states,
+    take_due_timers,
+    timer_event,
+)
 from eventfold.write_model import (
     AsyncCommandBus,
     Command,
@@ -75,18 +86,28 @@ class ReactionCounts:
     """Commands the command log had already executed (a batch read again)."""
     refused: int = 0
     batches: int = 0
+    timers: int = 0
+
+
+Send = tuple[Event, int, Command, str | None]
+"""A command to send: the event that asked for it, its index there, its correlation id."""
 
 
 @dataclass
 class _Batch:
-    """One batch's events in order, their commands by source stream, and what it refused."""
+    """One batch's events in order, the commands they ask for in the groups they are sent
+    in (each group in order, groups concurrently), and what it could not do."""
 
     positions: dict[PartitionKey, int] = field(default_factory=dict)
-    by_target: dict[str, list[tuple[Event, int, Command, str | None]]] = field(
-        default_factory=lambda: defaultdict(list))
-    """Each aggregate's commands, in the order of the events that asked for them."""
+    events: list[tuple[Event, str | None]] = field(default_factory=list)
+    groups: dict[str, list[Send]] = field(default_factory=lambda: defaultdict(list))
     refusals: list[Refusal] = field(default_factory=list)
-    events: int = 0
+    states: KeyStates | None = None
+    """A process manager's keys, as loaded and as the batch changed them."""
+
+    def raised(self, event: Event, error: Exception) -> None:
+        self.refusals.append(Refusal(event.event_id, -1, "raised", event.type,
+                                     event.stream_id, f"{type(error).__name__}: {error}"))
 
 
 @dataclass(frozen=True)
@@ -106,8 +127,11 @@ class ReactionRunner:
     """Runs one reaction until ``stopping`` is set. Several processes may run one reaction:
     the consumer group ``eventfold.reaction.<name>`` gives each its partitions."""
 
-    def __init__(self, reaction: Reaction, bus: AsyncCommandBus, kafka: KafkaConnection,
+    def __init__(self, reaction: Declared, bus: AsyncCommandBus, kafka: KafkaConnection,
                  database_url: str, options: ReactionOptions | None = None) -> None:
+        if not isinstance(reaction, Reaction | Process):
+            raise TypeError(f"{reaction.name}: a Reaction or a Process, not a "
+                            f"{type(reaction).__name__}")
         self.reaction = reaction
         self.bus = bus
         self.kafka = kafka
@@ -148,7 +172,7 @@ class ReactionRunner:
             while not stopping.is_set():
                 try:
                     await self._one_batch(consumer)
-                except (psycopg.Error, KafkaException, OSError) as exc:
+                except (psycopg.Error, KafkaException, OSError, StateConflict) as exc:
                     log.warning("reaction %s: batch failed (%s); reading it again in %.0f s",
                                 name, str(exc).splitlines()[0], self.options.reaction_retry_pause_s)
                     self._drop_connection()
@@ -166,9 +190,10 @@ class ReactionRunner:
 
     def _report(self) -> None:
         c = self.counts
-        log.info("reaction %s: %d events, %d commands sent (%d answered from the command log "
-                 "as already executed), %d refused, %d batches", self.reaction.name, c.events,
-                 c.sent, c.repeated, c.refused, c.batches)
+        log.info("reaction %s: %d events, %d timers, %d commands sent (%d answered from the "
+                 "command log as already executed), %d refused, %d batches",
+                 self.reaction.name, c.events, c.timers, c.sent, c.repeated, c.refused,
+                 c.batches)
 
     def _place_a_new_reaction(self, consumer: Consumer) -> None:
         """A reaction that never ran starts where it says (``Reaction.start``), saved before
@@ -215,27 +240,36 @@ class ReactionRunner:
         messages = await asyncio.to_thread(consume_available, consumer,
                                            self.options.reaction_batch_max_events,
                                            POLL_WAIT_S)
+        if isinstance(self.reaction, Process):
+            await self._fire_due_timers(self.reaction)
         if not messages:
             return
-        batch = self._react(messages)
+        batch = self._read(messages)
         if not batch.positions:
             return
+        if isinstance(self.reaction, Process):
+            self._step_process(self.reaction, batch)
+        elif isinstance(self.reaction, Reaction):
+            self._react(self.reaction, batch)
         repeated_before = self.counts.repeated
-        await asyncio.gather(*(self._send_in_order(commands, batch.refusals)
-                               for commands in batch.by_target.values()))
-        if batch.by_target:
+        await self._send_groups(batch)
+        if batch.groups:
             crash_point("reaction.sent")
-        save_batch(self._connection(), self.reaction.name, batch.positions, batch.refusals)
+        conn = self._connection()
+        with conn.transaction():
+            save_batch(conn, self.reaction.name, batch.positions, batch.refusals)
+            if batch.states is not None:
+                save_states(conn, self.reaction.name, batch.states)
         if repeated := self.counts.repeated - repeated_before:
             log.info("reaction %s: %d commands of a batch of %d events had been executed "
                      "already (the batch was read again): answered from the command log",
-                     self.reaction.name, repeated, batch.events)
-        self.counts.events += batch.events
+                     self.reaction.name, repeated, len(batch.events))
+        self.counts.events += len(batch.events)
         self.counts.refused += len(batch.refusals)
-        self.counts.batches += batch.events > 0
+        self.counts.batches += bool(batch.events)
 
-    def _react(self, messages: Sequence[Message]) -> _Batch:
-        """Decode each message and ask the reaction for its commands."""
+    def _read(self, messages: Sequence[Message]) -> _Batch:
+        """The batch's events, decoded, and the positions past them."""
         batch = _Batch()
         for message in messages:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
@@ -250,29 +284,90 @@ class ReactionRunner:
                 continue
             assert topic is not None and partition is not None and offset is not None
             batch.positions[(topic, partition)] = offset + 1
-            batch.events += 1
             try:
                 envelope = EventEnvelope.decode(message.key(), message.value())
             except MalformedEvent as exc:
                 batch.refusals.append(Refusal(f"{topic}:{partition}:{offset}", -1,
                                               "undecodable", "", "", str(exc)))
                 continue
-            event = Event(envelope.event_type, envelope.data, envelope.stream_id,
-                          envelope.stream_version, envelope.event_id,
-                          envelope.global_position, envelope.recorded_at)
-            try:
-                commands = self.reaction.commands_for(event)
-            except Exception as exc:  # the user's function: recorded, the reaction goes on
-                batch.refusals.append(Refusal(event.event_id, -1, "raised", event.type,
-                                              event.stream_id, f"{type(exc).__name__}: {exc}"))
-                continue
-            for index, command in enumerate(commands):
-                batch.by_target[command.stream_id()].append(
-                    (event, index, command, envelope.correlation_id))
+            batch.events.append((Event(
+                envelope.event_type, envelope.data, envelope.stream_id,
+                envelope.stream_version, envelope.event_id, envelope.global_position,
+                envelope.recorded_at), envelope.correlation_id))
         return batch
 
-    async def _send_in_order(self, commands: Sequence[tuple[Event, int, Command, str | None]],
-                             refusals: list[Refusal]) -> None:
+    @staticmethod
+    def _react(reaction: Reaction, batch: _Batch) -> None:
+        """Each event's commands, grouped by the aggregate they go to."""
+        for event, correlation_id in batch.events:
+            try:
+                commands = reaction.commands_for(event)
+            except Exception as exc:  # the user's function: recorded, the reaction goes on
+                batch.raised(event, exc)
+                continue
+            for index, command in enumerate(commands):
+                batch.groups[command.stream_id()].append(
+                    (event, index, command, correlation_id))
+
+    def _step_process(self, process: Process, batch: _Batch) -> None:
+        """Each key's events through its process, one after the other; the commands grouped
+        by key, so that one process's commands go in the order it sent them."""
+        keyed: list[tuple[str, Event, str | None]] = []
+        for event, correlation_id in batch.events:
+            try:
+                keyed.append((process.key_of(event), event, correlation_id))
+            except KeyError as exc:
+                batch.raised(event, exc)
+        conn = self._connection()
+        batch.states = load_states(conn, process.name, sorted({k for k, _, _ in keyed}))
+        now = database_now(conn)
+        for key, event, correlation_id in keyed:
+            try:
+                commands = process.step(batch.states.context(key, now), event)
+            except Exception as exc:  # the user's function: recorded, the process goes on
+                batch.raised(event, exc)
+                continue
+            batch.groups[key] += [(event, i, c, correlation_id) for i, c in enumerate(commands)]
+
+    async def _fire_due_timers(self, process: Process) -> None:
+        """Every due timer of the process, handled as an event of its key, under a lock on
+        its row (a runner beside this one skips it) until its commands were answered and the
+        key's state saved; a crash in between fires it again, with the same command ids."""
+        conn = self._connection()
+        with conn.transaction():
+            due = take_due_timers(conn, process.name, self.options.reaction_batch_max_events)
+            if not due:
+                return
+            batch = _Batch(states=load_states(conn, process.name,
+                                              sorted({t.key for t in due})))
+            assert batch.states is not None
+            now = database_now(conn)
+            for timer in due:
+                event = timer_event(timer.id, timer.key, timer.name, timer.at)
+                try:
+                    commands = process.step(batch.states.context(timer.key, now), event)
+                except Exception as exc:
+                    batch.raised(event, exc)
+                    continue
+                batch.groups[timer.key] += [(event, i, c, None) for i, c in enumerate(commands)]
+            repeated_before = self.counts.repeated
+            await self._send_groups(batch)
+            crash_point("timer.sent")
+            save_batch(conn, process.name, {}, batch.refusals)
+            save_states(conn, process.name, batch.states)
+            forget_fired(conn, due)
+        self.counts.timers += len(due)
+        self.counts.refused += len(batch.refusals)
+        repeated = self.counts.repeated - repeated_before
+        log.info("process %s: %d timers fired%s", process.name, len(due),
+                 f" ({repeated} of their commands had been executed already, the timers "
+                 "having fired before: answered from the command log)" if repeated else "")
+
+    async def _send_groups(self, batch: _Batch) -> None:
+        await asyncio.gather(*(self._send_in_order(sends, batch.refusals)
+                               for sends in batch.groups.values()))
+
+    async def _send_in_order(self, commands: Sequence[Send], refusals: list[Refusal]) -> None:
         for event, index, command, correlation_id in commands:
             try:
                 result = await self._send(command, event, correlation_id)

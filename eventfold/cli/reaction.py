@@ -90,11 +90,15 @@ def _status(app: Eventfold, settings: Settings, names: list[str], as_json: bool)
                for name in names]
     if as_json:
         print(json.dumps([{"name": r.name, "started": r.started, "lag": r.lag,
-                           "refused": r.refused} for r in reports]))
+                           "refused": r.refused,
+                           **({"running": r.processes[0], "timers": r.processes[1]}
+                              if r.processes else {})} for r in reports]))
         return 0
     for r in reports:
         where = f"{r.lag} events behind" if r.started else "never ran"
-        print(f"{r.name}\t{where}\t{r.refused} refused")
+        running = (f"\t{r.processes[0]} running, {r.processes[1]} timers pending"
+                   if r.processes else "")
+        print(f"{r.name}\t{where}\t{r.refused} refused{running}")
     return 0
 
 

@@ -3,7 +3,8 @@ domain refused it (``refused``: a command the domain turned down; ``raised``: th
 reaction's function raised on the event, ``command_index`` -1; ``undecodable``: no event
 could be read from the message, ``event_id`` its topic, partition and offset). A reaction
 saves its positions only after every command of a batch was answered, in the transaction
-that records the batch's refusals.
+that records the batch's refusals. Process managers (reactions with state) keep each key's
+state, with a version that every change checks, and the timers they asked for.
 
 Revision ID: 0021
 Revises: 0020
@@ -46,8 +47,31 @@ def upgrade() -> None:
     """)
     op.execute("CREATE INDEX reaction_refusals_by_time ON reaction_refusals "
                "(reaction, recorded_at)")
+    op.execute("""
+        CREATE TABLE process_states (
+            process    TEXT NOT NULL,
+            key        TEXT NOT NULL,
+            state      JSONB NOT NULL,
+            version    BIGINT NOT NULL,
+            updated_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+            PRIMARY KEY (process, key)
+        )
+    """)
+    op.execute("""
+        CREATE TABLE process_timers (
+            id      BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+            process TEXT NOT NULL,
+            key     TEXT NOT NULL,
+            name    TEXT NOT NULL,
+            fire_at TIMESTAMPTZ NOT NULL
+        )
+    """)
+    op.execute("CREATE INDEX process_timers_due ON process_timers (process, fire_at)")
+    op.execute("CREATE INDEX process_timers_by_key ON process_timers (process, key)")
 
 
 def downgrade() -> None:
+    op.execute("DROP TABLE process_timers")
+    op.execute("DROP TABLE process_states")
     op.execute("DROP TABLE reaction_refusals")
     op.execute("DROP TABLE reaction_positions")

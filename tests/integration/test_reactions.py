@@ -152,3 +152,77 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
     back = eventfold("reaction", "reset", "reserve_stock", "--to-end", env=env)
     assert f"will skip {PURCHASES} events" in back.stdout, back.stdout + back.stderr
     assert _log_says(logs[3], "reaction reserve_stock:"), "the last runner reports as it stops"
+
+
+def _cancellations(engine, unique: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT stream_id, count(*) FROM events WHERE event_type = 'PurchaseCancelled' "
+            "AND stream_id LIKE :purchases GROUP BY 1"), {"purchases": f"{unique}-%"}).all()
+    return {str(purchase): int(n) for purchase, n in rows}
+
+
+def _process_rows(engine, unique: str) -> tuple[int, int, float | None]:
+    """The deadline process's running keys and pending timers for this test's purchases,
+    and how many seconds until the last of those timers is due."""
+    with engine.connect() as conn:
+        states = conn.execute(text(
+            "SELECT count(*) FROM process_states WHERE process = 'payment_deadline' AND "
+            "key LIKE :p"), {"p": f"{unique}-%"}).scalar_one()
+        timers, last_due_s = conn.execute(text(
+            "SELECT count(*), extract(epoch FROM max(fire_at) - now()) FROM process_timers "
+            "WHERE process = 'payment_deadline' AND key LIKE :p"), {"p": f"{unique}-%"}).one()
+    return int(states), int(timers), None if last_due_s is None else float(last_due_s)
+
+
+def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
+        stack_settings, engine, tmp_path, unique) -> None:
+    """Ten purchases paid, ten not, their deadlines falling due while the process's runner
+    is down; the runner that comes back dies between sending the cancellations and
+    committing them; the next one fires them again. Each unpaid purchase is cancelled
+    exactly once, no paid one is, and no process or timer is left."""
+    from examples import fulfilment
+
+    runtime = fulfilment.app.runtime(stack_settings)
+    runtime.setup()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.fulfilment:app")
+    logs = [tmp_path / f"deadline{n}.log" for n in range(3)]
+
+    def deadline_runner(log: Path, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "reaction", "run",
+                                 "payment_deadline"], env={**env, **extra},
+                                stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+    running = deadline_runner(logs[0])
+    try:
+        wait_for(lambda: _log_says(logs[0], "reading eventfold.events.Purchase"),
+                 "the process to start reading", timeout_s=60)
+        bus = runtime.command_bus()
+        purchases = [f"{unique}-d{n}" for n in range(20)]
+        for purchase in purchases:
+            bus.execute(fulfilment.PlacePurchase(purchase_id=purchase, shelf_id="any",
+                                                 quantity=1, pay_within_s=6))
+        for purchase in purchases[:10]:
+            bus.execute(fulfilment.PayPurchase(purchase_id=purchase))
+        wait_for(lambda: _process_rows(engine, unique)[:2] == (10, 10),
+                 "ten processes waiting for their payment", timeout_s=60)
+        running.send_signal(signal.SIGKILL)
+        running.wait(timeout=30)
+        last_due_s = _process_rows(engine, unique)[2]
+        assert last_due_s is not None
+        time.sleep(max(last_due_s, 0) + 1)  # every deadline falls due while none runs
+        assert _cancellations(engine, unique) == {}
+        crashed = tmp_path / "crashed"
+        running = deadline_runner(logs[1], EVENTFOLD_CRASH_AT="timer.sent",
+                                  EVENTFOLD_CRASH_ONCE=str(crashed))
+        assert running.wait(timeout=60) == 86, logs[1].read_text()
+        assert len(_cancellations(engine, unique)) == 10, "sent before the crash"
+        running = deadline_runner(logs[2])
+        wait_for(lambda: _process_rows(engine, unique)[:2] == (0, 0),
+                 "the deadlines fired and the processes ended", timeout_s=60)
+        time.sleep(2)
+        assert _cancellations(engine, unique) == {p: 1 for p in purchases[10:]}
+        assert _log_says(logs[2], "timers fired")
+        assert _log_says(logs[2], "answered from the command log")
+    finally:
+        stop_pid(running.pid, what="a process manager")

@@ -1,0 +1,224 @@
+"""Process managers: reactions with state per correlation key, and timers.
+
+``@process("payment_deadline", sources=[Purchase], key_by="purchase_id")`` declares a function
+of a ``ProcessContext`` and one event. The context holds the key's state (a JSON object, kept
+in ``process_states``), and the function sends commands (``send``), asks to be called again
+for the key at a time (``schedule``: a ``Timer`` event then arrives, durably kept in
+``process_timers`` and fired once, after restarts too), or ends the process (``done``: its
+state and pending timers go). Every change commits with the runner's positions, after the
+commands were answered; a timer's firing commits the same way, so a crash in between fires
+it again with the same command ids, which the command log answers.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from eventfold.projections.definition.projection import Event
+from eventfold.reactions.definition import Start, check_name, command_id_for, source_names
+from eventfold.write_model import Aggregate, Command
+from psycopg.types.json import Jsonb
+
+TIMER_EVENT_PREFIX = "timer-"
+
+
+@dataclass(frozen=True)
+class Timer:
+    """A timer asked for by ``ProcessContext.schedule``: ``name`` at ``at``."""
+
+    name: str
+    at: datetime
+
+
+class ProcessContext:
+    """One key's process while its events (or a timer) are handled: its state, the commands
+    it sends and the timers it asks for."""
+
+    def __init__(self, key: str, state: Mapping[str, Any] | None, now: datetime) -> None:
+        self.key = key
+        self.state: dict[str, Any] = dict(state or {})
+        self.now = now
+        self.existed = state is not None
+        self.commands: list[Command] = []
+        self.timers: list[Timer] = []
+        self.finished = False
+        self.cleared = False
+        """Ended at least once in this batch: its timers of before go."""
+
+    def send(self, command: Command) -> None:
+        self.commands.append(command)
+
+    def schedule(self, name: str, *, at: datetime | None = None,
+                 after: timedelta | None = None) -> None:
+        """Be called again for this key with a ``Timer`` event of type ``name``: at ``at``,
+        or ``after`` from now."""
+        if (at is None) == (after is None):
+            raise ValueError("schedule takes either at= or after=")
+        self.timers.append(Timer(name, at if at is not None else self.now + after))  # type: ignore[operator]
+
+    def done(self) -> None:
+        """The process of this key is over: its state and pending timers go (an event of the
+        key after this starts a new one)."""
+        self.finished = self.cleared = True
+        self.timers.clear()
+
+
+@dataclass(frozen=True)
+class Process:
+    """``handle`` runs once per event of ``sources`` and per timer, for the key ``key_by``
+    names in the event's data (its stream id without one), one event of a key after another."""
+
+    name: str
+    sources: tuple[str, ...]
+    handle: Callable[[ProcessContext, Event], None]
+    key_by: str | None = None
+    start: Start = "latest"
+
+    def __post_init__(self) -> None:
+        check_name(self.name, self.sources)
+
+    def key_of(self, event: Event) -> str:
+        if self.key_by is None:
+            return event.stream_id
+        value = event.data.get(self.key_by)
+        if value is None:
+            raise KeyError(f"{event.type} has no {self.key_by!r} to key the process by")
+        return str(value)
+
+    def step(self, context: ProcessContext, event: Event) -> list[Command]:
+        """Handle ``event``; the commands it sent, each with the id it always has for the
+        event. A handler that raises leaves the context as it found it."""
+        if context.finished:  # ended earlier in the batch: this event starts a new one
+            context.state, context.finished = {}, False
+        before = (copy.deepcopy(context.state), len(context.commands), list(context.timers),
+                  context.finished, context.cleared)
+        try:
+            self.handle(context, event)
+        except Exception:
+            context.state, context.finished, context.cleared = before[0], before[3], before[4]
+            context.timers[:] = before[2]
+            del context.commands[before[1]:]
+            raise
+        sent = context.commands[before[1]:]
+        return [command if command.command_id is not None else command.model_copy(
+                    update={"command_id": command_id_for(self.name, event.event_id, index)})
+                for index, command in enumerate(sent)]
+
+
+def process(name: str, sources: Sequence[str | type[Aggregate]], key_by: str | None = None,
+            start: Start = "latest"
+            ) -> Callable[[Callable[[ProcessContext, Event], None]], Process]:
+    """Decorator: a function of a ``ProcessContext`` and an event becomes a ``Process``."""
+
+    def define(handle: Callable[[ProcessContext, Event], None]) -> Process:
+        return Process(name, source_names(sources), handle, key_by, start)
+
+    return define
+
+
+def timer_event(timer_id: int, key: str, name: str, at: datetime) -> Event:
+    """The event a due timer is handled as: its type the timer's name."""
+    return Event(name, {"timer": name, "at": at.isoformat()}, key, 0,
+                 f"{TIMER_EVENT_PREFIX}{timer_id}", 0, at.isoformat())
+
+
+# -- state and timers in Postgres -----------------------------------------------------------
+class StateConflict(RuntimeError):
+    """A key's state changed since the batch loaded it (another runner of the process acted
+    on it meanwhile): the batch is read again."""
+
+
+@dataclass
+class KeyStates:
+    """The states of a batch's keys as loaded (with their versions), and the contexts that
+    changed them."""
+
+    loaded: dict[str, tuple[dict[str, Any], int]]
+    contexts: dict[str, ProcessContext] = field(default_factory=dict)
+
+    def context(self, key: str, now: datetime) -> ProcessContext:
+        if key not in self.contexts:
+            state = self.loaded.get(key)
+            self.contexts[key] = ProcessContext(key, state[0] if state else None, now)
+        return self.contexts[key]
+
+
+def load_states(conn: psycopg.Connection, process: str, keys: Sequence[str]) -> KeyStates:
+    rows = conn.execute("SELECT key, state, version FROM process_states WHERE process = %s "
+                        "AND key = ANY(%s)", (process, list(keys))).fetchall()
+    return KeyStates({str(key): (dict(state), int(version)) for key, state, version in rows})
+
+
+def save_states(conn: psycopg.Connection, process: str, states: KeyStates) -> None:
+    """Each changed key's state, its pending timers: inside the caller's transaction. Raises
+    ``StateConflict`` when a key's state is no longer the version the batch loaded."""
+    for key, context in states.contexts.items():
+        version = states.loaded[key][1] if key in states.loaded else None
+        if context.cleared:
+            conn.execute("DELETE FROM process_timers WHERE process = %s AND key = %s",
+                         (process, key))
+        if context.finished:
+            changed = conn.execute("DELETE FROM process_states WHERE process = %s AND key = %s "
+                                   "AND version = %s", (process, key, version)).rowcount
+            if version is not None and changed != 1:
+                raise StateConflict(f"process {process}: key {key!r} changed meanwhile")
+            continue
+        if version is None and not context.state and not context.timers:
+            continue  # an event the process ignored: no process starts for the key
+        if version is None:
+            changed = conn.execute(
+                "INSERT INTO process_states (process, key, state, version) VALUES "
+                "(%s, %s, %s, 1) ON CONFLICT DO NOTHING",
+                (process, key, Jsonb(context.state))).rowcount
+        else:
+            changed = conn.execute(
+                "UPDATE process_states SET state = %s, version = version + 1, "
+                "updated_at = now() WHERE process = %s AND key = %s AND version = %s",
+                (Jsonb(context.state), process, key, version)).rowcount
+        if changed != 1:
+            raise StateConflict(f"process {process}: key {key!r} changed meanwhile")
+        if context.timers:
+            with conn.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO process_timers (process, key, name, fire_at) VALUES "
+                    "(%s, %s, %s, %s)", [(process, key, t.name, t.at) for t in context.timers])
+
+
+@dataclass(frozen=True)
+class DueTimer:
+    id: int
+    key: str
+    name: str
+    at: datetime
+
+
+def take_due_timers(conn: psycopg.Connection, process: str, limit: int) -> list[DueTimer]:
+    """Due timers, locked until the caller's transaction ends (another runner skips them)."""
+    rows = conn.execute(
+        "SELECT id, key, name, fire_at FROM process_timers WHERE process = %s AND "
+        "fire_at <= now() ORDER BY fire_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
+        (process, limit)).fetchall()
+    return [DueTimer(int(i), str(k), str(n), a) for i, k, n, a in rows]
+
+
+def forget_fired(conn: psycopg.Connection, timers: Sequence[DueTimer]) -> None:
+    conn.execute("DELETE FROM process_timers WHERE id = ANY(%s)", ([t.id for t in timers],))
+
+
+def database_now(conn: psycopg.Connection) -> datetime:
+    row = conn.execute("SELECT now()").fetchone()
+    return row[0] if row else datetime.now(UTC)
+
+
+def process_counts(conn: psycopg.Connection, process: str) -> tuple[int, int]:
+    """How many keys of the process are running, and how many timers are pending."""
+    row = conn.execute(
+        "SELECT (SELECT count(*) FROM process_states WHERE process = %s), "
+        "(SELECT count(*) FROM process_timers WHERE process = %s)", (process, process)
+    ).fetchone()
+    return (int(row[0]), int(row[1])) if row else (0, 0)
