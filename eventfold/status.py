@@ -35,6 +35,8 @@ from eventfold.projections.state.hosts import live_hosts
 from eventfold.projections.state.lease import live_writers
 from eventfold.projections.state.readers import live_readers
 from eventfold.projections.status import ProjectionStatus, projection_status
+from eventfold.reactions.definition import Declared
+from eventfold.reactions.operations import report as reaction_report
 from eventfold.wiring import connector_operations
 
 UNREACHABLE, CDC_DOWN, STALE = 3, 4, 5
@@ -55,6 +57,7 @@ class PipelineStatus:
     projections: list[dict[str, Any]] = field(default_factory=list)
     read_apis: list[dict[str, Any]] = field(default_factory=list)
     hosts: list[dict[str, Any]] = field(default_factory=list)
+    reactions: list[dict[str, Any]] = field(default_factory=list)
     problems: list[Problem] = field(default_factory=list)
 
     @property
@@ -137,6 +140,7 @@ def _database_side(app: DeclaredApp, settings: Settings, status: PipelineStatus,
             status.problems.append(Problem(STALE, f"projection {projection.name}: "
                                                   f"{entry['stale']}"))
         status.projections.append(entry)
+    status.reactions = [_reaction_entry(reaction, settings) for reaction in app.reactions]
     instances: dict[str, dict[str, Any]] = {}
     for reader in readers:
         instance = instances.setdefault(reader.instance_id, {
@@ -151,6 +155,18 @@ def _database_side(app: DeclaredApp, settings: Settings, status: PipelineStatus,
                      "started_at": h.started_at.isoformat(timespec="seconds"),
                      "heartbeat_at": h.heartbeat_at.isoformat(timespec="seconds"),
                      "replays": h.replays} for h in hosts]
+
+
+def _reaction_entry(reaction: Declared, settings: Settings) -> dict[str, Any]:
+    """One reaction's line: how far behind, how much refused, its running processes."""
+    try:
+        found = reaction_report(settings.kafka, settings.database_url, reaction)
+    except Exception as exc:  # Kafka away: already a problem of its own
+        return {"name": reaction.name, "error": str(exc)}
+    return {"name": found.name, "started": found.started, "lag": found.lag,
+            "refused": found.refused,
+            "running": found.processes[0] if found.processes else None,
+            "timers": found.processes[1] if found.processes else None}
 
 
 def projection_entry(found: ProjectionStatus, building: int | None,
@@ -228,6 +244,8 @@ def render(status: PipelineStatus, console: Console) -> None:
                       or "-",
                       ", ".join(host["replays"]) or "-", host["heartbeat_at"])
     console.print(hosts if status.hosts else "[dim]No projection host streams.[/]")
+    if status.reactions:
+        console.print(_reactions_table(status.reactions))
     readers = Table(title="Read API instances serving KTables", title_justify="left")
     for column in ("instance", "KTables", "last heartbeat"):
         readers.add_column(column)
@@ -240,6 +258,20 @@ def render(status: PipelineStatus, console: Console) -> None:
             console.print(f"  [red]{problem.code}[/] {escape(problem.what)}")
     else:
         console.print("[green bold]Healthy.[/]")
+
+
+def _reactions_table(reactions: list[dict[str, Any]]) -> Table:
+    table = Table(title="Reactions", title_justify="left")
+    for column in ("reaction", "lag", "refused", "processes running", "timers pending"):
+        table.add_column(column, justify="left" if column == "reaction" else "right")
+    for r in reactions:
+        if "error" in r:
+            table.add_row(r["name"], f"[red]{escape(r['error'])}[/]", "", "", "")
+            continue
+        table.add_row(r["name"], f"{r['lag']:,}" if r["started"] else "never ran",
+                      f"{r['refused']:,}", "-" if r["running"] is None else f"{r['running']:,}",
+                      "-" if r["timers"] is None else f"{r['timers']:,}")
+    return table
 
 
 def _state(state: str) -> str:

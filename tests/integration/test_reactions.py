@@ -131,6 +131,11 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
         status = eventfold("reaction", "status", "reserve_stock", "--json", env=env)
         assert status.returncode == 0, status.stderr
         assert json.loads(status.stdout)[0]["lag"] == 0
+        pipeline = eventfold("status", "--json", env=env)
+        entries = {r["name"]: r for r in json.loads(pipeline.stdout)["reactions"]}
+        assert entries["reserve_stock"]["lag"] == 0
+        assert entries["reserve_stock"]["refused"] >= PURCHASES // REFUSED_EVERY
+        assert entries["payment_deadline"]["timers"] is not None, "a process shows its timers"
         refused_now = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", env=env)
         assert refused_now.returncode == 2
         assert "runner(s) alive" in refused_now.stderr
