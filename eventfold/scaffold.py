@@ -1,8 +1,9 @@
 """``eventfold init``: a first application of one's own, in the working directory.
 
-It writes three files and nothing else: the app module (an aggregate, two commands and a
-projection), ``eventfold.toml`` naming it, and a test of the projection in the plain-Python
-fold harness. A file that exists is never overwritten.
+It writes three files and nothing else: the app module (an aggregate, two commands, a
+projection and a reaction), ``eventfold.toml`` naming it, and a test of the projection in the
+plain-Python fold harness and of the reaction's commands. A file that exists is never
+overwritten.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 APP_TEMPLATE = '''\
-"""{name}: accounts take deposits and withdrawals; a projection keeps each balance.
+"""{name}: accounts take deposits and withdrawals; a projection keeps each balance, and a
+reaction pays a welcome bonus on an account's first deposit (`eventfold reaction run`).
 
     POST /commands/Deposit  {{"account": "alice", "amount": 100}}
     POST /commands/Withdraw {{"account": "alice", "amount": 30}}
@@ -29,6 +31,7 @@ from sqlalchemy import BigInteger
 
 from eventfold import Eventfold
 from eventfold.projections import Event, State, projection
+from eventfold.reactions import reaction
 from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 
 
@@ -93,8 +96,18 @@ def balances(state: State | None, event: Event) -> State | None:
     return {{"balance": balance + amount if event.type == "Deposited" else balance - amount}}
 
 
+@reaction("welcome_bonus", sources=[Account])
+def welcome_bonus(event: Event) -> Deposit | None:
+    """An account's first deposit earns a bonus of 10: sent once, however often the event
+    is delivered (the command's id derives from the event's)."""
+    if event.type == "Deposited" and event.stream_version == 1:
+        return Deposit(account=event.stream_id, amount=10)
+    return None
+
+
 app = Eventfold("{name}")
 app.projections.add(balances)
+app.reactions.add(welcome_bonus)
 
 
 @app.commands.handler(Deposit, Account)
@@ -113,11 +126,12 @@ app = "{module}:app"
 '''
 
 TEST_TEMPLATE = '''\
-"""{module}'s projection, folded in plain Python: the code Spark's tasks run, no stack."""
+"""{module}'s projection, folded in plain Python (the code Spark's tasks run), and its
+reaction, asked for its commands: no stack."""
 
-from eventfold.projections import EventLog, fold_in_memory
+from eventfold.projections import Event, EventLog, fold_in_memory
 
-from {module} import balances
+from {module} import Deposit, balances, welcome_bonus
 
 
 def test_balances_follow_deposits_and_withdrawals() -> None:
@@ -134,6 +148,15 @@ def test_an_event_delivered_twice_counts_once() -> None:
     deposit = log.append("alice", "Deposited", amount=100)
     again = deposit._replace(offset=deposit.offset + 1)  # the connector sent it again
     assert fold_in_memory(balances, [deposit, again]) == {{"alice": {{"balance": 100}}}}
+
+
+def test_the_first_deposit_earns_one_bonus_with_the_same_command_id_every_time() -> None:
+    first = Event("Deposited", {{"amount": 100}}, "alice", 1, "event-1", 1)
+    [bonus] = welcome_bonus.commands_for(first)
+    assert (bonus.account, bonus.amount) == ("alice", 10)
+    assert welcome_bonus.commands_for(first)[0].command_id == bonus.command_id
+    assert welcome_bonus.commands_for(first._replace(stream_version=2)) == []
+    assert isinstance(bonus, Deposit)
 '''
 
 _MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

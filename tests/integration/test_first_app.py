@@ -92,7 +92,7 @@ def test_a_first_app_from_an_empty_directory(tmp_path) -> None:
         tests = subprocess.run([str(bin_dir / "python"), "-m", "pytest", "-q",
                                 "-p", "no:cacheprovider", "test_myapp.py"], cwd=work, env=env,
                                capture_output=True, text=True, timeout=120, check=False)
-        assert tests.returncode == 0 and "2 passed" in tests.stdout, tests.stdout[-3000:]
+        assert tests.returncode == 0 and "3 passed" in tests.stdout, tests.stdout[-3000:]
         eventfold("stack", "down")
     finally:
         for server in servers:
