@@ -3,15 +3,17 @@
 A reaction is a function of one event that returns the commands to send (zero or more):
 ``@reaction("reserve_stock", sources=["Purchase"])``. A process manager is a reaction with
 state per correlation key and timers: ``@process("payment_deadline", sources=[Purchase])``
-on a function of a ``ProcessContext`` and an event. A ``ReactionRunner`` reads the sources'
-event topics from the reaction's own positions, sends each command through the command bus
-with an id derived from the reaction, the event and the command's index (so a batch run
-again after a crash sends nothing twice: the command log answers the repeat with the first
-result), records what the domain refused, and saves its positions (and a process's states)
-only after every command of the batch was answered.
+on a function of a ``ProcessContext`` and an event. A side effect outside Eventfold is an
+``@effect`` on a function of an event and its idempotency key, called at least once with
+retries. A ``ReactionRunner`` reads the sources' event topics from the reaction's own
+positions, sends each command through the command bus with an id derived from the reaction,
+the event and the command's index (so a batch run again after a crash sends nothing twice:
+the command log answers the repeat with the first result), records what the domain refused,
+and saves its positions (and a process's states) only after every command of the batch was
+answered.
 
-- ``definition``: what a reaction is (plain Python): ``Reaction``, ``reaction``,
-  ``ReactionRegistry``, ``command_id_for``;
+- ``definition``: what a reaction is (plain Python): ``Reaction``, ``reaction``, ``Effect``,
+  ``effect``, ``ReactionRegistry``, ``command_id_for``;
 - ``process``: process managers: ``Process``, ``process``, ``ProcessContext``, and their
   states and timers in Postgres;
 - ``positions``: where a reaction is, and what the domain refused it, in Postgres;
@@ -26,12 +28,14 @@ reactions and back to the write side as commands.
 """
 
 from eventfold.reactions.definition import (
+    Effect,
     Reaction,
     ReactionRegistry,
     command_id_for,
+    effect,
     reaction,
 )
 from eventfold.reactions.process import Process, ProcessContext, process
 
-__all__ = ["Process", "ProcessContext", "Reaction", "ReactionRegistry", "command_id_for",
-           "process", "reaction"]
+__all__ = ["Effect", "Process", "ProcessContext", "Reaction", "ReactionRegistry",
+           "command_id_for", "effect", "process", "reaction"]

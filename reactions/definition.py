@@ -76,6 +76,44 @@ def reaction(name: str, sources: Sequence[str | type[Aggregate]],
     return define
 
 
+Call = Callable[[Event, str], None]
+"""A side effect outside Eventfold: called with the event and its idempotency key."""
+
+
+@dataclass(frozen=True)
+class Effect:
+    """``call`` runs once per event of ``sources`` at least, with an idempotency key that is
+    the same every time it is called for the event (hand it to the service you call: a
+    payment provider's, an e-mail API's). A call that raises is tried again after a pause
+    that doubles each time (``first_pause_s`` up to 30 s), ``max_attempts`` times in all;
+    then it is given up and recorded (``failed``), and the effect goes on."""
+
+    name: str
+    sources: tuple[str, ...]
+    call: Call
+    max_attempts: int = 5
+    first_pause_s: float = 0.5
+    start: Start = "latest"
+
+    def __post_init__(self) -> None:
+        check_name(self.name, self.sources)
+        if self.max_attempts < 1:
+            raise ValueError(f"effect {self.name!r}: max_attempts must be at least 1")
+
+    def idempotency_key(self, event: Event) -> str:
+        return str(command_id_for(self.name, event.event_id, 0))
+
+
+def effect(name: str, sources: Sequence[str | type[Aggregate]], max_attempts: int = 5,
+           first_pause_s: float = 0.5, start: Start = "latest") -> Callable[[Call], Effect]:
+    """Decorator: a function of an event and an idempotency key becomes an ``Effect``."""
+
+    def define(call: Call) -> Effect:
+        return Effect(name, source_names(sources), call, max_attempts, first_pause_s, start)
+
+    return define
+
+
 class Declared(Protocol):
     """What the runner and the operations read of a reaction or a process manager."""
 

@@ -12,7 +12,7 @@ import psycopg
 
 from eventfold.contract import PartitionKey
 
-RefusalKind = Literal["refused", "raised", "undecodable"]
+RefusalKind = Literal["refused", "raised", "undecodable", "failed"]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
-from eventfold.reactions.definition import Declared, Reaction
+from eventfold.reactions.definition import Declared, Effect, Reaction
 from eventfold.reactions.positions import Refusal, load_positions, move_to, save_batch
 from eventfold.reactions.process import (
     KeyStates,
@@ -72,6 +72,7 @@ bus gives up. Anything else (the database away) fails the batch, which is read a
 the saved positions."""
 
 CONFLICT_PAUSE_S = 0.05
+MAX_EFFECT_PAUSE_S = 30.0
 
 REPORT_EVERY_S = 10.0
 
@@ -104,6 +105,8 @@ class _Batch:
     refusals: list[Refusal] = field(default_factory=list)
     states: KeyStates | None = None
     """A process manager's keys, as loaded and as the batch changed them."""
+    called: bool = False
+    """An effect's calls were made."""
 
     def raised(self, event: Event, error: Exception) -> None:
         self.refusals.append(Refusal(event.event_id, -1, "raised", event.type,
@@ -129,8 +132,8 @@ class ReactionRunner:
 
     def __init__(self, reaction: Declared, bus: AsyncCommandBus, kafka: KafkaConnection,
                  database_url: str, options: ReactionOptions | None = None) -> None:
-        if not isinstance(reaction, Reaction | Process):
-            raise TypeError(f"{reaction.name}: a Reaction or a Process, not a "
+        if not isinstance(reaction, Reaction | Process | Effect):
+            raise TypeError(f"{reaction.name}: a Reaction, a Process or an Effect, not a "
                             f"{type(reaction).__name__}")
         self.reaction = reaction
         self.bus = bus
@@ -251,9 +254,11 @@ class ReactionRunner:
             self._step_process(self.reaction, batch)
         elif isinstance(self.reaction, Reaction):
             self._react(self.reaction, batch)
+        else:
+            await self._call_effects(self.reaction, batch)
         repeated_before = self.counts.repeated
         await self._send_groups(batch)
-        if batch.groups:
+        if batch.groups or batch.called:
             crash_point("reaction.sent")
         conn = self._connection()
         with conn.transaction():
@@ -362,6 +367,44 @@ class ReactionRunner:
         log.info("process %s: %d timers fired%s", process.name, len(due),
                  f" ({repeated} of their commands had been executed already, the timers "
                  "having fired before: answered from the command log)" if repeated else "")
+
+    async def _call_effects(self, effect: Effect, batch: _Batch) -> None:
+        """Each event's side effect, at least once: one stream's events one after the other,
+        streams concurrently; a call given up on is recorded (``failed``)."""
+        by_stream: dict[str, list[Event]] = defaultdict(list)
+        for event, _ in batch.events:
+            by_stream[event.stream_id].append(event)
+
+        async def call_in_order(events: list[Event]) -> None:
+            for event in events:
+                if (error := await self._call(effect, event)) is not None:
+                    batch.refusals.append(Refusal(
+                        event.event_id, 0, "failed", event.type, event.stream_id,
+                        f"{effect.max_attempts} attempts, the last: "
+                        f"{type(error).__name__}: {error}"))
+
+        await asyncio.gather(*(call_in_order(events) for events in by_stream.values()))
+        batch.called = bool(by_stream)
+
+    async def _call(self, effect: Effect, event: Event) -> Exception | None:
+        """Call ``effect`` for ``event`` until it returns or has failed ``max_attempts``
+        times (the last error then), pausing twice as long after each failure."""
+        key, pause = effect.idempotency_key(event), effect.first_pause_s
+        for attempt in range(1, effect.max_attempts + 1):
+            try:
+                await asyncio.to_thread(effect.call, event, key)
+                self.counts.sent += 1
+                return None
+            except Exception as exc:  # the user's call: tried again, then recorded
+                if attempt == effect.max_attempts:
+                    log.warning("effect %s: event %s given up after %d attempts: %s",
+                                effect.name, event.event_id, attempt, exc)
+                    return exc
+                log.info("effect %s: event %s, attempt %d failed (%s); again in %.1f s",
+                         effect.name, event.event_id, attempt, exc, pause)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, MAX_EFFECT_PAUSE_S)
+        raise AssertionError("unreachable")
 
     async def _send_groups(self, batch: _Batch) -> None:
         await asyncio.gather(*(self._send_in_order(sends, batch.refusals)

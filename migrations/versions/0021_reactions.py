@@ -1,9 +1,10 @@
 """Reactions: where each reaction is in each partition of its sources' topics, and what the
 domain refused it (``refused``: a command the domain turned down; ``raised``: the
 reaction's function raised on the event, ``command_index`` -1; ``undecodable``: no event
-could be read from the message, ``event_id`` its topic, partition and offset). A reaction
-saves its positions only after every command of a batch was answered, in the transaction
-that records the batch's refusals. Process managers (reactions with state) keep each key's
+could be read from the message, ``event_id`` its topic, partition and offset; ``failed``: a
+side effect given up after its attempts). A reaction saves its positions only after every
+command of a batch was answered, in the transaction that records the batch's refusals.
+Process managers (reactions with state) keep each key's
 state, with a version that every change checks, and the timers they asked for.
 
 Revision ID: 0021
@@ -35,7 +36,8 @@ def upgrade() -> None:
             reaction      TEXT NOT NULL,
             event_id      TEXT NOT NULL,
             command_index INTEGER NOT NULL,
-            kind          TEXT NOT NULL CHECK (kind IN ('refused', 'raised', 'undecodable')),
+            kind          TEXT NOT NULL
+                          CHECK (kind IN ('refused', 'raised', 'undecodable', 'failed')),
             command       TEXT,
             command_id    UUID,
             event_type    TEXT NOT NULL,

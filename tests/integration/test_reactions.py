@@ -231,3 +231,79 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
         assert _log_says(logs[2], "answered from the command log")
     finally:
         stop_pid(running.pid, what="a process manager")
+
+
+def test_a_side_effect_is_called_at_least_once_with_one_key_and_given_up_on_loudly(
+        stack_settings, engine, tmp_path, unique) -> None:
+    """Purchases placed while the effect's runner dies once between its calls and saving its
+    positions, and once more by SIGKILL: every receipt sent (a first attempt that timed out
+    tried again), the receipts sent twice each with the key of the first time, and the
+    purchase the service always refuses recorded as failed after 3 attempts."""
+    from examples import fulfilment
+    from tests import receipts_app
+
+    runtime = fulfilment.app.runtime(stack_settings)
+    runtime.setup()
+    receipts_app.create_tables(stack_settings.database_url)
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.receipts_app:app",
+                    EVENTFOLD_REACTION_BATCH_MAX_EVENTS="20")
+    logs = [tmp_path / f"effect{n}.log" for n in range(3)]
+
+    def receipts_runner(log: Path, **extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "reaction", "run",
+                                 "send_receipt"], env={**env, **extra}, stdout=log.open("w"),
+                                stderr=subprocess.STDOUT)
+
+    def receipts() -> dict[str, list[str]]:
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT purchase, idempotency_key FROM test_receipts "
+                                     "WHERE purchase LIKE :p"), {"p": f"{unique}-%"}).all()
+        found: dict[str, list[str]] = {}
+        for purchase, key in rows:
+            found.setdefault(str(purchase), []).append(str(key))
+        return found
+
+    bus = runtime.command_bus()
+    purchases = [f"{unique}-r{n}" for n in range(200)] + [f"{unique}-bad"]
+
+    def place(some: list[str]) -> None:
+        for purchase in some:
+            bus.execute(fulfilment.PlacePurchase(purchase_id=purchase, shelf_id="any",
+                                                 quantity=1))
+
+    running = receipts_runner(logs[0], EVENTFOLD_CRASH_AT="reaction.sent",
+                              EVENTFOLD_CRASH_ONCE=str(tmp_path / "crashed"))
+    try:
+        wait_for(lambda: _log_says(logs[0], "reading eventfold.events.Purchase"),
+                 "the effect to start reading", timeout_s=60)
+        place(purchases[:30])
+        assert running.wait(timeout=60) == 86, logs[0].read_text()
+        running = receipts_runner(logs[1])
+        place(purchases[30:120])
+        wait_for(lambda: len(receipts()) >= 80, "receipts to be sent", timeout_s=60)
+        running.send_signal(signal.SIGKILL)
+        running.wait(timeout=30)
+        running = receipts_runner(logs[2])
+        place(purchases[120:])
+        wait_for(lambda: len(receipts()) == len(purchases) - 1, "every receipt", timeout_s=120)
+        found = receipts()
+        assert {p: keys for p, keys in found.items() if len(set(keys)) != 1} == {}, (
+            "a receipt sent again carries the key of the first time")
+        assert any(len(keys) > 1 for keys in found.values()), "the crashed batch sent again"
+        assert len({keys[0] for keys in found.values()}) == len(found)
+        wait_for(lambda: _failed(engine, unique), "the refused receipt to be given up",
+                 timeout_s=60)
+        [reason] = _failed(engine, unique)
+        assert reason.startswith("3 attempts, the last: ConnectionError")
+        assert any(_log_says(log, "attempt 1 failed (the receipt service timed out)")
+                   for log in logs)
+    finally:
+        stop_pid(running.pid, what="an effect")
+
+
+def _failed(engine, unique: str) -> list[str]:
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT reason FROM reaction_refusals WHERE reaction = 'send_receipt' AND "
+            "kind = 'failed' AND stream_id = :bad"), {"bad": f"{unique}-bad"}).all()
+    return [str(r[0]) for r in rows]
