@@ -13,7 +13,9 @@ operations. Each package receives what it needs, translated from the settings by
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -208,6 +210,18 @@ class Runtime:
         return spark_session(self.settings, app_name)
 
     # -- reactions ----------------------------------------------------------------------------
+    def run_reactions(self, names: Sequence[str], stopping: threading.Event) -> None:
+        """Run the reactions ``names`` in this thread until ``stopping`` is set: one event
+        loop, one command bus (and pool of connections) for all of them."""
+
+        async def run_all() -> None:
+            bus = self.async_command_bus()
+            async with bus.repository.store:
+                await asyncio.gather(*(self.reaction_runner(name, bus).run(stopping)
+                                       for name in names))
+
+        asyncio.run(run_all())
+
     def reaction_runner(self, name: str, bus: AsyncCommandBus) -> ReactionRunner:
         """The runner of reaction ``name``, sending through ``bus`` (one bus, and one pool of
         connections, for every reaction of a process; opened by the caller)."""

@@ -16,7 +16,9 @@ reaction goes on.
 ``payment_deadline`` is a process per purchase: placed, it schedules a ``payment_due`` timer
 ``pay_within_s`` later; paid, it ends; if the timer fires first, it sends ``CancelPurchase``
 and ends. The timer is kept in Postgres and fires once, also when it fell due while no runner
-was up. Run both with ``eventfold reaction run``.
+was up. Run both with ``eventfold reaction run``, or ``eventfold projection run --all``: the
+``shelf_stock`` projection (stocked and reserved per shelf) and both reactions in one
+process.
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from eventfold.projections import Event
+from eventfold.projections import Event, State, projection
 from eventfold.reactions import ProcessContext, process, reaction
 from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 from pydantic import Field
+from sqlalchemy import BigInteger
 
 from eventfold.app import Eventfold
 
@@ -162,6 +165,18 @@ class ReserveStock(Command):
         return self.shelf_id
 
 
+@projection("shelf_stock", sources=["Shelf"],
+            columns={"stocked": BigInteger(), "reserved": BigInteger()})
+def shelf_stock(state: State | None, event: Event) -> State | None:
+    """What each shelf was stocked with and what purchases reserved of it."""
+    current = state or {"stocked": 0, "reserved": 0}
+    if event.type == "ShelfStocked":
+        return {**current, "stocked": current["stocked"] + int(event.data["quantity"])}
+    if event.type == "StockReserved":
+        return {**current, "reserved": current["reserved"] + int(event.data["quantity"])}
+    return current
+
+
 @reaction("reserve_stock", sources=[Purchase])
 def reserve_stock(event: Event) -> ReserveStock | None:
     """Every placed purchase reserves its quantity on its shelf."""
@@ -186,6 +201,7 @@ def payment_deadline(purchase: ProcessContext, event: Event) -> None:
 
 
 app = Eventfold("fulfilment")
+app.projections.add(shelf_stock)
 app.reactions.add(reserve_stock)
 app.reactions.add(payment_deadline)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
@@ -24,7 +25,8 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                       help="the projection (replay: one; run: one or more, in one Spark "
                            "application; status: default all)")
     proj.add_argument("--all", action="store_true",
-                      help="run: every projection of the app, in one Spark application")
+                      help="run: every projection of the app, in one Spark application, and "
+                           "every reaction beside them (not with --once)")
     proj.add_argument("--once", action="store_true",
                       help="catch up with everything available now, then stop")
     proj.add_argument("--standby", action="store_true",
@@ -53,7 +55,8 @@ def _projection(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "replay":
         [name] = names
         return _replay(app, settings, name, args.source)
-    return _run_projections(app, settings, names, args.once, args.standby)
+    return _run_projections(app, settings, names, args.once, args.standby,
+                            with_reactions=args.all)
 
 
 def _chosen_projections(app: Eventfold, args: argparse.Namespace) -> list[str]:
@@ -68,6 +71,13 @@ def _chosen_projections(app: Eventfold, args: argparse.Namespace) -> list[str]:
                           "list`)" + (" or --all" if args.action == "run" else ""))
     if args.action == "replay" and len(args.names) > 1:
         raise ConfigError("projection replay rebuilds one projection at a time")
+    reactions = [name for name in args.names if name in {r.name for r in app.reactions}]
+    if reactions:
+        # A reaction acts: replaying it would send its commands again, so it never replays.
+        raise ConfigError(f"{reactions[0]} is a reaction, not a projection: "
+                          f"`eventfold reaction run {reactions[0]}` runs it; a reaction never "
+                          f"replays, `eventfold reaction reset {reactions[0]} --to-beginning` "
+                          "acts again on its events on purpose, saying how many")
     try:
         return [app.projections.get(name).name for name in args.names]
     except LookupError as exc:
@@ -141,8 +151,30 @@ def _list_projections(app: Eventfold, settings: Settings) -> int:
 
 
 def _run_projections(app: Eventfold, settings: Settings, names: list[str],
-                     once: bool, standby: bool = False) -> int:
-    app.runtime(settings).projection_host(names, once, standby).run()
+                     once: bool, standby: bool = False, with_reactions: bool = False) -> int:
+    """The host; with ``with_reactions`` (``--all``, streaming) the app's reactions too, on a
+    thread of their own beside the projections, stopping with them."""
+    from eventfold.projections.signals import stop_on_signal
+
+    runtime = app.runtime(settings)
+    host = runtime.projection_host(names, once, standby)
+    reactions = [r.name for r in app.reactions] if with_reactions and not once else []
+    if not reactions:
+        host.run()
+        return 0
+    thread = threading.Thread(target=runtime.run_reactions, name="reactions",
+                              args=(reactions, host.stop_requested), daemon=True)
+    thread.start()
+    try:
+        if names:
+            host.run()
+        else:  # reactions alone: no Spark application for them
+            stop_on_signal(host.stop_requested, "stopping after the current batch")
+            while thread.is_alive():
+                thread.join(0.5)
+    finally:
+        host.stop_requested.set()
+        thread.join(60)
     return 0
 
 

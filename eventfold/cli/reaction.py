@@ -4,7 +4,6 @@ on purpose."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import threading
 from datetime import datetime
@@ -14,6 +13,7 @@ from eventfold.config import ConfigError, Settings
 
 if TYPE_CHECKING:
     from eventfold.app import Eventfold
+    from eventfold.reactions.operations import ResetTo
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -56,6 +56,7 @@ def _reaction(settings: Settings, args: argparse.Namespace) -> int:
             app.reactions.get(name)
     except LookupError as exc:
         raise ConfigError(str(exc)) from None
+    to = _reset_target(names, args) if args.action == "reset" else None
     settings = settings.with_local_stack()
     if args.action == "run":
         return _run(app, settings, names)
@@ -63,7 +64,8 @@ def _reaction(settings: Settings, args: argparse.Namespace) -> int:
         return _status(app, settings, names, args.json)
     if args.action == "refusals":
         return _refusals(app, settings, names, args.last, args.json)
-    return _reset(app, settings, names, args)
+    assert to is not None
+    return _reset(app, settings, names[0], to, args)
 
 
 def _run(app: Eventfold, settings: Settings, names: list[str]) -> int:
@@ -71,15 +73,7 @@ def _run(app: Eventfold, settings: Settings, names: list[str]) -> int:
 
     stopping = threading.Event()
     stop_on_signal(stopping, "stopping after the current batch")
-    runtime = app.runtime(settings)
-
-    async def run_all() -> None:
-        bus = runtime.async_command_bus()
-        async with bus.repository.store:
-            await asyncio.gather(*(runtime.reaction_runner(name, bus).run(stopping)
-                                   for name in names))
-
-    asyncio.run(run_all())
+    app.runtime(settings).run_reactions(names, stopping)
     return 0
 
 
@@ -121,39 +115,36 @@ def _refusals(app: Eventfold, settings: Settings, names: list[str], last: int,
     return 0
 
 
-def _reset(app: Eventfold, settings: Settings, names: list[str],
-           args: argparse.Namespace) -> int:
-    from eventfold.contract import interval_seconds
-    from eventfold.reactions.operations import (
-        BeyondCommandRetention,
-        ReactionRunning,
-        ResetTo,
-        reset,
-    )
-
+def _reset_target(names: list[str], args: argparse.Namespace) -> ResetTo:
+    """Where ``reaction reset`` moves to, checked before anything connects."""
     if len(names) != 1:
         raise ConfigError("reaction reset takes exactly one reaction")
-    to: ResetTo
     if args.to_beginning:
-        to = "beginning"
-    elif args.to_end:
-        to = "end"
-    elif args.to_time:
+        return "beginning"
+    if args.to_end:
+        return "end"
+    if args.to_time:
         try:
-            to = datetime.fromisoformat(args.to_time)
+            return datetime.fromisoformat(args.to_time)
         except ValueError:
             raise ConfigError(f"--to-time {args.to_time!r} is not an ISO time") from None
-    else:
-        raise ConfigError("reaction reset needs --to-beginning, --to-end or --to-time")
+    raise ConfigError("reaction reset needs --to-beginning, --to-end or --to-time")
+
+
+def _reset(app: Eventfold, settings: Settings, name: str, to: ResetTo,
+           args: argparse.Namespace) -> int:
+    from eventfold.contract import interval_seconds
+    from eventfold.reactions.operations import BeyondCommandRetention, ReactionRunning, reset
+
     try:
-        again = reset(settings.kafka, settings.database_url, app.reactions.get(names[0]), to,
+        again = reset(settings.kafka, settings.database_url, app.reactions.get(name), to,
                       interval_seconds(settings.command_id_retention), args.dry_run,
                       args.force)
     except (ReactionRunning, BeyondCommandRetention) as exc:
         raise ConfigError(str(exc)) from None
     verb = "would" if args.dry_run else "will"
     if again >= 0:
-        print(f"reaction {names[0]} {verb} act again on {again} events")
+        print(f"reaction {name} {verb} act again on {again} events")
     else:
-        print(f"reaction {names[0]} {verb} skip {-again} events")
+        print(f"reaction {name} {verb} skip {-again} events")
     return 0

@@ -307,3 +307,42 @@ def _failed(engine, unique: str) -> list[str]:
             "SELECT reason FROM reaction_refusals WHERE reaction = 'send_receipt' AND "
             "kind = 'failed' AND stream_id = :bad"), {"bad": f"{unique}-bad"}).all()
     return [str(r[0]) for r in rows]
+
+
+def test_the_projection_host_runs_the_apps_reactions_beside_its_projections(
+        stack_settings, engine, tmp_path, unique) -> None:
+    """``projection run --all``: the shelves' projection folds the reservations its reaction
+    sends, in one process, which a SIGTERM stops whole."""
+    from examples import fulfilment
+
+    runtime = fulfilment.app.runtime(stack_settings)
+    runtime.setup()
+    bus = runtime.command_bus()
+    shelf = f"{unique}-shelf"
+    bus.execute(fulfilment.StockShelf(shelf_id=shelf, quantity=100))
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="examples.fulfilment:app")
+    log = tmp_path / "host.log"
+    host = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
+                             "--all"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _log_says(log, "reaction reserve_stock: reading"),
+                 "the host's reactions to read", timeout_s=120)
+        wait_for(lambda: _log_says(log, "shelf_stock v1: streaming from"),
+                 "the host's projection to stream", timeout_s=180)
+        for n in range(5):
+            bus.execute(fulfilment.PlacePurchase(purchase_id=f"{unique}-h{n}", shelf_id=shelf,
+                                                 quantity=3))
+
+        def folded() -> tuple[int, int] | None:
+            with engine.connect() as conn:
+                row = conn.execute(text("SELECT stocked, reserved FROM shelf_stock WHERE "
+                                        "key = :k"), {"k": shelf}).first()
+            return None if row is None else (int(row[0]), int(row[1]))
+
+        wait_for(lambda: folded() == (100, 15), "the reservations folded", timeout_s=120)
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(timeout=60) == 0, log.read_text()[-3000:]
+        assert _log_says(log, "reaction payment_deadline: reading"), "every reaction runs"
+        assert _log_says(log, "projection shelf_stock stopped after")
+    finally:
+        stop_pid(host.pid, what="a projection host")

@@ -56,3 +56,23 @@ def test_projection_names_are_checked_before_spark_starts(
     monkeypatch.setenv("EVENTFOLD_APP", "examples.sales:app")
     assert main(argv) == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["projection", "replay", "reserve_stock"],
+     "reserve_stock is a reaction, not a projection: `eventfold reaction run reserve_stock` "
+     "runs it; a reaction never replays, `eventfold reaction reset reserve_stock "
+     "--to-beginning` acts again"),
+    (["reaction", "run", "nope"], "unknown reaction 'nope'; known: payment_deadline, "
+                                  "reserve_stock"),
+    (["reaction", "reset", "reserve_stock"],
+     "reaction reset needs --to-beginning, --to-end or --to-time"),
+    (["reaction", "reset", "reserve_stock", "--to-time", "yesterday"],
+     "--to-time 'yesterday' is not an ISO time"),
+])
+def test_a_reaction_is_named_and_moved_only_as_a_reaction(
+        argv: list[str], said: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("EVENTFOLD_APP", "examples.fulfilment:app")
+    assert main(argv) == 2
+    assert said in capsys.readouterr().err
