@@ -135,3 +135,28 @@ def test_the_dashboard_shows_the_pipeline_and_follows_it(inventory_app, stack_se
     finally:
         stop_pid(run.pid, what="projection run", timeout_s=90)
         stop_pid(reads.pid, what="serve reads", timeout_s=30)
+
+
+def test_the_dashboard_shows_each_reaction_and_a_process_managers_timers(
+        stack_settings, tmp_path, browser) -> None:
+    from examples import fulfilment
+
+    fulfilment.app.runtime(stack_settings).setup()
+    port = free_port()
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_READ_API_PORT=str(port),
+                    EVENTFOLD_APP="examples.fulfilment:app")
+    reads = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", "reads"],
+                             env=env, stdout=(tmp_path / "reads.log").open("w"),
+                             stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
+        browser.get(f"http://127.0.0.1:{port}/ui")
+        wait_for(lambda: text(browser, '[data-reaction="payment_deadline"]') is not None,
+                 "the page to show the reactions", timeout_s=60)
+        assert browser.execute_script("return document.getElementById('reactions').hidden") \
+            is False
+        assert "refused" in text(browser, '[data-reaction="reserve_stock"]')
+        assert "timers pending" in text(browser, '[data-reaction="payment_deadline"]')
+        assert "timers pending" not in text(browser, '[data-reaction="reserve_stock"]')
+    finally:
+        stop_pid(reads.pid, what="eventfold serve reads")
