@@ -30,9 +30,16 @@ POINTS = {
     "task.written": "a task has staged and flushed everything, its summary not yet returned",
     "commit.merged": "the commit has merged the staged rows, inside its transaction",
     "commit.done": "the batch has committed, its progress not yet reported",
-    "reaction.sent": "a reaction has sent every command of a batch, its positions not yet "
-                     "saved",
 }
+"""The steps of a projection's batch."""
+
+REACTION_POINTS = {
+    "reaction.sent": "a reaction has sent every command of a batch (or an effect made its "
+                     "calls), its positions not yet saved",
+    "timer.sent": "a process manager has sent the commands of its due timers, their firing "
+                  "not yet saved",
+}
+"""The steps of a reaction's batch and of a process manager's timers."""
 
 _ARMED = os.environ.get("EVENTFOLD_CRASH_AT")
 _ONCE = os.environ.get("EVENTFOLD_CRASH_ONCE")
