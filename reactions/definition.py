@@ -28,6 +28,14 @@ def command_id_for(reaction: str, event_id: str, index: int) -> uuid.UUID:
     return uuid.uuid5(_COMMAND_IDS, f"{reaction}\n{event_id}\n{index}")
 
 
+def with_ids(reaction: str, event_id: str, commands: Sequence[Command]) -> list[Command]:
+    """``commands`` asked for by event ``event_id``, each with the id it always has for it
+    (``command_id_for``; an id the function set itself is kept)."""
+    return [command if command.command_id is not None else command.model_copy(
+                update={"command_id": command_id_for(reaction, event_id, index)})
+            for index, command in enumerate(commands)]
+
+
 @dataclass(frozen=True)
 class Reaction:
     """``react`` runs once per event of ``sources`` (aggregate types, or aggregate classes),
@@ -48,9 +56,7 @@ class Reaction:
         the function set itself is kept)."""
         asked = self.react(event)
         commands = [] if asked is None else [asked] if isinstance(asked, Command) else list(asked)
-        return [command if command.command_id is not None else command.model_copy(
-                    update={"command_id": command_id_for(self.name, event.event_id, index)})
-                for index, command in enumerate(commands)]
+        return with_ids(self.name, event.event_id, commands)
 
 
 def check_name(name: str, sources: Sequence[str]) -> None:

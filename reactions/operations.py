@@ -9,10 +9,10 @@ from datetime import UTC, datetime
 from typing import Literal
 
 import psycopg
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import consumer_config, iter_range
+from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 from eventfold.reactions.definition import Declared
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
 from eventfold.reactions.process import Process, process_counts
@@ -40,21 +40,19 @@ class ReactionReport:
     """A process manager's running keys and pending timers."""
 
 
-def _ends(kafka: KafkaConnection, reaction: Declared) -> dict[PartitionKey, tuple[int, int]]:
-    """Each source partition's first and next offset."""
-    consumer = Consumer(consumer_config(kafka))
+def source_ends(kafka: KafkaConnection, reaction: Declared,
+                at: datetime | None = None) -> dict[PartitionKey, tuple[int, int, int]]:
+    """Each source partition's first offset, next offset, and (with ``at``) its first offset
+    at or after that time (else its first)."""
+    planner = OffsetPlanner(kafka)
     try:
-        ends: dict[PartitionKey, tuple[int, int]] = {}
-        for topic in (event_topic(source) for source in reaction.sources):
-            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-            if metadata.error is not None:
-                raise KafkaException(metadata.error)
-            for partition in metadata.partitions:
-                ends[(topic, partition)] = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=10)
-        return ends
+        partitions = planner.partitions(event_topic(source) for source in reaction.sources)
+        first, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
+        since = (planner.offsets_at(partitions, int(at.timestamp() * 1000)) if at is not None
+                 else first)
     finally:
-        consumer.close()
+        planner.close()
+    return {tp: (first[tp], end[tp], since[tp]) for tp in partitions}
 
 
 def report(kafka: KafkaConnection, database_url: str, reaction: Declared) -> ReactionReport:
@@ -63,8 +61,8 @@ def report(kafka: KafkaConnection, database_url: str, reaction: Declared) -> Rea
         refused = refusal_count(conn, reaction.name)
         processes = (process_counts(conn, reaction.name) if isinstance(reaction, Process)
                      else None)
-    ends = _ends(kafka, reaction)
-    partitions = {tp: (positions.get(tp, low), high) for tp, (low, high) in ends.items()}
+    ends = source_ends(kafka, reaction)
+    partitions = {tp: (positions.get(tp, low), high) for tp, (low, high, _) in ends.items()}
     return ReactionReport(reaction.name, bool(positions),
                           sum(max(high - at, 0) for at, high in partitions.values()), refused,
                           partitions, processes)
@@ -97,11 +95,12 @@ def reset(kafka: KafkaConnection, database_url: str, reaction: Declared, to: Res
     if (alive := running_members(kafka, reaction)) and not dry_run:
         raise ReactionRunning(f"reaction {reaction.name} has {alive} runner(s) alive: stop "
                               "them first (their positions would overwrite the reset)")
-    ends = _ends(kafka, reaction)
-    target = _targets(kafka, ends, to)
+    ends = source_ends(kafka, reaction, to if isinstance(to, datetime) else None)
+    target = {tp: low if to == "beginning" else high if to == "end" else since
+              for tp, (low, high, since) in ends.items()}
     with psycopg.connect(libpq_url(database_url)) as conn:
         positions = load_positions(conn, reaction.name)
-        now = {tp: positions.get(tp, low) for tp, (low, _) in ends.items()}
+        now = {tp: positions.get(tp, low) for tp, (low, _, _) in ends.items()}
         back = {tp: (target[tp], now[tp]) for tp in target}
         again = (_events_between(kafka, back)
                  - _events_between(kafka, {tp: (now[tp], target[tp]) for tp in target}))
@@ -146,24 +145,5 @@ def _events_between(kafka: KafkaConnection, ranges: dict[PartitionKey, tuple[int
     try:
         return sum(len(chunk) for tp, (start, end) in ranges.items() if end > start
                    for chunk in iter_range(consumer, tp, start, end))
-    finally:
-        consumer.close()
-
-
-def _targets(kafka: KafkaConnection, ends: dict[PartitionKey, tuple[int, int]],
-             to: ResetTo) -> dict[PartitionKey, int]:
-    if to == "beginning":
-        return {tp: low for tp, (low, _) in ends.items()}
-    if to == "end":
-        return {tp: high for tp, (_, high) in ends.items()}
-    assert isinstance(to, datetime)
-    consumer = Consumer(consumer_config(kafka))
-    try:
-        at_ms = int(to.timestamp() * 1000)
-        found = consumer.offsets_for_times(
-            [TopicPartition(topic, partition, at_ms) for topic, partition in ends], timeout=10)
-        # No event at or after the time: the partition's end.
-        return {(tp.topic, tp.partition): tp.offset if tp.offset >= 0
-                else ends[(tp.topic, tp.partition)][1] for tp in found}
     finally:
         consumer.close()

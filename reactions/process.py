@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 from eventfold.projections.definition.projection import Event
-from eventfold.reactions.definition import Start, check_name, command_id_for, source_names
+from eventfold.reactions.definition import Start, check_name, source_names, with_ids
 from eventfold.write_model import Aggregate, Command
 from psycopg.types.json import Jsonb
 
@@ -104,10 +104,7 @@ class Process:
             context.timers[:] = before[2]
             del context.commands[before[1]:]
             raise
-        sent = context.commands[before[1]:]
-        return [command if command.command_id is not None else command.model_copy(
-                    update={"command_id": command_id_for(self.name, event.event_id, index)})
-                for index, command in enumerate(sent)]
+        return with_ids(self.name, event.event_id, context.commands[before[1]:])
 
 
 def process(name: str, sources: Sequence[str | type[Aggregate]], key_by: str | None = None,

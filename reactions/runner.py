@@ -35,6 +35,7 @@ from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
 from eventfold.reactions.definition import Declared, Effect, Reaction
+from eventfold.reactions.operations import source_ends
 from eventfold.reactions.positions import Refusal, load_positions, move_to, save_batch
 from eventfold.reactions.process import (
     KeyStates,
@@ -168,7 +169,7 @@ class ReactionRunner:
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": max(session_ms // 5, 500)}))
         try:
-            self._place_a_new_reaction(consumer)
+            self._place_a_new_reaction()
             consumer.subscribe(self.topics, on_assign=self._seek_to_positions)
             log.info("reaction %s: reading %s", name, ", ".join(self.topics))
             reported, reported_counts = time.monotonic(), dataclasses.replace(self.counts)
@@ -198,25 +199,22 @@ class ReactionRunner:
                  self.reaction.name, c.events, c.timers, c.sent, c.repeated, c.refused,
                  c.batches)
 
-    def _place_a_new_reaction(self, consumer: Consumer) -> None:
+    def _place_a_new_reaction(self) -> None:
         """A reaction that never ran starts where it says (``Reaction.start``), saved before
         it reads anything: a crash before its first batch must not move its start."""
         conn = self._connection()
         if load_positions(conn, self.reaction.name):
             return
-        positions: dict[PartitionKey, int] = {}
-        for topic in self.topics:
-            metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-            if metadata.error is not None:
-                raise KafkaException(metadata.error)
-            for partition in metadata.partitions:
-                low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition),
-                                                           timeout=10)
-                positions[(topic, partition)] = high if self.reaction.start == "latest" else low
-        move_to(conn, self.reaction.name, positions)
-        log.info("reaction %s: first run, acting on events from the %s on (%d partitions)",
-                 self.reaction.name, "end" if self.reaction.start == "latest" else "beginning",
-                 len(positions))
+        latest = self.reaction.start == "latest"
+        ends = source_ends(self.kafka, self.reaction)
+        if not ends:
+            raise RuntimeError(f"reaction {self.reaction.name}: its topics "
+                               f"({', '.join(self.topics)}) do not exist yet; `eventfold "
+                               "setup` creates them")
+        move_to(conn, self.reaction.name,
+                {tp: high if latest else low for tp, (low, high, _) in ends.items()})
+        log.info("reaction %s: first run, acting on events from the %s on",
+                 self.reaction.name, "end" if latest else "beginning")
 
     def _seek_to_positions(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """On assignment: each partition from the reaction's saved position (a partition

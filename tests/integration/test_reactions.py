@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 
 from eventfold.local_stack.process import stop_pid
@@ -89,6 +90,7 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
         stack_settings, engine, tmp_path, unique) -> None:
     from examples import fulfilment
 
+    started = datetime.now(UTC)
     runtime = fulfilment.app.runtime(stack_settings)
     runtime.setup()
     bus = runtime.command_bus()
@@ -173,6 +175,9 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
     assert events == PURCHASES
     assert sent == answered == PURCHASES - PURCHASES // REFUSED_EVERY
     assert {p: n for p, n in _reservations(engine, unique).items() if n != 1} == {}
+    since = eventfold("reaction", "reset", "reserve_stock", "--to-time",
+                      started.isoformat(), "--dry-run", env=env)
+    assert f"would act again on {PURCHASES} events" in since.stdout, since.stdout + since.stderr
 
 
 def _cancellations(engine, unique: str) -> dict[str, int]:
