@@ -13,7 +13,9 @@ and saves its positions (and a process's states) only after every command of the
 answered.
 
 - ``definition``: what a reaction is (plain Python): ``Reaction``, ``reaction``, ``Effect``,
-  ``effect``, ``ReactionRegistry``, ``command_id_for``;
+  ``effect``, ``ReactionRegistry``, ``command_id_for``; its sources (aggregate types, and
+  ``DerivedEvents``: a projection's derived-event topic) and its event types (by name, or as
+  the domain's classes, which the function then receives);
 - ``process``: process managers: ``Process``, ``process``, ``ProcessContext``, and their
   states and timers in Postgres;
 - ``positions``: where a reaction is, and what the domain refused it, in Postgres;
@@ -28,6 +30,7 @@ reactions and back to the write side as commands.
 """
 
 from eventfold.reactions.definition import (
+    DerivedEvents,
     Effect,
     Reaction,
     ReactionRegistry,
@@ -37,5 +40,5 @@ from eventfold.reactions.definition import (
 )
 from eventfold.reactions.process import Process, ProcessContext, process
 
-__all__ = ["Effect", "Process", "ProcessContext", "Reaction", "ReactionRegistry",
+__all__ = ["DerivedEvents", "Effect", "Process", "ProcessContext", "Reaction", "ReactionRegistry",
            "command_id_for", "effect", "process", "reaction"]

@@ -6,16 +6,26 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from eventfold.projections.definition.projection import Event
+from eventfold.projections.definition.projection import (
+    Event,
+    EventType,
+    Typed,
+    event_type_names,
+    source_names,
+    typed_builders,
+)
 from eventfold.write_model import Aggregate, Command
+
+from eventfold.contract import event_topic
 
 React = Callable[[Event], Iterable[Command] | Command | None]
 """The commands one event asks for: one, several, or none."""
 
 Start = Literal["latest", "earliest"]
 R = TypeVar("R", bound="Declared")
+F = TypeVar("F", bound=Callable[..., Any])
 
 _COMMAND_IDS = uuid.UUID("5b0c6e2e-3f7a-4c55-9d1e-6f4a0e8b7c21")
 """The namespace of the ids reactions give their commands (``command_id_for``)."""
@@ -37,19 +47,34 @@ def with_ids(reaction: str, event_id: str, commands: Sequence[Command]) -> list[
 
 
 @dataclass(frozen=True)
+class DerivedEvents:
+    """A reaction's source: the events projections derive to ``topic`` (an ``on_crossing``
+    notification, a stream's output), read like an aggregate type's events."""
+
+    topic: str
+
+
+Source = str | type[Aggregate] | DerivedEvents
+"""What a reaction reads: an aggregate type (by name or class) or a derived-event topic."""
+
+
+@dataclass(frozen=True)
 class Reaction:
     """``react`` runs once per event of ``sources`` (aggregate types, or aggregate classes),
-    in each stream's order. ``start``: where a reaction that never ran begins; ``latest``
-    (the default) acts only on events from now on, since acting on every past event is a
-    decision, not a default (``earliest`` does it)."""
+    in each stream's order, and of ``derived_topics``. ``start``: where a reaction that never
+    ran begins; ``latest`` (the default) acts only on events from now on, since acting on
+    every past event is a decision, not a default (``earliest`` does it). ``event_types``
+    (None: all) are the events it is called for; the others pass by."""
 
     name: str
     sources: tuple[str, ...]
     react: React
     start: Start = "latest"
+    derived_topics: tuple[str, ...] = ()
+    event_types: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        check_name(self.name, self.sources)
+        check_name(self)
 
     def commands_for(self, event: Event) -> list[Command]:
         """What ``react`` asks for ``event``, each with the id it always has for it (an id
@@ -59,25 +84,54 @@ class Reaction:
         return with_ids(self.name, event.event_id, commands)
 
 
-def check_name(name: str, sources: Sequence[str]) -> None:
+def check_name(declared: Declared) -> None:
     """A reaction's name is part of table rows, a consumer group and command ids."""
+    name = declared.name
     if not name or not name.replace("_", "").isalnum():
         raise ValueError(f"reaction name {name!r}: use letters, digits and _")
-    if not sources:
+    if not declared.sources and not declared.derived_topics:
         raise ValueError(f"reaction {name!r} names no sources")
 
 
-def source_names(sources: Sequence[str | type[Aggregate]]) -> tuple[str, ...]:
-    """Aggregate types, named or given as aggregate classes."""
-    return tuple(s if isinstance(s, str) else s.stream_type for s in sources)
+def topics_of(declared: Declared) -> list[str]:
+    """The topics a reaction reads: its aggregate types' event topics, then derived ones."""
+    return [event_topic(source) for source in declared.sources] + list(declared.derived_topics)
 
 
-def reaction(name: str, sources: Sequence[str | type[Aggregate]],
-             start: Start = "latest") -> Callable[[React], Reaction]:
-    """Decorator: the function of one event becomes a ``Reaction``."""
+def wants(declared: Declared, event_type: str) -> bool:
+    return declared.event_types is None or event_type in declared.event_types
+
+
+def subscription(sources: Sequence[Source], event_types: Sequence[EventType] | None
+                 ) -> dict[str, Any]:
+    """A declaration's sources split into aggregate types and derived topics, and its event
+    types by name."""
+    return {"sources": source_names(s for s in sources if not isinstance(s, DerivedEvents)),
+            "derived_topics": tuple(s.topic for s in sources if isinstance(s, DerivedEvents)),
+            "event_types": None if event_types is None else event_type_names(event_types)}
+
+
+class TypedReact(Typed):
+    def __call__(self, event: Event) -> Any:
+        return self.function(self.typed(event))
+
+
+def typed(wrapper: type[Typed], function: F, event_types: Sequence[EventType] | None) -> F:
+    """``function``, receiving the event types given as classes as instances of them."""
+    if event_types is None or not typed_builders(event_types):
+        return function
+    return wrapper(function, event_types)  # type: ignore[return-value]
+
+
+def reaction(name: str, sources: Sequence[Source], start: Start = "latest",
+             event_types: Sequence[EventType] | None = None) -> Callable[[React], Reaction]:
+    """Decorator: the function of one event becomes a ``Reaction``. ``event_types`` given as
+    classes reach it as instances of them (``match event: case PurchasePlaced(...)``); by
+    name, as the ``Event`` (its stream id and position)."""
 
     def define(react: React) -> Reaction:
-        return Reaction(name, source_names(sources), react, start)
+        return Reaction(name=name, react=typed(TypedReact, react, event_types), start=start,
+                        **subscription(sources, event_types))
 
     return define
 
@@ -100,9 +154,11 @@ class Effect:
     max_attempts: int = 5
     first_pause_s: float = 0.5
     start: Start = "latest"
+    derived_topics: tuple[str, ...] = ()
+    event_types: frozenset[str] | None = None
 
     def __post_init__(self) -> None:
-        check_name(self.name, self.sources)
+        check_name(self)
         if self.max_attempts < 1:
             raise ValueError(f"effect {self.name!r}: max_attempts must be at least 1")
 
@@ -110,12 +166,21 @@ class Effect:
         return str(command_id_for(self.name, event.event_id, 0))
 
 
-def effect(name: str, sources: Sequence[str | type[Aggregate]], max_attempts: int = 5,
-           first_pause_s: float = 0.5, start: Start = "latest") -> Callable[[Call], Effect]:
-    """Decorator: a function of an event and an idempotency key becomes an ``Effect``."""
+class TypedCall(Typed):
+    def __call__(self, event: Event, idempotency_key: str) -> None:
+        self.function(self.typed(event), idempotency_key)
+
+
+def effect(name: str, sources: Sequence[Source], max_attempts: int = 5,
+           first_pause_s: float = 0.5, start: Start = "latest",
+           event_types: Sequence[EventType] | None = None) -> Callable[[Call], Effect]:
+    """Decorator: a function of an event and an idempotency key becomes an ``Effect``
+    (``event_types`` as ``reaction``'s)."""
 
     def define(call: Call) -> Effect:
-        return Effect(name, source_names(sources), call, max_attempts, first_pause_s, start)
+        return Effect(name=name, call=typed(TypedCall, call, event_types),
+                      max_attempts=max_attempts, first_pause_s=first_pause_s, start=start,
+                      **subscription(sources, event_types))
 
     return define
 
@@ -127,6 +192,10 @@ class Declared(Protocol):
     def name(self) -> str: ...
     @property
     def sources(self) -> tuple[str, ...]: ...
+    @property
+    def derived_topics(self) -> tuple[str, ...]: ...
+    @property
+    def event_types(self) -> frozenset[str] | None: ...
     @property
     def start(self) -> Start: ...
 

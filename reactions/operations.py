@@ -13,11 +13,11 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
-from eventfold.reactions.definition import Declared
+from eventfold.reactions.definition import Declared, topics_of
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
 from eventfold.reactions.process import Process, process_counts
 
-from eventfold.contract import PartitionKey, event_topic, libpq_url
+from eventfold.contract import PartitionKey, libpq_url
 
 ResetTo = Literal["beginning", "end"] | datetime
 
@@ -46,7 +46,7 @@ def source_ends(kafka: KafkaConnection, reaction: Declared,
     at or after that time (else its first)."""
     planner = OffsetPlanner(kafka)
     try:
-        partitions = planner.partitions(event_topic(source) for source in reaction.sources)
+        partitions = planner.partitions(topics_of(reaction))
         first, end = planner.beginning_offsets(partitions), planner.end_offsets(partitions)
         since = (planner.offsets_at(partitions, int(at.timestamp() * 1000)) if at is not None
                  else first)

@@ -19,9 +19,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from eventfold.projections.definition.projection import Event
-from eventfold.reactions.definition import Start, check_name, source_names, with_ids
-from eventfold.write_model import Aggregate, Command
+from eventfold.projections.definition.projection import Event, EventType, Typed
+from eventfold.reactions.definition import (
+    Source,
+    Start,
+    check_name,
+    subscription,
+    typed,
+    with_ids,
+)
+from eventfold.write_model import Command
 from psycopg.types.json import Jsonb
 
 TIMER_EVENT_PREFIX = "timer-"
@@ -78,9 +85,12 @@ class Process:
     handle: Callable[[ProcessContext, Event], None]
     key_by: str | None = None
     start: Start = "latest"
+    derived_topics: tuple[str, ...] = ()
+    event_types: frozenset[str] | None = None
+    """The events it is called for (None: all); timers always."""
 
     def __post_init__(self) -> None:
-        check_name(self.name, self.sources)
+        check_name(self)
 
     def key_of(self, event: Event) -> str:
         if self.key_by is None:
@@ -107,13 +117,20 @@ class Process:
         return with_ids(self.name, event.event_id, context.commands[before[1]:])
 
 
-def process(name: str, sources: Sequence[str | type[Aggregate]], key_by: str | None = None,
-            start: Start = "latest"
+class TypedHandle(Typed):
+    def __call__(self, context: ProcessContext, event: Event) -> None:
+        self.function(context, self.typed(event))
+
+
+def process(name: str, sources: Sequence[Source], key_by: str | None = None,
+            start: Start = "latest", event_types: Sequence[EventType] | None = None
             ) -> Callable[[Callable[[ProcessContext, Event], None]], Process]:
-    """Decorator: a function of a ``ProcessContext`` and an event becomes a ``Process``."""
+    """Decorator: a function of a ``ProcessContext`` and an event becomes a ``Process``
+    (``event_types`` as ``reaction``'s; a timer comes as the ``Event`` named after it)."""
 
     def define(handle: Callable[[ProcessContext, Event], None]) -> Process:
-        return Process(name, source_names(sources), handle, key_by, start)
+        return Process(name=name, handle=typed(TypedHandle, handle, event_types),
+                       key_by=key_by, start=start, **subscription(sources, event_types))
 
     return define
 

@@ -34,7 +34,7 @@ from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
-from eventfold.reactions.definition import Declared, Effect, Reaction
+from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of, wants
 from eventfold.reactions.operations import source_ends
 from eventfold.reactions.positions import Refusal, load_positions, move_to, save_batch
 from eventfold.reactions.process import (
@@ -59,7 +59,7 @@ from eventfold.write_model import (
     StreamOwnedByAnotherType,
 )
 
-from eventfold.contract import PartitionKey, event_topic, libpq_url
+from eventfold.contract import PartitionKey, libpq_url
 from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ class ReactionRunner:
         self.kafka = kafka
         self.database_url = database_url
         self.options = options or ReactionOptions()
-        self.topics = [event_topic(source) for source in reaction.sources]
+        self.topics = topics_of(reaction)
+        self._derived = frozenset(reaction.derived_topics)
         self.counts = ReactionCounts()
         self._conn: psycopg.Connection | None = None
 
@@ -287,11 +288,15 @@ class ReactionRunner:
                 continue
             assert topic is not None and partition is not None and offset is not None
             batch.positions[(topic, partition)] = offset + 1
+            decode = (EventEnvelope.decode_derived if topic in self._derived
+                      else EventEnvelope.decode)
             try:
-                envelope = EventEnvelope.decode(message.key(), message.value())
+                envelope = decode(message.key(), message.value())
             except MalformedEvent as exc:
                 batch.refusals.append(Refusal(f"{topic}:{partition}:{offset}", -1,
                                               "undecodable", "", "", str(exc)))
+                continue
+            if not wants(self.reaction, envelope.event_type):
                 continue
             batch.events.append((Event(
                 envelope.event_type, envelope.data, envelope.stream_id,

@@ -2,7 +2,8 @@
 write side, the outbox, the projections and the read API must agree on, declared once.
 
 - event topics: their names (``event_topic``) and the envelope of their messages
-  (``EventEnvelope``, in ``envelope``);
+  (``EventEnvelope``, in ``envelope``), and of the events projections derive
+  (``derived_value``, read back by ``EventEnvelope.decode_derived``);
 - Kafka partitions and offsets: ``PartitionKey`` and the JSON form of offsets that Spark's
   offset log and projection checkpoints keep; which partition holds a key (``partitioner``);
 - KTable record headers;
@@ -21,7 +22,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from eventfold.contract.envelope import EventEnvelope, MalformedEvent, envelope_value, trace_of
+from eventfold.contract.envelope import (
+    EventEnvelope,
+    MalformedEvent,
+    derived_value,
+    envelope_value,
+    trace_of,
+)
 
 __all__ = [
     "DEFAULT_TOPIC_PREFIX",
@@ -32,6 +39,7 @@ __all__ = [
     "MalformedEvent",
     "NestedOffsets",
     "PartitionKey",
+    "derived_value",
     "envelope_value",
     "event_topic",
     "flatten_offsets",

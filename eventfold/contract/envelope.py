@@ -13,6 +13,7 @@ to infer a Connect schema from user data, so no event shape can fail the connect
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +68,27 @@ class EventEnvelope:
             raise MalformedEvent("event payload is not a JSON object")
         return envelope
 
+    @classmethod
+    def decode_derived(cls, key: str | bytes | None, value: str | bytes | None) -> EventEnvelope:
+        """Parse one message a projection derived (``derived_value``): its key is the stream
+        id, its position the source event's, its version 0."""
+        if value is None or key is None:
+            raise MalformedEvent("a derived event without a key or a value")
+        try:
+            outer = orjson.loads(value)
+            envelope = cls(
+                event_id=str(outer["eventId"]), event_type=str(outer["eventType"]),
+                stream_id=key.decode() if isinstance(key, bytes) else key, stream_version=0,
+                global_position=int(outer.get("sourcePosition") or 0), recorded_at="",
+                data=outer["data"],
+                metadata={"projection": outer.get("projection"),
+                          "source_event_id": outer.get("sourceEventId")})
+        except (ValueError, KeyError, TypeError) as exc:
+            raise MalformedEvent(f"undecodable derived event: {exc!r}") from exc
+        if not isinstance(envelope.data, dict):
+            raise MalformedEvent("derived event data is not a JSON object")
+        return envelope
+
     @property
     def correlation_id(self) -> str | None:
         return self.metadata.get("correlation_id")
@@ -89,6 +111,17 @@ def envelope_value(event_id: str, event_type: str, stream_version: int, global_p
         "streamVersion": stream_version, "globalPosition": global_position,
         "recordedAt": recorded_at, "schemaVersion": schema_version, "metadata": metadata,
     })
+
+
+def derived_value(event_id: str, event_type: str, data: Mapping[str, Any], projection: str,
+                  source_event_id: str, source_position: int) -> str:
+    """The value of an event projection ``projection`` derived from event
+    ``source_event_id``, on the topic it names (``EventEnvelope.decode_derived`` reads it)."""
+    return json.dumps({
+        "eventId": event_id, "eventType": event_type, "data": dict(data),
+        "projection": projection, "sourceEventId": source_event_id,
+        "sourcePosition": source_position,
+    }, default=str)
 
 
 def _json_object(value: Any) -> dict[str, Any]:

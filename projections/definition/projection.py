@@ -59,6 +59,78 @@ Derive = Callable[[Event, State | None, State | None], Iterable[Derived]]
 """``derive(event, state_before, state_after)``: the derived events of one applied event."""
 
 
+class TypedEvent(Protocol):
+    """An event class a fold or reaction can receive its events as (``write_model.DomainEvent``
+    is one): ``from_data`` is the write side's own decoding."""
+
+    event_type: ClassVar[str]
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> Any: ...
+
+
+class SourceType(Protocol):
+    """An aggregate class named as a source (``write_model.Aggregate`` is one)."""
+
+    stream_type: ClassVar[str]
+
+
+Source = str | type[SourceType]
+"""A source: an aggregate type's name, or its class."""
+EventType = str | type[TypedEvent]
+"""An event type: its stored name (the fold gets the ``Event``), or its class (the fold gets an
+instance of it)."""
+
+
+def source_names(sources: Iterable[Source]) -> tuple[str, ...]:
+    """Aggregate types, named or given as aggregate classes."""
+    return tuple(s if isinstance(s, str) else s.stream_type for s in sources)
+
+
+def event_type_names(event_types: Iterable[EventType]) -> frozenset[str]:
+    return frozenset(t if isinstance(t, str) else t.event_type for t in event_types)
+
+
+def typed_builders(event_types: Iterable[EventType]
+                   ) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
+    """How each event type given as a class is built from an event's data. A class that has
+    moved past its first schema version is refused: its stored events may need upcasting,
+    which the write side's registry does and a projection's decoded columns cannot yet."""
+    builders: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
+    for event_type in event_types:
+        if isinstance(event_type, str):
+            continue
+        if getattr(event_type, "schema_version", 1) != 1:
+            raise ValueError(
+                f"{event_type.__name__} is at schema version {event_type.schema_version}: "  # type: ignore[attr-defined]
+                f"its older events need upcasting; name it {event_type.event_type!r} to "
+                f"receive the raw Event and upcast in the function")
+        builders[event_type.event_type] = event_type.from_data
+    return builders
+
+
+class Typed:
+    """The events of the types given as classes, as instances of them (others as the
+    ``Event``): what a typed fold or reaction receives."""
+
+    def __init__(self, function: Callable[..., Any], event_types: Iterable[EventType]) -> None:
+        self.function = function
+        self.builders = typed_builders(event_types)
+        self.__doc__ = function.__doc__
+
+    def typed(self, event: Event) -> Any:
+        build = self.builders.get(event.type)
+        return event if build is None else build(event.data)
+
+
+class TypedFold(Typed):
+    """A fold that receives the domain's own event classes."""
+
+    def __call__(self, state: State | None, event: Event) -> State | None:
+        build = self.builders.get(event.type)
+        return self.function(state, event if build is None else build(event.data))  # type: ignore[no-any-return]
+
+
 def on_crossing(condition: Callable[[State], bool],
                 emit: Callable[[Event, State], Derived]) -> Derive:
     """Emit once each time a key's state starts to satisfy ``condition``.
@@ -287,15 +359,6 @@ class StreamProjection(Projection):
             raise ValueError(f"stream {self.name!r} needs a transform")
 
 
-class TypedEvent(Protocol):
-    """An event class a fold can dispatch on (``write_model.DomainEvent`` is one)."""
-
-    event_type: ClassVar[str]
-
-    @classmethod
-    def from_data(cls, data: Mapping[str, Any]) -> Any: ...
-
-
 Handler = Callable[[State | None, Any], State | None]
 
 
@@ -317,14 +380,13 @@ class Dispatch:
     def __init__(self) -> None:
         self._handlers: dict[str, tuple[Handler, Callable[[Mapping[str, Any]], Any] | None]] = {}
 
-    def on(self, *event_types: type[TypedEvent] | str) -> Callable[[Handler], Handler]:
+    def on(self, *event_types: EventType) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             for event_type in event_types:
-                name = event_type if isinstance(event_type, str) else event_type.event_type
+                (name,) = event_type_names([event_type])
                 if name in self._handlers:
                     raise ValueError(f"event type {name!r} already has a handler")
-                build = None if isinstance(event_type, str) else event_type.from_data
-                self._handlers[name] = (handler, build)
+                self._handlers[name] = (handler, typed_builders([event_type]).get(name))
             return handler
 
         return register
@@ -341,27 +403,32 @@ class Dispatch:
         return handler(state, event if build is None else build(event.data))
 
 
-def _options(sources: Iterable[str], event_types: Iterable[str] | None) -> dict[str, Any]:
-    return {"sources": tuple(sources),
-            "event_types": frozenset(event_types) if event_types is not None else None}
+def _options(sources: Iterable[Source], event_types: Iterable[EventType] | None
+             ) -> dict[str, Any]:
+    return {"sources": source_names(sources),
+            "event_types": event_type_names(event_types) if event_types is not None else None}
 
 
 def projection(
-    name: str, *, sources: Iterable[str], columns: Mapping[str, TypeEngine[Any]],
-    event_types: Iterable[str] | None = None, key_by: str | None = None,
+    name: str, *, sources: Iterable[Source], columns: Mapping[str, TypeEngine[Any]],
+    event_types: Iterable[EventType] | None = None, key_by: str | None = None,
     lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
     ktable_topic: str = "", indexes: Iterable[str] = (), park_on_failure: bool = True,
     ktable_partitions: int | None = None,
 ) -> Callable[[Fold], FoldProjection]:
-    """Decorator: turn a fold function (or a ``Dispatch``) into a projection. ``indexes`` are
-    the columns the read model indexes (the read API sorts on them and on the key);
-    ``park_on_failure`` is ``FoldProjection``'s."""
+    """Decorator: turn a fold function (or a ``Dispatch``) into a projection. ``sources``:
+    aggregate classes or type names. ``event_types`` limits the events folded; those given as
+    classes reach the fold as instances of them (``match event: case StockReceived(quantity=q)``),
+    decoded by the class's own ``from_data``, and those given by name as the ``Event`` (its
+    stream id, version and position). ``indexes`` are the columns the read model indexes (the
+    read API sorts on them and on the key); ``park_on_failure`` is ``FoldProjection``'s."""
 
     def wrap(fold: Fold) -> FoldProjection:
+        handled: Iterable[EventType] | None = event_types
         if event_types is None and isinstance(fold, Dispatch):
-            handled: Iterable[str] | None = fold.event_types
-        else:
-            handled = event_types
+            handled = fold.event_types
+        elif event_types is not None and typed_builders(event_types):
+            fold = TypedFold(fold, event_types)
         return FoldProjection(
             name=name, columns=dict(columns), apply=fold, key_by=key_by, lookup=lookup,
             derive=derive, table=table, ktable_topic=ktable_topic, indexes=tuple(indexes),
@@ -374,8 +441,8 @@ def projection(
 
 
 def aggregation(
-    name: str, *, sources: Iterable[str], aggregates: Mapping[str, AggregateFunction],
-    columns: Mapping[str, TypeEngine[Any]], event_types: Iterable[str] | None = None,
+    name: str, *, sources: Iterable[Source], aggregates: Mapping[str, AggregateFunction],
+    columns: Mapping[str, TypeEngine[Any]], event_types: Iterable[EventType] | None = None,
     key_by: str | None = None, table: str = "", description: str = "",
     indexes: Iterable[str] = (), ktable_partitions: int | None = None,
 ) -> AggregationProjection:
@@ -387,7 +454,7 @@ def aggregation(
 
 
 def stream(
-    name: str, *, sources: Iterable[str], event_types: Iterable[str] | None = None,
+    name: str, *, sources: Iterable[Source], event_types: Iterable[EventType] | None = None,
 ) -> Callable[[Callable[[Event], Iterable[Derived]]], StreamProjection]:
     """Decorator: a stateless stream of derived events (filter, map, flat-map)."""
 

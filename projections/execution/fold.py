@@ -12,7 +12,6 @@ re-keyed projections too, where one key gathers the events of many streams.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Iterable, Mapping
@@ -34,7 +33,7 @@ from eventfold.projections.outcome import (
 )
 from eventfold.projections.plan import Plan, as_plan
 
-from eventfold.contract import EventEnvelope, MalformedEvent, PartitionKey
+from eventfold.contract import EventEnvelope, MalformedEvent, PartitionKey, derived_value
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +45,8 @@ VALUE_NOT_UTF8 = "message value is not UTF-8 text"
 
 def encode_derived(name: str, event: Event, index: int, derived: Derived) -> Emission:
     event_id = uuid.uuid5(DERIVED_NAMESPACE, f"{name}:{event.event_id}:{index}")
-    return Emission(derived.topic, derived.key, json.dumps({
-        "eventId": str(event_id), "eventType": derived.type, "data": dict(derived.data),
-        "projection": name, "sourceEventId": event.event_id,
-        "sourcePosition": event.global_position,
-    }, default=str))
+    return Emission(derived.topic, derived.key, derived_value(
+        str(event_id), derived.type, derived.data, name, event.event_id, event.global_position))
 
 
 class KeyFolder:

@@ -28,3 +28,18 @@ def test_decodes_what_the_event_router_writes() -> None:
 def test_malformed_messages_say_why(key, value, reason) -> None:
     with pytest.raises(MalformedEvent, match=reason):
         EventEnvelope.decode(key, value)
+
+
+def test_a_derived_event_reads_back_keyed_by_its_key_at_its_source_position() -> None:
+    from eventfold.contract import derived_value
+
+    value = derived_value("d1", "SalesTargetReached", {"total": 2100}, "sales_totals", "e9", 42)
+    envelope = EventEnvelope.decode_derived(b"product1", value)
+    assert (envelope.event_id, envelope.event_type, envelope.stream_id,
+            envelope.global_position, envelope.data) == (
+        "d1", "SalesTargetReached", "product1", 42, {"total": 2100})
+    assert envelope.metadata == {"projection": "sales_totals", "source_event_id": "e9"}
+    with pytest.raises(MalformedEvent, match="undecodable derived event"):
+        EventEnvelope.decode_derived("k", '{"eventType": "X"}')
+    with pytest.raises(MalformedEvent, match="not a JSON object"):
+        EventEnvelope.decode_derived("k", '{"eventId": "d", "eventType": "X", "data": [1]}')

@@ -132,3 +132,61 @@ def test_keys_and_fields_read_the_same_in_every_engine() -> None:
                            lookup=Lookup("other", on="where.store"))(lambda s, e: s)
     assert looked_up.lookup_key(data) == "7"
     assert looked_up.lookup_key({}) is None  # no key: no join, rather than a row keyed "None"
+
+
+@dataclass(frozen=True)
+class ItemRemoved:
+    quantity: int
+    event_type = "ItemRemoved"
+    schema_version = 1
+
+    @classmethod
+    def from_data(cls, data: dict) -> ItemRemoved:
+        return cls(**data)
+
+
+class Item:
+    """Shaped as a write_model Aggregate is: its stream type."""
+
+    stream_type = "Item"
+
+
+def test_a_fold_receives_the_classes_it_names_and_the_event_for_names() -> None:
+    seen: list[object] = []
+
+    @projection("typed", sources=[Item], columns={"quantity": BigInteger()},
+                event_types=[ItemAdded, ItemRemoved, "ItemRenamed"])
+    def typed(state, event):
+        """Quantity per item."""
+        seen.append(event)
+        match event:
+            case ItemAdded(quantity=q):
+                return {"quantity": (state or {"quantity": 0})["quantity"] + q}
+            case ItemRemoved(quantity=q):
+                return {"quantity": state["quantity"] - q}
+        return state
+
+    assert typed.sources == ("Item",)
+    assert typed.event_types == {"ItemAdded", "ItemRemoved", "ItemRenamed"}
+    assert typed.description == "Quantity per item."
+    state = typed.apply(None, event("ItemAdded", quantity=5))
+    state = typed.apply(state, event("ItemRemoved", quantity=2))
+    renamed = event("ItemRenamed", name="x")
+    assert typed.apply(state, renamed) == {"quantity": 3}
+    assert seen == [ItemAdded(5), ItemRemoved(2), renamed]
+
+
+def test_an_event_class_past_its_first_schema_version_is_refused_by_class() -> None:
+    @dataclass(frozen=True)
+    class ItemMoved:
+        event_type = "ItemMoved"
+        schema_version = 2
+
+        @classmethod
+        def from_data(cls, data: dict) -> ItemMoved:
+            return cls()
+
+    with pytest.raises(ValueError, match="schema version 2: its older events need upcasting; "
+                                         "name it 'ItemMoved'"):
+        projection("p", sources=["Item"], columns={}, event_types=[ItemMoved])(
+            lambda s, e: s)

@@ -57,3 +57,23 @@ def test_sources_take_aggregate_classes_and_names_are_checked() -> None:
         registry.add(reserve_stock)
     with pytest.raises(LookupError, match="known: reserve_stock"):
         registry.get("nope")
+
+
+def test_a_typed_reaction_gets_its_classes_and_skips_other_types() -> None:
+    from eventfold.reactions import DerivedEvents
+    from eventfold.reactions.definition import topics_of, wants
+
+    from examples.fulfilment import PurchasePlaced
+
+    @reaction("typed", sources=[Purchase, DerivedEvents("eventfold.notifications.x")],
+              event_types=[PurchasePlaced])
+    def typed(event: PurchasePlaced) -> ReserveStock:
+        return ReserveStock(shelf_id=event.shelf_id, purchase_id="p", quantity=event.quantity)
+
+    assert typed.sources == ("Purchase",)
+    assert topics_of(typed) == ["eventfold.events.Purchase", "eventfold.notifications.x"]
+    assert wants(typed, "PurchasePlaced") and not wants(typed, "PurchasePaid")
+    (command,) = typed.commands_for(_placed())
+    assert (command.shelf_id, command.quantity) == ("apples", 2)
+    with pytest.raises(ValueError, match="names no sources"):
+        reaction("none", sources=[])(lambda e: None)
