@@ -18,28 +18,115 @@ each package), the ``eventfold`` CLI (``cli``, a module per area), HTTP serving,
 operators see: logs (``logs``), Prometheus exposition (``metrics``, ``run_observer``),
 ``eventfold status`` (``status``) and the dashboard (``dashboard``). They may import every
 subpackage; no subpackage imports them.
+
+Users import what they write an app with from here alone: ``from eventfold import Aggregate,
+Command, DomainEvent, Eventfold, handles, projection, reaction``. Each name loads on first use
+from the package that owns it.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from eventfold.app import Eventfold
+    from eventfold.config import Settings
+    from eventfold.projections import (
+        AggregateFunction,
+        Avg,
+        Count,
+        Derived,
+        Dispatch,
+        Event,
+        EventLog,
+        Latest,
+        Lookup,
+        Max,
+        Min,
+        Projection,
+        State,
+        Sum,
+        aggregation,
+        fold_in_memory,
+        on_crossing,
+        projection,
+        stream,
+    )
+    from eventfold.reactions import (
+        DerivedEvents,
+        ProcessContext,
+        effect,
+        process,
+        reaction,
+    )
+    from eventfold.runtime import Runtime
+    from eventfold.write_model import (
+        Aggregate,
+        Command,
+        CommandResult,
+        DomainError,
+        DomainEvent,
+        handles,
+    )
 
 __version__ = "0.1.0"
-__all__ = ["Eventfold", "Runtime", "Settings"]
+
+_OWNERS = {
+    "eventfold.app": ["Eventfold"],
+    "eventfold.config": ["Settings"],
+    "eventfold.runtime": ["Runtime"],
+    "eventfold.write_model": ["Aggregate", "Command", "CommandResult", "DomainError",
+                              "DomainEvent", "handles"],
+    "eventfold.projections": ["AggregateFunction", "Avg", "Count", "Derived", "Dispatch",
+                              "Event", "EventLog", "Latest", "Lookup", "Max", "Min",
+                              "Projection", "State", "Sum", "aggregation", "fold_in_memory",
+                              "on_crossing", "projection", "stream"],
+    "eventfold.reactions": ["DerivedEvents", "ProcessContext", "effect", "process", "reaction"],
+}
+_EXPORTED_FROM = {name: module for module, names in _OWNERS.items() for name in names}
+__all__ = [
+    "Aggregate",
+    "AggregateFunction",
+    "Avg",
+    "Command",
+    "CommandResult",
+    "Count",
+    "Derived",
+    "DerivedEvents",
+    "Dispatch",
+    "DomainError",
+    "DomainEvent",
+    "Event",
+    "EventLog",
+    "Eventfold",
+    "Latest",
+    "Lookup",
+    "Max",
+    "Min",
+    "ProcessContext",
+    "Projection",
+    "Runtime",
+    "Settings",
+    "State",
+    "Sum",
+    "aggregation",
+    "effect",
+    "fold_in_memory",
+    "handles",
+    "on_crossing",
+    "process",
+    "projection",
+    "reaction",
+    "stream",
+]
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, so that `import eventfold.config` does not pull in Spark and FastAPI.
-    if name == "Eventfold":
-        from eventfold.app import Eventfold
-
-        return Eventfold
-    if name == "Runtime":
-        from eventfold.runtime import Runtime
-
-        return Runtime
-    if name == "Settings":
-        from eventfold.config import Settings
-
-        return Settings
-    raise AttributeError(name)
+    module = _EXPORTED_FROM.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

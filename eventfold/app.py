@@ -20,7 +20,7 @@ from pathlib import Path
 
 from eventfold.config import ConfigError, Settings
 from eventfold.loading import AppNotFound, import_app_module
-from eventfold.projections import ProjectionRegistry
+from eventfold.projections.definition.registry import ProjectionRegistry
 from eventfold.reactions import ReactionRegistry
 from eventfold.runtime import Runtime
 from eventfold.write_model import CommandRegistry

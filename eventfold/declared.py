@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from eventfold.projections import ProjectionRegistry
+from eventfold.projections.definition.registry import ProjectionRegistry
 from eventfold.reactions import ReactionRegistry
 from eventfold.write_model import CommandRegistry
 

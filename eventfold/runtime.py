@@ -86,9 +86,13 @@ class Runtime:
         admin = TopicAdmin(settings.kafka, settings.replication)
         admin.ensure([event_topic(t) for t in self.app.aggregate_types], EVENT_TOPIC_CONFIG,
                      partitions=settings.event_topic_partitions, check=True, fix=fix_topics)
+        configs = output_topic_configs(settings)
         for projection in self.app.projections:
-            ensure_projection_topics(admin, projection, configs=output_topic_configs(settings),
-                                     fix=fix_topics)
+            ensure_projection_topics(admin, projection, configs=configs, fix=fix_topics)
+        # Made here as the projection's tasks would make them on first emitting: a reaction
+        # reading one can start before anything crossed.
+        if derived := sorted({t for r in self.app.reactions for t in r.derived_topics}):
+            admin.ensure(derived, configs.derived_config(), kind="derived")
         connector = self.connector()
         switch_design(settings.database_url, connector.spec.design, connector)
         connector.apply()

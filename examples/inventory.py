@@ -11,12 +11,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eventfold.projections import Event, State, projection
-from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 from pydantic import Field
 from sqlalchemy import BigInteger
 
-from eventfold.app import Eventfold
+from eventfold import (
+    Aggregate,
+    Command,
+    DomainError,
+    DomainEvent,
+    Eventfold,
+    State,
+    handles,
+    projection,
+)
 
 
 @dataclass(frozen=True)
@@ -29,31 +36,6 @@ class StockReceived(DomainEvent):
 class StockShipped(DomainEvent):
     product: str
     quantity: int
-
-
-class Product(Aggregate):
-    snapshot_every = 100
-
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.on_hand = 0
-
-    def receive_stock(self, quantity: int) -> None:
-        if quantity <= 0:
-            raise DomainError(f"quantity must be positive, got {quantity}")
-        self.record(StockReceived(product=self.id, quantity=quantity))
-
-    def ship(self, quantity: int) -> None:
-        if quantity > self.on_hand:
-            raise DomainError(f"cannot ship {quantity} of {self.id}: {self.on_hand} on hand")
-        self.record(StockShipped(product=self.id, quantity=quantity))
-
-    def apply(self, event: DomainEvent) -> None:
-        match event:
-            case StockReceived(quantity=quantity):
-                self.on_hand += quantity
-            case StockShipped(quantity=quantity):
-                self.on_hand -= quantity
 
 
 class ReceiveStock(Command):
@@ -76,24 +58,45 @@ class ShipStock(Command):
         return self.product
 
 
-@projection("inventory_totals", sources=["Product"], columns={"quantity": BigInteger()},
-            event_types=["StockReceived", "StockShipped"], indexes=["quantity"])
-def inventory_totals(state: State | None, event: Event) -> State | None:
+class Product(Aggregate):
+    snapshot_every = 100
+
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.on_hand = 0
+
+    @handles(ReceiveStock)
+    def receive_stock(self, quantity: int) -> None:
+        if quantity <= 0:
+            raise DomainError(f"quantity must be positive, got {quantity}")
+        self.record(StockReceived(product=self.id, quantity=quantity))
+
+    @handles(ShipStock, requires_existing=True)
+    def ship(self, quantity: int) -> None:
+        if quantity > self.on_hand:
+            raise DomainError(f"cannot ship {quantity} of {self.id}: {self.on_hand} on hand")
+        self.record(StockShipped(product=self.id, quantity=quantity))
+
+    def apply(self, event: DomainEvent) -> None:
+        match event:
+            case StockReceived(quantity=quantity):
+                self.on_hand += quantity
+            case StockShipped(quantity=quantity):
+                self.on_hand -= quantity
+
+
+@projection("inventory_totals", sources=[Product], columns={"quantity": BigInteger()},
+            event_types=[StockReceived, StockShipped], indexes=["quantity"])
+def inventory_totals(state: State | None, event: StockReceived | StockShipped) -> State | None:
     """Quantity on hand per product."""
     quantity = (state or {"quantity": 0})["quantity"]
-    change = int(event.data["quantity"])
-    return {"quantity": quantity + change if event.type == "StockReceived" else quantity - change}
+    match event:
+        case StockReceived(quantity=received):
+            return {"quantity": quantity + received}
+        case StockShipped(quantity=shipped):
+            return {"quantity": quantity - shipped}
 
 
 app = Eventfold("inventory")
+app.commands.add(Product)
 app.projections.add(inventory_totals)
-
-
-@app.commands.handler(ReceiveStock, Product)
-def receive_stock(product: Product, command: ReceiveStock) -> None:
-    product.receive_stock(command.quantity)
-
-
-@app.commands.handler(ShipStock, Product, requires_existing=True)
-def ship_stock(product: Product, command: ShipStock) -> None:
-    product.ship(command.quantity)

@@ -7,7 +7,8 @@
 time a product's total reaches ``SALES_TARGET`` (default 2000), a ``SalesTargetReached``
 event goes to ``eventfold.notifications.sales``, once per crossing, also across replays. A
 delisted product's key is deleted (a tombstone) and it may reach the target again.
-``sales_stats`` is the same data as a Spark-native aggregation.
+``sales_stats`` is the same data as a Spark-native aggregation. ``examples/sales_targets.py``
+turns each crossing into a notification, once.
 """
 
 from __future__ import annotations
@@ -15,22 +16,26 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from eventfold.projections import (
+from pydantic import Field
+from sqlalchemy import BigInteger
+
+from eventfold import (
+    Aggregate,
+    Command,
     Count,
     Derived,
+    DomainError,
+    DomainEvent,
     Event,
+    Eventfold,
     Max,
     State,
     Sum,
     aggregation,
+    handles,
     on_crossing,
     projection,
 )
-from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
-from pydantic import Field
-from sqlalchemy import BigInteger
-
-from eventfold.app import Eventfold
 
 SALES_TARGET = int(os.environ.get("SALES_TARGET", "2000"))
 NOTIFICATIONS_TOPIC = "eventfold.notifications.sales"
@@ -45,24 +50,6 @@ class SaleRecorded(DomainEvent):
 @dataclass(frozen=True)
 class ProductDelisted(DomainEvent):
     product: str
-
-
-class ProductSales(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.listed = True
-
-    def record_sale(self, value: int) -> None:
-        self.listed = True
-        self.record(SaleRecorded(product=self.id, value=value))
-
-    def delist(self) -> None:
-        if not self.listed:
-            raise DomainError(f"{self.id} is not listed")
-        self.record(ProductDelisted(product=self.id))
-
-    def apply(self, event: DomainEvent) -> None:
-        self.listed = not isinstance(event, ProductDelisted)
 
 
 class RecordSale(Command):
@@ -84,37 +71,51 @@ class DelistProduct(Command):
         return self.product
 
 
+class ProductSales(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.listed = True
+
+    @handles(RecordSale)
+    def record_sale(self, value: int) -> None:
+        self.listed = True
+        self.record(SaleRecorded(product=self.id, value=value))
+
+    @handles(DelistProduct, requires_existing=True)
+    def delist(self) -> None:
+        if not self.listed:
+            raise DomainError(f"{self.id} is not listed")
+        self.record(ProductDelisted(product=self.id))
+
+    def apply(self, event: DomainEvent) -> None:
+        self.listed = not isinstance(event, ProductDelisted)
+
+
 def target_reached(event: Event, state: State) -> Derived:
     return Derived(NOTIFICATIONS_TOPIC, event.stream_id, "SalesTargetReached",
                    {"product": event.stream_id, "total": state["total"], "target": SALES_TARGET})
 
 
-@projection("sales_totals", sources=["ProductSales"], columns={"total": BigInteger()},
+@projection("sales_totals", sources=[ProductSales], columns={"total": BigInteger()},
+            event_types=[SaleRecorded, ProductDelisted],
             derive=on_crossing(lambda state: state["total"] >= SALES_TARGET, target_reached))
-def sales_totals(state: State | None, event: Event) -> State | None:
+def sales_totals(state: State | None, event: SaleRecorded | ProductDelisted) -> State | None:
     """Running sales total per product; delisting deletes the product's row."""
-    if event.type == "ProductDelisted":
-        return None
-    return {"total": (state or {"total": 0})["total"] + int(event.data["value"])}
+    match event:
+        case SaleRecorded(value=value):
+            return {"total": (state or {"total": 0})["total"] + value}
+        case ProductDelisted():
+            return None
 
 
 sales_stats = aggregation(
-    "sales_stats", sources=["ProductSales"], event_types=["SaleRecorded"],
+    "sales_stats", sources=[ProductSales], event_types=[SaleRecorded],
     aggregates={"revenue": Sum("value"), "sales": Count(), "largest_sale": Max("value")},
     columns={"revenue": BigInteger(), "sales": BigInteger(), "largest_sale": BigInteger()},
     description="Revenue, number of sales and largest sale per product, computed by Spark.",
 )
 
 app = Eventfold("sales")
+app.commands.add(ProductSales)
 app.projections.add(sales_totals)
 app.projections.add(sales_stats)
-
-
-@app.commands.handler(RecordSale, ProductSales)
-def record_sale(product: ProductSales, command: RecordSale) -> None:
-    product.record_sale(command.value)
-
-
-@app.commands.handler(DelistProduct, ProductSales, requires_existing=True)
-def delist_product(product: ProductSales, command: DelistProduct) -> None:
-    product.delist()

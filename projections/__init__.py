@@ -31,6 +31,10 @@ Layers, each importing only those above it:
   ``status``, ``dead_letters``, ``metrics``, and ``testing`` (an event topic in memory, for
   users' tests).
 
+``__all__`` below is the user's API (declaring projections and testing their folds); the
+engine's names (``Plan``, ``Pipeline``, ``KeyState``, ...) are imported from their modules.
+Users import it all from ``eventfold`` too.
+
 May import: ``outbox`` (Kafka connections and readers, topic admin), ``eventfold.contract``,
 pyspark, pyarrow, confluent-kafka, psycopg, SQLAlchemy types, prometheus-client, rich (progress
 bars). Never ``write_model`` or ``read_api``. The names below load on first use: a process
@@ -46,7 +50,6 @@ if TYPE_CHECKING:
     from eventfold.projections.definition.aggregates import (
         AggregateFunction,
         Avg,
-        CompositeAggregate,
         Count,
         Latest,
         Max,
@@ -59,7 +62,6 @@ if TYPE_CHECKING:
         Dispatch,
         Event,
         FoldProjection,
-        Kind,
         Lookup,
         Projection,
         State,
@@ -69,41 +71,29 @@ if TYPE_CHECKING:
         projection,
         stream,
     )
-    from eventfold.projections.definition.registry import ProjectionRegistry
-    from eventfold.projections.execution.fold import fold_in_memory, fold_records
-    from eventfold.projections.outcome import KeyState, SourceRecord
-    from eventfold.projections.plan import Pipeline, Plan, compile_projection
+    from eventfold.projections.execution.fold import fold_in_memory
     from eventfold.projections.testing import EventLog
 
 _EXPORTED_FROM = {
     "AggregateFunction": "eventfold.projections.definition.aggregates",
     "AggregationProjection": "eventfold.projections.definition.projection",
     "Avg": "eventfold.projections.definition.aggregates",
-    "CompositeAggregate": "eventfold.projections.definition.aggregates",
     "Count": "eventfold.projections.definition.aggregates",
     "Derived": "eventfold.projections.definition.projection",
     "Dispatch": "eventfold.projections.definition.projection",
     "Event": "eventfold.projections.definition.projection",
     "EventLog": "eventfold.projections.testing",
     "FoldProjection": "eventfold.projections.definition.projection",
-    "KeyState": "eventfold.projections.outcome",
-    "Kind": "eventfold.projections.definition.projection",
     "Latest": "eventfold.projections.definition.aggregates",
     "Lookup": "eventfold.projections.definition.projection",
     "Max": "eventfold.projections.definition.aggregates",
     "Min": "eventfold.projections.definition.aggregates",
-    "Pipeline": "eventfold.projections.plan",
-    "Plan": "eventfold.projections.plan",
     "Projection": "eventfold.projections.definition.projection",
-    "ProjectionRegistry": "eventfold.projections.definition.registry",
-    "SourceRecord": "eventfold.projections.outcome",
     "State": "eventfold.projections.definition.projection",
     "StreamProjection": "eventfold.projections.definition.projection",
     "Sum": "eventfold.projections.definition.aggregates",
     "aggregation": "eventfold.projections.definition.projection",
-    "compile_projection": "eventfold.projections.plan",
     "fold_in_memory": "eventfold.projections.execution.fold",
-    "fold_records": "eventfold.projections.execution.fold",
     "on_crossing": "eventfold.projections.definition.projection",
     "projection": "eventfold.projections.definition.projection",
     "stream": "eventfold.projections.definition.projection",
@@ -113,31 +103,22 @@ __all__ = [
     "AggregateFunction",
     "AggregationProjection",
     "Avg",
-    "CompositeAggregate",
     "Count",
     "Derived",
     "Dispatch",
     "Event",
     "EventLog",
     "FoldProjection",
-    "KeyState",
-    "Kind",
     "Latest",
     "Lookup",
     "Max",
     "Min",
-    "Pipeline",
-    "Plan",
     "Projection",
-    "ProjectionRegistry",
-    "SourceRecord",
     "State",
     "StreamProjection",
     "Sum",
     "aggregation",
-    "compile_projection",
     "fold_in_memory",
-    "fold_records",
     "on_crossing",
     "projection",
     "stream",

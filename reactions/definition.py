@@ -124,12 +124,13 @@ def typed(wrapper: type[Typed], function: F, event_types: Sequence[EventType] | 
 
 
 def reaction(name: str, sources: Sequence[Source], start: Start = "latest",
-             event_types: Sequence[EventType] | None = None) -> Callable[[React], Reaction]:
+             event_types: Sequence[EventType] | None = None
+             ) -> Callable[[Callable[[Any], Iterable[Command] | Command | None]], Reaction]:
     """Decorator: the function of one event becomes a ``Reaction``. ``event_types`` given as
     classes reach it as instances of them (``match event: case PurchasePlaced(...)``); by
     name, as the ``Event`` (its stream id and position)."""
 
-    def define(react: React) -> Reaction:
+    def define(react: Callable[[Any], Iterable[Command] | Command | None]) -> Reaction:
         return Reaction(name=name, react=typed(TypedReact, react, event_types), start=start,
                         **subscription(sources, event_types))
 
@@ -173,11 +174,12 @@ class TypedCall(Typed):
 
 def effect(name: str, sources: Sequence[Source], max_attempts: int = 5,
            first_pause_s: float = 0.5, start: Start = "latest",
-           event_types: Sequence[EventType] | None = None) -> Callable[[Call], Effect]:
+           event_types: Sequence[EventType] | None = None
+           ) -> Callable[[Callable[[Any, str], None]], Effect]:
     """Decorator: a function of an event and an idempotency key becomes an ``Effect``
     (``event_types`` as ``reaction``'s)."""
 
-    def define(call: Call) -> Effect:
+    def define(call: Callable[[Any, str], None]) -> Effect:
         return Effect(name=name, call=typed(TypedCall, call, event_types),
                       max_attempts=max_attempts, first_pause_s=first_pause_s, start=start,
                       **subscription(sources, event_types))

@@ -124,11 +124,11 @@ class TypedHandle(Typed):
 
 def process(name: str, sources: Sequence[Source], key_by: str | None = None,
             start: Start = "latest", event_types: Sequence[EventType] | None = None
-            ) -> Callable[[Callable[[ProcessContext, Event], None]], Process]:
+            ) -> Callable[[Callable[[ProcessContext, Any], None]], Process]:
     """Decorator: a function of a ``ProcessContext`` and an event becomes a ``Process``
     (``event_types`` as ``reaction``'s; a timer comes as the ``Event`` named after it)."""
 
-    def define(handle: Callable[[ProcessContext, Event], None]) -> Process:
+    def define(handle: Callable[[ProcessContext, Any], None]) -> Process:
         return Process(name=name, handle=typed(TypedHandle, handle, event_types),
                        key_by=key_by, start=start, **subscription(sources, event_types))
 

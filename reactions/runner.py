@@ -36,7 +36,13 @@ from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
 from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of, wants
 from eventfold.reactions.operations import source_ends
-from eventfold.reactions.positions import Refusal, load_positions, move_to, save_batch
+from eventfold.reactions.positions import (
+    Refusal,
+    RefusalKind,
+    load_positions,
+    move_to,
+    save_batch,
+)
 from eventfold.reactions.process import (
     KeyStates,
     Process,
@@ -55,6 +61,7 @@ from eventfold.write_model import (
     CommandResult,
     ConcurrencyError,
     DomainError,
+    StoreUnavailable,
     StreamNotFound,
     StreamOwnedByAnotherType,
 )
@@ -69,8 +76,12 @@ REFUSALS = (DomainError, StreamNotFound, ConcurrencyError, CommandIdReused,
 """What the domain answers a command with when it will not execute it: final, recorded with
 the event, and the reaction goes on. A version conflict is final only for a command that
 states the version it expects; otherwise the bus retries it, and so does the runner once the
-bus gives up. Anything else (the database away) fails the batch, which is read again from
-the saved positions."""
+bus gives up."""
+
+UNAVAILABLE = (StoreUnavailable, psycopg.Error, KafkaException, OSError)
+"""The database or the broker away: the batch fails and is read again from the saved
+positions. Anything else a command raises is a bug in its handler: recorded (``raised``)
+with the event, as a reaction's own exception is, and the reaction goes on."""
 
 CONFLICT_PAUSE_S = 0.05
 MAX_EFFECT_PAUSE_S = 30.0
@@ -177,7 +188,7 @@ class ReactionRunner:
             while not stopping.is_set():
                 try:
                     await self._one_batch(consumer)
-                except (psycopg.Error, KafkaException, OSError, StateConflict) as exc:
+                except (*UNAVAILABLE, StateConflict) as exc:
                     log.warning("reaction %s: batch failed (%s); reading it again in %.0f s",
                                 name, str(exc).splitlines()[0], self.options.reaction_retry_pause_s)
                     self._drop_connection()
@@ -417,13 +428,18 @@ class ReactionRunner:
         for event, index, command, correlation_id in commands:
             try:
                 result = await self._send(command, event, correlation_id)
-            except REFUSALS as refused:
-                refusals.append(Refusal(event.event_id, index, "refused", event.type,
-                                        event.stream_id, f"{type(refused).__name__}: "
-                                        f"{refused}", command.command_name,
+            except UNAVAILABLE:
+                raise
+            except Exception as failed:
+                kind: RefusalKind = "refused" if isinstance(failed, REFUSALS) else "raised"
+                refusals.append(Refusal(event.event_id, index, kind, event.type,
+                                        event.stream_id, f"{type(failed).__name__}: "
+                                        f"{failed}", command.command_name,
                                         command.command_id))
-                log.info("reaction %s: %s for event %s refused: %s", self.reaction.name,
-                         command.command_name, event.event_id, refused)
+                log.log(logging.INFO if kind == "refused" else logging.ERROR,
+                        "reaction %s: %s for event %s %s: %s", self.reaction.name,
+                        command.command_name, event.event_id,
+                        "refused" if kind == "refused" else "raised in its handler", failed)
                 continue
             self.counts.sent += 1
             self.counts.repeated += result.replayed

@@ -18,13 +18,11 @@ from eventfold.projections import (
     Count,
     Derived,
     Event,
-    KeyState,
     Latest,
     Lookup,
     Max,
     Min,
     Projection,
-    SourceRecord,
     State,
     Sum,
     aggregation,
@@ -33,7 +31,7 @@ from eventfold.projections import (
     stream,
 )
 from eventfold.projections.definition.aggregates import AggregateFunction
-from eventfold.projections.outcome import FoldOutcome
+from eventfold.projections.outcome import FoldOutcome, KeyState, SourceRecord
 from hypothesis import strategies as st
 from pyspark.sql import Column
 from pyspark.sql import functions as F

@@ -20,6 +20,7 @@ from eventfold.write_model.commands import (
     CommandBus,
     CommandRegistry,
     CommandResult,
+    handles,
 )
 from eventfold.write_model.domain.aggregate import Aggregate, DomainError
 from eventfold.write_model.domain.events import (
@@ -66,4 +67,5 @@ __all__ = [
     "StreamNotFound",
     "StreamOwnedByAnotherType",
     "default_registry",
+    "handles",
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import random
 import time
 import uuid
@@ -31,6 +32,7 @@ from pydantic_core import PydanticCustomError, to_jsonable_python
 
 A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C", bound="Command")
+M = TypeVar("M", bound=Callable[..., None])
 
 
 class Command(BaseModel):
@@ -106,11 +108,70 @@ class HandlerSpec(Generic[A, C]):
     requires_existing: bool
 
 
+@dataclass(frozen=True)
+class _Handles:
+    command: type[Command]
+    requires_existing: bool
+
+
+def handles(command: type[Command], *, requires_existing: bool = False) -> Callable[[M], M]:
+    """Decorator on an aggregate's method: ``command`` calls it, passing the command's fields
+    its parameters name, so that one use case is written in one place::
+
+        class Product(Aggregate):
+            @handles(ShipStock, requires_existing=True)
+            def ship(self, quantity: int) -> None: ...
+
+    Register the aggregate with ``CommandRegistry.add``. ``requires_existing``: the command
+    fails with StreamNotFound on a new stream."""
+
+    def mark(method: M) -> M:
+        method.__eventfold_handles__ = _Handles(command, requires_existing)  # type: ignore[attr-defined]
+        return method
+
+    return mark
+
+
+@dataclass(frozen=True)
+class _CallMethod:
+    """A handler that calls one aggregate method with the command's fields it names."""
+
+    method: str
+    parameters: tuple[str, ...]
+
+    def __call__(self, aggregate: Aggregate, command: Command) -> None:
+        getattr(aggregate, self.method)(**{p: getattr(command, p) for p in self.parameters})
+
+
+def _method_handler(aggregate: type[Aggregate], name: str, command: type[Command]
+                    ) -> _CallMethod:
+    parameters = tuple(inspect.signature(getattr(aggregate, name)).parameters)[1:]
+    unknown = [p for p in parameters if p not in command.model_fields]
+    if unknown:
+        raise ValueError(f"{aggregate.__name__}.{name} takes {', '.join(unknown)}, which "
+                         f"{command.__name__} has no field for")
+    return _CallMethod(name, parameters)
+
+
 class CommandRegistry:
     """The commands an application accepts, each bound to an aggregate type and a handler."""
 
     def __init__(self) -> None:
         self._handlers: dict[str, HandlerSpec[Any, Any]] = {}
+
+    def add(self, aggregate: type[A]) -> type[A]:
+        """The commands ``aggregate``'s methods handle (``@handles``)."""
+        found = False
+        for name, member in inspect.getmembers(aggregate, inspect.isfunction):
+            marked: _Handles | None = getattr(member, "__eventfold_handles__", None)
+            if marked is not None:
+                self.handler(marked.command, aggregate,
+                             requires_existing=marked.requires_existing)(
+                    _method_handler(aggregate, name, marked.command))
+                found = True
+        if not found:
+            raise ValueError(f"{aggregate.__name__} has no method marked @handles(Command)")
+        return aggregate
 
     def handler(
         self, command: type[C], aggregate: type[A], *, requires_existing: bool = False

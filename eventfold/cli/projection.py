@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 from typing import TYPE_CHECKING
 
 from eventfold.config import ConfigError, Settings
+
+log = logging.getLogger("eventfold")
 
 if TYPE_CHECKING:
     from eventfold.app import Eventfold
@@ -162,8 +165,18 @@ def _run_projections(app: Eventfold, settings: Settings, names: list[str],
     if not reactions:
         host.run()
         return 0
-    thread = threading.Thread(target=runtime.run_reactions, name="reactions",
-                              args=(reactions, host.stop_requested), daemon=True)
+    failed: list[BaseException] = []
+
+    def react() -> None:
+        try:
+            runtime.run_reactions(reactions, host.stop_requested)
+        except BaseException as exc:  # the host must not go on without them, unseen
+            log.error("the reactions stopped on an error; stopping the host: %s", exc,
+                      exc_info=exc)
+            failed.append(exc)
+            host.stop_requested.set()
+
+    thread = threading.Thread(target=react, name="reactions", daemon=True)
     thread.start()
     try:
         if names:
@@ -175,7 +188,7 @@ def _run_projections(app: Eventfold, settings: Settings, names: list[str],
     finally:
         host.stop_requested.set()
         thread.join(60)
-    return 0
+    return 1 if failed else 0
 
 
 def _observer(app: Eventfold, settings: Settings, name: str,

@@ -415,7 +415,7 @@ def projection(
     lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
     ktable_topic: str = "", indexes: Iterable[str] = (), park_on_failure: bool = True,
     ktable_partitions: int | None = None,
-) -> Callable[[Fold], FoldProjection]:
+) -> Callable[[Handler], FoldProjection]:
     """Decorator: turn a fold function (or a ``Dispatch``) into a projection. ``sources``:
     aggregate classes or type names. ``event_types`` limits the events folded; those given as
     classes reach the fold as instances of them (``match event: case StockReceived(quantity=q)``),
@@ -423,7 +423,7 @@ def projection(
     stream id, version and position). ``indexes`` are the columns the read model indexes (the
     read API sorts on them and on the key); ``park_on_failure`` is ``FoldProjection``'s."""
 
-    def wrap(fold: Fold) -> FoldProjection:
+    def wrap(fold: Handler) -> FoldProjection:
         handled: Iterable[EventType] | None = event_types
         if event_types is None and isinstance(fold, Dispatch):
             handled = fold.event_types

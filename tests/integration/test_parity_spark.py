@@ -18,7 +18,6 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
-from eventfold.projections import Pipeline, Plan, compile_projection, fold_records
 from eventfold.projections.execution import worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
@@ -30,9 +29,10 @@ from eventfold.projections.execution.engine import (
     run_fold,
     run_fold_in_place,
 )
-from eventfold.projections.execution.fold import EMIT_ALL
+from eventfold.projections.execution.fold import EMIT_ALL, fold_records
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange
 from eventfold.projections.outcome import FoldOutcome, KeyState, SourceRecord
+from eventfold.projections.plan import Pipeline, Plan, compile_projection
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore

@@ -196,3 +196,15 @@ def test_no_module_of_the_namespace_is_over_500_lines() -> None:
             if "migrations" not in path.parts
             and (lines := len(path.read_text().splitlines())) > MOST_LINES}
     assert not long, f"over {MOST_LINES} lines: {long}"
+
+
+def test_users_import_everything_from_eventfold_and_each_name_loads() -> None:
+    import eventfold.projections
+
+    import eventfold
+
+    assert sorted(eventfold.__all__) == sorted(eventfold._EXPORTED_FROM)
+    for name in eventfold.__all__:
+        assert getattr(eventfold, name) is not None
+    engine = {"Plan", "Pipeline", "KeyState", "SourceRecord", "compile_projection"}
+    assert not engine & set(eventfold.projections.__all__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
-from eventfold.projections import Count, Latest, Sum, aggregation, compile_projection
+from eventfold.projections import Count, Latest, Sum, aggregation
 from eventfold.projections.execution.decode import (
     EVENT_FIELDS,
     _decode_columnar,
@@ -19,6 +19,7 @@ from eventfold.projections.execution.decode import (
 from eventfold.projections.execution.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, BatchFold
 from eventfold.projections.execution.guard import drop_applied
 from eventfold.projections.outcome import RawRecords
+from eventfold.projections.plan import compile_projection
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import BigInteger, Float, String

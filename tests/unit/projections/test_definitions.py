@@ -13,15 +13,14 @@ from eventfold.projections import (
     FoldProjection,
     Latest,
     Lookup,
-    Pipeline,
     Projection,
     Sum,
     aggregation,
-    compile_projection,
     projection,
     stream,
 )
 from eventfold.projections.definition.fields import coerce, key_text, path_value
+from eventfold.projections.plan import Pipeline, compile_projection
 from sqlalchemy import BigInteger, Float, String
 
 

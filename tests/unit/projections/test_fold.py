@@ -7,16 +7,16 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from eventfold.projections import (
-    KeyState,
-    SourceRecord,
-    fold_in_memory,
-    fold_records,
-    projection,
-)
+from eventfold.projections import fold_in_memory, projection
 from eventfold.projections.execution import task_output
-from eventfold.projections.execution.fold import BatchFold
-from eventfold.projections.outcome import PARKED_BEHIND, ParkedKey, RawRecords
+from eventfold.projections.execution.fold import BatchFold, fold_records
+from eventfold.projections.outcome import (
+    PARKED_BEHIND,
+    KeyState,
+    ParkedKey,
+    RawRecords,
+    SourceRecord,
+)
 from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 

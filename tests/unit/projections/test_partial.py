@@ -9,18 +9,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from eventfold.projections import (
-    Count,
-    Latest,
-    Max,
-    Min,
-    SourceRecord,
-    Sum,
-    aggregation,
-    fold_records,
-)
+from eventfold.projections import Count, Latest, Max, Min, Sum, aggregation
 from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
-from eventfold.projections.execution.fold import by_partition
+from eventfold.projections.execution.fold import by_partition, fold_records
 from eventfold.projections.execution.guard import drop_below
 from eventfold.projections.execution.partial import (
     PartitionAggregate,
@@ -29,6 +20,7 @@ from eventfold.projections.execution.partial import (
     slot,
     stream_marks,
 )
+from eventfold.projections.outcome import SourceRecord
 from eventfold.projections.plan import Plan, compile_projection
 from hypothesis import given, settings
 from hypothesis import strategies as st
