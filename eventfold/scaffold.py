@@ -29,10 +29,18 @@ from dataclasses import dataclass
 from pydantic import Field
 from sqlalchemy import BigInteger
 
-from eventfold import Eventfold
-from eventfold.projections import Event, State, projection
-from eventfold.reactions import reaction
-from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
+from eventfold import (
+    Aggregate,
+    Command,
+    DomainError,
+    DomainEvent,
+    Event,
+    Eventfold,
+    State,
+    handles,
+    projection,
+    reaction,
+)
 
 
 @dataclass(frozen=True)
@@ -43,28 +51,6 @@ class Deposited(DomainEvent):
 @dataclass(frozen=True)
 class Withdrawn(DomainEvent):
     amount: int
-
-
-class Account(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.balance = 0
-
-    def deposit(self, amount: int) -> None:
-        self.record(Deposited(amount=amount))
-
-    def withdraw(self, amount: int) -> None:
-        if amount > self.balance:
-            raise DomainError(f"cannot withdraw {{amount}} from {{self.id}}: balance "
-                              f"{{self.balance}}")
-        self.record(Withdrawn(amount=amount))
-
-    def apply(self, event: DomainEvent) -> None:
-        match event:
-            case Deposited(amount=amount):
-                self.balance += amount
-            case Withdrawn(amount=amount):
-                self.balance -= amount
 
 
 class Deposit(Command):
@@ -87,37 +73,56 @@ class Withdraw(Command):
         return self.account
 
 
-@projection("balances", sources=["Account"], columns={{"balance": BigInteger()}},
-            indexes=["balance"])
-def balances(state: State | None, event: Event) -> State | None:
+class Account(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.balance = 0
+
+    @handles(Deposit)
+    def deposit(self, amount: int) -> None:
+        self.record(Deposited(amount=amount))
+
+    @handles(Withdraw, requires_existing=True)
+    def withdraw(self, amount: int) -> None:
+        if amount > self.balance:
+            raise DomainError(f"cannot withdraw {{amount}} from {{self.id}}: balance "
+                              f"{{self.balance}}")
+        self.record(Withdrawn(amount=amount))
+
+    def apply(self, event: DomainEvent) -> None:
+        match event:
+            case Deposited(amount=amount):
+                self.balance += amount
+            case Withdrawn(amount=amount):
+                self.balance -= amount
+
+
+@projection("balances", sources=[Account], event_types=[Deposited, Withdrawn],
+            columns={{"balance": BigInteger()}}, indexes=["balance"])
+def balances(state: State | None, event: Deposited | Withdrawn) -> State | None:
     """Each account's balance: a read model in Postgres and a KTable in Kafka."""
     balance = (state or {{"balance": 0}})["balance"]
-    amount = int(event.data["amount"])
-    return {{"balance": balance + amount if event.type == "Deposited" else balance - amount}}
+    match event:
+        case Deposited(amount=amount):
+            return {{"balance": balance + amount}}
+        case Withdrawn(amount=amount):
+            return {{"balance": balance - amount}}
 
 
-@reaction("welcome_bonus", sources=[Account])
+@reaction("welcome_bonus", sources=[Account], event_types=["Deposited"])
 def welcome_bonus(event: Event) -> Deposit | None:
     """An account's first deposit earns a bonus of 10: sent once, however often the event
-    is delivered (the command's id derives from the event's)."""
-    if event.type == "Deposited" and event.stream_version == 1:
+    is delivered (the command's id derives from the event's). Named by type, the event
+    comes as the ``Event``, with its stream id and version."""
+    if event.stream_version == 1:
         return Deposit(account=event.stream_id, amount=10)
     return None
 
 
 app = Eventfold("{name}")
+app.commands.add(Account)
 app.projections.add(balances)
 app.reactions.add(welcome_bonus)
-
-
-@app.commands.handler(Deposit, Account)
-def deposit(account: Account, command: Deposit) -> None:
-    account.deposit(command.amount)
-
-
-@app.commands.handler(Withdraw, Account, requires_existing=True)
-def withdraw(account: Account, command: Withdraw) -> None:
-    account.withdraw(command.amount)
 '''
 
 CONFIG_TEMPLATE = '''\
@@ -129,7 +134,7 @@ TEST_TEMPLATE = '''\
 """{module}'s projection, folded in plain Python (the code Spark's tasks run), and its
 reaction, asked for its commands: no stack."""
 
-from eventfold.projections import Event, EventLog, fold_in_memory
+from eventfold import Event, EventLog, fold_in_memory
 
 from {module} import Deposit, balances, welcome_bonus
 

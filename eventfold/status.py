@@ -164,7 +164,7 @@ def _reaction_entry(reaction: Declared, settings: Settings) -> dict[str, Any]:
     except Exception as exc:  # Kafka away: already a problem of its own
         return {"name": reaction.name, "error": str(exc)}
     return {"name": found.name, "started": found.started, "lag": found.lag,
-            "refused": found.refused,
+            "refused": found.refused, "parked": found.parked,
             "running": found.processes[0] if found.processes else None,
             "timers": found.processes[1] if found.processes else None}
 
@@ -262,14 +262,17 @@ def render(status: PipelineStatus, console: Console) -> None:
 
 def _reactions_table(reactions: list[dict[str, Any]]) -> Table:
     table = Table(title="Reactions", title_justify="left")
-    for column in ("reaction", "lag", "refused", "processes running", "timers pending"):
+    for column in ("reaction", "lag", "refused", "parked keys", "processes running",
+                   "timers pending"):
         table.add_column(column, justify="left" if column == "reaction" else "right")
     for r in reactions:
         if "error" in r:
-            table.add_row(r["name"], f"[red]{escape(r['error'])}[/]", "", "", "")
+            table.add_row(r["name"], f"[red]{escape(r['error'])}[/]", "", "", "", "")
             continue
         table.add_row(r["name"], f"{r['lag']:,}" if r["started"] else "never ran",
-                      f"{r['refused']:,}", "-" if r["running"] is None else f"{r['running']:,}",
+                      f"{r['refused']:,}",
+                      f"[red]{r['parked']:,}[/]" if r["parked"] else "0",
+                      "-" if r["running"] is None else f"{r['running']:,}",
                       "-" if r["timers"] is None else f"{r['timers']:,}")
     return table
 

@@ -26,13 +26,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-from eventfold.projections import Event, State, projection
-from eventfold.reactions import ProcessContext, process, reaction
-from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 from pydantic import Field
 from sqlalchemy import BigInteger
 
-from eventfold.app import Eventfold
+from eventfold import (
+    Aggregate,
+    Command,
+    DomainError,
+    DomainEvent,
+    Event,
+    Eventfold,
+    ProcessContext,
+    State,
+    handles,
+    process,
+    projection,
+    reaction,
+)
 
 
 @dataclass(frozen=True)
@@ -61,56 +71,6 @@ class PurchasePaid(DomainEvent):
 @dataclass(frozen=True)
 class PurchaseCancelled(DomainEvent):
     reason: str
-
-
-class Shelf(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.available = 0
-
-    def stock(self, quantity: int) -> None:
-        self.record(ShelfStocked(quantity=quantity))
-
-    def reserve(self, purchase_id: str, quantity: int) -> None:
-        if quantity > self.available:
-            raise DomainError(f"shelf {self.id} has {self.available} available, purchase "
-                              f"{purchase_id} asks for {quantity}")
-        self.record(StockReserved(purchase_id=purchase_id, quantity=quantity))
-
-    def apply(self, event: DomainEvent) -> None:
-        if isinstance(event, ShelfStocked):
-            self.available += event.quantity
-        elif isinstance(event, StockReserved):
-            self.available -= event.quantity
-
-
-class Purchase(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.paid = False
-        self.cancelled = False
-
-    def place(self, shelf_id: str, quantity: int, pay_within_s: int) -> None:
-        if self.version > 0:
-            raise DomainError(f"purchase {self.id} was already placed")
-        self.record(PurchasePlaced(shelf_id=shelf_id, quantity=quantity,
-                                   pay_within_s=pay_within_s))
-
-    def pay(self) -> None:
-        if self.cancelled:
-            raise DomainError(f"purchase {self.id} was cancelled")
-        self.record(PurchasePaid())
-
-    def cancel(self, reason: str) -> None:
-        if self.paid:
-            raise DomainError(f"purchase {self.id} is paid")
-        self.record(PurchaseCancelled(reason=reason))
-
-    def apply(self, event: DomainEvent) -> None:
-        if isinstance(event, PurchasePaid):
-            self.paid = True
-        elif isinstance(event, PurchaseCancelled):
-            self.cancelled = True
 
 
 class StockShelf(Command):
@@ -165,6 +125,61 @@ class ReserveStock(Command):
         return self.shelf_id
 
 
+class Shelf(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.available = 0
+
+    @handles(StockShelf)
+    def stock(self, quantity: int) -> None:
+        self.record(ShelfStocked(quantity=quantity))
+
+    @handles(ReserveStock, requires_existing=True)
+    def reserve(self, purchase_id: str, quantity: int) -> None:
+        if quantity > self.available:
+            raise DomainError(f"shelf {self.id} has {self.available} available, purchase "
+                              f"{purchase_id} asks for {quantity}")
+        self.record(StockReserved(purchase_id=purchase_id, quantity=quantity))
+
+    def apply(self, event: DomainEvent) -> None:
+        if isinstance(event, ShelfStocked):
+            self.available += event.quantity
+        elif isinstance(event, StockReserved):
+            self.available -= event.quantity
+
+
+class Purchase(Aggregate):
+    def __init__(self, id: str) -> None:
+        super().__init__(id)
+        self.paid = False
+        self.cancelled = False
+
+    @handles(PlacePurchase)
+    def place(self, shelf_id: str, quantity: int, pay_within_s: int) -> None:
+        if self.version > 0:
+            raise DomainError(f"purchase {self.id} was already placed")
+        self.record(PurchasePlaced(shelf_id=shelf_id, quantity=quantity,
+                                   pay_within_s=pay_within_s))
+
+    @handles(PayPurchase, requires_existing=True)
+    def pay(self) -> None:
+        if self.cancelled:
+            raise DomainError(f"purchase {self.id} was cancelled")
+        self.record(PurchasePaid())
+
+    @handles(CancelPurchase, requires_existing=True)
+    def cancel(self, reason: str) -> None:
+        if self.paid:
+            raise DomainError(f"purchase {self.id} is paid")
+        self.record(PurchaseCancelled(reason=reason))
+
+    def apply(self, event: DomainEvent) -> None:
+        if isinstance(event, PurchasePaid):
+            self.paid = True
+        elif isinstance(event, PurchaseCancelled):
+            self.cancelled = True
+
+
 @projection("shelf_stock", sources=["Shelf"],
             columns={"stocked": BigInteger(), "reserved": BigInteger()})
 def shelf_stock(state: State | None, event: Event) -> State | None:
@@ -201,31 +216,8 @@ def payment_deadline(purchase: ProcessContext, event: Event) -> None:
 
 
 app = Eventfold("fulfilment")
+app.commands.add(Shelf)
+app.commands.add(Purchase)
 app.projections.add(shelf_stock)
 app.reactions.add(reserve_stock)
 app.reactions.add(payment_deadline)
-
-
-@app.commands.handler(StockShelf, Shelf)
-def stock_shelf(shelf: Shelf, command: StockShelf) -> None:
-    shelf.stock(command.quantity)
-
-
-@app.commands.handler(PlacePurchase, Purchase)
-def place_purchase(purchase: Purchase, command: PlacePurchase) -> None:
-    purchase.place(command.shelf_id, command.quantity, command.pay_within_s)
-
-
-@app.commands.handler(PayPurchase, Purchase, requires_existing=True)
-def pay_purchase(purchase: Purchase, command: PayPurchase) -> None:
-    purchase.pay()
-
-
-@app.commands.handler(CancelPurchase, Purchase, requires_existing=True)
-def cancel_purchase(purchase: Purchase, command: CancelPurchase) -> None:
-    purchase.cancel(command.reason)
-
-
-@app.commands.handler(ReserveStock, Shelf, requires_existing=True)
-def reserve(shelf: Shelf, command: ReserveStock) -> None:
-    shelf.reserve(command.purchase_id, command.quantity)

@@ -19,6 +19,8 @@ answered.
 - ``process``: process managers: ``Process``, ``process``, ``ProcessContext``, and their
   states and timers in Postgres;
 - ``positions``: where a reaction is, and what the domain refused it, in Postgres;
+- ``parking``: keys parked behind an event the function raised on, their held events, and
+  the retries operators ask for;
 - ``runner``: the loop that reads, reacts, sends and saves, and fires due timers;
 - ``operations``: status and reset, for operators.
 

@@ -147,7 +147,8 @@ class Effect:
     the same every time it is called for the event (hand it to the service you call: a
     payment provider's, an e-mail API's). A call that raises is tried again after a pause
     that doubles each time (``first_pause_s`` up to 30 s), ``max_attempts`` times in all;
-    then it is given up and recorded (``failed``), and the effect goes on."""
+    then it is given up and recorded (``failed``), and its stream parked (its later events
+    held until ``eventfold dlq retry``); the other streams go on."""
 
     name: str
     sources: tuple[str, ...]

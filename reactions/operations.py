@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 from eventfold.reactions.definition import Declared, topics_of
+from eventfold.reactions.parking import parked_count
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
 from eventfold.reactions.process import Process, process_counts
 
@@ -38,6 +39,8 @@ class ReactionReport:
     """Per partition: its position, and the partition's end."""
     processes: tuple[int, int] | None = None
     """A process manager's running keys and pending timers."""
+    parked: int = 0
+    """Keys holding their events back behind one it raised on (``eventfold dlq retry``)."""
 
 
 def source_ends(kafka: KafkaConnection, reaction: Declared,
@@ -59,13 +62,14 @@ def report(kafka: KafkaConnection, database_url: str, reaction: Declared) -> Rea
     with psycopg.connect(libpq_url(database_url)) as conn:
         positions = load_positions(conn, reaction.name)
         refused = refusal_count(conn, reaction.name)
+        parked = parked_count(conn, [reaction.name]).get(reaction.name, 0)
         processes = (process_counts(conn, reaction.name) if isinstance(reaction, Process)
                      else None)
     ends = source_ends(kafka, reaction)
     partitions = {tp: (positions.get(tp, low), high) for tp, (low, high, _) in ends.items()}
     return ReactionReport(reaction.name, bool(positions),
                           sum(max(high - at, 0) for at, high in partitions.values()), refused,
-                          partitions, processes)
+                          partitions, processes, parked)
 
 
 class ReactionRunning(RuntimeError):

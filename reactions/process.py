@@ -229,6 +229,31 @@ def database_now(conn: psycopg.Connection) -> datetime:
     return row[0] if row else datetime.now(UTC)
 
 
+@dataclass(frozen=True)
+class RunningProcess:
+    """One key's process as an operator sees it: its state and its pending timers."""
+
+    key: str
+    state: dict[str, Any]
+    updated_at: str
+    timers: list[tuple[str, str]]
+    """Each pending timer's name and when it falls due."""
+
+
+def running_processes(conn: psycopg.Connection, process: str, limit: int,
+                      key_prefix: str = "") -> list[RunningProcess]:
+    """The process's running keys (those starting with ``key_prefix``), in key order."""
+    rows = conn.execute(
+        "SELECT s.key, s.state, s.updated_at, coalesce((SELECT json_agg(json_build_array("
+        "t.name, t.fire_at) ORDER BY t.fire_at) FROM process_timers t WHERE t.process = "
+        "s.process AND t.key = s.key), '[]') FROM process_states s WHERE s.process = %s AND "
+        "s.key LIKE %s ORDER BY s.key LIMIT %s",
+        (process, key_prefix.replace("%", r"\%").replace("_", r"\_") + "%", limit)).fetchall()
+    return [RunningProcess(str(key), dict(state), updated.isoformat(timespec="seconds"),
+                           [(str(name), str(at)) for name, at in timers])
+            for key, state, updated, timers in rows]
+
+
 def process_counts(conn: psycopg.Connection, process: str) -> tuple[int, int]:
     """How many keys of the process are running, and how many timers are pending."""
     row = conn.execute(

@@ -36,6 +36,7 @@ from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
 from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of, wants
 from eventfold.reactions.operations import source_ends
+from eventfold.reactions.parking import Parking, open_parking, save_parking
 from eventfold.reactions.positions import (
     Refusal,
     RefusalKind,
@@ -81,7 +82,8 @@ bus gives up."""
 UNAVAILABLE = (StoreUnavailable, psycopg.Error, KafkaException, OSError)
 """The database or the broker away: the batch fails and is read again from the saved
 positions. Anything else a command raises is a bug in its handler: recorded (``raised``)
-with the event, as a reaction's own exception is, and the reaction goes on."""
+with the event, and the reaction goes on (its commands' events were acted on already: the
+key is not parked, as it is for the reaction's own exception)."""
 
 CONFLICT_PAUSE_S = 0.05
 MAX_EFFECT_PAUSE_S = 30.0
@@ -119,10 +121,17 @@ class _Batch:
     """A process manager's keys, as loaded and as the batch changed them."""
     called: bool = False
     """An effect's calls were made."""
+    parking: Parking = field(default_factory=Parking)
 
-    def raised(self, event: Event, error: Exception) -> None:
+    def raised(self, event: Event, error: Exception,
+               parks: tuple[str, str | None] | None = None) -> None:
+        """The function raised on ``event``: recorded; with ``parks`` (its key and the
+        event's correlation id), the key parked, holding the event and its later ones."""
+        reason = f"{type(error).__name__}: {error}"
         self.refusals.append(Refusal(event.event_id, -1, "raised", event.type,
-                                     event.stream_id, f"{type(error).__name__}: {error}"))
+                                     event.stream_id, reason))
+        if parks is not None:
+            self.parking.park(parks[0], event, parks[1], reason)
 
 
 @dataclass(frozen=True)
@@ -204,6 +213,18 @@ class ReactionRunner:
         self._report()
         return self.counts
 
+    def _report_parking(self, parking: Parking, retried: int) -> None:
+        name = self.reaction.name
+        for key, (event_id, reason) in parking.newly.items():
+            log.warning("reaction %s: key %r parked at event %s (%s); its later events are "
+                        "held until `eventfold dlq retry %s %s`", name, key, event_id, reason,
+                        name, key)
+        if parking.retried:
+            log.info("reaction %s: retried %d held events of %s; %s", name, retried,
+                     ", ".join(map(repr, parking.retried)),
+                     "parked again: " + ", ".join(map(repr, parking.newly))
+                     if set(parking.newly) & set(parking.retried) else "released")
+
     def _report(self) -> None:
         c = self.counts
         log.info("reaction %s: %d events, %d timers, %d commands sent (%d answered from the "
@@ -255,11 +276,14 @@ class ReactionRunner:
                                            POLL_WAIT_S)
         if isinstance(self.reaction, Process):
             await self._fire_due_timers(self.reaction)
-        if not messages:
+        parking, retried = open_parking(self._connection(), self.reaction.name)
+        if not messages and not parking.retried:
             return
         batch = self._read(messages)
-        if not batch.positions:
+        if not batch.positions and not parking.retried:
             return
+        batch.parking = parking
+        batch.events[:0] = [(event, correlation_id) for _, event, correlation_id in retried]
         if isinstance(self.reaction, Process):
             self._step_process(self.reaction, batch)
         elif isinstance(self.reaction, Reaction):
@@ -273,8 +297,10 @@ class ReactionRunner:
         conn = self._connection()
         with conn.transaction():
             save_batch(conn, self.reaction.name, batch.positions, batch.refusals)
+            save_parking(conn, self.reaction.name, batch.parking)
             if batch.states is not None:
                 save_states(conn, self.reaction.name, batch.states)
+        self._report_parking(batch.parking, len(retried))
         if repeated := self.counts.repeated - repeated_before:
             log.info("reaction %s: %d commands of a batch of %d events had been executed "
                      "already (the batch was read again): answered from the command log",
@@ -319,10 +345,12 @@ class ReactionRunner:
     def _react(reaction: Reaction, batch: _Batch) -> None:
         """Each event's commands, grouped by the aggregate they go to."""
         for event, correlation_id in batch.events:
+            if batch.parking.holds(event.stream_id, event, correlation_id):
+                continue
             try:
                 commands = reaction.commands_for(event)
-            except Exception as exc:  # the user's function: recorded, the reaction goes on
-                batch.raised(event, exc)
+            except Exception as exc:  # the user's function: recorded, its key parked
+                batch.raised(event, exc, parks=(event.stream_id, correlation_id))
                 continue
             for index, command in enumerate(commands):
                 batch.groups[command.stream_id()].append(
@@ -341,10 +369,12 @@ class ReactionRunner:
         batch.states = load_states(conn, process.name, sorted({k for k, _, _ in keyed}))
         now = database_now(conn)
         for key, event, correlation_id in keyed:
+            if batch.parking.holds(key, event, correlation_id):
+                continue
             try:
                 commands = process.step(batch.states.context(key, now), event)
-            except Exception as exc:  # the user's function: recorded, the process goes on
-                batch.raised(event, exc)
+            except Exception as exc:  # the user's function: recorded, its key parked
+                batch.raised(event, exc, parks=(key, correlation_id))
                 continue
             batch.groups[key] += [(event, i, c, correlation_id) for i, c in enumerate(commands)]
 
@@ -384,20 +414,25 @@ class ReactionRunner:
 
     async def _call_effects(self, effect: Effect, batch: _Batch) -> None:
         """Each event's side effect, at least once: one stream's events one after the other,
-        streams concurrently; a call given up on is recorded (``failed``)."""
-        by_stream: dict[str, list[Event]] = defaultdict(list)
-        for event, _ in batch.events:
-            by_stream[event.stream_id].append(event)
+        streams concurrently; a call given up on is recorded (``failed``) and parks its
+        stream."""
+        by_stream: dict[str, list[tuple[Event, str | None]]] = defaultdict(list)
+        for event, correlation_id in batch.events:
+            by_stream[event.stream_id].append((event, correlation_id))
 
-        async def call_in_order(events: list[Event]) -> None:
-            for event in events:
+        async def call_in_order(stream: str, events: list[tuple[Event, str | None]]) -> None:
+            for event, correlation_id in events:
+                if batch.parking.holds(stream, event, correlation_id):
+                    continue
                 if (error := await self._call(effect, event)) is not None:
-                    batch.refusals.append(Refusal(
-                        event.event_id, 0, "failed", event.type, event.stream_id,
-                        f"{effect.max_attempts} attempts, the last: "
-                        f"{type(error).__name__}: {error}"))
+                    reason = (f"{effect.max_attempts} attempts, the last: "
+                              f"{type(error).__name__}: {error}")
+                    batch.refusals.append(Refusal(event.event_id, 0, "failed", event.type,
+                                                  stream, reason))
+                    batch.parking.park(stream, event, correlation_id, reason)
 
-        await asyncio.gather(*(call_in_order(events) for events in by_stream.values()))
+        await asyncio.gather(*(call_in_order(stream, events)
+                               for stream, events in by_stream.items()))
         batch.called = bool(by_stream)
 
     async def _call(self, effect: Effect, event: Event) -> Exception | None:

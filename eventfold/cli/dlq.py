@@ -11,19 +11,21 @@ from typing import TYPE_CHECKING
 from eventfold.config import ConfigError, Settings
 
 if TYPE_CHECKING:
+    from eventfold.app import Eventfold
     from eventfold.projections.definition.projection import Projection
     from eventfold.projections.state.parking import Resolution
 
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dlq = commands.add_parser(
-        "dlq", help="a projection's dead letters: list, show, retry a parked key, discard")
+        "dlq", help="a projection's dead letters: list, show, retry a parked key, discard; "
+                    "a reaction's refusals and parked keys: list, retry")
     dlq.add_argument("action", choices=["list", "show", "retry", "discard"],
                      help="list: each letter's offset, status, source position, key and error; "
                           "show: one letter with its event decoded; retry: fold a parked "
                           "key's held events in order (after fixing the fold); discard: never "
                           "fold a letter's event, recording who and why")
-    dlq.add_argument("name", help="the projection")
+    dlq.add_argument("name", help="the projection (or reaction)")
     dlq.add_argument("target", nargs="?",
                      help="show, discard: the letter's offset in the dead-letter topic (from "
                           "list); retry: the parked key")
@@ -47,8 +49,11 @@ def _user() -> str:
 def _dlq(settings: Settings, args: argparse.Namespace) -> int:
     from eventfold.app import app_of
 
+    app = app_of(settings)
+    if args.name in {r.name for r in app.reactions}:
+        return _reaction_letters(app, settings.with_local_stack(), args)
     try:
-        projection = app_of(settings).projections.get(args.name)
+        projection = app.projections.get(args.name)
     except LookupError as exc:
         raise ConfigError(str(exc)) from None
     settings = settings.with_local_stack()
@@ -71,6 +76,46 @@ def _dlq(settings: Settings, args: argparse.Namespace) -> int:
         raise ConfigError(str(exc)) from None
     print(json.dumps(letter.as_json(with_event=True), indent=2, default=str))
     return 0
+
+
+def _reaction_letters(app: Eventfold, settings: Settings, args: argparse.Namespace) -> int:
+    """A reaction's dead letters: its refusals (what the domain refused, what raised) and its
+    parked keys, each holding its events back behind the one it raised on."""
+    import psycopg
+
+    from eventfold.contract import libpq_url
+    from eventfold.reactions.parking import parked_keys, request_retry
+
+    if args.action == "retry":
+        if args.target is None:
+            raise ConfigError(f"dlq retry needs the KEY of a parked key (see `eventfold dlq "
+                              f"list {args.name}`)")
+        with psycopg.connect(libpq_url(settings.database_url)) as conn:
+            held = request_retry(conn, args.name, args.target)
+        if held is None:
+            raise ConfigError(f"reaction {args.name} has no parked key {args.target!r}")
+        print(f"reaction {args.name}: its runner acts on the {held} held events of "
+              f"{args.target!r} at its next batch, in order (the key stays parked if one "
+              f"raises again)")
+        return 0
+    if args.action != "list":
+        raise ConfigError(f"{args.name} is a reaction: `eventfold dlq list {args.name}` lists "
+                          f"its refusals and parked keys, `dlq retry {args.name} KEY` acts on "
+                          f"a parked key's events again")
+    from eventfold.cli.reaction import print_refusals
+    from eventfold.reactions.positions import refusals_of
+
+    with psycopg.connect(libpq_url(settings.database_url)) as conn:
+        parked = parked_keys(conn, args.name)
+        if args.json:
+            refusals = refusals_of(conn, args.name, args.last or 20)
+            print(json.dumps({"parked": [vars(p) for p in parked],
+                              "refusals": [vars(r) for r in refusals]}, default=str))
+            return 0
+    for p in parked:
+        print(f"{args.name}\tparked\tkey={p.key}\t{p.held} held since {p.event_id}"
+              f"{' (retry asked)' if p.retry_requested else ''}\t{p.reason}")
+    return print_refusals(settings, [args.name], args.last or 20, as_json=False)
 
 
 def _letter_offset(text: str) -> int:

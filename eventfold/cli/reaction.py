@@ -18,10 +18,13 @@ if TYPE_CHECKING:
 
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     react = commands.add_parser(
-        "reaction", help="run reactions; status, refusals; reset one to a position")
-    react.add_argument("action", choices=["list", "run", "status", "refusals", "reset"],
+        "reaction", help="run reactions; status, refusals, processes; reset one to a position")
+    react.add_argument("action",
+                       choices=["list", "run", "status", "refusals", "processes", "reset"],
                        help="run: until SIGTERM; status: lag and refusals; refusals: what "
-                            "the domain refused (newest first); reset: move one to the "
+                            "the domain refused (newest first); processes: a process "
+                            "manager's running keys, their state and timers; reset: move one "
+                            "to the "
                             "beginning, the end or a time, saying how many events it will "
                             "act on again")
     react.add_argument("names", nargs="*", help="the reactions (run: default all of them)")
@@ -36,8 +39,10 @@ def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                        help="reset: even to events older than the command log keeps command "
                             "ids (their commands execute again)")
     react.add_argument("--last", type=int, default=20, metavar="N",
-                       help="refusals: the newest N")
-    react.add_argument("--json", action="store_true", help="status, refusals: JSON")
+                       help="refusals: the newest N; processes: the first N keys")
+    react.add_argument("--key-prefix", default="", metavar="PREFIX",
+                       help="processes: only the keys starting with PREFIX")
+    react.add_argument("--json", action="store_true", help="status, refusals, processes: JSON")
     react.set_defaults(run=_reaction)
 
 
@@ -46,8 +51,10 @@ def _reaction(settings: Settings, args: argparse.Namespace) -> int:
 
     app = app_of(settings)
     if args.action == "list":
+        from eventfold.reactions.definition import topics_of
+
         for reaction in app.reactions:
-            print(f"{reaction.name}\tsources: {', '.join(reaction.sources)}\t"
+            print(f"{reaction.name}\treads: {', '.join(topics_of(reaction))}\t"
                   f"starts at the {'end' if reaction.start == 'latest' else 'beginning'}")
         return 0
     names = args.names or [r.name for r in app.reactions]
@@ -63,9 +70,35 @@ def _reaction(settings: Settings, args: argparse.Namespace) -> int:
     if args.action == "status":
         return _status(app, settings, names, args.json)
     if args.action == "refusals":
-        return _refusals(app, settings, names, args.last, args.json)
+        return print_refusals(settings, names, args.last, args.json)
+    if args.action == "processes":
+        return _processes(app, settings, names, args)
     assert to is not None
     return _reset(app, settings, names[0], to, args)
+
+
+def _processes(app: Eventfold, settings: Settings, names: list[str],
+               args: argparse.Namespace) -> int:
+    import psycopg
+
+    from eventfold.contract import libpq_url
+    from eventfold.reactions.process import Process, running_processes
+
+    managers = [name for name in names if isinstance(app.reactions.get(name), Process)]
+    if not managers:
+        raise ConfigError(f"no process manager among {', '.join(names)}")
+    with psycopg.connect(libpq_url(settings.database_url)) as conn:
+        found = {name: running_processes(conn, name, args.last, args.key_prefix)
+                 for name in managers}
+    if args.json:
+        print(json.dumps({name: [vars(p) for p in rows] for name, rows in found.items()}))
+        return 0
+    for name, rows in found.items():
+        for p in rows:
+            timers = ", ".join(f"{timer} at {at}" for timer, at in p.timers) or "no timers"
+            print(f"{name}\t{p.key}\t{json.dumps(p.state)}\t{timers}\t"
+                  f"updated {p.updated_at}")
+    return 0
 
 
 def _run(app: Eventfold, settings: Settings, names: list[str]) -> int:
@@ -84,7 +117,7 @@ def _status(app: Eventfold, settings: Settings, names: list[str], as_json: bool)
                for name in names]
     if as_json:
         print(json.dumps([{"name": r.name, "started": r.started, "lag": r.lag,
-                           "refused": r.refused,
+                           "refused": r.refused, "parked": r.parked,
                            **({"running": r.processes[0], "timers": r.processes[1]}
                               if r.processes else {})} for r in reports]))
         return 0
@@ -92,12 +125,12 @@ def _status(app: Eventfold, settings: Settings, names: list[str], as_json: bool)
         where = f"{r.lag} events behind" if r.started else "never ran"
         running = (f"\t{r.processes[0]} running, {r.processes[1]} timers pending"
                    if r.processes else "")
-        print(f"{r.name}\t{where}\t{r.refused} refused{running}")
+        print(f"{r.name}\t{where}\t{r.refused} refused\t{r.parked} keys parked{running}")
     return 0
 
 
-def _refusals(app: Eventfold, settings: Settings, names: list[str], last: int,
-              as_json: bool) -> int:
+def print_refusals(settings: Settings, names: list[str], last: int, as_json: bool) -> int:
+    """The newest ``last`` refusals of each reaction (``reaction refusals``, ``dlq list``)."""
     import psycopg
 
     from eventfold.contract import libpq_url

@@ -142,6 +142,12 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
         assert entries["reserve_stock"]["lag"] == 0
         assert entries["reserve_stock"]["refused"] >= PURCHASES // REFUSED_EVERY
         assert entries["payment_deadline"]["timers"] is not None, "a process shows its timers"
+        letters = eventfold("dlq", "list", "reserve_stock", "--last", "1000", env=env)
+        assert letters.returncode == 0, letters.stderr
+        assert sorted(p for p in re.findall(r"PurchasePlaced \S+ \(([^)]+)\)\tDomainError: "
+                                            r"shelf ", letters.stdout)
+                      if p.startswith(f"{unique}-")) == _refused(engine, unique), (
+            "dlq lists a reaction's refusals")
         refused_now = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", env=env)
         assert refused_now.returncode == 2
         assert "runner(s) alive" in refused_now.stderr
@@ -234,6 +240,12 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
                  "ten processes waiting for their payment", timeout_s=60)
         running.send_signal(signal.SIGKILL)
         running.wait(timeout=30)
+        listed = eventfold("reaction", "processes", "payment_deadline", "--key-prefix", unique,
+                           "--json", env=env)
+        assert listed.returncode == 0, listed.stderr
+        waiting = json.loads(listed.stdout)["payment_deadline"]
+        assert [p["key"] for p in waiting] == sorted(purchases[10:])
+        assert {tuple(name for name, _ in p["timers"]) for p in waiting} == {("payment_due",)}
         last_due_s = _process_rows(engine, unique)[2]
         assert last_due_s is not None
         time.sleep(max(last_due_s, 0) + 1)  # every deadline falls due while none runs
@@ -367,3 +379,59 @@ def test_the_projection_host_runs_the_apps_reactions_beside_its_projections(
         assert _log_says(log, "projection shelf_stock stopped after")
     finally:
         stop_pid(host.pid, what="a projection host")
+
+
+def _parked(env: dict[str, str], reaction: str) -> list[dict]:
+    letters = eventfold("dlq", "list", reaction, "--json", env=env)
+    assert letters.returncode == 0, letters.stderr
+    return json.loads(letters.stdout)["parked"]
+
+
+def test_a_reaction_that_raises_parks_its_key_until_retried(stack_settings, engine, tmp_path,
+                                                           unique) -> None:
+    """The function raises on one purchase (a bug): that purchase's events are held, in
+    order, while the others are acted on; after the fix, ``dlq retry`` acts on them."""
+    from examples import fulfilment
+
+    runtime = fulfilment.app.runtime(stack_settings)
+    runtime.setup()
+    bus = runtime.command_bus()
+    shelf, bad = f"{unique}-shelf", f"{unique}-bad"
+    bus.execute(fulfilment.StockShelf(shelf_id=shelf, quantity=100))
+    broken = tmp_path / "broken"
+    broken.write_text(bad)
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.parking_app:app",
+                    EVENTFOLD_TEST_BROKEN_FILE=str(broken))
+    log = tmp_path / "runner.log"
+    runner = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "reaction", "run",
+                               "reserve_with_a_bug"], env=env, stdout=log.open("w"),
+                              stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: _log_says(log, "reaction reserve_with_a_bug: reading"),
+                 "the runner to read", timeout_s=60)
+        bus.execute(fulfilment.PlacePurchase(purchase_id=bad, shelf_id=shelf, quantity=1))
+        bus.execute(fulfilment.PayPurchase(purchase_id=bad))
+        good = [f"{unique}-ok{n}" for n in range(6)]
+        for purchase in good:
+            bus.execute(fulfilment.PlacePurchase(purchase_id=purchase, shelf_id=shelf,
+                                                 quantity=1))
+        wait_for(lambda: sorted(_reservations(engine, unique)) == good,
+                 "the other purchases to be reserved", timeout_s=60)
+        wait_for(lambda: [(p["key"], p["held"]) for p in _parked(env, "reserve_with_a_bug")]
+                 == [(bad, 2)], "the bad purchase parked with both its events", timeout_s=60)
+        assert _log_says(log, f"key '{bad}' parked at event")
+        status = json.loads(eventfold("reaction", "status", "reserve_with_a_bug", "--json",
+                                      env=env).stdout)
+        assert status[0]["parked"] == 1
+        broken.write_text("")  # the fix
+        retry = eventfold("dlq", "retry", "reserve_with_a_bug", bad, env=env)
+        assert retry.returncode == 0, retry.stderr
+        assert "acts on the 2 held events" in retry.stdout
+        wait_for(lambda: _parked(env, "reserve_with_a_bug") == [],
+                 "the key to be released", timeout_s=60)
+        assert _reservations(engine, unique) == {**{p: 1 for p in good}, bad: 1}
+        assert _log_says(log, "retried 2 held events")
+        unknown = eventfold("dlq", "retry", "reserve_with_a_bug", "nobody", env=env)
+        assert unknown.returncode == 2 and "no parked key 'nobody'" in unknown.stderr
+    finally:
+        stop_pid(runner.pid, what="a reaction")
