@@ -1,6 +1,8 @@
-"""A reaction with a bug for the test of parked keys: it raises on the purchases listed in the
-file ``EVENTFOLD_TEST_BROKEN_FILE`` names (the bug), and works once they are taken out of it
-(the fix); otherwise it is ``examples.fulfilment``'s ``reserve_stock``."""
+"""A reaction with a bug for the test of parked keys: a placed purchase reserves its stock
+(``examples.fulfilment``'s ``reserve_stock``) and a paid one stocks a shelf named after it
+(``<purchase>-paid``: what must not happen before its reservation); placing raises for the
+purchases listed in the file ``EVENTFOLD_TEST_BROKEN_FILE`` names (the bug), and works once
+they are taken out of it (the fix)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,9 @@ def _broken() -> set[str]:
 
 @reaction("reserve_with_a_bug", sources=[fulfilment.Purchase],
           event_types=["PurchasePlaced", "PurchasePaid"])
-def reserve_with_a_bug(event: Event) -> fulfilment.ReserveStock | None:
+def reserve_with_a_bug(event: Event) -> fulfilment.ReserveStock | fulfilment.StockShelf | None:
+    if event.type == "PurchasePaid":
+        return fulfilment.StockShelf(shelf_id=f"{event.stream_id}-paid", quantity=1)
     if event.stream_id in _broken():
         raise RuntimeError(f"a bug meets purchase {event.stream_id}")
     return fulfilment.reserve_stock.react(event)  # type: ignore[return-value]

@@ -381,6 +381,13 @@ def test_the_projection_host_runs_the_apps_reactions_beside_its_projections(
         stop_pid(host.pid, what="a projection host")
 
 
+def _paid_shelves(engine, purchase: str) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(text(
+            "SELECT count(*) FROM events WHERE event_type = 'ShelfStocked' AND stream_id = :s"),
+            {"s": f"{purchase}-paid"}).scalar_one())
+
+
 def _parked(env: dict[str, str], reaction: str) -> list[dict]:
     letters = eventfold("dlq", "list", reaction, "--json", env=env)
     assert letters.returncode == 0, letters.stderr
@@ -420,6 +427,7 @@ def test_a_reaction_that_raises_parks_its_key_until_retried(stack_settings, engi
         wait_for(lambda: [(p["key"], p["held"]) for p in _parked(env, "reserve_with_a_bug")]
                  == [(bad, 2)], "the bad purchase parked with both its events", timeout_s=60)
         assert _log_says(log, f"key '{bad}' parked at event")
+        assert _paid_shelves(engine, bad) == 0, "the payment waits behind the placement"
         status = json.loads(eventfold("reaction", "status", "reserve_with_a_bug", "--json",
                                       env=env).stdout)
         assert status[0]["parked"] == 1
@@ -430,6 +438,7 @@ def test_a_reaction_that_raises_parks_its_key_until_retried(stack_settings, engi
         wait_for(lambda: _parked(env, "reserve_with_a_bug") == [],
                  "the key to be released", timeout_s=60)
         assert _reservations(engine, unique) == {**{p: 1 for p in good}, bad: 1}
+        assert _paid_shelves(engine, bad) == 1
         assert _log_says(log, "retried 2 held events")
         unknown = eventfold("dlq", "retry", "reserve_with_a_bug", "nobody", env=env)
         assert unknown.returncode == 2 and "no parked key 'nobody'" in unknown.stderr
