@@ -9,10 +9,13 @@ the event store (the same events written to it by COPY; the topics, read after i
 them all again as duplicates), a plain confluent-kafka loop folding into a dict (in one
 process, and in two at once: the engine's two tasks share the machine the same way), and the
 peak memory of this process tree (Spark's JVM and Python workers; the stack's own processes
-left out).
+left out). With ``--peers``, Kafka Streams (1 and 2 stream threads) and Quix Streams fold the
+same topic in the same run, their totals checked (``bench/peers/``, built once by
+``bench/peers/setup.sh``), and every figure of ours is also a ratio to each of them.
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.projections [--events 1000000] [--keys 10000] [--typed-only]
+                                          [--peers]
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from eventfold.projections.running_query import stop_gracefully
 from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
+from bench import peers
 from bench.common import PeakMemory
 from eventfold import migrations
 from eventfold.config import Settings
@@ -295,6 +299,9 @@ def main() -> None:
                         help="start a Spark standalone master and two workers (1 core each) "
                              "beside the stack and run on them (the master given is ignored)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
+    parser.add_argument("--peers", action="store_true",
+                        help="also Kafka Streams (1 and 2 threads) and Quix Streams on the same "
+                             "topic (built once by bench/peers/setup.sh)")
     parser.add_argument("--typed-only", action="store_true",
                         help="only the streaming fold with raw and with typed events")
     args = parser.parse_args()
@@ -333,6 +340,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     print(f"the same loop in two processes at once, the partitions shared out: "
           f"{plain_two:,.0f} events/s ({plain_two / plain:.2f}x one process: what two busy "
           f"cores give here)", flush=True)
+    peer_rates = run_peers(kafka, args) if args.peers else {}
 
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
@@ -355,6 +363,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
             print(json.dumps({"streaming_events_per_s": round(stream_rate),
                               "streaming_typed_events_per_s": round(typed_rate),
                               "typed_vs_raw_event_ratio": round(typed_rate / stream_rate, 2),
+                              **against_peers(peer_rates, {"streaming": stream_rate}),
                               "events": args.events, "keys": args.keys}))
             return
         metrics_on, metrics_off = metrics_on_and_off(spark, settings, bench_totals,
@@ -418,7 +427,39 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                           stream_spark_kafka / stream_rate, 2),
                       "spark_kafka_source_vs_ours_aggregation_ratio": round(
                           agg_spark_kafka / agg_stream, 2),
+                      **against_peers(peer_rates, {
+                          "streaming": stream_rate, "streaming_aggregation": agg_stream,
+                          "replay_python_fold": fold_replay.events_per_s,
+                          "replay_aggregation": agg_replay.events_per_s}),
                       "master": args.master, "events": args.events, "keys": args.keys}))
+
+
+def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, float]:
+    """Kafka Streams with 1 and 2 stream threads and Quix Streams over the bench's topic,
+    each result checked against the events produced."""
+    expected = peers.Expected.of_bench(args.events, args.keys)
+    bootstrap, topic = kafka.bootstrap_servers, event_topic(SOURCE)
+    rates = {
+        "kafka_streams_1t": peers.kafka_streams(bootstrap, topic, 1, args.events, expected),
+        "kafka_streams_2t": peers.kafka_streams(bootstrap, topic, 2, args.events, expected),
+        "quix": peers.quix(bootstrap, topic, args.events, expected),
+    }
+    for name, rate in rates.items():
+        print(f"peer {name}: {rate:,.0f} events/s (its totals checked against the events "
+              "produced)", flush=True)
+    return rates
+
+
+def against_peers(peer_rates: Mapping[str, float],
+                  ours: Mapping[str, float]) -> dict[str, float]:
+    """The peers' figures and each of ours as a ratio to each of them."""
+    figures: dict[str, float] = {f"{peer}_events_per_s": round(rate)
+                                 for peer, rate in peer_rates.items()}
+    for name, rate in ours.items():
+        for peer, peer_rate in peer_rates.items():
+            figures[f"{name}_vs_{peer}_ratio"] = round(rate / peer_rate, 2)
+            print(f"  {name} / {peer}: {rate / peer_rate:.2f}x")
+    return figures
 
 
 def report_replay(kind: str, result: ReplayResult) -> None:

@@ -35,10 +35,9 @@ def main() -> None:
         if not clock:
             clock.append(time.perf_counter())
         value = json.loads(envelope["payload"])["value"]
-        total, count = state.get("total", 0) + value, state.get("count", 0) + 1
-        state.set("total", total)
-        state.set("count", count)
-        latest[key] = (total, count)
+        total, count = state.get("totals", (0, 0))
+        latest[key] = totals = (total + value, count + 1)
+        state.set("totals", totals)
         seen[0] += 1
         if seen[0] == events:
             clock.append(time.perf_counter())
