@@ -26,8 +26,9 @@ from the package that owns it.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eventfold.contract.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from eventfold.app import Eventfold
@@ -122,11 +123,5 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy, so that `import eventfold.config` does not pull in Spark and FastAPI.
-    module = _EXPORTED_FROM.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+# Lazy, so that `import eventfold.config` does not pull in Spark and FastAPI.
+__getattr__ = lazy_exports(globals(), _EXPORTED_FROM)

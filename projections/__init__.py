@@ -43,8 +43,9 @@ that needs one module (a Spark Python worker running a task) loads only what it 
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from eventfold.contract.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from eventfold.projections.definition.aggregates import (
@@ -125,12 +126,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    # Lazy, so that a process that needs one module of this package (Spark's planner process
-    # importing our Kafka source) does not load SQLAlchemy, pandas and psycopg with it.
-    module = _EXPORTED_FROM.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
+# Lazy, so that a process that needs one module of this package (Spark's planner process
+# importing our Kafka source) does not load SQLAlchemy, pandas and psycopg with it.
+__getattr__ = lazy_exports(globals(), _EXPORTED_FROM)
