@@ -127,8 +127,7 @@ class TypedFold(Typed):
     """A fold that receives the domain's own event classes."""
 
     def __call__(self, state: State | None, event: Event) -> State | None:
-        build = self.builders.get(event.type)
-        return self.function(state, event if build is None else build(event.data))  # type: ignore[no-any-return]
+        return self.function(state, self.typed(event))  # type: ignore[no-any-return]
 
 
 def on_crossing(condition: Callable[[State], bool],
