@@ -31,7 +31,7 @@ class Eventfold:
         self.name = name
         self.commands = CommandRegistry()
         self.projections = ProjectionRegistry()
-        self.reactions = ReactionRegistry()
+        self.reactions = ReactionRegistry(self.projections)
 
     @property
     def aggregate_types(self) -> list[str]:

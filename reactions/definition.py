@@ -6,16 +6,18 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
 from eventfold.projections.definition.projection import (
     Event,
     EventType,
+    Projection,
     Typed,
     event_type_names,
     source_names,
     typed_builders,
 )
+from eventfold.projections.definition.registry import ProjectionRegistry
 from eventfold.write_model import Aggregate, Command
 
 from eventfold.contract import event_topic
@@ -203,15 +205,26 @@ class Declared(Protocol):
     def start(self) -> Start: ...
 
 
-class ReactionRegistry:
-    """The app's reactions and process managers, by name."""
+@runtime_checkable
+class WithReadModel(Protocol):
+    """A process manager: its running keys are a projection of their own."""
 
-    def __init__(self) -> None:
+    def read_model(self) -> Projection: ...
+
+
+class ReactionRegistry:
+    """The app's reactions and process managers, by name; a process manager's read model
+    joins ``projections`` (the app's) when it is added."""
+
+    def __init__(self, projections: ProjectionRegistry | None = None) -> None:
         self._by_name: dict[str, Declared] = {}
+        self._projections = projections
 
     def add(self, reaction: R) -> R:
         if reaction.name in self._by_name:
             raise ValueError(f"reaction {reaction.name!r} is already registered")
+        if isinstance(reaction, WithReadModel) and self._projections is not None:
+            self._projections.add(reaction.read_model())
         self._by_name[reaction.name] = reaction
         return reaction
 

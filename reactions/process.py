@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from eventfold.projections.definition.projection import Event, EventType, Typed
+from eventfold.projections.definition.projection import Event, EventType, FoldProjection, Typed
 from eventfold.reactions.definition import (
     Source,
     Start,
@@ -28,6 +28,7 @@ from eventfold.reactions.definition import (
     typed,
     with_ids,
 )
+from eventfold.reactions.process_view import StreamMoved, record_changes, state_projection
 from eventfold.write_model import Command
 from psycopg.types.json import Jsonb
 
@@ -91,6 +92,11 @@ class Process:
 
     def __post_init__(self) -> None:
         check_name(self)
+
+    def read_model(self) -> FoldProjection:
+        """The projection of its running keys (``<name>_processes``): a read model and a
+        KTable of each key's state and pending timers (``process_view``)."""
+        return state_projection(self.name)
 
     def key_of(self, event: Event) -> str:
         if self.key_by is None:
@@ -169,38 +175,52 @@ def load_states(conn: psycopg.Connection, process: str, keys: Sequence[str]) -> 
 
 
 def save_states(conn: psycopg.Connection, process: str, states: KeyStates) -> None:
-    """Each changed key's state, its pending timers: inside the caller's transaction. Raises
-    ``StateConflict`` when a key's state is no longer the version the batch loaded."""
+    """Each changed key's state, its pending timers and the event that shows the change
+    (``process_view``): inside the caller's transaction. Raises ``StateConflict`` when a
+    key's state is no longer the version the batch loaded."""
+    changes: dict[str, dict[str, Any] | None] = {}
     for key, context in states.contexts.items():
-        version = states.loaded[key][1] if key in states.loaded else None
-        if context.cleared:
-            conn.execute("DELETE FROM process_timers WHERE process = %s AND key = %s",
-                         (process, key))
-        if context.finished:
-            changed = conn.execute("DELETE FROM process_states WHERE process = %s AND key = %s "
-                                   "AND version = %s", (process, key, version)).rowcount
-            if version is not None and changed != 1:
-                raise StateConflict(f"process {process}: key {key!r} changed meanwhile")
-            continue
-        if version is None and not context.state and not context.timers:
-            continue  # an event the process ignored: no process starts for the key
-        if version is None:
-            changed = conn.execute(
-                "INSERT INTO process_states (process, key, state, version) VALUES "
-                "(%s, %s, %s, 1) ON CONFLICT DO NOTHING",
-                (process, key, Jsonb(context.state))).rowcount
-        else:
-            changed = conn.execute(
-                "UPDATE process_states SET state = %s, version = version + 1, "
-                "updated_at = now() WHERE process = %s AND key = %s AND version = %s",
-                (Jsonb(context.state), process, key, version)).rowcount
-        if changed != 1:
+        if _save_state(conn, process, key, context, states.loaded.get(key)):
+            changes[key] = None if context.finished else context.state
+    try:
+        record_changes(conn, process, changes)
+    except StreamMoved as exc:
+        raise StateConflict(f"process {process}: {exc}") from exc
+
+
+def _save_state(conn: psycopg.Connection, process: str, key: str, context: ProcessContext,
+                loaded: tuple[dict[str, Any], int] | None) -> bool:
+    """Whether the key's process changed (a process the event did not start did not)."""
+    version = loaded[1] if loaded else None
+    if context.cleared:
+        conn.execute("DELETE FROM process_timers WHERE process = %s AND key = %s",
+                     (process, key))
+    if context.finished:
+        changed = conn.execute("DELETE FROM process_states WHERE process = %s AND key = %s "
+                               "AND version = %s", (process, key, version)).rowcount
+        if version is not None and changed != 1:
             raise StateConflict(f"process {process}: key {key!r} changed meanwhile")
-        if context.timers:
-            with conn.cursor() as cursor:
-                cursor.executemany(
-                    "INSERT INTO process_timers (process, key, name, fire_at) VALUES "
-                    "(%s, %s, %s, %s)", [(process, key, t.name, t.at) for t in context.timers])
+        return version is not None
+    if version is None and not context.state and not context.timers:
+        return False  # an event the process ignored: no process starts for the key
+    if version is None:
+        changed = conn.execute(
+            "INSERT INTO process_states (process, key, state, version) VALUES "
+            "(%s, %s, %s, 1) ON CONFLICT DO NOTHING",
+            (process, key, Jsonb(context.state))).rowcount
+    else:
+        changed = conn.execute(
+            "UPDATE process_states SET state = %s, version = version + 1, "
+            "updated_at = now() WHERE process = %s AND key = %s AND version = %s",
+            (Jsonb(context.state), process, key, version)).rowcount
+    if changed != 1:
+        raise StateConflict(f"process {process}: key {key!r} changed meanwhile")
+    if context.timers:
+        with conn.cursor() as cursor:
+            cursor.executemany(
+                "INSERT INTO process_timers (process, key, name, fire_at) VALUES "
+                "(%s, %s, %s, %s)", [(process, key, t.name, t.at) for t in context.timers])
+    return True
 
 
 @dataclass(frozen=True)

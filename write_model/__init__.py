@@ -41,6 +41,8 @@ from eventfold.write_model.persistence.store import (
     StreamAppend,
     StreamNotFound,
     StreamOwnedByAnotherType,
+    append_in_transaction,
+    stream_versions,
 )
 
 __all__ = [
@@ -66,6 +68,8 @@ __all__ = [
     "StreamAppend",
     "StreamNotFound",
     "StreamOwnedByAnotherType",
+    "append_in_transaction",
     "default_registry",
     "handles",
+    "stream_versions",
 ]

@@ -21,8 +21,10 @@ from pathlib import Path
 
 from eventfold.local_stack.process import stop_pid
 from sqlalchemy import text
+from sqlalchemy.exc import ProgrammingError
 
 from tests.integration.test_cli import eventfold, stack_env
+from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_for
 
 PURCHASES = int(os.environ.get("EVENTFOLD_DRILL_PURCHASES", "2000"))
@@ -373,12 +375,47 @@ def test_the_projection_host_runs_the_apps_reactions_beside_its_projections(
             return None if row is None else (int(row[0]), int(row[1]))
 
         wait_for(lambda: folded() == (100, 15), "the reservations folded", timeout_s=120)
+        # the deadline process's running keys, folded by its own projection: two paid (their
+        # processes end), three still waiting for their payment
+        for n in (0, 1):
+            bus.execute(fulfilment.PayPurchase(purchase_id=f"{unique}-h{n}"))
+        wait_for(lambda: _running(engine, unique) == {f"{unique}-h{n}" for n in (2, 3, 4)},
+                 "the paid purchases' processes gone from the read model", timeout_s=120)
+        with engine.connect() as conn:
+            rows = {str(key): (state, timers) for key, state, timers in conn.execute(text(
+                "SELECT key, state, timers FROM payment_deadline_processes WHERE key LIKE :p"),
+                {"p": f"{unique}-%"}).all()}
+            truth = {str(key): (dict(state), [t.isoformat() for t in due]) for key, state, due
+                     in conn.execute(text(
+                         "SELECT s.key, s.state, array(SELECT t.fire_at FROM process_timers t "
+                         "WHERE t.process = s.process AND t.key = s.key) FROM process_states s "
+                         "WHERE s.process = 'payment_deadline' AND s.key LIKE :p"),
+                         {"p": f"{unique}-%"}).all()}
+        assert {k: (state, [t["at"] for t in timers]) for k, (state, timers) in rows.items()
+                } == truth, "the read model holds what the process manager holds"
+        assert {name for _, timers in rows.values() for name in
+                (t["name"] for t in timers)} == {"payment_due"}
+        wait_for(lambda: {k: v["state"] for k, v in read_table(
+            stack_settings.kafka, "eventfold.ktable.payment_deadline_processes").items()
+            if k.startswith(unique)} == {k: state for k, (state, _) in truth.items()},
+            "the KTable to hold the running processes alone (the ended ones tombstoned)", 60)
         host.send_signal(signal.SIGTERM)
         assert host.wait(timeout=60) == 0, log.read_text()[-3000:]
         assert _log_says(log, "reaction payment_deadline: reading"), "every reaction runs"
         assert _log_says(log, "projection shelf_stock stopped after")
     finally:
         stop_pid(host.pid, what="a projection host")
+
+
+def _running(engine, unique: str) -> set[str]:
+    """The deadline process's running keys of this test, as its read model shows them."""
+    try:
+        with engine.connect() as conn:
+            return {str(r[0]) for r in conn.execute(text(
+                "SELECT key FROM payment_deadline_processes WHERE key LIKE :p"),
+                {"p": f"{unique}-%"}).all()}
+    except ProgrammingError:  # not built yet: its first batch creates it
+        return set()
 
 
 def _paid_shelves(engine, purchase: str) -> int:

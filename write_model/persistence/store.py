@@ -180,6 +180,8 @@ _READ_ALL = (f"SELECT tx_id::text::bigint, {_RECORDED_COLUMNS} FROM events "
              # the column, not the output column of that name (the bigint): the index's order
              "ORDER BY events.tx_id, global_position LIMIT %s")
 _CURRENT_VERSION = "SELECT coalesce(max(stream_version), 0) FROM events WHERE stream_id = %s"
+_STREAM_VERSIONS = ("SELECT stream_id, max(stream_version) FROM events "
+                    "WHERE stream_id = ANY(%s) GROUP BY stream_id")
 COMMAND_RESULT = "SELECT result FROM command_log WHERE command_id = %s"
 # The oldest results past the retention, a batch at a time (by migration 0014's index): each
 # batch a short transaction that locks only rows no append reads any more, and skips those
@@ -355,6 +357,24 @@ def _append_units(conn: psycopg.Connection[Any],
     row = conn.execute(APPEND_UNITS, (encode_units(units),)).fetchone()
     assert row is not None
     return decode_outcomes(units, row[0])
+
+
+def append_in_transaction(conn: psycopg.Connection[Any],
+                          appends: Sequence[StreamAppend]) -> list[AppendResult]:
+    """Append ``appends`` as one unit inside the caller's transaction on ``conn``, so that
+    they commit or roll back with what else it writes; raises the refusal (a
+    ``ConcurrencyError`` when a stream is not at its expected version)."""
+    outcome = _append_units(conn, [UnitOfWork.of(appends, None)])[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def stream_versions(conn: psycopg.Connection[Any], stream_ids: Sequence[str]) -> dict[str, int]:
+    """Each stream's current version (0 for a stream with no events)."""
+    rows = conn.execute(_STREAM_VERSIONS, (list(stream_ids),)).fetchall()
+    found = {str(stream): int(version) for stream, version in rows}
+    return {stream: found.get(stream, 0) for stream in stream_ids}
 
 
 def units_json(units: Sequence[UnitOfWork]) -> bytes:
