@@ -18,16 +18,20 @@ answered.
   the domain's classes, which the function then receives);
 - ``process``: process managers: ``Process``, ``process``, ``ProcessContext``, and their
   states and timers in Postgres;
+- ``process_view``: what operators see of them: each change of a key's process appended as an
+  event of its own stream, folded by the projection ``<name>_processes`` (a read model and a
+  KTable, added to the app with the process);
 - ``positions``: where a reaction is, and what the domain refused it, in Postgres;
 - ``parking``: keys parked behind an event the function raised on, their held events, and
   the retries operators ask for;
 - ``runner``: the loop that reads, reacts, sends and saves, and fires due timers;
 - ``operations``: status and reset, for operators.
 
-May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it sends),
-``eventfold.outbox`` (the event topics it reads) and ``eventfold.projections`` (the
-``Event`` a reaction receives, the one a projection's fold receives, and the fault points
-tests use). Nothing but the composition root imports it: events flow from the outbox into
+May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it sends, and
+the append its process managers' changes go through), ``eventfold.outbox`` (the event
+topics it reads) and ``eventfold.projections`` (the ``Event`` a reaction receives, the one a
+projection's fold receives, the projection a process manager's view is, and the fault
+points tests use); psycopg, confluent-kafka, SQLAlchemy's column types. Nothing but the composition root imports it: events flow from the outbox into
 reactions and back to the write side as commands.
 """
 
