@@ -8,10 +8,13 @@ store (the events written to it by COPY). For each: events/s and its ratio to th
 And the peak RSS of the driver (this process and its JVM; the producer, the store's loading
 and the plain loop run in processes of their own) and of the executors (Spark's Python
 workers), to show that the driver's memory does not grow with the keys.
+With ``--peers``, Kafka Streams (1 and 2 stream threads) and Quix Streams fold the same
+topic in the same run (``bench/peers/``, built once by ``bench/peers/setup.sh``), each checked
+against the events produced, and every figure of ours is also a ratio to each of them.
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
-    .venv/bin/python -m bench.scale --events 10000000 --keys 5000000
+    .venv/bin/python -m bench.scale --events 10000000 --keys 5000000 --skip-store --peers
     .venv/bin/python -m bench.scale --cluster    # on the cluster stack (stack up --cluster)
 """
 
@@ -35,10 +38,12 @@ from eventfold.projections.run_settings import RunnerSettings
 
 from bench.common import PeakMemory, in_a_process
 from bench.projections import (
+    against_peers,
     bench_stats,
     bench_totals,
     plain_python_fold_parallel,
     produce_events,
+    run_peers,
     streaming,
     write_history,
 )
@@ -75,6 +80,9 @@ def main() -> None:
                              "master with two workers (1 core each); the master given is ignored")
     parser.add_argument("--skip-store", action="store_true",
                         help="leave out the replay from the event store")
+    parser.add_argument("--peers", action="store_true",
+                        help="run Kafka Streams and Quix Streams on the same topic (built once "
+                             "by bench/peers/setup.sh)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
@@ -103,6 +111,10 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     plain = plain_python_fold_parallel(kafka, args.partitions, processes=1)
     print(f"{args.events:,} events over {args.keys:,} keys; plain Python fold (one process, "
           f"confluent-kafka loop into a dict): {plain:,.0f} events/s", flush=True)
+    plain_two = plain_python_fold_parallel(kafka, args.partitions, processes=2)
+    print(f"the same loop in two processes, the partitions shared out: {plain_two:,.0f} "
+          f"events/s", flush=True)
+    peer_rates = run_peers(kafka, args) if args.peers else {}
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
@@ -140,11 +152,13 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     executor_mb = max(peak.executor_peak for _, peak in memory) / 2**20
     print(f"peak RSS: driver (this process, its JVM) {driver_mb:,.0f} MB, executors (Spark's "
           f"Python workers) {executor_mb:,.0f} MB", flush=True)
+    ours = {name.removesuffix("_events_per_s"): rate for name, rate in figures.items()}
     print(json.dumps({
         **figures,
-        **{f"{name.removesuffix('_events_per_s')}_vs_plain_ratio": round(rate / plain, 2)
-           for name, rate in figures.items()},
-        "plain_python_fold_events_per_s": round(plain), "events": args.events,
+        **{f"{name}_vs_plain_ratio": round(rate / plain, 2) for name, rate in ours.items()},
+        **against_peers(peer_rates, ours),
+        "plain_python_fold_events_per_s": round(plain),
+        "plain_python_fold_2_processes_events_per_s": round(plain_two), "events": args.events,
         "keys": args.keys, "driver_peak_rss_mb": round(driver_mb),
         "executor_peak_rss_mb": round(executor_mb), "master": args.master}))
 
