@@ -433,7 +433,8 @@ class ProjectionRunner:
         writing = self.lease if self.is_active else None
         self.store.commit(batch_id, staged, committed, produce_held=self._produce_held,
                           writer_epoch=writing.epoch if writing else None,
-                          writer_lease_s=writing.lease_s if writing else LEASE_S)
+                          writer_lease_s=writing.lease_s if writing else LEASE_S,
+                          lease_renewed=writing.renewed_in_commit if writing else None)
 
     def _produce_held(self, letters: Sequence[DeadLetter]) -> None:
         """The letters held behind keys parked before the batch, which the commit decided."""

@@ -101,6 +101,15 @@ def live_writers(conn: psycopg.Connection, lease_s: float = LEASE_S) -> dict[str
     return {str(projection): str(writer) for projection, writer in rows}
 
 
+def renew_held(conn: psycopg.Connection, projection: str, epoch: int) -> None:
+    """Renew the lease inside a transaction that holds its registry row with the epoch checked
+    (a batch's commit): a commit longer than a lease keeps the renewal thread waiting on the
+    row, and would otherwise leave the lease expired on the server the moment it commits."""
+    conn.execute(sql.SQL("UPDATE {} SET writer_renewed_at = clock_timestamp() WHERE "
+                         "projection = %s AND writer_epoch = %s").format(_TABLE),
+                 (projection, epoch))
+
+
 class WriterLease:
     """A runner's lease on one projection, through an autocommit connection of its own.
 
@@ -237,6 +246,12 @@ class WriterLease:
             self._lose(writer.holder if writer else None, writer.epoch if writer else None)
             assert self._lost is not None
             raise self._lost
+
+    def renewed_in_commit(self, started: float) -> None:
+        """A batch's commit renewed the lease on the registry row it held (``renew_held``),
+        the renewal starting at ``time.monotonic()`` ``started``. No lock: the renewal thread
+        may be waiting on that very row, holding it."""
+        self._renewed = max(self._renewed, started)
 
     def _lose(self, holder: str | None, epoch: int | None) -> None:
         if self._lost is None:

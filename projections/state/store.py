@@ -19,6 +19,7 @@ partitions) fails the count and the batch folds again after a shuffle.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -38,7 +39,7 @@ from eventfold.projections.state.catalog import (
     read_checkpoint,
     save_checkpoint,
 )
-from eventfold.projections.state.lease import LEASE_S
+from eventfold.projections.state.lease import LEASE_S, renew_held
 from eventfold.projections.state.parking import (
     ParkedKeysReleased,
     any_parked,
@@ -297,7 +298,8 @@ class ReadModelStore:
     def commit(self, batch_id: int, batch: StagedBatch,
                previous_offsets: Mapping[PartitionKey, int],
                produce_held: Callable[[Sequence[DeadLetter]], None],
-               writer_epoch: int | None = None, writer_lease_s: float = LEASE_S) -> None:
+               writer_epoch: int | None = None, writer_lease_s: float = LEASE_S,
+               lease_renewed: Callable[[float], None] | None = None) -> None:
         """Merge what the tasks of ``batch`` staged, hold its parking letters, and save the
         checkpoint, in one transaction. ``produce_held`` produces (and flushes) the letters of
         keys parked before the batch, once the transaction has checked they still are.
@@ -306,6 +308,8 @@ class ReadModelStore:
         stays locked until the commit ends, so a writer silent inside it for
         ``writer_lease_s`` (frozen, cut off) has the server end its session: its lock would
         otherwise keep a standby from taking the expired lease for as long as it sleeps.
+        The commit renews the lease on that row as it ends, and tells ``lease_renewed`` when
+        the renewal started (``time.monotonic()``).
 
         Raises, with nothing merged: ``WriterFenced`` when another runner holds the lease;
         ``ParkedKeysReleased`` when a key the batch held back
@@ -335,6 +339,11 @@ class ReadModelStore:
             save_checkpoint(self.conn, name, self.version, batch_id, offsets, batch.applied,
                             batch.dead_letters, batch.live_rows_delta)
             self._clear_stage()
+            renewal_started = time.monotonic()
+            if writer_epoch is not None:
+                renew_held(self.conn, name, writer_epoch)
+        if writer_epoch is not None and lease_renewed is not None:
+            lease_renewed(renewal_started)
         self._refresh_statistics(batch.new_rows + batch.known_rows + batch.direct_rows)
 
     def _refresh_statistics(self, written: int) -> None:
