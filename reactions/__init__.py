@@ -31,8 +31,9 @@ May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it s
 the append its process managers' changes go through), ``eventfold.outbox`` (the event
 topics it reads) and ``eventfold.projections`` (the ``Event`` a reaction receives, the one a
 projection's fold receives, the projection a process manager's view is, and the fault
-points tests use); psycopg, confluent-kafka, SQLAlchemy's column types. Nothing but the composition root imports it: events flow from the outbox into
-reactions and back to the write side as commands.
+points tests use); psycopg, confluent-kafka, SQLAlchemy's column types. Nothing but the
+composition root imports it: events flow from the outbox into reactions and back to the write
+side as commands.
 """
 
 from eventfold.reactions.definition import (
