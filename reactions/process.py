@@ -240,8 +240,13 @@ def take_due_timers(conn: psycopg.Connection, process: str, limit: int) -> list[
     return [DueTimer(int(i), str(k), str(n), a) for i, k, n, a in rows]
 
 
-def forget_fired(conn: psycopg.Connection, timers: Sequence[DueTimer]) -> None:
-    conn.execute("DELETE FROM process_timers WHERE id = ANY(%s)", ([t.id for t in timers],))
+def save_fired(conn: psycopg.Connection, process: str, states: KeyStates,
+               fired: Sequence[DueTimer]) -> None:
+    """The states after ``fired`` timers were handled, inside the caller's transaction. The
+    fired timers go first: the event that shows a key's change lists only what is still
+    pending (a timer that schedules again shows its new one, not the one that just fired)."""
+    conn.execute("DELETE FROM process_timers WHERE id = ANY(%s)", ([t.id for t in fired],))
+    save_states(conn, process, states)
 
 
 def database_now(conn: psycopg.Connection) -> datetime:

@@ -12,6 +12,7 @@ projection's per-key version guard holds.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import psycopg
@@ -96,16 +97,10 @@ def fold_process(state: dict[str, Any] | None, event: Event) -> dict[str, Any] |
 
 def state_projection(process: str) -> FoldProjection:
     """The projection of a process's running keys: one row (and KTable entry) per key."""
-    return projection(
+    folded = projection(
         read_model_name(process), sources=[stream_type_of(process)], key_by="key",
         event_types=[PROCESS_STATE_CHANGED, PROCESS_ENDED],
         columns={"state": JSON(), "timers": JSON(), "updated_at": String()},
-    )(_with_doc(process))
-
-
-def _with_doc(process: str) -> Any:
-    def fold(state: dict[str, Any] | None, event: Event) -> dict[str, Any] | None:
-        return fold_process(state, event)
-
-    fold.__doc__ = f"The running processes of {process}: each key's state and pending timers."
-    return fold
+    )(fold_process)
+    return replace(folded, description=f"The running processes of {process}: each key's "
+                                       "state and pending timers.")

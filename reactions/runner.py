@@ -49,8 +49,8 @@ from eventfold.reactions.process import (
     Process,
     StateConflict,
     database_now,
-    forget_fired,
     load_states,
+    save_fired,
     save_states,
     take_due_timers,
     timer_event,
@@ -403,8 +403,7 @@ class ReactionRunner:
             await self._send_groups(batch)
             crash_point("timer.sent")
             save_batch(conn, process.name, {}, batch.refusals)
-            save_states(conn, process.name, batch.states)
-            forget_fired(conn, due)
+            save_fired(conn, process.name, batch.states, due)
         self.counts.timers += len(due)
         self.counts.refused += len(batch.refusals)
         repeated = self.counts.repeated - repeated_before

@@ -1,0 +1,71 @@
+"""A process's state as its events show it (``process_view``), saved in the real Postgres the
+way the reaction runner saves it: a timer that fires and schedules again is shown with the
+new timer pending, never with the one that just fired; a key of any characters is kept as
+given."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+from eventfold.projections import Event
+from eventfold.reactions import Process, ProcessContext
+from eventfold.reactions.process import (
+    database_now,
+    load_states,
+    save_fired,
+    save_states,
+    take_due_timers,
+    timer_event,
+)
+from eventfold.reactions.process_view import stream_id_of
+
+from eventfold.contract import libpq_url
+
+
+def _nudge_hourly(context: ProcessContext, event: Event) -> None:
+    """Started: a nudge due at once; each nudge counted, and the next one an hour on."""
+    if event.type == "nudge":
+        context.state["nudges"] = context.state.get("nudges", 0) + 1
+        context.schedule("nudge", after=timedelta(hours=1))
+    else:
+        context.state["nudges"] = 0
+        context.schedule("nudge", after=timedelta(seconds=-1))
+
+
+def _latest_change(conn: psycopg.Connection, process: str, key: str) -> dict:
+    row = conn.execute("SELECT data FROM events WHERE stream_id = %s ORDER BY stream_version "
+                       "DESC LIMIT 1", (stream_id_of(process, key),)).fetchone()
+    assert row is not None
+    return dict(row[0])
+
+
+def test_a_timer_that_schedules_again_shows_only_its_new_timer(
+        inventory_app, stack_settings, unique) -> None:
+    reminder = Process(f"remind_{unique}", ("Customer",), _nudge_hourly)
+    key = f"{unique} 50%/ünïcode 'key'"  # spaces, %, a slash, quotes: kept as given
+    with psycopg.connect(libpq_url(stack_settings.database_url)) as conn:
+        with conn.transaction():
+            states = load_states(conn, reminder.name, [key])
+            reminder.step(states.context(key, database_now(conn)),
+                          Event("CustomerJoined", {}, key, 1, f"{unique}-e1", 1))
+            save_states(conn, reminder.name, states)
+        assert [t["name"] for t in _latest_change(conn, reminder.name, key)["timers"]] == [
+            "nudge"]
+
+        with conn.transaction():  # as the runner fires due timers
+            due = take_due_timers(conn, reminder.name, 10)
+            assert [(t.key, t.name) for t in due] == [(key, "nudge")]
+            states = load_states(conn, reminder.name, [key])
+            now = database_now(conn)
+            for timer in due:
+                reminder.step(states.context(timer.key, now),
+                              timer_event(timer.id, timer.key, timer.name, timer.at))
+            save_fired(conn, reminder.name, states, due)
+
+        pending = conn.execute("SELECT name, fire_at FROM process_timers WHERE process = %s "
+                               "AND key = %s", (reminder.name, key)).fetchall()
+        assert len(pending) == 1 and pending[0][1] > now + timedelta(minutes=59)
+        change = _latest_change(conn, reminder.name, key)
+        assert change["state"] == {"nudges": 1}
+        assert change["timers"] == [{"name": "nudge", "at": pending[0][1].isoformat()}]
