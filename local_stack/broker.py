@@ -109,7 +109,8 @@ class StartingBroker:
 
 
 def start(data_dir: Path, node: Node, nodes: Sequence[Node], cluster_id: str, log_path: Path,
-          auth: ClientAuth, tls: BrokerTls | None = None) -> StartingBroker:
+          auth: ClientAuth, tls: BrokerTls | None = None,
+          java_options: Sequence[str] = ()) -> StartingBroker:
     """Start ``node`` of ``nodes``, formatting its storage for ``cluster_id`` the first time;
     with ``tls``, its listener for clients takes TLS."""
     port = node.port
@@ -129,8 +130,8 @@ def start(data_dir: Path, node: Node, nodes: Sequence[Node], cluster_id: str, lo
     auth.check_matches(data_dir / AUTH_RECORD)
     already_logged = log_path.stat().st_size if log_path.exists() else 0
     process = spawn([java_binary(), HEAP, "-XX:+UseSerialGC", "-Djava.awt.headless=true",
-                     f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath(), BROKER_MAIN,
-                     str(config)], log_path, cwd=data_dir)
+                     *java_options, f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath(),
+                     BROKER_MAIN, str(config)], log_path, cwd=data_dir)
     return StartingBroker(process, port, log_path, already_logged)
 
 

@@ -7,6 +7,7 @@ so a connector survives a worker restart.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import requests
@@ -67,7 +68,7 @@ def worker_properties(bootstrap: str, rest_port: int, group_id: str,
 
 def start(
     work_dir: Path, bootstrap: str, rest_port: int, log_path: Path, auth: ClientAuth,
-    replication: int = 1, timeout_s: float = 120,
+    replication: int = 1, timeout_s: float = 120, java_options: Sequence[str] = (),
 ) -> int:
     if port_is_open(rest_port):
         raise StackError(f"port {rest_port} is already in use; cannot start Kafka Connect there")
@@ -79,7 +80,7 @@ def start(
     log4j_path = log4j_config(work_dir / "log4j2.properties",
                               {"connect": "org.apache.kafka.connect", "debezium": "io.debezium"})
     process = spawn(
-        [java_binary(), "-Xmx768m", "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+        [java_binary(), "-Xmx768m", "-XX:+UseSerialGC", "-Djava.awt.headless=true", *java_options,
          f"-Dlog4j2.configurationFile={log4j_path}", "-cp", classpath(), WORKER_MAIN,
          str(props_path)],
         log_path,

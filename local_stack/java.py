@@ -73,6 +73,31 @@ def classpath() -> str:
     return ":".join(str(j) for j in jars)
 
 
+STACK_ROLES = ("broker", "connect")
+"""The stack's JVMs that have a class-data archive each."""
+
+
+def class_archive(role: str) -> Path:
+    """The class-data archive of the stack's ``role`` JVM (``STACK_ROLES``), beside the jars it
+    was recorded from: fetching them again removes it."""
+    return jars_dir() / f"{role}.jsa"
+
+
+def class_data_options(role: str, record: bool = False) -> list[str]:
+    """The JVM options of ``role``: map its archive (Java's application class-data sharing, so
+    that it starts sooner), or, with ``record``, write the classes it loaded as it exits. The
+    JVM ignores an archive that does not match its build or class path, saying so in its log."""
+    archive = class_archive(role)
+    if record:
+        return [f"-XX:ArchiveClassesAtExit={recording(archive)}"]
+    return [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
+
+
+def recording(archive: Path) -> Path:
+    """Where a recording JVM writes ``archive`` before it is moved into place."""
+    return archive.with_name(f"{archive.name}.partial")
+
+
 def spark_kafka_jars() -> list[Path]:
     """The jars of Spark's Kafka source that setup fetched (``spark_kafka/pom.xml``), for
     ``spark.jars``; none when it did not run."""

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from eventfold.local_stack import broker, connect, postgres
 from eventfold.local_stack.auth import ClientAuth
+from eventfold.local_stack.java import class_data_options
 from eventfold.local_stack.process import (
     StackError,
     free_port,
@@ -97,8 +98,12 @@ class LocalStack:
     """Postgres + Apache Kafka (KRaft) + Kafka Connect (Debezium) under ``data_dir``, on
     loopback ports."""
 
-    def __init__(self, data_dir: Path, auth: ClientAuth | None = None) -> None:
+    def __init__(self, data_dir: Path, auth: ClientAuth | None = None,
+                 record_classes: bool = False) -> None:
+        """``record_classes``: the broker and Connect JVMs write the classes they loaded as
+        they stop (``class_data.build_stack_archives``), instead of mapping their archives."""
         self.data_dir = data_dir.resolve()
+        self.record_classes = record_classes
         self.tls_dir = self.data_dir / "tls"
         auth = auth or ClientAuth()
         self.auth = auth.trusting(self.tls_dir / CA_FILE) if auth.tls else auth
@@ -226,14 +231,15 @@ class LocalStack:
             node = nodes[self.shape.brokers_names.index(name)]
             starting[name] = broker.start(self.data_dir / _kafka_dir(name), node, nodes,
                                           cluster_id, self.logs / f"{name}.log", self.auth,
-                                          tls)
+                                          tls, class_data_options("broker", self.record_classes))
             started.append((name, starting[name].process.pid))
         return {name: process.wait() for name, process in starting.items()}
 
     def _start_connect(self, name: str, ports: dict[str, int]) -> int:
         return connect.start(self.data_dir / name, self._bootstrap(ports), ports[name],
                              self.logs / f"{name}.log", self.auth,
-                             replication=min(self.shape.brokers, 3))
+                             replication=min(self.shape.brokers, 3),
+                             java_options=class_data_options("connect", self.record_classes))
 
     def _usable_port(self, name: str, port: int | None) -> int:
         if port is None:

@@ -51,4 +51,7 @@ if ! .venv/bin/python -c "import eventfold, pyspark, confluent_kafka, eventsourc
   .venv/bin/pip install -q -e ".[dev,bench]"
   touch .venv/.installed
 fi
+# The JVMs' class-data archives (broker, Connect, the local Spark driver): recorded once,
+# so that every later start maps its classes instead of loading them again.
+.venv/bin/python -m eventfold.cli stack install | sed -n 's/^class-data/setup: class-data/p'
 echo "setup: ready ($(.venv/bin/python --version), $(java -version 2>&1 | head -1))"

@@ -14,9 +14,9 @@ from eventfold.config import ConfigError, Settings
 def register(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     stack = commands.add_parser(
         "stack", help="start/stop the local Postgres, broker and Connect",
-        description="install: fetch the jars once (Maven Central) and check Java and "
-                    "PostgreSQL; up: start what is not running (data kept); down: stop (data "
-                    "kept); "
+        description="install: fetch the jars once (Maven Central), record the JVMs' "
+                    "class-data archives and check Java and PostgreSQL; up: start what is not "
+                    "running (data kept); down: stop (data kept); "
                     "restart COMPONENT: stop and start one; reset: stop and delete all data; "
                     "status: PIDs and endpoints")
     stack.add_argument("action", choices=["install", "up", "down", "restart", "reset",
@@ -91,15 +91,25 @@ def _stack(settings: Settings, args: argparse.Namespace) -> int:
 
 def _install_stack() -> int:
     """Fetch the stack's jars once and check the system packages it runs on."""
+    from eventfold.local_stack.class_data import build_stack_archives
     from eventfold.local_stack.java import install_jars, jars_dir, java_binary
     from eventfold.local_stack.postgres import find_bin_dir
+    from eventfold.projections.execution.class_archive import build as build_spark_archive
 
     filled = install_jars()
     print(f"jars: {'fetched into ' + ', '.join(map(str, filled)) if filled else 'present'} "
           f"({jars_dir()})")
     print(f"java: {java_binary()}")
     print(f"postgres: {find_bin_dir()}")
+    _print_archives("the broker's and Connect's", *build_stack_archives())
+    _print_archives("the local Spark driver's", *build_spark_archive())
     return 0
+
+
+def _print_archives(whose: str, archives: Path | list[Path], seconds: float | None) -> None:
+    paths = ", ".join(map(str, archives if isinstance(archives, list) else [archives]))
+    done = "present" if seconds is None else f"recorded in {seconds:.0f} s"
+    print(f"class-data archives of {whose} JVM: {done} ({paths})")
 
 
 def _init(_: Settings, args: argparse.Namespace) -> int:

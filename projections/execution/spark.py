@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
+from eventfold.projections.execution.class_archive import driver_java_option
 from pyspark import SparkConf, SparkContext
 from pyspark.find_spark_home import _find_spark_home as find_spark_home
 from pyspark.sql import SparkSession
@@ -135,8 +136,10 @@ def spark_session(master: str = "local[2]", app_name: str = "eventfold",
     if master.startswith("local"):
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     launched = launch_conf()
+    # A user's own driver options replace the archive's, as any of their settings does ours.
+    extra = {**driver_java_option(local_cores(master) is not None), **(extra_conf or {})}
     builder = SparkSession.builder
-    for key, value in session_conf(master, extra_conf or {}, launched, app_name).items():
+    for key, value in session_conf(master, extra, launched, app_name).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     log.info("Spark master %s%s", session.sparkContext.master,

@@ -60,29 +60,11 @@ def cli_processes(env: dict[str, str], tmp_path, *commands: list[str]) -> Iterat
             stop_pid(process.pid, what="eventfold process", timeout_s=90)
 
 
-def test_stack_up_status_down(tmp_path) -> None:
-    env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack")}
-    try:
-        up = eventfold("stack", "up", env=env)
-        assert up.returncode == 0, up.stderr[-2000:]
-        assert "export EVENTFOLD_DATABASE_URL=postgresql+psycopg://" in up.stdout
-        status = json.loads(eventfold("stack", "status", env=env).stdout)
-        assert status["running"] is True
-        pids = [c["pid"] for c in status["components"].values()]
-        assert all(pid_alive(pid) for pid in pids)
-        down = eventfold("stack", "down", env=env)
-        assert down.returncode == 0 and "data kept" in down.stdout
-        assert not any(pid_alive(pid) for pid in pids)
-        assert json.loads(eventfold("stack", "status", env=env).stdout)["running"] is False
-        again = eventfold("stack", "down", env=env)
-        assert again.returncode == 0 and again.stdout.count("nothing to stop") == 1
-    finally:
-        LocalStack(tmp_path / "stack").down()  # by PID, whatever happened above
-
-
 def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_path) -> None:
-    """After a component died, `stack up` restarts it alone on its port; `down` then `up`
-    keeps the database and the broker's topics; only `reset` deletes data."""
+    """`stack up` prints the endpoints and `status` the running PIDs; after a component died,
+    `stack up` restarts it alone on its port; `down` stops every PID (a second `down` has
+    nothing to stop), then `up` keeps the database and the broker's topics; only `reset`
+    deletes data."""
     from eventfold import migrations
     from tests.kafka_helpers import produce, read_topic
 
@@ -96,7 +78,14 @@ def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_
             return int(conn.execute("SELECT count(*) FROM events").fetchone()[0])
 
     try:
-        first = stack.up()
+        up = eventfold("stack", "up", env=env)
+        assert up.returncode == 0, up.stderr[-2000:]
+        assert "export EVENTFOLD_DATABASE_URL=postgresql+psycopg://" in up.stdout
+        status = json.loads(eventfold("stack", "status", env=env).stdout)
+        assert status["running"] is True
+        assert all(pid_alive(c["pid"]) for c in status["components"].values())
+        first = stack.endpoints()
+        assert first is not None
         migrations.upgrade(first.database_url)
         with psycopg.connect(libpq_url(first.database_url)) as conn:
             conn.execute("SELECT eventfold_append_units(%s::jsonb)", (json.dumps([{
@@ -124,7 +113,14 @@ def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_
         assert eventfold("stack", "up", env=env).returncode == 0  # the broker alone, again
         assert [r["value"] for r in read_topic(kafka, "kept-topic")] == ["v"]
 
-        assert eventfold("stack", "down", env=env).returncode == 0
+        pids = [c["pid"] for c in json.loads(eventfold("stack", "status", env=env)
+                                             .stdout)["components"].values()]
+        down = eventfold("stack", "down", env=env)
+        assert down.returncode == 0 and "data kept" in down.stdout
+        assert not any(pid_alive(pid) for pid in pids)
+        assert json.loads(eventfold("stack", "status", env=env).stdout)["running"] is False
+        again = eventfold("stack", "down", env=env)
+        assert again.returncode == 0 and again.stdout.count("nothing to stop") == 1
         up_again = eventfold("stack", "up", env=env)
         assert up_again.returncode == 0, up_again.stderr[-3000:]
         assert events() == 1

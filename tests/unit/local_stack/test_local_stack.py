@@ -136,3 +136,15 @@ def test_a_broker_formatted_without_credentials_is_not_started_with_them(tmp_pat
                            "sasl.mechanism": "SCRAM-SHA-256"}, "app", "pw")
     with pytest.raises(StackError, match="eventfold stack reset"):
         scram.check_matches(record)
+
+
+def test_the_stacks_jvms_map_their_class_archives_once_recorded(tmp_path, monkeypatch) -> None:
+    from eventfold.local_stack.java import class_archive, class_data_options, recording
+
+    monkeypatch.setenv("EVENTFOLD_JARS_DIR", str(tmp_path))
+    assert class_data_options("broker") == []  # not recorded: started as before
+    assert class_data_options("broker", record=True) == [
+        f"-XX:ArchiveClassesAtExit={recording(class_archive('broker'))}"]
+    class_archive("broker").write_bytes(b"")
+    assert class_data_options("broker") == [f"-XX:SharedArchiveFile={tmp_path / 'broker.jsa'}"]
+    assert class_data_options("connect") == []  # each role its own

@@ -123,3 +123,21 @@ def test_the_pools_file_is_on_disk_when_eventfold_runs_from_a_zip(tmp_path) -> N
     assert module.startswith(str(shipped))  # imported from the zip
     assert Path(pools).is_file() and not pools.startswith(str(shipped))
     assert Path(pools).read_bytes() == (ROOT / "projections/execution/pools.xml").read_bytes()
+
+
+def test_a_local_driver_maps_the_class_archive_only_when_it_was_built(tmp_path,
+                                                                      monkeypatch) -> None:
+    from eventfold.projections.execution.class_archive import (
+        DRIVER_JAVA_OPTIONS,
+        archive_path,
+        driver_java_option,
+    )
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert archive_path().parent == tmp_path / "eventfold"
+    assert driver_java_option(master_is_local=True) == {}  # not built: nothing changes
+    archive_path().parent.mkdir(parents=True)
+    archive_path().write_bytes(b"")
+    assert driver_java_option(master_is_local=True) == {
+        DRIVER_JAVA_OPTIONS: f"-XX:SharedArchiveFile={archive_path()}"}
+    assert driver_java_option(master_is_local=False) == {}  # a cluster's driver may be elsewhere
