@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from eventfold.config import ConfigError, Settings
@@ -101,12 +103,21 @@ def _install_stack() -> int:
           f"({jars_dir()})")
     print(f"java: {java_binary()}")
     print(f"postgres: {find_bin_dir()}")
-    _print_archives("the broker's and Connect's", *build_stack_archives())
-    _print_archives("the local Spark driver's", *build_spark_archive())
+    _record_archives("the broker's and Connect's", build_stack_archives)
+    _record_archives("the local Spark driver's", build_spark_archive)
     return 0
 
 
-def _print_archives(whose: str, archives: Path | list[Path], seconds: float | None) -> None:
+def _record_archives(whose: str,
+                     build: Callable[[], tuple[Path | list[Path], float | None]]) -> None:
+    """An archive only makes starts sooner: one that cannot be recorded is reported, and the
+    installation stands."""
+    try:
+        archives, seconds = build()
+    except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+        print(f"class-data archives of {whose} JVM: not recorded, its starts stay slower "
+              f"({exc})", file=sys.stderr)
+        return
     paths = ", ".join(map(str, archives if isinstance(archives, list) else [archives]))
     done = "present" if seconds is None else f"recorded in {seconds:.0f} s"
     print(f"class-data archives of {whose} JVM: {done} ({paths})")
