@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (
@@ -243,7 +244,14 @@ class TopicAdmin:
 
     def describe(self, topic: str) -> TopicShape | None:
         """The topic's id and partition count; None when it does not exist."""
-        future = self._admin.describe_topics(TopicCollection([topic]))[topic]
+        return self.describe_all([topic])[topic]
+
+    def describe_all(self, topics: Iterable[str]) -> dict[str, TopicShape | None]:
+        """``describe`` of each topic, in one request."""
+        futures = self._admin.describe_topics(TopicCollection(list(topics)))
+        return {topic: self._shape(future) for topic, future in futures.items()}
+
+    def _shape(self, future: Future[Any]) -> TopicShape | None:
         try:
             described = future.result(timeout=self._timeout_s)
         except KafkaException as exc:

@@ -42,7 +42,7 @@ from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter
 from eventfold.projections.plan import Pipeline, compile_projection
 from eventfold.projections.progress import WAITED, PhaseClock, Progress, ProgressLog
-from eventfold.projections.retention import check_retained
+from eventfold.projections.retention import SourceTopics, check_sources, ends_behind
 from eventfold.projections.run_settings import (
     RunnerSettings,
     executor_database_url,
@@ -113,6 +113,7 @@ class ProjectionRunner:
                                if self.is_active else None)
         self.progress: Progress = progress or ProgressLog(projection.name)
         self.lease = lease
+        self._sources: SourceTopics | None = None
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -165,8 +166,9 @@ class ProjectionRunner:
                 self._take_writer_lease()
         with clock.phase("checkpoint"):
             committed = self.offsets = self.store.committed_offsets()
-        with clock.phase("retention check"):
-            check_retained(self.projection, self.version, self.settings, committed)
+        with clock.phase("source check"):
+            self._sources = check_sources(self.projection, self.version, self.settings,
+                                          committed)
         with clock.phase("query"):
             query: RunningQuery = (
                 start_query(self, committed, once)
@@ -239,8 +241,8 @@ class ProjectionRunner:
         per batch."""
         self.prepare()
         batch_id = self.next_batch_id()
-        check_retained(self.projection, self.version, self.settings,
-                       self.store.committed_offsets())
+        self._sources = check_sources(self.projection, self.version, self.settings,
+                                      self.store.committed_offsets())
         while self.fold_batch_up_to(batch_id, ending):
             batch_id += 1
 
@@ -252,8 +254,11 @@ class ProjectionRunner:
         begin = {k: committed.get(k, 0) for k in ending}
         end = cap_rows(begin, ending, self._batch_rows())
         records = sum(end[k] - begin[k] for k in end)
-        if records <= 0:
+        if records <= 0 and not ends_behind(committed, ending):
             return 0
+        self.check_sources()
+        if records <= 0:
+            return 0  # a new leader's high watermark trailing the old one's
         if self.is_active:
             TURNS.worked(self.projection.name, records)
         slices = [KafkaSlice(self.settings.kafka, r) for r in _unread_ranges(committed, end)]
@@ -280,6 +285,11 @@ class ProjectionRunner:
             self._apply(batch_id, committed, {STORE_PARTITION: end}, records,
                         self.plan.pipeline, self._slices_fold(slices))
             batch_id += 1
+
+    def check_sources(self) -> None:
+        """Stop if a source topic was deleted or made again since the run started."""
+        if self._sources is not None:
+            self._sources.check()
 
     def _batch_rows(self) -> int:
         """The most records the next batch takes: for the active version, fewer while

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
+from confluent_kafka import KafkaException
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution import worker
@@ -51,6 +52,7 @@ class BatchRunner(Protocol):
     def settings(self) -> RunnerSettings: ...
     def next_batch_id(self) -> int: ...
     def check_writer(self) -> None: ...
+    def check_sources(self) -> None: ...
     def fold_batch_up_to(self, batch_id: int, ending: Mapping[PartitionKey, int]) -> int: ...
 
 
@@ -126,7 +128,11 @@ class StreamThread:
             while not self._stopping.is_set():
                 self._step_started = started = time.monotonic()
                 runner.check_writer()  # a runner that lost its lease folds nothing more
-                ending = target if target is not None else self._end_offsets(planner)
+                try:
+                    ending = target if target is not None else self._end_offsets(planner)
+                except KafkaException:
+                    runner.check_sources()  # a source topic deleted under the run says so
+                    raise
                 if runner.fold_batch_up_to(batch_id, ending):
                     batch_id += 1
                     self._longest_batch_s = max(self._longest_batch_s,

@@ -1,7 +1,7 @@
 """What Apache Kafka under the pipeline gives, and what Eventfold does about it: KTable topics
 really compacted by the log cleaner, existing topics' configs checked, every produced message
-confirmed before a batch commits, and retention that deleted unread events stopping a
-projection loudly."""
+confirmed before a batch commits, and retention that deleted unread events, or a source topic
+made again, stopping a projection loudly."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import re
 import time
 
 import psycopg
@@ -25,7 +26,7 @@ from eventfold.outbox.topics import (
     TopicConfigMismatch,
 )
 from eventfold.projections import FoldProjection
-from eventfold.projections.retention import SourceDataLost
+from eventfold.projections.retention import SourceDataLost, SourceTopicRecreated
 from eventfold.projections.state.topics import (
     DeliveryFailed,
     OutputTopicConfigs,
@@ -295,6 +296,55 @@ def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudl
     assert "EVENTFOLD_ALLOW_DATA_LOSS" in message
     catch_up(spark, stack_settings, projection, allow_data_loss=True)
     assert sorted(rows(stack_settings, projection)) == ["s4", "s5"]
+
+
+def test_a_source_topic_made_again_stops_a_run_before_it_skips_an_event(
+        inventory_app, spark, stack_settings, unique, monkeypatch) -> None:
+    """An operator deletes a streaming projection's source topic and makes it again, and
+    events arrive on the new one at once. Its offsets begin at 0 again while the checkpoint
+    counts the old topic's: folding on from the checkpoint would skip as many of them. The
+    run stops before it reads the new topic, saying how to rebuild. Made again once more
+    while no run is up, with fewer events than the checkpoint counts, a run stops at its
+    start."""
+    from eventfold.projections import retention
+
+    projection = counter(unique)
+    aggregate = f"Counted{unique}"
+    topic = event_topic(aggregate)
+    admin = TopicAdmin(stack_settings.kafka)
+
+    def made_again(events: int) -> None:
+        admin.delete([topic])
+        wait_for(lambda: admin.describe(topic) is None, "the topic deleted")
+        publish(stack_settings, aggregate,
+                [(f"s{n}", "Counted", {"note": "new"}) for n in range(events)])
+
+    publish(stack_settings, aggregate, [(f"s{n}", "Counted", {"note": "old"}) for n in range(5)])
+    runner = make_runner(spark, stack_settings, projection)
+    query = runner.start()
+    try:
+        wait_for(lambda: len(rows(stack_settings, projection)) == 5, "the old events folded")
+        made_again(8)  # past the checkpoint's offset 5: a run reading on would skip 5 of them
+        wait_for(lambda: not query.isActive, "the run to stop", timeout_s=60)
+        stopped = query.exception()
+        assert isinstance(stopped, SourceTopicRecreated), stopped
+        # seen deleted, or already made again: either way it stops, naming the topic
+        assert re.search(rf"{topic}(, which it has read from,)? was deleted", str(stopped))
+        assert f"eventfold projection replay {projection.name} --from store" in str(stopped)
+    finally:
+        runner.close()
+    assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
+
+    made_again(3)
+    monkeypatch.setattr(retention, "BEHIND_GRACE_S", 1.0)
+    again = make_runner(spark, stack_settings, projection)
+    try:
+        with pytest.raises(SourceTopicRecreated, match=rf"{topic}\[0\] ends at offset 3, "
+                                                       "before offset 5"):
+            again.start(once=True)
+    finally:
+        again.close()
+    assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
 
 
 # -- a broker crash ---------------------------------------------------------------------------
