@@ -46,6 +46,11 @@ log = logging.getLogger("eventfold")
 MAX_FAILED_STARTS = 6
 """How often a projection starts again after failures with no batch in between (pauses of 2,
 4, 8, 16, 30, 30 s: about a minute and a half of an unreachable broker or database)."""
+MAX_STALL_DOUBLINGS = 4
+"""How often the watchdog's bound doubles for runs given up as stalled with no batch between
+them: a first batch slower than the setting (a cold Spark, a loaded machine) gets up to 16
+times it, instead of being cancelled at the same point on every start until the host gives
+up."""
 
 
 class GaveUp(RuntimeError):
@@ -117,6 +122,8 @@ class _RunOutcome:
     """The version a replay made active, when that is what ended the run."""
     fenced: bool = False
     """A newer runner took the projection's writer lease over."""
+    stalled: bool = False
+    """The watchdog gave the run up: its look or batch went on past the bound."""
 
 
 class ProjectionHost:
@@ -203,6 +210,8 @@ class _Supervisor:
         self.name = name
         self.watched = watched
         self.standing_by = host.standby
+        self.stalls_in_a_row = 0
+        """Runs given up as stalled since the last batch committed: each doubles the bound."""
 
     def run(self) -> None:
         name, stop_requested = self.name, self.host.stop_requested
@@ -213,6 +222,8 @@ class _Supervisor:
                 break  # stopped while standing by
             outcome = self._run_until_it_ends(lease)
             batches += outcome.batches
+            self.stalls_in_a_row = (0 if outcome.batches
+                                    else self.stalls_in_a_row + int(outcome.stalled))
             if outcome.error is None or stop_requested.is_set():
                 break
             if outcome.fenced:
@@ -275,7 +286,7 @@ class _Supervisor:
                 # Its thread may be stuck where nothing can interrupt it: the runner is left
                 # to it, and the next run's lease (a new epoch) fences whatever it still does.
                 abandoned, runner = runner, None
-                return _RunOutcome(abandoned.batches, stalled)
+                return _RunOutcome(abandoned.batches, stalled, stalled=True)
             if (error := query.exception()) is None:
                 return _RunOutcome(runner.batches)
             if isinstance(error, needs_a_person()):
@@ -300,6 +311,11 @@ class _Supervisor:
                 except Exception as exc:
                     log.warning("projection %s: closing the runner: %s", name, exc)
 
+    def stall_floor_s(self, setting_s: float) -> float:
+        """The watchdog's floor for the run under way: the setting, doubled for each run
+        given up as stalled since a batch last committed (``MAX_STALL_DOUBLINGS`` at most)."""
+        return setting_s * 2.0 ** min(self.stalls_in_a_row, MAX_STALL_DOUBLINGS)
+
     def _stalled(self, runner: ProjectionRunner, query: RunningQuery) -> str | None:
         """The watchdog, every second of a run: a stream thread whose look or batch has gone
         on past its bound is reported, its Spark jobs cancelled and its run given up (what
@@ -311,14 +327,15 @@ class _Supervisor:
             return None
         if runner.batches:
             metrics.STALLED.labels(self.name).set(0)
-        running_s = query.stalled_for()
+        running_s = query.stalled_for(self.stall_floor_s(runner.settings.projection_stall_s))
         if running_s is None:
             return None
         metrics.STALLED.labels(self.name).set(1)
         what = (f"projection {self.name} stalled: its batch or look has gone on for "
                 f"{running_s:.0f} s")
-        log.error("%s; cancelling its Spark jobs and starting it again from its checkpoint",
-                  what)
+        log.error("%s; cancelling its Spark jobs and starting it again from its checkpoint, "
+                  "with %s the bound until a batch commits", what,
+                  "twice" if self.stalls_in_a_row < MAX_STALL_DOUBLINGS else "the same")
         if self.watched is not None:
             self.watched.stopped("stalled")
         self.spark.sparkContext.cancelJobGroup(query.job_group)

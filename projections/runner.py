@@ -174,7 +174,7 @@ class ProjectionRunner:
                 start_query(self, committed, once)
                 if self.settings.streaming_driver == "structured_streaming"
                 else StreamThread(self, interval_seconds(self.settings.trigger_interval),
-                                  once, self.settings.projection_stall_s).start())
+                                  once).start())
         log.info("%s: %s from %s (%s); started in %s", what,
                  "catching up" if once else "streaming",
                  ", ".join(self.projection.source_topics), self.settings.streaming_driver, clock)

@@ -68,12 +68,10 @@ class StreamThread:
     a look or batch has gone on too long.
     """
 
-    def __init__(self, runner: BatchRunner, idle_wait_s: float, once: bool = False,
-                 stall_after_s: float = float("inf")) -> None:
+    def __init__(self, runner: BatchRunner, idle_wait_s: float, once: bool = False) -> None:
         self._runner = runner
         self._idle_wait_s = idle_wait_s
         self._once = once
-        self._stall_after_s = stall_after_s
         self.job_group = f"eventfold-{runner.projection.name}-{uuid.uuid4().hex[:8]}"
         self._step_started = time.monotonic()
         self._longest_batch_s = 0.0
@@ -101,14 +99,14 @@ class StreamThread:
         """What ended it, if it failed."""
         return self._error
 
-    def stalled_for(self) -> float | None:
+    def stalled_for(self, floor_s: float) -> float | None:
         """How long the look or batch under way has gone on, once that is past the bound
-        (``stall_after_s`` plus ``STALL_LONGEST_BATCHES`` times the longest batch so far);
-        None while it is within it, or the thread has ended."""
+        (``floor_s``, the watchdog's, plus ``STALL_LONGEST_BATCHES`` times the longest batch
+        so far); None while it is within it, or the thread has ended."""
         if self._ended.is_set():
             return None
         running = time.monotonic() - self._step_started
-        bound = self._stall_after_s + STALL_LONGEST_BATCHES * self._longest_batch_s
+        bound = floor_s + STALL_LONGEST_BATCHES * self._longest_batch_s
         return running if running > bound else None
 
     def stop(self, timeout_s: float = 60) -> None:

@@ -66,13 +66,39 @@ def test_a_look_or_batch_past_the_floor_plus_three_longest_batches_is_stalled(
     now = [500.0]
     monkeypatch.setattr(stream_thread.time, "monotonic", lambda: now[0])
     runner = SimpleNamespace(projection=SimpleNamespace(name="sales"))
-    thread = stream_thread.StreamThread(runner, 0.1, stall_after_s=60)  # type: ignore[arg-type]
+    thread = stream_thread.StreamThread(runner, 0.1)  # type: ignore[arg-type]
     thread._step_started, thread._longest_batch_s = 500.0, 10.0
     now[0] = 500.0 + 60 + 3 * 10
-    assert thread.stalled_for() is None, "within the bound"
+    assert thread.stalled_for(60) is None, "within the bound"
     now[0] += 1
-    assert thread.stalled_for() == pytest.approx(91)
+    assert thread.stalled_for(60) == pytest.approx(91)
     assert thread.job_group.startswith("eventfold-sales-")
+
+
+def test_each_stall_without_a_batch_doubles_the_bound_until_a_batch_commits(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A first batch slower than the setting (a cold Spark on a loaded machine) must not be
+    cancelled at the same point on every start until the host gives up."""
+    from types import SimpleNamespace
+
+    from eventfold.projections import host
+
+    never = SimpleNamespace(is_set=lambda: False, wait=lambda _s: False)
+    a_host = SimpleNamespace(stop_requested=never, standby=False)
+    supervisor = host._Supervisor(a_host, None, "sales", None)  # type: ignore[arg-type]
+    outcomes = iter([host._RunOutcome(0, "stalled", stalled=True)] * 6
+                    + [host._RunOutcome(2, "stalled", stalled=True),
+                       host._RunOutcome(0, "stalled", stalled=True), host._RunOutcome(1)])
+    floors: list[float] = []
+
+    def run_once(_lease: object) -> host._RunOutcome:
+        floors.append(supervisor.stall_floor_s(5))
+        return next(outcomes)
+
+    monkeypatch.setattr(supervisor, "_lease", lambda: object())
+    monkeypatch.setattr(supervisor, "_run_until_it_ends", run_once)
+    supervisor.run()
+    assert floors == [5, 10, 20, 40, 80, 80, 80, 5, 10]
 
 
 def test_a_replay_leaves_a_core_while_a_live_projection_follows(clock: list[float]) -> None:
