@@ -6,7 +6,8 @@ projection run --once, serve reads, the row read back, the generated test, stack
 
 The fresh virtualenv takes Eventfold's dependencies (Spark, Kafka and Postgres clients) from
 the project's own virtualenv through a path file, so that the test does not download half a
-gigabyte; Eventfold itself comes only from the wheel.
+gigabyte, and the stack's jars from the checkout's set-up (``EVENTFOLD_JARS_DIR``); Eventfold
+itself comes only from the wheel.
 """
 
 from __future__ import annotations
@@ -50,7 +51,12 @@ def test_a_first_app_from_an_empty_directory(tmp_path) -> None:
     commands_port, reads_port = free_port(), free_port()
     env = {key: value for key, value in os.environ.items()
            if not key.startswith(("EVENTFOLD_", "PYTHON", "VIRTUAL_ENV"))}
+    # The stack's jars (and their class-data archives) of the checkout, which set-up fetched
+    # and recorded: fetching them again into the wheel's directory would take a minute and
+    # test nothing more (the wheel's pom: test_layout.py; install_jars runs here for Spark's
+    # Kafka source, from the wheel's own pom).
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
+               EVENTFOLD_JARS_DIR=str(ROOT / "local_stack" / "jars"),
                EVENTFOLD_COMMAND_API_PORT=str(commands_port),
                EVENTFOLD_READ_API_PORT=str(reads_port))
 
