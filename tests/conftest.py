@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from eventfold.config import Settings
+
+SHORT_LIVED_JVM = "-XX:TieredStopAtLevel=1"
+"""The suite's JVMs (Spark drivers, brokers, Connect workers; tests' processes inherit the
+environment) live seconds to minutes, mostly starting: Java's optimising compiler would spend
+more CPU than it saves, on a machine the suite keeps busy. Only the first tier compiles, for
+every JVM of the suite and none of a user's (docs/deployment.md has the figures)."""
+
+if SHORT_LIVED_JVM not in os.environ.get("JAVA_TOOL_OPTIONS", ""):
+    os.environ["JAVA_TOOL_OPTIONS"] = " ".join(
+        filter(None, (os.environ.get("JAVA_TOOL_OPTIONS"), SHORT_LIVED_JVM)))
 
 
 @pytest.fixture(scope="session")
