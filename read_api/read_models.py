@@ -75,6 +75,12 @@ class RowCount:
         return found
 
 
+ESTIMATE_TIMEOUT_MS = 2_000
+"""The statement timeout of an estimate, whatever the read statement timeout: it only plans
+and reads catalog rows, and it is the answer a count falls back on when counting took too
+long. Under a page's tight timeout (tens of ms), a busy database or a reader's cold session
+can take longer than that to plan, and the count would fail instead of estimating."""
+
 # The view's table (the active version's state table) as the planner sees it: its rows, as
 # the planner scales its statistics to the table's size now (rows per page of the last
 # statistics times the pages there are), when they were taken, and the rows written since.
@@ -153,16 +159,19 @@ class ReadModel:
                         ) -> RowCount:
         """The planner's estimate of the rows ``filters`` match (the top node of the plan),
         and what it rests on: when the table's statistics were taken, and how many rows
-        were written since."""
-        estimate = await self._planned_rows(conn, filters)
-        cursor = await conn.execute(_STATISTICS, (self.schema.view,))
-        table = cast(dict[str, Any] | None, await cursor.fetchone())
-        if table is None:
-            return RowCount(round(estimate), False)
-        if needs_a_value(filters) and table["rows"] > 0:
-            # The planner's share of live rows, taken out again (``needs_a_value``).
-            live = await self._planned_rows(conn, ())
-            estimate *= table["rows"] / max(live, 1.0)
+        were written since; bounded by ``ESTIMATE_TIMEOUT_MS``."""
+        async with conn.transaction():
+            await conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                               (str(ESTIMATE_TIMEOUT_MS),))
+            estimate = await self._planned_rows(conn, filters)
+            cursor = await conn.execute(_STATISTICS, (self.schema.view,))
+            table = cast(dict[str, Any] | None, await cursor.fetchone())
+            if table is None:
+                return RowCount(round(estimate), False)
+            if needs_a_value(filters) and table["rows"] > 0:
+                # The planner's share of live rows, taken out again (``needs_a_value``).
+                live = await self._planned_rows(conn, ())
+                estimate *= table["rows"] / max(live, 1.0)
         return RowCount(round(estimate), False, {
             "statistics_taken_at": (table["taken_at"].isoformat() if table["taken_at"]
                                     else None),
