@@ -7,8 +7,9 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,30 @@ class StackError(RuntimeError):
     """A local component failed to start or stop; the message says what to do about it."""
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+_handed_out: set[int] = set()
+_handed_out_lock = threading.Lock()
+_PICKS_BEFORE_GIVING_UP = 1000
+
+
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now, that this process has not
+    handed out before, and that is not in ``avoid``.
+
+    Ports are picked before anything binds them (a stack's broker and worker are given theirs
+    together), and the kernel picks a port it has just released again now and then, so two
+    callers could otherwise be given the same port.
+    """
+    with _handed_out_lock:
+        for _ in range(_PICKS_BEFORE_GIVING_UP):
+            port = _kernel_picked_port()
+            if port not in _handed_out and port not in avoid:
+                _handed_out.add(port)
+                return port
+    raise StackError(f"no free TCP port on 127.0.0.1 after {_PICKS_BEFORE_GIVING_UP} picks; "
+                     f"this process has handed out {len(_handed_out)}")
+
+
+def _kernel_picked_port() -> int:
     with closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

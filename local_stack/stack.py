@@ -172,10 +172,9 @@ class LocalStack:
         t0 = time.monotonic()
         try:
             for name in names:
-                ports[name] = self._usable_port(name, ports.get(name))
+                ports[name] = self._usable_port(name, ports)
                 if name.startswith("broker"):
-                    key = _controller_key(name)
-                    ports[key] = self._usable_port(key, ports.get(key))
+                    ports[_controller_key(name)] = self._usable_port(_controller_key(name), ports)
             if "postgres" in names:
                 pids["postgres"] = self._start_postgres(ports["postgres"])
                 started.append(("postgres", pids["postgres"]))
@@ -241,14 +240,18 @@ class LocalStack:
                              replication=min(self.shape.brokers, 3),
                              java_options=class_data_options("connect", self.record_classes))
 
-    def _usable_port(self, name: str, port: int | None) -> int:
-        if port is None:
-            return free_port()
-        if port_is_open(port):
-            fresh = free_port()
+    @staticmethod
+    def _usable_port(name: str, ports: dict[str, int]) -> int:
+        """``name``'s saved port if nothing listens there, else a fresh one that no other
+        component of this stack has saved (it may be down now, and start later)."""
+        port = ports.get(name)
+        others = {saved for other, saved in ports.items() if other != name}
+        if port is not None and not port_is_open(port) and port not in others:
+            return port
+        fresh = free_port(avoid=others)
+        if port is not None:
             log.warning("%s's port %d is taken by another process; using %d", name, port, fresh)
-            return fresh
-        return port
+        return fresh
 
     def _initialized(self) -> bool:
         """Whether this stack ran before (its database exists)."""

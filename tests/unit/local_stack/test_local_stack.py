@@ -67,8 +67,14 @@ def test_status_without_a_stack(tmp_path) -> None:
     assert LocalStack(tmp_path).down() is False  # nothing to stop is not an error
 
 
-def test_free_ports_differ() -> None:
-    assert len({free_port() for _ in range(5)}) >= 4
+def test_a_port_the_kernel_picks_again_is_not_handed_out_twice(monkeypatch) -> None:
+    from eventfold.local_stack import process
+
+    # The kernel's picks, as seen in a CI run that gave a broker and a worker one port.
+    picks = iter([56531, 56531, 56531, 56532, 56533, 56533, 56534])
+    monkeypatch.setattr(process, "_kernel_picked_port", lambda: next(picks))
+    monkeypatch.setattr(process, "_handed_out", set())
+    assert [free_port(), free_port(), free_port(avoid={56533})] == [56531, 56532, 56534]
 
 
 def test_the_stack_directory_is_found_from_below_the_project(tmp_path, monkeypatch) -> None:
@@ -148,3 +154,14 @@ def test_the_stacks_jvms_map_their_class_archives_once_recorded(tmp_path, monkey
     class_archive("broker").write_bytes(b"")
     assert class_data_options("broker") == [f"-XX:SharedArchiveFile={tmp_path / 'broker.jsa'}"]
     assert class_data_options("connect") == []  # each role its own
+
+
+def test_a_component_is_not_given_a_port_another_one_saved(monkeypatch) -> None:
+    from eventfold.local_stack import process
+
+    saved = {"postgres": free_port(), "connect": free_port()}  # both down: nothing listens
+    picks = iter([saved["postgres"], saved["connect"], 1 + max(saved.values())])
+    monkeypatch.setattr(process, "_kernel_picked_port", lambda: next(picks))
+    monkeypatch.setattr(process, "_handed_out", set())
+    assert LocalStack._usable_port("postgres", saved) == saved["postgres"]
+    assert LocalStack._usable_port("broker", saved) == 1 + max(saved.values())
