@@ -6,7 +6,8 @@ connection pool runs them in read-only transactions as the reader role.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -98,6 +99,17 @@ _STATISTICS = """
 """
 
 
+@asynccontextmanager
+async def _timed_out_after(conn: AsyncConnection[Any], timeout_ms: int
+                           ) -> AsyncIterator[None]:
+    """A transaction whose statements are cancelled after ``timeout_ms``, whatever the
+    session's statement timeout; the session's own comes back when it ends."""
+    async with conn.transaction():
+        await conn.execute("SELECT set_config('statement_timeout', %s, true)",
+                           (str(timeout_ms),))
+        yield
+
+
 class ReadModel:
     """One projection's read model: get, list, count, and its source streams' watermarks."""
 
@@ -146,9 +158,7 @@ class ReadModel:
                     return estimate
             compiled = count_query(self.schema, filters)
             try:
-                async with conn.transaction():
-                    await conn.execute("SELECT set_config('statement_timeout', %s, true)",
-                                       (str(self.count_timeout_ms),))
+                async with _timed_out_after(conn, self.count_timeout_ms):
                     cursor = await conn.execute(compiled.sql, compiled.params)
                     row = cast(dict[str, Any], await cursor.fetchone())
                 return RowCount(int(row["count_1"]), True)
@@ -160,9 +170,7 @@ class ReadModel:
         """The planner's estimate of the rows ``filters`` match (the top node of the plan),
         and what it rests on: when the table's statistics were taken, and how many rows
         were written since; bounded by ``ESTIMATE_TIMEOUT_MS``."""
-        async with conn.transaction():
-            await conn.execute("SELECT set_config('statement_timeout', %s, true)",
-                               (str(ESTIMATE_TIMEOUT_MS),))
+        async with _timed_out_after(conn, ESTIMATE_TIMEOUT_MS):
             estimate = await self._planned_rows(conn, filters)
             cursor = await conn.execute(_STATISTICS, (self.schema.view,))
             table = cast(dict[str, Any] | None, await cursor.fetchone())
