@@ -14,7 +14,8 @@ Layers, each importing only those above it:
   ``schema``, ``catalog`` (versions, checkpoints, emission marks, batches under way),
   ``parking``, ``topics`` (its KTable, dead-letter and derived-event topics), ``hosts`` (the
   streaming hosts and the replays handed to them), ``lease`` (one writer per projection),
-  ``readers`` (which read API instance has which KTable topic open);
+  ``readers`` (which read API instance has which KTable topic open), ``source_ids`` (the
+  source topics' ids a version's checkpoint, or a reaction's positions, count);
 - ``execution/``: ``fold`` (the per-key fold and its duplicate guard, in plain Python: what a
   task runs, and the reference harness ``fold_records``), ``decode`` (records into Arrow
   columns), ``partial`` (per-partition aggregates in Arrow), ``engine`` (the Spark jobs of

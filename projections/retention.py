@@ -9,14 +9,20 @@ import logging
 import time
 from collections.abc import Collection, Mapping
 
-from eventfold.outbox.connection import KafkaConnection
+import psycopg
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution.store_source import STORE_PARTITION
 from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.state.source_ids import (
+    made_again,
+    projection_reader,
+    record_ids,
+    recorded_ids,
+)
 
-from eventfold.contract import PartitionKey
+from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
 
@@ -38,28 +44,48 @@ class SourceTopics:
     """The ids of a projection's source topics as this run first saw them; ``check`` raises
     SourceTopicRecreated once one has another, or is gone though it was read from. Asked
     before each batch that has records to fold, so that no batch reads a topic made again
-    since the run started."""
+    since the run started. A topic first seen has its id recorded for the version
+    (``source_ids``) before any batch reads it, so the runs after this one check it too."""
 
-    def __init__(self, projection: Projection, version: int, kafka: KafkaConnection,
+    def __init__(self, projection: Projection, version: int, settings: RunnerSettings,
                  read_from: Collection[str] = ()) -> None:
         self._projection, self._version = projection, version
-        self._admin = TopicAdmin(kafka, timeout_s=10)
+        self._database_url = settings.database_url
+        self._admin = TopicAdmin(settings.kafka, timeout_s=10)
         self._ids: dict[str, str] = {}
         self._read_from = frozenset(read_from)
         self.check()
 
     def check(self) -> None:
+        first_seen: dict[str, str] = {}
         for topic, shape in self._admin.describe_all(self._projection.source_topics).items():
             if shape is None:
                 if topic in self._ids or topic in self._read_from:
                     raise _recreated(self._projection, self._version,
                                      f"{topic}, which it has read from, was deleted")
                 continue  # not created yet
-            first = self._ids.setdefault(topic, shape.topic_id)
-            if first != shape.topic_id:
+            if topic not in self._ids:
+                first_seen[topic] = self._ids[topic] = shape.topic_id
+            if self._ids[topic] != shape.topic_id:
                 raise _recreated(self._projection, self._version,
                                  f"{topic} was deleted and made again (id {shape.topic_id}, "
-                                 f"not {first} as when this run started)")
+                                 f"not {self._ids[topic]} as when this run started)")
+        if first_seen:
+            self._record(first_seen)
+
+    def _record(self, ids: Mapping[str, str]) -> None:
+        """Check ``ids`` against those the version's offsets were read from, and record them."""
+        reader = projection_reader(self._projection.name, self._version)
+        with psycopg.connect(libpq_url(self._database_url)) as conn:
+            replaced = {topic: was for topic, was in made_again(recorded_ids(conn, reader),
+                                                                 ids).items()
+                        if topic in self._read_from}
+            if replaced:
+                raise _recreated(self._projection, self._version, "; ".join(
+                    f"{topic} was deleted and made again while no run was up (id {now}, not "
+                    f"{old} as when the checkpoint's offsets were read)"
+                    for topic, (old, now) in sorted(replaced.items())))
+            record_ids(conn, reader, ids)
 
 
 def check_sources(projection: Projection, version: int, settings: RunnerSettings,
@@ -68,7 +94,7 @@ def check_sources(projection: Projection, version: int, settings: RunnerSettings
     not read (retention deleted them, and folding on would silently leave them out), or ends
     before what it has read (the topic was made again while it was stopped). A version that
     folded the event store first read them from there. The source topics' ids, to watch."""
-    sources = SourceTopics(projection, version, settings.kafka, read_from={
+    sources = SourceTopics(projection, version, settings, read_from={
         topic for (topic, partition), offset in committed.items()
         if offset > 0 and (topic, partition) != STORE_PARTITION})
     if STORE_PARTITION in committed:

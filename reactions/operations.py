@@ -3,6 +3,7 @@ it on purpose (``reset``), saying how many events it will act on again."""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -13,6 +14,13 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
+from eventfold.outbox.topics import TopicAdmin
+from eventfold.projections.state.source_ids import (
+    current_ids,
+    made_again,
+    reaction_reader,
+    recorded_ids,
+)
 from eventfold.reactions.definition import Declared, topics_of
 from eventfold.reactions.parking import parked_count
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
@@ -21,6 +29,8 @@ from eventfold.reactions.process import Process, process_counts
 from eventfold.contract import PartitionKey, libpq_url
 
 ResetTo = Literal["beginning", "end"] | datetime
+
+log = logging.getLogger(__name__)
 
 
 def group_of(reaction: Declared) -> str:
@@ -56,6 +66,36 @@ def source_ends(kafka: KafkaConnection, reaction: Declared,
     finally:
         planner.close()
     return {tp: (first[tp], end[tp], since[tp]) for tp in partitions}
+
+
+def place(kafka: KafkaConnection, conn: psycopg.Connection, reaction: Declared) -> None:
+    """Where a runner starts, saved before it reads anything. A reaction that never ran:
+    where it says (``Reaction.start``), so that a crash before its first batch cannot move
+    its start. A source topic deleted and made again while no runner was up: from its
+    beginning, as librdkafka resets a runner that is up (the saved positions count the old
+    topic's offsets, and would skip as many events of the new one; the command log answers
+    the commands of events acted on before with their first results)."""
+    ids = current_ids(TopicAdmin(kafka), topics_of(reaction))
+    if load_positions(conn, reaction.name):
+        replaced = made_again(recorded_ids(conn, reaction_reader(reaction.name)), ids)
+        beginnings = {tp: low for tp, (low, _, _) in source_ends(kafka, reaction).items()
+                      if tp[0] in replaced} if replaced else {}
+        move_to(conn, reaction.name, beginnings, ids)
+        for topic, (old, now) in sorted(replaced.items()):
+            log.warning("reaction %s: %s was deleted and made again while no runner was up "
+                        "(id %s, not %s); reading it from its beginning", reaction.name,
+                        topic, now, old)
+        return
+    ends = source_ends(kafka, reaction)
+    if not ends:
+        raise RuntimeError(f"reaction {reaction.name}: its topics "
+                           f"({', '.join(topics_of(reaction))}) do not exist yet; `eventfold "
+                           "setup` creates them")
+    latest = reaction.start == "latest"
+    move_to(conn, reaction.name,
+            {tp: high if latest else low for tp, (low, high, _) in ends.items()}, ids)
+    log.info("reaction %s: first run, acting on events from the %s on", reaction.name,
+             "end" if latest else "beginning")
 
 
 def report(kafka: KafkaConnection, database_url: str, reaction: Declared) -> ReactionReport:
@@ -118,7 +158,8 @@ def reset(kafka: KafkaConnection, database_url: str, reaction: Declared, to: Res
                 "EVENTFOLD_COMMAND_ID_RETENTION): the commands of those events would execute "
                 "again. --force to do it anyway")
         if not dry_run:
-            move_to(conn, reaction.name, target)
+            move_to(conn, reaction.name, target,
+                    current_ids(TopicAdmin(kafka), topics_of(reaction)))
     return again
 
 

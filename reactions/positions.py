@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 import psycopg
+from eventfold.projections.state.source_ids import reaction_reader, record_ids
 
 from eventfold.contract import PartitionKey
 
@@ -56,11 +57,13 @@ def save_batch(conn: psycopg.Connection, reaction: str, positions: Mapping[Parti
                 "GREATEST(reaction_positions.next_offset, EXCLUDED.next_offset)")
 
 
-def move_to(conn: psycopg.Connection, reaction: str,
-            positions: Mapping[PartitionKey, int]) -> None:
-    """Set the reaction's positions, back or forth (``reaction reset``)."""
+def move_to(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],
+            topic_ids: Mapping[str, str]) -> None:
+    """Set the reaction's positions, back or forth (``reaction reset``, a first run), and the
+    ids of the topics whose offsets they count (``source_ids``)."""
     with conn.transaction():
         _upsert(conn, reaction, positions, "EXCLUDED.next_offset")
+        record_ids(conn, reaction_reader(reaction), topic_ids)
 
 
 def _upsert(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],

@@ -35,13 +35,12 @@ from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
 from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of, wants
-from eventfold.reactions.operations import source_ends
+from eventfold.reactions.operations import place
 from eventfold.reactions.parking import Parking, open_parking, save_parking
 from eventfold.reactions.positions import (
     Refusal,
     RefusalKind,
     load_positions,
-    move_to,
     save_batch,
 )
 from eventfold.reactions.process import (
@@ -190,7 +189,7 @@ class ReactionRunner:
             "session.timeout.ms": session_ms,
             "heartbeat.interval.ms": max(session_ms // 5, 500)}))
         try:
-            self._place_a_new_reaction()
+            place(self.kafka, self._connection(), self.reaction)
             consumer.subscribe(self.topics, on_assign=self._seek_to_positions)
             log.info("reaction %s: reading %s", name, ", ".join(self.topics))
             reported, reported_counts = time.monotonic(), dataclasses.replace(self.counts)
@@ -231,23 +230,6 @@ class ReactionRunner:
                  "command log as already executed), %d refused, %d batches",
                  self.reaction.name, c.events, c.timers, c.sent, c.repeated, c.refused,
                  c.batches)
-
-    def _place_a_new_reaction(self) -> None:
-        """A reaction that never ran starts where it says (``Reaction.start``), saved before
-        it reads anything: a crash before its first batch must not move its start."""
-        conn = self._connection()
-        if load_positions(conn, self.reaction.name):
-            return
-        latest = self.reaction.start == "latest"
-        ends = source_ends(self.kafka, self.reaction)
-        if not ends:
-            raise RuntimeError(f"reaction {self.reaction.name}: its topics "
-                               f"({', '.join(self.topics)}) do not exist yet; `eventfold "
-                               "setup` creates them")
-        move_to(conn, self.reaction.name,
-                {tp: high if latest else low for tp, (low, high, _) in ends.items()})
-        log.info("reaction %s: first run, acting on events from the %s on",
-                 self.reaction.name, "end" if latest else "beginning")
 
     def _seek_to_positions(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """On assignment: each partition from the reaction's saved position (a partition

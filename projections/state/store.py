@@ -59,6 +59,7 @@ from eventfold.projections.state.schema import (
     state_table,
     watermarks_of,
 )
+from eventfold.projections.state.source_ids import forget_ids, projection_reader
 from eventfold.projections.state.stage import (
     SYSTEM_COLUMNS,
     KeySplitAcrossPartitions,
@@ -200,6 +201,7 @@ class ReadModelStore:
         conn.execute(sql.SQL("DROP TABLE IF EXISTS {}, {}, {}, {}").format(
             self._table, self._sources, self._stage, self._stage_sources))
         delete_checkpoint(conn, self.projection.name, self.version)
+        forget_ids(conn, projection_reader(self.projection.name, self.version))
         drop_parked(conn, self.projection.name, self.version)
         clear_staged(conn, self.projection.name, self.version)
 

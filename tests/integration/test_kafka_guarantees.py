@@ -298,33 +298,38 @@ def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudl
     assert sorted(rows(stack_settings, projection)) == ["s4", "s5"]
 
 
+def made_again(settings, aggregate: str, note: str, events: int) -> None:
+    """An operator deletes the aggregate's event topic and makes it again, and ``events``
+    events arrive on the new one."""
+    topic = event_topic(aggregate)
+    admin = TopicAdmin(settings.kafka)
+    admin.delete([topic])
+    wait_for(lambda: admin.describe(topic) is None, "the topic deleted")
+    publish(settings, aggregate, [(f"s{n}", "Counted", {"note": note}) for n in range(events)])
+
+
 def test_a_source_topic_made_again_stops_a_run_before_it_skips_an_event(
         inventory_app, spark, stack_settings, unique, monkeypatch) -> None:
     """An operator deletes a streaming projection's source topic and makes it again, and
     events arrive on the new one at once. Its offsets begin at 0 again while the checkpoint
     counts the old topic's: folding on from the checkpoint would skip as many of them. The
     run stops before it reads the new topic, saying how to rebuild. Made again once more
-    while no run is up, with fewer events than the checkpoint counts, a run stops at its
-    start."""
+    while no run is up, and written past the checkpoint's offsets, a run stops at its start:
+    the topic has another id than the one the checkpoint's offsets were read from. A version
+    that recorded no ids (checkpointed before they were) stops when the topic ends before
+    its checkpoint."""
     from eventfold.projections import retention
 
     projection = counter(unique)
     aggregate = f"Counted{unique}"
     topic = event_topic(aggregate)
-    admin = TopicAdmin(stack_settings.kafka)
-
-    def made_again(events: int) -> None:
-        admin.delete([topic])
-        wait_for(lambda: admin.describe(topic) is None, "the topic deleted")
-        publish(stack_settings, aggregate,
-                [(f"s{n}", "Counted", {"note": "new"}) for n in range(events)])
 
     publish(stack_settings, aggregate, [(f"s{n}", "Counted", {"note": "old"}) for n in range(5)])
     runner = make_runner(spark, stack_settings, projection)
     query = runner.start()
     try:
         wait_for(lambda: len(rows(stack_settings, projection)) == 5, "the old events folded")
-        made_again(8)  # past the checkpoint's offset 5: a run reading on would skip 5 of them
+        made_again(stack_settings, aggregate, "new", 8)  # a run reading on would skip 5
         wait_for(lambda: not query.isActive, "the run to stop", timeout_s=60)
         stopped = query.exception()
         assert isinstance(stopped, SourceTopicRecreated), stopped
@@ -335,16 +340,69 @@ def test_a_source_topic_made_again_stops_a_run_before_it_skips_an_event(
         runner.close()
     assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
 
-    made_again(3)
+    def started_again() -> str:
+        again = make_runner(spark, stack_settings, projection)
+        try:
+            with pytest.raises(SourceTopicRecreated) as stopped:
+                again.start(once=True)
+        finally:
+            again.close()
+        assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
+        return str(stopped.value)
+
+    made_again(stack_settings, aggregate, "newer", 8)  # past the checkpoint's offset 5
+    assert re.search(rf"{topic} was deleted and made again while no run was up \(id \S+, "
+                     r"not \S+ as when the checkpoint's offsets were read\)", started_again())
+
+    with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
+        conn.execute("DELETE FROM source_topic_ids WHERE reader = %s",
+                     (f"projection {projection.name} v1",))
+    made_again(stack_settings, aggregate, "newest", 3)
     monkeypatch.setattr(retention, "BEHIND_GRACE_S", 1.0)
-    again = make_runner(spark, stack_settings, projection)
-    try:
-        with pytest.raises(SourceTopicRecreated, match=rf"{topic}\[0\] ends at offset 3, "
-                                                       "before offset 5"):
-            again.start(once=True)
-    finally:
-        again.close()
-    assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
+    assert f"{topic}[0] ends at offset 3, before offset 5" in started_again()
+
+
+def test_a_reaction_reads_a_source_topic_made_again_while_it_was_down_from_its_beginning(
+        inventory_app, stack_settings, unique, caplog) -> None:
+    """A reaction's saved positions count the old topic's offsets: a runner started after
+    the topic was made again and written past them reads the new topic from its beginning,
+    as librdkafka does for a runner that is up, and acts on each of its events."""
+    import threading
+
+    from eventfold.projections import Event
+    from eventfold.reactions import effect
+
+    from eventfold import Eventfold
+
+    aggregate = f"Counted{unique}"
+    acted: list[tuple[str, str]] = []
+
+    @effect(f"remember_{unique}", sources=[aggregate], start="earliest")
+    def remember(event: Event, idempotency_key: str) -> None:
+        acted.append((event.data["note"], event.stream_id))
+
+    app = Eventfold(f"recreated_{unique}")
+    app.reactions.add(remember)
+    runtime = app.runtime(stack_settings)
+
+    def acts_until(count: int) -> None:
+        stopping = threading.Event()
+        running = threading.Thread(target=runtime.run_reactions, args=([remember.name], stopping))
+        running.start()
+        try:
+            wait_for(lambda: len(acted) >= count, f"the reaction to act on {count} events")
+        finally:
+            stopping.set()
+            running.join(timeout=60)
+        assert not running.is_alive()
+
+    publish(stack_settings, aggregate, [(f"s{n}", "Counted", {"note": "old"}) for n in range(5)])
+    acts_until(5)
+    made_again(stack_settings, aggregate, "new", 8)  # past its positions (offset 5)
+    with caplog.at_level(logging.WARNING, logger="eventfold.reactions.operations"):
+        acts_until(13)
+    assert sorted(acted[5:]) == sorted(("new", f"s{n}") for n in range(8))
+    assert "was deleted and made again while no runner was up" in caplog.text
 
 
 # -- a broker crash ---------------------------------------------------------------------------
