@@ -226,6 +226,7 @@ class ProjectionRunner:
             records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
             if records == 0:
                 return  # a re-run of a batch the store already committed
+            self.check_sources()  # Spark's source reads on a topic made again as if the same
             self._apply(batch_id, committed, end, records, self.plan.for_rows,
                         lambda context, pipeline: self._fold_events(
                             decode_records(batch, context), context, pipeline))
@@ -311,8 +312,7 @@ class ProjectionRunner:
                ) -> None:
         """Fold the batch (its tasks write what they fold), then commit up to ``end``.
         ``clock`` has timed the batch's planning, which began at ``started`` (Unix time)."""
-        clock = clock or PhaseClock()
-        started = started or time.time()
+        clock, started = clock or PhaseClock(), started or time.time()
         name = self.projection.name
         emit_from = self.versions.emitted_offsets(name) if self.is_active else None
         if self.is_active:
