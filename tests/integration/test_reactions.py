@@ -209,6 +209,16 @@ def _process_rows(engine, unique: str) -> tuple[int, int, float | None]:
     return int(states), int(timers), None if last_due_s is None else float(last_due_s)
 
 
+def _waiting(engine, unique: str) -> tuple[list[str], int]:
+    """The deadline process's running keys for this test's purchases, and its pending
+    timers."""
+    with engine.connect() as conn:
+        keys = conn.execute(text(
+            "SELECT key FROM process_states WHERE process = 'payment_deadline' AND "
+            "key LIKE :p ORDER BY key"), {"p": f"{unique}-%"}).scalars().all()
+    return [str(key) for key in keys], _process_rows(engine, unique)[1]
+
+
 def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
         stack_settings, engine, tmp_path, unique) -> None:
     """Ten purchases paid, ten not, their deadlines falling due while the process's runner
@@ -238,8 +248,10 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
                                                  quantity=1, pay_within_s=6))
         for purchase in purchases[:10]:
             bus.execute(fulfilment.PayPurchase(purchase_id=purchase))
-        wait_for(lambda: _process_rows(engine, unique)[:2] == (10, 10),
-                 "ten processes waiting for their payment", timeout_s=60)
+        # The unpaid ten, each with its timer: ten processes alone can also be the paid ten,
+        # read before their payments were.
+        wait_for(lambda: _waiting(engine, unique) == (sorted(purchases[10:]), 10),
+                 "the unpaid ten waiting for their payment", timeout_s=60)
         running.send_signal(signal.SIGKILL)
         running.wait(timeout=30)
         listed = eventfold("reaction", "processes", "payment_deadline", "--key-prefix", unique,
