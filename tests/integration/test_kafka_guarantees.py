@@ -76,6 +76,19 @@ def rows(settings, projection: FoldProjection) -> dict[str, dict]:
             f'SELECT key, count, note FROM "{projection.table}"').fetchall()}
 
 
+def refused_at_start(spark, settings, projection: FoldProjection,
+                     refusal: type[Exception]) -> str:
+    """What a run of ``projection`` started now says as it refuses to fold, raising
+    ``refusal``."""
+    runner = make_runner(spark, settings, projection)
+    try:
+        with pytest.raises(refusal) as refused:
+            runner.start(once=True)
+    finally:
+        runner.close()
+    return str(refused.value)
+
+
 def catch_up(spark, settings, projection: FoldProjection, **overrides) -> None:
     runner = make_runner(spark, settings, projection, **overrides)
     try:
@@ -283,13 +296,7 @@ def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudl
     admin = AdminClient(stack_settings.kafka.client_config())
     for future in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
         future.result(timeout=30)
-    runner = make_runner(spark, stack_settings, projection)
-    try:
-        with pytest.raises(SourceDataLost) as lost:
-            runner.start(once=True)
-    finally:
-        runner.close()
-    message = str(lost.value)
+    message = refused_at_start(spark, stack_settings, projection, SourceDataLost)
     assert "4 events it never read were deleted" in message
     assert f"{topic}[0] offsets 0-3" in message
     assert f"eventfold projection replay {projection.name} --from store" in message
@@ -341,14 +348,9 @@ def test_a_source_topic_made_again_stops_a_run_before_it_skips_an_event(
     assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
 
     def started_again() -> str:
-        again = make_runner(spark, stack_settings, projection)
-        try:
-            with pytest.raises(SourceTopicRecreated) as stopped:
-                again.start(once=True)
-        finally:
-            again.close()
+        message = refused_at_start(spark, stack_settings, projection, SourceTopicRecreated)
         assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
-        return str(stopped.value)
+        return message
 
     made_again(stack_settings, aggregate, "newer", 8)  # past the checkpoint's offset 5
     assert re.search(rf"{topic} was deleted and made again while no run was up \(id \S+, "
