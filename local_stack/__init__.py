@@ -7,7 +7,8 @@ the installed pyspark, each on loopback ports under one data directory that surv
 with readiness checks and clean shutdown by PID. The Java side's jars come from Maven Central
 at set-up (``local_stack/pom.xml``).
 
-May import: the standard library, psycopg, requests and pyspark's Spark home only. Nothing of
+May import: ``eventfold.contract`` (the JVMs' class-data archives), the standard library,
+psycopg, requests and pyspark's Spark home only. Nothing of
 the pipeline imports it except the composition root (``eventfold``) and tests; production points
 the same code at real Kafka, a Connect cluster and a Postgres server through configuration.
 """

@@ -14,8 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventfold.local_stack.java import STACK_ROLES, class_archive, recording
+from eventfold.local_stack.java import STACK_ROLES, class_archive
 from eventfold.local_stack.stack import LocalStack
+
+from eventfold.contract.class_data import keep_recording, recording_of
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +29,6 @@ def build_stack_archives(force: bool = False) -> tuple[list[Path], float | None]
     archives = [class_archive(role) for role in STACK_ROLES]
     if all(archive.is_file() for archive in archives) and not force:
         return archives, None
-    for archive in archives:
-        recording(archive).unlink(missing_ok=True)  # of a build that was cut short
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="eventfold-class-data-") as scratch:
         stack = LocalStack(Path(scratch) / "stack", record_classes=True)
@@ -37,9 +37,6 @@ def build_stack_archives(force: bool = False) -> tuple[list[Path], float | None]
         finally:
             stack.down()  # SIGTERM: each JVM writes its recording as it exits
     for archive in archives:
-        recorded = recording(archive)
-        if not recorded.is_file():
-            raise RuntimeError(f"{recorded} was not written: its JVM did not stop cleanly")
-        recorded.replace(archive)
+        keep_recording(recording_of(archive), archive)
     log.info("class-data archives of the broker and Connect recorded")
     return archives, time.monotonic() - started

@@ -14,6 +14,13 @@ from pathlib import Path
 
 from eventfold.local_stack.process import StackError
 
+from eventfold.contract.class_data import (
+    find_java,
+    mapping_options,
+    recording_of,
+    recording_options,
+)
+
 JARS_DIR = Path(__file__).resolve().parent / "jars"
 SPARK_KAFKA_JARS_DIR = Path(__file__).resolve().parent / "spark_kafka" / "jars"
 
@@ -84,18 +91,10 @@ def class_archive(role: str) -> Path:
 
 
 def class_data_options(role: str, record: bool = False) -> list[str]:
-    """The JVM options of ``role``: map its archive (Java's application class-data sharing, so
-    that it starts sooner), or, with ``record``, write the classes it loaded as it exits. The
-    JVM ignores an archive that does not match its build or class path, saying so in its log."""
+    """The JVM options of ``role``: map its archive, or, with ``record``, record it as the JVM
+    exits (``eventfold.contract.class_data``)."""
     archive = class_archive(role)
-    if record:
-        return [f"-XX:ArchiveClassesAtExit={recording(archive)}"]
-    return [f"-XX:SharedArchiveFile={archive}"] if archive.is_file() else []
-
-
-def recording(archive: Path) -> Path:
-    """Where a recording JVM writes ``archive`` before it is moved into place."""
-    return archive.with_name(f"{archive.name}.partial")
+    return recording_options(recording_of(archive)) if record else mapping_options(archive)
 
 
 def spark_kafka_jars() -> list[Path]:
@@ -105,14 +104,13 @@ def spark_kafka_jars() -> list[Path]:
 
 
 def java_binary() -> str:
-    java_home = os.environ.get("JAVA_HOME")
-    candidate = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java")
-    if not candidate or not Path(candidate).exists():
+    java = find_java()
+    if java is None:
         raise StackError(
             "Java not found: Kafka and Kafka Connect need Java 17 "
             "(`apt-get install openjdk-17-jre-headless`) or JAVA_HOME set"
         )
-    return candidate
+    return java
 
 
 def log4j_config(path: Path, info_loggers: dict[str, str]) -> Path:

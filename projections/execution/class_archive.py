@@ -6,8 +6,9 @@ job in a JVM that writes, as it exits, the classes it loaded (``-XX:ArchiveClass
 a later local driver maps that file instead (``-XX:SharedArchiveFile``) and starts sooner
 (docs/operations.md has the figures). Set-up builds it once per Java and Spark
 install (``scripts/setup.sh``, ``eventfold stack install``); without it nothing changes. The
-JVM checks the archive against its own build and class path and ignores a stale one, saying
-so in one warning line; the build again replaces it.
+options and the recording's handling are those of every JVM Eventfold starts
+(``eventfold.contract.class_data``); a stale archive is ignored, and the build again replaces
+it.
 """
 
 from __future__ import annotations
@@ -15,11 +16,18 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from eventfold.contract.class_data import (
+    find_java,
+    keep_recording,
+    mapping_options,
+    recording_of,
+    recording_options,
+)
 
 log = logging.getLogger(__name__)
 
@@ -32,10 +40,8 @@ def archive_path() -> Path:
     from pyspark import __version__ as pyspark_version
     from pyspark.find_spark_home import _find_spark_home as find_spark_home
 
-    java_home = os.environ.get("JAVA_HOME")
-    java = str(Path(java_home) / "bin" / "java") if java_home else shutil.which("java") or ""
-    install = "\0".join((os.path.realpath(java), os.path.realpath(find_spark_home()),
-                         pyspark_version))
+    install = "\0".join((os.path.realpath(find_java() or ""),
+                         os.path.realpath(find_spark_home()), pyspark_version))
     key = hashlib.sha256(install.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return cache / "eventfold" / f"spark-driver-{key}.jsa"
@@ -45,8 +51,8 @@ def driver_java_option(master_is_local: bool) -> dict[str, str]:
     """The driver option that maps the archive, for a local master when the archive exists."""
     if not master_is_local:
         return {}  # a cluster's driver may run on another host, without the file
-    archive = archive_path()
-    return {DRIVER_JAVA_OPTIONS: f"-XX:SharedArchiveFile={archive}"} if archive.is_file() else {}
+    options = mapping_options(archive_path())
+    return {DRIVER_JAVA_OPTIONS: " ".join(options)} if options else {}
 
 
 def build(force: bool = False) -> tuple[Path, float | None]:
@@ -56,21 +62,21 @@ def build(force: bool = False) -> tuple[Path, float | None]:
     if archive.is_file() and not force:
         return archive, None
     archive.parent.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_suffix(f".{os.getpid()}.partial")
+    recording = recording_of(archive)
     started = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", __name__, str(partial)],
+    result = subprocess.run([sys.executable, "-m", __name__, str(recording)],
                             capture_output=True, text=True, timeout=600, check=False)
-    if result.returncode != 0 or not partial.is_file():
-        partial.unlink(missing_ok=True)
-        raise RuntimeError(f"the Spark driver's class archive was not written: "
-                           f"{(result.stdout + result.stderr)[-2000:]}")
-    partial.replace(archive)  # whole or not at all, whoever else builds it
+    said = (result.stdout + result.stderr)[-2000:]
+    if result.returncode != 0:
+        recording.unlink(missing_ok=True)
+        raise RuntimeError(f"the Spark driver's class archive was not written: {said}")
+    keep_recording(recording, archive, said)
     return archive, time.monotonic() - started
 
 
-def _dump(partial: str) -> None:
+def _dump(recording: str) -> None:
     """A local job touching what a projection batch uses (SQL, code generation, a shuffle,
-    Arrow both ways); the JVM writes ``partial`` as it exits."""
+    Arrow both ways); the JVM writes ``recording`` as it exits."""
     from pyspark import SparkContext
     from pyspark.sql import SparkSession, functions
 
@@ -79,7 +85,7 @@ def _dump(partial: str) -> None:
     session = (SparkSession.builder.master("local[2]").appName("eventfold-class-archive")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config(DRIVER_JAVA_OPTIONS, f"-XX:ArchiveClassesAtExit={partial}")
+               .config(DRIVER_JAVA_OPTIONS, " ".join(recording_options(Path(recording))))
                .getOrCreate())
     frame = session.range(10_000).selectExpr("cast(id % 97 as string) as key", "id as value")
     frame.groupBy("key").agg(functions.sum("value"), functions.max("value")).collect()

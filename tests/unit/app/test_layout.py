@@ -25,7 +25,7 @@ ALLOWED = {
     "read_api": SHARED | {"projections", "outbox"},
     "reactions": SHARED | {"write_model", "outbox", "projections"},
     "migrations": SHARED | {"write_model"},
-    "local_stack": set(),
+    "local_stack": SHARED,
 }
 """What each package may import of the others (its docstring says the same); every layer
 shares ``eventfold.contract``, and nothing but the composition root imports the rest of

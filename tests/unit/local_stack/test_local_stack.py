@@ -145,12 +145,14 @@ def test_a_broker_formatted_without_credentials_is_not_started_with_them(tmp_pat
 
 
 def test_the_stacks_jvms_map_their_class_archives_once_recorded(tmp_path, monkeypatch) -> None:
-    from eventfold.local_stack.java import class_archive, class_data_options, recording
+    from eventfold.local_stack.java import class_archive, class_data_options
+
+    from eventfold.contract.class_data import recording_of
 
     monkeypatch.setenv("EVENTFOLD_JARS_DIR", str(tmp_path))
     assert class_data_options("broker") == []  # not recorded: started as before
     assert class_data_options("broker", record=True) == [
-        f"-XX:ArchiveClassesAtExit={recording(class_archive('broker'))}"]
+        f"-XX:ArchiveClassesAtExit={recording_of(class_archive('broker'))}"]
     class_archive("broker").write_bytes(b"")
     assert class_data_options("broker") == [f"-XX:SharedArchiveFile={tmp_path / 'broker.jsa'}"]
     assert class_data_options("connect") == []  # each role its own
