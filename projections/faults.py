@@ -34,6 +34,8 @@ POINTS = {
 """The steps of a projection's batch."""
 
 REACTION_POINTS = {
+    "reaction.read": "a reaction has read a batch of events, nothing of it loaded, sent or "
+                     "saved yet",
     "reaction.sent": "a reaction has sent every command of a batch (or an effect made its "
                      "calls), its positions not yet saved",
     "timer.sent": "a process manager has sent the commands of its due timers, their firing "

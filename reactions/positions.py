@@ -37,12 +37,21 @@ def load_positions(conn: psycopg.Connection, reaction: str) -> dict[PartitionKey
     return {(str(topic), int(partition)): int(offset) for topic, partition, offset in rows}
 
 
+class PositionsMoved(RuntimeError):
+    """Another runner of the reaction saved a partition's position after this batch read from
+    it (it took the partition over while this runner was frozen or cut off): the batch is
+    read again, and what it would have saved, states included, is not."""
+
+
 def save_batch(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],
-               refusals: Sequence[Refusal]) -> None:
-    """The batch's refusals and its new positions, in one transaction. A position never
-    moves back here (a runner that lost its partitions to another may finish a batch the
-    other already did): only ``move_to`` moves it back, on purpose."""
+               refusals: Sequence[Refusal], read_from: Mapping[PartitionKey, int]) -> None:
+    """The batch's refusals and its new positions, in one transaction, if each of
+    its partitions is still where the batch read from (``read_from``; 0 for a partition with
+    no position yet). Raises ``PositionsMoved`` otherwise: a batch commits once, by the
+    runner that read it from the saved positions. A position never moves back here: only
+    ``move_to`` moves it back, on purpose."""
     with conn.transaction():
+        _claim(conn, reaction, positions, read_from)
         if refusals:
             with conn.cursor() as cursor:
                 cursor.executemany(
@@ -55,6 +64,34 @@ def save_batch(conn: psycopg.Connection, reaction: str, positions: Mapping[Parti
                       r.event_type, r.stream_id, r.reason) for r in refusals])
         _upsert(conn, reaction, positions,
                 "GREATEST(reaction_positions.next_offset, EXCLUDED.next_offset)")
+
+
+def _claim(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],
+           read_from: Mapping[PartitionKey, int]) -> None:
+    """Lock the rows of the batch's partitions (made at 0 where there were none, so that two
+    runners' first batches of a new partition meet on one row too); raise ``PositionsMoved``
+    if one is no longer where the batch read from."""
+    if not positions:
+        return
+    keys = sorted(positions)
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            "INSERT INTO reaction_positions (reaction, topic, partition, next_offset) "
+            "VALUES (%s, %s, %s, 0) ON CONFLICT (reaction, topic, partition) DO NOTHING",
+            [(reaction, topic, partition) for topic, partition in keys])
+    rows = conn.execute(
+        "SELECT topic, partition, next_offset FROM reaction_positions WHERE reaction = %s "
+        "AND (topic, partition) IN (SELECT * FROM unnest(%s::text[], %s::int[])) "
+        "ORDER BY topic, partition FOR UPDATE",
+        (reaction, [topic for topic, _ in keys], [partition for _, partition in keys]))
+    moved = []
+    for topic, partition, offset in rows:
+        expected = read_from.get((str(topic), int(partition)), 0)
+        if int(offset) != expected:
+            moved.append(f"{topic}[{partition}] is at offset {offset}, not {expected}")
+    if moved:
+        raise PositionsMoved(f"another runner saved positions since this batch read from "
+                             f"them ({'; '.join(moved)})")
 
 
 def move_to(conn: psycopg.Connection, reaction: str, positions: Mapping[PartitionKey, int],

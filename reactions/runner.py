@@ -38,6 +38,7 @@ from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of
 from eventfold.reactions.operations import place
 from eventfold.reactions.parking import Parking, open_parking, save_parking
 from eventfold.reactions.positions import (
+    PositionsMoved,
     Refusal,
     RefusalKind,
     load_positions,
@@ -164,6 +165,9 @@ class ReactionRunner:
         self._derived = frozenset(reaction.derived_topics)
         self.counts = ReactionCounts()
         self._conn: psycopg.Connection | None = None
+        self._read_from: dict[PartitionKey, int] = {}
+        """Where this runner's next batch reads each assigned partition from: the position
+        saved when it was assigned, rewound or saved by this runner (0: none saved yet)."""
 
     @property
     def group(self) -> str:
@@ -196,7 +200,7 @@ class ReactionRunner:
             while not stopping.is_set():
                 try:
                     await self._one_batch(consumer)
-                except (*UNAVAILABLE, StateConflict) as exc:
+                except (*UNAVAILABLE, StateConflict, PositionsMoved) as exc:
                     log.warning("reaction %s: batch failed (%s); reading it again in %.0f s",
                                 name, str(exc).splitlines()[0], self.options.reaction_retry_pause_s)
                     self._drop_connection()
@@ -234,23 +238,28 @@ class ReactionRunner:
     def _seek_to_positions(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """On assignment: each partition from the reaction's saved position (a partition
         created after the reaction started, from its beginning)."""
-        saved = load_positions(self._connection(), self.reaction.name)
-        for tp in partitions:
-            tp.offset = saved.get((tp.topic, tp.partition), OFFSET_BEGINNING)
-        consumer.assign(partitions)
+        consumer.assign(self._saved_starts(partitions))
 
     def _rewind(self, consumer: Consumer) -> None:
         """After a failed batch: every assigned partition back to its saved position."""
         try:
-            saved = load_positions(self._connection(), self.reaction.name)
-            for tp in consumer.assignment():
-                consumer.seek(TopicPartition(tp.topic, tp.partition,
-                                             saved.get((tp.topic, tp.partition),
-                                                       OFFSET_BEGINNING)))
+            for start in self._saved_starts(consumer.assignment()):
+                consumer.seek(start)
         except (psycopg.Error, KafkaException) as exc:
             # Still away: the next batch fails the same way and rewinds again.
             log.debug("reaction %s: rewinding: %s", self.reaction.name, exc)
             self._drop_connection()
+
+    def _saved_starts(self, partitions: Sequence[TopicPartition]) -> list[TopicPartition]:
+        """``partitions`` at the reaction's saved positions (at their beginning where none
+        is saved), which the next batch reads from."""
+        saved = load_positions(self._connection(), self.reaction.name)
+        starts = []
+        for tp in partitions:
+            key = (tp.topic, tp.partition)
+            self._read_from[key] = saved.get(key, 0)
+            starts.append(TopicPartition(tp.topic, tp.partition, saved.get(key, OFFSET_BEGINNING)))
+        return starts
 
     async def _one_batch(self, consumer: Consumer) -> None:
         messages = await asyncio.to_thread(consume_available, consumer,
@@ -264,6 +273,8 @@ class ReactionRunner:
         batch = self._read(messages)
         if not batch.positions and not parking.retried:
             return
+        if batch.events:
+            crash_point("reaction.read")
         batch.parking = parking
         batch.events[:0] = [(event, correlation_id) for _, event, correlation_id in retried]
         if isinstance(self.reaction, Process):
@@ -278,10 +289,13 @@ class ReactionRunner:
             crash_point("reaction.sent")
         conn = self._connection()
         with conn.transaction():
-            save_batch(conn, self.reaction.name, batch.positions, batch.refusals)
+            save_batch(conn, self.reaction.name, batch.positions, batch.refusals,
+                       self._read_from)
             save_parking(conn, self.reaction.name, batch.parking)
             if batch.states is not None:
                 save_states(conn, self.reaction.name, batch.states)
+        for key, offset in batch.positions.items():
+            self._read_from[key] = max(self._read_from.get(key, 0), offset)
         self._report_parking(batch.parking, len(retried))
         if repeated := self.counts.repeated - repeated_before:
             log.info("reaction %s: %d commands of a batch of %d events had been executed "
@@ -384,7 +398,7 @@ class ReactionRunner:
             repeated_before = self.counts.repeated
             await self._send_groups(batch)
             crash_point("timer.sent")
-            save_batch(conn, process.name, {}, batch.refusals)
+            save_batch(conn, process.name, {}, batch.refusals, {})
             save_fired(conn, process.name, batch.states, due)
         self.counts.timers += len(due)
         self.counts.refused += len(batch.refusals)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
+from eventfold.local_stack.process import stop_pid
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from sqlalchemy import text
@@ -24,6 +28,26 @@ def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) ->
             return
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def log_says(log: Path, text: str) -> bool:
+    """Whether a process's log file holds ``text`` (yet)."""
+    return log.exists() and text in log.read_text(errors="replace")
+
+
+def frozen(pid: int) -> bool:
+    """Whether the process is stopped by a signal (state T in /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2] == "T"
+
+
+def stop_processes(processes: Iterable[subprocess.Popen | None], what: str) -> None:
+    """Stop each process the test started, by PID, woken first: a frozen one (SIGSTOP) would
+    not act on SIGTERM."""
+    for process in processes:
+        if process is not None:
+            process.send_signal(signal.SIGCONT)
+            stop_pid(process.pid, what=what)
 
 
 def wait_for_more(sent: Callable[[], int], more: int, what: str,

@@ -25,10 +25,13 @@ from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
 from tests.pipeline_helpers import (
     folded_total,
+    frozen,
     ktable_totals,
+    log_says,
     rows,
     sales_totals_of_the_store,
     selling,
+    stop_processes,
     wait_for,
 )
 
@@ -85,10 +88,6 @@ def _exact_at_the_end(settings, engine, name: str, unique: str, sent: int) -> No
     assert _versions_that_went_back(settings, f"eventfold.ktable.{name}", unique) == []
 
 
-def _log_says(log: Path, text: str) -> bool:
-    return text in log.read_text(errors="replace")
-
-
 def _drill(stack_settings, tmp_path: Path, unique: str, **extra: str
            ) -> tuple[str, dict[str, str]]:
     """The sales app set up; the drill's projection and the environment of its hosts."""
@@ -107,7 +106,7 @@ def _standby_beside(engine, env: dict[str, str], name: str, unique: str, log: Pa
     wait_for(lambda: folded_total(engine, name, unique) > 0, "the first host to fold",
              timeout_s=180)
     standby = _host(env, name, log, "--standby")
-    wait_for(lambda: _log_says(log, "standing by while"), "the second host to stand by",
+    wait_for(lambda: log_says(log, "standing by while"), "the second host to stand by",
              timeout_s=180)
     return standby
 
@@ -130,7 +129,7 @@ def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refus
             assert folded_total(engine, name, unique) > folded_before, "the writer folds on"
             stopped_at = time.monotonic()
             stop_pid(old.pid, what="the old host")
-            wait_for(lambda: _log_says(new_log, "v1: streaming from"),
+            wait_for(lambda: log_says(new_log, "v1: streaming from"),
                      "the standby to take the projection over and stream", timeout_s=30)
             handover_s = time.monotonic() - stopped_at
             assert handover_s <= 10, f"handover took {handover_s:.1f} s"
@@ -138,11 +137,9 @@ def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refus
             wait_for(lambda: folded_total(engine, name, unique) > folded_after,
                      "the new host to fold what keeps coming", timeout_s=60)
         _exact_at_the_end(stack_settings, engine, name, unique, sent())
-        assert _log_says(old_log, "writer lease let go")
+        assert log_says(old_log, "writer lease let go")
     finally:
-        for process in (old, new):
-            if process is not None:
-                stop_pid(process.pid, what="a projection host")
+        stop_processes((old, new), what="a projection host")
 
 
 def test_a_zombie_writer_is_fenced_and_stands_by(
@@ -159,34 +156,25 @@ def test_a_zombie_writer_is_fenced_and_stands_by(
         with selling(stack_settings, unique) as sent:
             standby = _standby_beside(engine, env, name, unique, standby_log)
             pause.touch()
-            wait_for(lambda: _stopped(zombie.pid), "the writer to freeze inside its commit",
+            wait_for(lambda: frozen(zombie.pid), "the writer to freeze inside its commit",
                      timeout_s=30)
             try:
-                wait_for(lambda: _log_says(standby_log, "this runner writes it"),
+                wait_for(lambda: log_says(standby_log, "this runner writes it"),
                          "the standby to take over from the paused writer", timeout_s=30)
                 taken = folded_total(engine, name, unique)
                 wait_for(lambda: folded_total(engine, name, unique) > taken,
                          "the standby to fold", timeout_s=60)
             finally:
                 zombie.send_signal(signal.SIGCONT)
-            wait_for(lambda: _log_says(zombie_log, "lost its writer lease"),
+            wait_for(lambda: log_says(zombie_log, "lost its writer lease"),
                      "the zombie to find itself fenced", timeout_s=30)
-            wait_for(lambda: _log_says(zombie_log, "standing by to take it over again"),
+            wait_for(lambda: log_says(zombie_log, "standing by to take it over again"),
                      "the zombie to stand by", timeout_s=60)
             time.sleep(3)  # sales keep flowing after the zombie woke
         _exact_at_the_end(stack_settings, engine, name, unique, sent())
         assert zombie.poll() is None, "the fenced host stands by, it does not exit"
     finally:
-        for process in (zombie, standby):
-            if process is not None:
-                process.send_signal(signal.SIGCONT)
-                stop_pid(process.pid, what="a projection host")
-
-
-def _stopped(pid: int) -> bool:
-    """Whether the process is stopped by a signal (state T in /proc)."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat[stat.rindex(")") + 2] == "T"
+        stop_processes((zombie, standby), what="a projection host")
 
 
 def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
@@ -218,7 +206,7 @@ def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
                 wait_for(lambda: stalled() == 1, "the host to report the stall", timeout_s=45)
                 noticed_s = time.monotonic() - locked_at
                 assert noticed_s <= 40, f"the stall was noticed after {noticed_s:.0f} s"
-                assert _log_says(log, f"projection {name} stalled")
+                assert log_says(log, f"projection {name} stalled")
                 time.sleep(max(60 - (time.monotonic() - locked_at), 0))
                 operator.rollback()
             released_at = time.monotonic()

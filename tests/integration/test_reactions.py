@@ -14,18 +14,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from eventfold.local_stack.process import stop_pid
+from eventfold.write_model import Command
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 
 from tests.integration.test_cli import eventfold, stack_env
 from tests.kafka_helpers import read_table
-from tests.pipeline_helpers import wait_for
+from tests.pipeline_helpers import log_says, wait_for
 
 PURCHASES = int(os.environ.get("EVENTFOLD_DRILL_PURCHASES", "2000"))
 """The suite's scale; the drill at the issue's (``EVENTFOLD_DRILL_PURCHASES=10000``) is run
@@ -41,33 +42,38 @@ def _reaction(env: dict[str, str], log: Path) -> subprocess.Popen:
 
 
 @contextmanager
-def _purchasing(settings, unique: str, shelves: list[str], short: str) -> Iterator[list[str]]:
-    """``PURCHASES`` purchases placed on a thread, one every ~2 ms; yields the ids placed."""
+def placing(settings, purchases: Sequence[Command], pause_s: float) -> Iterator[list[str]]:
+    """``purchases`` (``PlacePurchase`` commands) placed one after the other on a thread,
+    ``pause_s`` apart; yields the ids of those placed so far."""
     from examples import fulfilment
 
     placed: list[str] = []
 
     def place() -> None:
         bus = fulfilment.app.runtime(settings).command_bus()
-        for n in range(PURCHASES):
-            refused = n % REFUSED_EVERY == 0
-            purchase = f"{unique}-p{n}"
-            bus.execute(fulfilment.PlacePurchase(
-                purchase_id=purchase, shelf_id=short if refused else shelves[n % len(shelves)],
-                quantity=2 if refused else 1))
-            placed.append(purchase)
-            time.sleep(0.002)
+        for purchase in purchases:
+            bus.execute(purchase)
+            placed.append(purchase.stream_id())
+            time.sleep(pause_s)
 
-    placing = threading.Thread(target=place, daemon=True)
-    placing.start()
+    placing_thread = threading.Thread(target=place, daemon=True)
+    placing_thread.start()
     try:
         yield placed
     finally:
-        placing.join(timeout=120)
+        placing_thread.join(timeout=120)
 
 
-def _log_says(log: Path, text_: str) -> bool:
-    return log.exists() and text_ in log.read_text(errors="replace")
+def _purchasing(settings, unique: str, shelves: list[str], short: str
+                ) -> AbstractContextManager[list[str]]:
+    """``PURCHASES`` purchases placed, one every ~2 ms, every ``REFUSED_EVERY``th asking
+    the ``short`` shelf for more than it has."""
+    from examples import fulfilment
+
+    return placing(settings, [fulfilment.PlacePurchase(
+        purchase_id=f"{unique}-p{n}", shelf_id=short if n % REFUSED_EVERY == 0
+        else shelves[n % len(shelves)], quantity=2 if n % REFUSED_EVERY == 0 else 1)
+        for n in range(PURCHASES)], pause_s=0.002)
 
 
 def _reservations(engine, unique: str) -> dict[str, int]:
@@ -108,7 +114,7 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
     running = _reaction({**env, "EVENTFOLD_CRASH_AT": "reaction.sent",
                          "EVENTFOLD_CRASH_ONCE": str(crashed)}, logs[0])
     try:
-        wait_for(lambda: _log_says(logs[0], "reading eventfold.events.Purchase"),
+        wait_for(lambda: log_says(logs[0], "reading eventfold.events.Purchase"),
                  "the reaction to start reading", timeout_s=60)
         with _purchasing(stack_settings, unique, shelves, short) as placed:
             # 1: dies after a batch's commands went out, its positions not saved.
@@ -133,7 +139,7 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
         assert {p: n for p, n in reservations.items() if n != 1} == {}
         assert _refused(engine, unique) == sorted(
             p for n, p in enumerate(placed) if n % REFUSED_EVERY == 0)
-        assert any(_log_says(log, "answered from the command log") for log in logs[1:]), (
+        assert any(log_says(log, "answered from the command log") for log in logs[1:]), (
             "the batch the first runner sent and did not save was sent again, and answered "
             "from the command log")
         status = eventfold("reaction", "status", "reserve_stock", "--json", env=env)
@@ -239,7 +245,7 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
 
     running = deadline_runner(logs[0])
     try:
-        wait_for(lambda: _log_says(logs[0], "reading eventfold.events.Purchase"),
+        wait_for(lambda: log_says(logs[0], "reading eventfold.events.Purchase"),
                  "the process to start reading", timeout_s=60)
         bus = runtime.command_bus()
         purchases = [f"{unique}-d{n}" for n in range(20)]
@@ -274,8 +280,8 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
                  "the deadlines fired and the processes ended", timeout_s=60)
         time.sleep(2)
         assert _cancellations(engine, unique) == {p: 1 for p in purchases[10:]}
-        assert _log_says(logs[2], "timers fired")
-        assert _log_says(logs[2], "answered from the command log")
+        assert log_says(logs[2], "timers fired")
+        assert log_says(logs[2], "answered from the command log")
     finally:
         stop_pid(running.pid, what="a process manager")
 
@@ -321,7 +327,7 @@ def test_a_side_effect_is_called_at_least_once_with_one_key_and_given_up_on_loud
     running = receipts_runner(logs[0], EVENTFOLD_CRASH_AT="reaction.sent",
                               EVENTFOLD_CRASH_ONCE=str(tmp_path / "crashed"))
     try:
-        wait_for(lambda: _log_says(logs[0], "reading eventfold.events.Purchase"),
+        wait_for(lambda: log_says(logs[0], "reading eventfold.events.Purchase"),
                  "the effect to start reading", timeout_s=60)
         place(purchases[:30])
         assert running.wait(timeout=60) == 86, logs[0].read_text()
@@ -342,7 +348,7 @@ def test_a_side_effect_is_called_at_least_once_with_one_key_and_given_up_on_loud
                  timeout_s=60)
         [reason] = _failed(engine, unique)
         assert reason.startswith("3 attempts, the last: ConnectionError")
-        assert any(_log_says(log, "attempt 1 failed (the receipt service timed out)")
+        assert any(log_says(log, "attempt 1 failed (the receipt service timed out)")
                    for log in logs)
     finally:
         stop_pid(running.pid, what="an effect")
@@ -372,9 +378,9 @@ def test_the_projection_host_runs_the_apps_reactions_beside_its_projections(
     host = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
                              "--all"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _log_says(log, "reaction reserve_stock: reading"),
+        wait_for(lambda: log_says(log, "reaction reserve_stock: reading"),
                  "the host's reactions to read", timeout_s=120)
-        wait_for(lambda: _log_says(log, "shelf_stock v1: streaming from"),
+        wait_for(lambda: log_says(log, "shelf_stock v1: streaming from"),
                  "the host's projection to stream", timeout_s=180)
         for n in range(5):
             bus.execute(fulfilment.PlacePurchase(purchase_id=f"{unique}-h{n}", shelf_id=shelf,
@@ -413,8 +419,8 @@ def test_the_projection_host_runs_the_apps_reactions_beside_its_projections(
             "the KTable to hold the running processes alone (the ended ones tombstoned)", 60)
         host.send_signal(signal.SIGTERM)
         assert host.wait(timeout=60) == 0, log.read_text()[-3000:]
-        assert _log_says(log, "reaction payment_deadline: reading"), "every reaction runs"
-        assert _log_says(log, "projection shelf_stock stopped after")
+        assert log_says(log, "reaction payment_deadline: reading"), "every reaction runs"
+        assert log_says(log, "projection shelf_stock stopped after")
     finally:
         stop_pid(host.pid, what="a projection host")
 
@@ -463,7 +469,7 @@ def test_a_reaction_that_raises_parks_its_key_until_retried(stack_settings, engi
                                "reserve_with_a_bug"], env=env, stdout=log.open("w"),
                               stderr=subprocess.STDOUT)
     try:
-        wait_for(lambda: _log_says(log, "reaction reserve_with_a_bug: reading"),
+        wait_for(lambda: log_says(log, "reaction reserve_with_a_bug: reading"),
                  "the runner to read", timeout_s=60)
         bus.execute(fulfilment.PlacePurchase(purchase_id=bad, shelf_id=shelf, quantity=1))
         bus.execute(fulfilment.PayPurchase(purchase_id=bad))
@@ -475,7 +481,7 @@ def test_a_reaction_that_raises_parks_its_key_until_retried(stack_settings, engi
                  "the other purchases to be reserved", timeout_s=60)
         wait_for(lambda: [(p["key"], p["held"]) for p in _parked(env, "reserve_with_a_bug")]
                  == [(bad, 2)], "the bad purchase parked with both its events", timeout_s=60)
-        assert _log_says(log, f"key '{bad}' parked at event")
+        assert log_says(log, f"key '{bad}' parked at event")
         assert _paid_shelves(engine, bad) == 0, "the payment waits behind the placement"
         status = json.loads(eventfold("reaction", "status", "reserve_with_a_bug", "--json",
                                       env=env).stdout)
@@ -488,7 +494,7 @@ def test_a_reaction_that_raises_parks_its_key_until_retried(stack_settings, engi
                  "the key to be released", timeout_s=60)
         assert _reservations(engine, unique) == {**{p: 1 for p in good}, bad: 1}
         assert _paid_shelves(engine, bad) == 1
-        assert _log_says(log, "retried 2 held events")
+        assert log_says(log, "retried 2 held events")
         unknown = eventfold("dlq", "retry", "reserve_with_a_bug", "nobody", env=env)
         assert unknown.returncode == 2 and "no parked key 'nobody'" in unknown.stderr
     finally:
