@@ -9,7 +9,7 @@ one more projection of the host (over a topic of its own) catches up a backlog o
 ``--backlog`` events produced as fast as the producer goes. Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.host [--projections 10] [--events 100000] [--keys 10000]
-        [--backlog 1000000]
+        [--backlog 1000000] [--host-only] [--phases]
 """
 
 from __future__ import annotations
@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
+import requests
 from confluent_kafka import Producer
-from eventfold.local_stack.process import stop_pid
+from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.outbox.connection import KafkaConnection
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import own_stack, percentile, tree_rss
 from bench.host_app import BACKLOG_SOURCE
@@ -49,8 +51,9 @@ class Phase:
     """One way of running the projections: its processes, and what they have folded."""
 
     def __init__(self, settings: Settings, work_dir: Path, suffix: str, projections: int,
-                 separate: bool) -> None:
+                 separate: bool, phases: bool = False) -> None:
         self.settings, self.suffix, self.separate = settings, suffix, separate
+        self.metrics_port = free_port() if phases else None
         self.names = [f"bench_totals_{suffix}_{n}" for n in range(projections)]
         self.env = {**os.environ, "EVENTFOLD_APP": "bench.host_app:app",
                     "EVENTFOLD_BENCH_PROJECTIONS": str(projections),
@@ -60,6 +63,9 @@ class Phase:
                     "EVENTFOLD_CONNECT_URL": settings.connect_url,
                     "EVENTFOLD_CHECKPOINT_DIR": str(work_dir / "checkpoints"),
                     "EVENTFOLD_METRICS": "false", "PYTHONPATH": str(Path.cwd())}
+        if self.metrics_port is not None:
+            self.env.update({"EVENTFOLD_METRICS": "true",
+                             "EVENTFOLD_METRICS_PORT": str(self.metrics_port)})
         self.log_dir = work_dir / suffix
         self.log_dir.mkdir(parents=True)
 
@@ -110,6 +116,42 @@ class Phase:
         return time.perf_counter() - started
 
 
+PHASE_FAMILIES = {"eventfold_projection_batch_phase_seconds": None,
+                  "eventfold_projection_record_wait_seconds": "record_wait"}
+"""The host's metrics a phase profile reads: each batch phase, and the wait before a batch."""
+
+
+def phase_totals(phase: Phase) -> dict[str, tuple[float, float]]:
+    """The live projection's seconds and batches so far in each phase of its batches (and in
+    the wait before them), from the host's metrics."""
+    text = requests.get(f"http://127.0.0.1:{phase.metrics_port}/metrics", timeout=10).text
+    totals: dict[str, tuple[float, float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in PHASE_FAMILIES:
+            continue
+        for sample in family.samples:
+            if sample.labels.get("projection") != phase.names[-1]:
+                continue
+            name = PHASE_FAMILIES[family.name] or sample.labels["phase"]
+            seconds, batches = totals.get(name, (0.0, 0.0))
+            if sample.name.endswith("_sum"):
+                totals[name] = (seconds + sample.value, batches)
+            elif sample.name.endswith("_count"):
+                totals[name] = (seconds, batches + sample.value)
+    return totals
+
+
+def phase_means_ms(before: dict[str, tuple[float, float]],
+                   after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """Mean ms per batch in each phase between two ``phase_totals``."""
+    means = {}
+    for name, (seconds, batches) in after.items():
+        seconds_before, batches_before = before.get(name, (0.0, 0.0))
+        if batches > batches_before:
+            means[name] = round((seconds - seconds_before) / (batches - batches_before) * 1000, 1)
+    return means
+
+
 def rss_mb(processes: list[subprocess.Popen]) -> float:
     return sum(rss for process in processes
                for _, rss in tree_rss(process.pid).values()) / 2**20
@@ -135,6 +177,8 @@ class Measured:
     live_during_replay_ms: list[float] = field(default_factory=list)
     live_during_catchup_ms: list[float] = field(default_factory=list)
     catchup_events_per_s: float = 0.0
+    phases_idle_ms: dict[str, float] = field(default_factory=dict)  # with --phases
+    phases_during_replay_ms: dict[str, float] = field(default_factory=dict)
 
 
 def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int,
@@ -163,8 +207,19 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
         measured = Measured(rss, ready_s, rate)
         if not phase.separate:
             probe = LatencyProbe(phase, kafka, first_position=topic_events + events + 1)
+            profiled = phase.metrics_port is not None
+            idle_from = phase_totals(phase) if profiled else {}
             measured.live_idle_ms = probe.sample(seconds=10)
+            replay_from = phase_totals(phase) if profiled else {}
             measured.replay_s, measured.live_during_replay_ms = handed_replay(phase, probe)
+            if profiled:
+                measured.phases_idle_ms = phase_means_ms(idle_from, replay_from)
+                measured.phases_during_replay_ms = phase_means_ms(replay_from,
+                                                                  phase_totals(phase))
+                print(f"host: {phase.names[-1]}'s batches, mean ms per phase, idle -> during "
+                      "the replay: " + ", ".join(
+                          f"{name} {ms} -> {measured.phases_during_replay_ms.get(name)}"
+                          for name, ms in sorted(measured.phases_idle_ms.items())), flush=True)
             print(f"host: {phase.names[-1]} live, append -> read model: p50 "
                   f"{percentile(measured.live_idle_ms, 0.5):,.0f} ms idle "
                   f"({len(measured.live_idle_ms)} events), "
@@ -307,6 +362,9 @@ def main() -> None:
                              "(0: none)")
     parser.add_argument("--host-only", action="store_true",
                         help="measure the host alone (no separate runs, no ratios)")
+    parser.add_argument("--phases", action="store_true",
+                        help="with the host's metrics on, the live projection's mean time per "
+                             "batch phase idle and during the replay (metrics cost a little)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     with own_stack("eventfold-bench-host-") as (settings, work_dir):
@@ -315,7 +373,7 @@ def main() -> None:
         produce_events(kafka, WARMUP_EVENTS, args.keys, PARTITIONS)
         # The backlog projection's topic, there before its host starts (and empty till then)
         produce_events(kafka, 0, args.keys, PARTITIONS, source=BACKLOG_SOURCE)
-        host = measure(Phase(settings, work_dir, "host", args.projections, False),
+        host = measure(Phase(settings, work_dir, "host", args.projections, False, args.phases),
                        kafka, WARMUP_EVENTS, args.events, args.keys, args.backlog)
         separate = None if args.host_only else measure(
             Phase(settings, work_dir, "separate", args.projections, True),
@@ -331,6 +389,9 @@ def main() -> None:
         "live_p50_idle_ms": round(idle_p50), "live_p50_during_replay_ms": round(during_p50),
         "live_p99_during_replay_ms": round(percentile(host.live_during_replay_ms, 0.99)),
         "live_p50_during_replay_vs_idle": round(during_p50 / idle_p50, 2)}
+    for name, ms in host.phases_idle_ms.items():
+        figures[f"live_{name}_idle_ms"] = ms
+        figures[f"live_{name}_during_replay_ms"] = host.phases_during_replay_ms.get(name, 0)
     if host.live_during_catchup_ms:
         catchup_p50 = percentile(host.live_during_catchup_ms, 0.5)
         figures.update({
