@@ -1,15 +1,23 @@
 """A process's state as its events show it (``process_view``), saved in the real Postgres the
 way the reaction runner saves it: a timer that fires and schedules again is shown with the
 new timer pending, never with the one that just fired; a key of any characters is kept as
-given."""
+given. A batch saves only from the positions it read from."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
 import psycopg
+import pytest
 from eventfold.projections import Event
 from eventfold.reactions import Process, ProcessContext
+from eventfold.reactions.positions import (
+    PositionsMoved,
+    Refusal,
+    load_positions,
+    refusal_count,
+    save_batch,
+)
 from eventfold.reactions.process import (
     database_now,
     load_states,
@@ -69,3 +77,24 @@ def test_a_timer_that_schedules_again_shows_only_its_new_timer(
         change = _latest_change(conn, reminder.name, key)
         assert change["state"] == {"nudges": 1}
         assert change["timers"] == [{"name": "nudge", "at": pending[0][1].isoformat()}]
+
+
+def test_a_batch_read_from_positions_another_runner_moved_saves_nothing(
+        inventory_app, stack_settings, unique) -> None:
+    """Two runners' batches read from the same positions, a partition without one among
+    them: the first to save moves them; the second saves nothing, refusals included, and is
+    told where each partition is."""
+    reaction = f"pair_{unique}"
+    known, new = ("eventfold.events.Customer", 0), ("eventfold.events.Customer", 1)
+    refusal = Refusal(f"{unique}-e1", 0, "refused", "CustomerJoined", "c1", "no")
+    with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
+        save_batch(conn, reaction, {known: 5}, [], read_from={})  # first run: from 0
+        save_batch(conn, reaction, {known: 9, new: 3}, [], read_from={known: 5})
+        with pytest.raises(PositionsMoved) as moved:
+            save_batch(conn, reaction, {known: 8, new: 2}, [refusal], read_from={known: 5})
+        assert str(moved.value) == (
+            "another runner saved positions since this batch read from them "
+            "(eventfold.events.Customer[0] is at offset 9, not 5; "
+            "eventfold.events.Customer[1] is at offset 3, not 0)")
+        assert load_positions(conn, reaction) == {known: 9, new: 3}
+        assert refusal_count(conn, reaction) == 0
