@@ -8,9 +8,9 @@ with readiness checks and clean shutdown by PID. The Java side's jars come from 
 at set-up (``local_stack/pom.xml``).
 
 May import: ``eventfold.contract`` (the JVMs' class-data archives), the standard library,
-psycopg, requests and pyspark's Spark home only. Nothing of
-the pipeline imports it except the composition root (``eventfold``) and tests; production points
-the same code at real Kafka, a Connect cluster and a Postgres server through configuration.
+psycopg, requests and pyspark's Spark home only. Nothing of the pipeline imports it except the
+composition root (``eventfold``) and tests; production points the same code at real Kafka, a
+Connect cluster and a Postgres server through configuration.
 """
 
 from eventfold.local_stack.stack import CLUSTER, LocalStack, Shape, StackEndpoints, StackError

@@ -17,7 +17,11 @@ from pathlib import Path
 from eventfold.local_stack.java import STACK_ROLES, class_archive
 from eventfold.local_stack.stack import LocalStack
 
-from eventfold.contract.class_data import keep_recording, recording_of
+from eventfold.contract.class_data import (
+    clear_abandoned_recordings,
+    keep_recording,
+    recording_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,8 @@ def build_stack_archives(force: bool = False) -> tuple[list[Path], float | None]
     archives = [class_archive(role) for role in STACK_ROLES]
     if all(archive.is_file() for archive in archives) and not force:
         return archives, None
+    for archive in archives:
+        clear_abandoned_recordings(archive)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="eventfold-class-data-") as scratch:
         stack = LocalStack(Path(scratch) / "stack", record_classes=True)

@@ -33,6 +33,25 @@ def recording_of(archive: Path) -> Path:
     return archive.with_name(f"{archive.name}.{os.getpid()}.partial")
 
 
+def clear_abandoned_recordings(archive: Path) -> None:
+    """Remove the recordings of ``archive`` left by processes that are gone (a build cut
+    short); another live process's recording stays."""
+    for recording in archive.parent.glob(f"{archive.name}.*.partial"):
+        pid = recording.name[len(archive.name) + 1:-len(".partial")]
+        if pid.isdigit() and not _alive(int(pid)):
+            recording.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
 def recording_options(recording: Path) -> list[str]:
     """The JVM options that write the classes the JVM loaded to ``recording`` as it exits."""
     return [f"-XX:ArchiveClassesAtExit={recording}"]

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from eventfold.contract.class_data import (
+    clear_abandoned_recordings,
     find_java,
     keep_recording,
     mapping_options,
@@ -62,6 +63,7 @@ def build(force: bool = False) -> tuple[Path, float | None]:
     if archive.is_file() and not force:
         return archive, None
     archive.parent.mkdir(parents=True, exist_ok=True)
+    clear_abandoned_recordings(archive)
     recording = recording_of(archive)
     started = time.monotonic()
     result = subprocess.run([sys.executable, "-m", __name__, str(recording)],

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
 
 from eventfold.contract.class_data import (
+    clear_abandoned_recordings,
     keep_recording,
     mapping_options,
     recording_of,
@@ -27,3 +29,16 @@ def test_a_recording_is_kept_as_the_archive_once_its_jvm_wrote_it(tmp_path) -> N
     keep_recording(recording, archive)
     assert archive.read_bytes() == b"classes" and not recording.exists()
     assert mapping_options(archive) == [f"-XX:SharedArchiveFile={archive}"]
+
+
+
+def test_a_recording_left_by_a_process_that_is_gone_is_cleared_another_kept(tmp_path) -> None:
+    archive = tmp_path / "broker.jsa"
+    build_cut_short = subprocess.Popen(["true"])
+    build_cut_short.wait()
+    abandoned = archive.with_name(f"{archive.name}.{build_cut_short.pid}.partial")
+    ours = recording_of(archive)
+    abandoned.write_bytes(b"half")
+    ours.write_bytes(b"being written")
+    clear_abandoned_recordings(archive)
+    assert not abandoned.exists() and ours.exists()
