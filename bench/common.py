@@ -110,6 +110,55 @@ def tree_rss(root: int, exclude: frozenset[int] = frozenset()) -> dict[int, tupl
     return found
 
 
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+COMPONENT_MARKS = (("broker", "kafka.Kafka"), ("connect", "ConnectDistributed"),
+                   ("postgres", "postgres"))
+"""How a stack process's command line names its component (``CoreMeter``)."""
+
+
+def _descendants(roots: list[int], tree: dict[int, list[int]]) -> set[int]:
+    found, pending = set(), list(roots)
+    while pending:
+        pid = pending.pop()
+        if pid not in found:
+            found.add(pid)
+            pending.extend(tree.get(pid, []))
+    return found
+
+
+class CoreMeter:
+    """Cores each component of this process's tree uses from the meter's start: the process
+    trees of ``named_roots`` under their names, the stack's broker, Connect worker and
+    Postgres by their command lines, the rest (this process included) as ``other``."""
+
+    def __init__(self, named_roots: dict[str, list[int]]) -> None:
+        tree = process_tree()
+        self._owner: dict[int, str] = {}
+        for pid in _descendants([os.getpid()], tree):
+            command = _cmdline(pid)
+            self._owner[pid] = next(
+                (name for name, mark in COMPONENT_MARKS if mark in command), "other")
+        for name, roots in named_roots.items():
+            self._owner.update(dict.fromkeys(_descendants(roots, tree), name))
+        self._started = time.monotonic()
+        self._before = {pid: _cpu_seconds(pid) for pid in self._owner}
+
+    def used(self) -> dict[str, float]:
+        seconds = time.monotonic() - self._started
+        used: dict[str, float] = {}
+        for pid, name in self._owner.items():
+            spent = max(_cpu_seconds(pid) - self._before[pid], 0.0)
+            used[name] = used.get(name, 0.0) + spent / seconds
+        return {name: round(cores, 3) for name, cores in sorted(used.items())}
+
+
 EXECUTOR_MARKS = ("pyspark.daemon", "pyspark.worker", "CoarseGrainedExecutorBackend")
 """What a process's command line holds when it runs tasks: Spark's Python workers, and a
 cluster's executor JVMs."""

@@ -6,7 +6,9 @@ streaming throughput of folding ``--events`` new events into every projection; t
 host, a live projection's latency (an event's append to Kafka -> its row in the read model)
 idle, while a replay of another projection, handed to the host, runs beside it, and while
 one more projection of the host (over a topic of its own) catches up a backlog of
-``--backlog`` events produced as fast as the producer goes. Prints figures, then one JSON line.
+``--backlog`` events produced as fast as the producer goes. The host's cores, the broker's and
+Postgres's are measured while every projection is idle, and while the live probes go to every
+projection. Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.host [--projections 10] [--events 100000] [--keys 10000]
         [--backlog 1000000] [--host-only] [--phases]
@@ -34,7 +36,7 @@ from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.outbox.connection import KafkaConnection
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import own_stack, percentile, tree_rss
+from bench.common import CoreMeter, own_stack, percentile, tree_rss
 from bench.host_app import BACKLOG_SOURCE
 from bench.projections import SOURCE, produce_events
 from eventfold import migrations
@@ -44,6 +46,8 @@ from eventfold.contract import EventEnvelope, event_topic, libpq_url
 TARGETS = {"host_rss_ratio": 5.0, "host_vs_separate_throughput_ratio": 1.0,
            "live_p50_during_replay_vs_idle": 1.5, "live_p50_during_catchup_vs_idle": 2.0}
 WARMUP_EVENTS = 2_000
+IDLE_CPU_S = 10.0
+"""How long the host's idle CPU is measured, every projection caught up and nothing new."""
 PARTITIONS = 4
 
 
@@ -179,6 +183,8 @@ class Measured:
     catchup_events_per_s: float = 0.0
     phases_idle_ms: dict[str, float] = field(default_factory=dict)  # with --phases
     phases_during_replay_ms: dict[str, float] = field(default_factory=dict)
+    cores_idle: dict[str, float] = field(default_factory=dict)  # nothing new anywhere
+    cores_probed: dict[str, float] = field(default_factory=dict)  # the live probes only
 
 
 def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int,
@@ -193,6 +199,12 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
         rss = rss_mb(processes)
         print(f"{phase.suffix}: {len(phase.names)} projections started and caught up with "
               f"{topic_events:,} events in {ready_s:.1f} s; RSS {rss:,.0f} MB", flush=True)
+        if not phase.separate:
+            meter = CoreMeter({"host": [p.pid for p in processes]})
+            time.sleep(IDLE_CPU_S)
+            cores_idle = meter.used()
+            print(f"host: cores used while every projection is idle: {describe(cores_idle)}",
+                  flush=True)
         # From the first event produced: the projections fold while the producer runs.
         producing = time.perf_counter()
         produce_events(kafka, events, keys, PARTITIONS, after=topic_events)
@@ -206,10 +218,15 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
               flush=True)
         measured = Measured(rss, ready_s, rate)
         if not phase.separate:
+            measured.cores_idle = cores_idle
             probe = LatencyProbe(phase, kafka, first_position=topic_events + events + 1)
             profiled = phase.metrics_port is not None
             idle_from = phase_totals(phase) if profiled else {}
+            meter = CoreMeter({"host": [p.pid for p in processes]})
             measured.live_idle_ms = probe.sample(seconds=10)
+            measured.cores_probed = meter.used()
+            print(f"host: cores used while the live probes go to every projection: "
+                  f"{describe(measured.cores_probed)}", flush=True)
             replay_from = phase_totals(phase) if profiled else {}
             measured.replay_s, measured.live_during_replay_ms = handed_replay(phase, probe)
             if profiled:
@@ -235,6 +252,11 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
                       f"{measured.catchup_events_per_s:,.0f} events/s "
                       f"({len(measured.live_during_catchup_ms)} events)", flush=True)
     return measured
+
+
+def describe(cores: dict[str, float]) -> str:
+    return ", ".join([f"{name} {used:.3f}" for name, used in cores.items()]
+                     + [f"total {sum(cores.values()):.2f}"])
 
 
 def caught_up_backlog(phase: Phase, kafka: KafkaConnection, probe: LatencyProbe,
@@ -389,6 +411,9 @@ def main() -> None:
         "live_p50_idle_ms": round(idle_p50), "live_p50_during_replay_ms": round(during_p50),
         "live_p99_during_replay_ms": round(percentile(host.live_during_replay_ms, 0.99)),
         "live_p50_during_replay_vs_idle": round(during_p50 / idle_p50, 2)}
+    figures.update({f"idle_{name}_cores": used for name, used in host.cores_idle.items()})
+    figures["idle_total_cores"] = round(sum(host.cores_idle.values()), 3)
+    figures.update({f"probed_{name}_cores": used for name, used in host.cores_probed.items()})
     for name, ms in host.phases_idle_ms.items():
         figures[f"live_{name}_idle_ms"] = ms
         figures[f"live_{name}_during_replay_ms"] = host.phases_during_replay_ms.get(name, 0)

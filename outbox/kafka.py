@@ -25,6 +25,8 @@ log = logging.getLogger(__name__)
 
 RANGE_READ_FETCH_WAIT_MS = 10
 TAILING_FETCH_WAIT_MS = 500
+GROUP_PROGRESS_EVERY_S = 1.0
+"""How stale the progress standard lag tools show of a streaming reader may get."""
 
 
 def consumer_config(kafka: KafkaConnection, **overrides: Any) -> dict[str, Any]:
@@ -67,17 +69,29 @@ class GroupProgress:
     """A reader's progress committed to a Kafka consumer group it never joins, so that
     standard lag tools (``kafka-consumer-groups --describe --group G``, exporters that read
     group offsets) show how far behind it is. Advisory only: the reader's own checkpoint, kept
-    elsewhere, is what it resumes from."""
+    elsewhere, is what it resumes from; so it is committed at most every ``every_s`` seconds
+    and when the reader closes, not a round trip at every batch."""
 
-    def __init__(self, kafka: KafkaConnection, group_id: str) -> None:
+    def __init__(self, kafka: KafkaConnection, group_id: str,
+                 every_s: float = GROUP_PROGRESS_EVERY_S) -> None:
         self.group_id = group_id
         self._consumer = Consumer(consumer_config(kafka, **{"group.id": group_id}))
+        self._every_s = every_s
+        self._due = 0.0
+        self._pending: dict[PartitionKey, int] = {}
 
     def commit(self, offsets: Mapping[PartitionKey, int]) -> None:
-        """One round trip (a reader commits about once a batch); a failure is logged and
-        never fails the reader."""
-        if not offsets:
+        """Note ``offsets``; commit what is noted if the last commit is ``every_s`` old."""
+        self._pending.update(offsets)
+        if time.monotonic() >= self._due:
+            self._commit_pending()
+
+    def _commit_pending(self) -> None:
+        """One round trip; a failure is logged and never fails the reader."""
+        if not self._pending:
             return
+        self._due = time.monotonic() + self._every_s
+        offsets, self._pending = self._pending, {}
         try:
             self._consumer.commit(offsets=[TopicPartition(t, p, o)
                                            for (t, p), o in sorted(offsets.items())],
@@ -86,7 +100,10 @@ class GroupProgress:
             log.warning("committing progress to group %s: %s", self.group_id, exc)
 
     def close(self) -> None:
-        self._consumer.close()
+        try:
+            self._commit_pending()
+        finally:
+            self._consumer.close()
 
 
 _ELECTION_ERRORS = frozenset({

@@ -1,7 +1,8 @@
 """A live projection's loop on the driver, as a Kafka Streams stream thread runs its tasks:
 look at the source partitions' end offsets, fold what the store has not committed as one batch
 of Spark jobs (``ProjectionRunner.fold_batch_up_to``), and look again at once; when there is
-nothing new, look again after a short pause.
+nothing new, take the process's next shared look, which every idle thread takes
+(``source_watch``).
 
 It replaces a Spark Structured Streaming query for Eventfold's own source: the read model's
 store holds the only checkpoint a projection resumes from, so the query's offset and commit
@@ -23,6 +24,7 @@ from confluent_kafka import KafkaException
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution import worker
+from eventfold.projections.source_watch import SourceWatch, source_watch
 from pyspark import InheritableThread
 from pyspark.sql import SparkSession
 
@@ -80,6 +82,14 @@ class StreamThread:
         self._error: BaseException | None = None
         self._partitions: list[PartitionKey] = []
         self._partitions_due = 0.0
+        # Idle, the thread takes the process's shared look at the ends (``source_watch``);
+        # right after a batch, and catching up ``once``, it asks for itself.
+        self._watch: SourceWatch | None = None
+        self._looked_after = time.monotonic()
+        self._nothing_below: Mapping[PartitionKey, int] | None = None
+        """The ends at the last look that found nothing to fold, until the partitions are
+        listed again: the same ends again need no batch (nor the checkpoint read it starts
+        with)."""
         self._thread = InheritableThread(self._run, name=f"stream-{runner.projection.name}",
                                          daemon=True)
 
@@ -120,6 +130,8 @@ class StreamThread:
         runner.spark.sparkContext.setJobGroup(
             self.job_group, f"projection {runner.projection.name}", interruptOnCancel=True)
         planner = OffsetPlanner(runner.settings.kafka)
+        if not self._once:
+            self._watch = source_watch(runner.settings.kafka, self._idle_wait_s)
         try:
             batch_id = runner.next_batch_id()
             target = self._end_offsets(planner) if self._once else None
@@ -131,21 +143,25 @@ class StreamThread:
                 except KafkaException:
                     runner.check_sources()  # a source topic deleted under the run says so
                     raise
-                if runner.fold_batch_up_to(batch_id, ending):
+                if ending != self._nothing_below and runner.fold_batch_up_to(batch_id, ending):
                     batch_id += 1
+                    self._looked_after = time.monotonic()
                     self._longest_batch_s = max(self._longest_batch_s,
-                                                time.monotonic() - started)
+                                                self._looked_after - started)
                 elif self._once:
                     return
                 else:
+                    self._nothing_below = ending
                     self._step_started = time.monotonic()
-                    self._stopping.wait(self._idle_wait_s)
+                    self._wait_for_look()
         except BaseException as exc:
             log.debug("projection %s: its stream thread failed", runner.projection.name,
                       exc_info=True)
             self._error = exc
         finally:
             try:
+                if self._watch is not None:
+                    self._watch.unwatch(self)
                 planner.close()
                 worker.release()
             except Exception as exc:  # what ended must still say so: the host waits on it
@@ -162,4 +178,17 @@ class StreamThread:
         if now >= self._partitions_due:
             self._partitions = planner.partitions(self._runner.projection.source_topics)
             self._partitions_due = now + PARTITIONS_REFRESH_S
+            self._nothing_below = None
+            if self._watch is not None:
+                self._watch.watch(self, self._partitions)
+        if self._watch is not None and (shared := self._watch.ends(
+                self._partitions, looked_after=self._looked_after)) is not None:
+            return shared
         return planner.end_offsets(self._partitions)
+
+    def _wait_for_look(self) -> None:
+        """Until the next shared look (or the idle pause, without one), or a stop."""
+        if self._watch is None:
+            self._stopping.wait(self._idle_wait_s)
+        else:
+            self._watch.wait_for_look(self._idle_wait_s)

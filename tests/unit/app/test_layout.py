@@ -61,7 +61,8 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
 RUNNING = {f"projections.{m}" for m in ("host", "replay_requests", "signals", "runner",
                                          "run_settings", "progress",
                                          "retention", "structured_streaming", "running_query",
-                                         "stream_thread", "replay", "status", "metrics",
+                                         "stream_thread", "source_watch", "replay", "status",
+                                         "metrics",
                                          "dead_letters", "testing")}
 """What runs a projection (the streaming query, replays, operations): nothing below imports it."""
 LAYERS = {
