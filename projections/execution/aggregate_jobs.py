@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 from eventfold.projections.definition.aggregates import AggregateFunction
+from eventfold.projections.execution import task_output
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.decode import (
     decode_events,
@@ -71,12 +72,13 @@ def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
 def aggregate_task(batches: Iterator[pa.RecordBatch], tasks: Tasks, context: BatchContext,
                    schema: pa.Schema) -> Iterator[pa.RecordBatch]:
     with paused_gc():
-        yield aggregate_slices(slices_of_task(batches, tasks), context, schema)
+        yield task_output.encode(aggregate_slices(slices_of_task(batches, tasks), context,
+                                                  schema))
 
 
 def aggregate_slices(slices: Iterable[SourceSlice], context: BatchContext,
-                     schema: pa.Schema) -> pa.RecordBatch:
-    """One task's work: read, aggregate and write ``slices``; its summary."""
+                     schema: pa.Schema) -> StagedBatch:
+    """One task's work: read, aggregate and write ``slices``; its counts."""
     with task_store(context) as store:
         writer = TaskWriter(store, context)
         watermarks = watermarks_of(store, context)
@@ -181,7 +183,7 @@ def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
                                      ).rename_columns(DEAD_LETTER_COLUMNS)
             partials = groups.append_column("kind", pa.array(["partial"] * groups.num_rows))
             writer.add(*_merged(partials, letters, store, context, writer.clock))
-        yield writer.finish()
+        yield task_output.encode(writer.finish())
 
 
 @executor_task
@@ -196,7 +198,7 @@ def marks_task(batches: Iterator[pa.RecordBatch], context: BatchContext
                                        batch.column("v").to_pylist(), strict=True):
                 outcome.see(stream, version)
         writer.add(outcome, {})
-        yield writer.finish()
+        yield task_output.encode(writer.finish())
 
 
 def _value(function: AggregateFunction) -> Column:

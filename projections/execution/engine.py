@@ -24,8 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-import pyarrow as pa
-from eventfold.projections.execution import task_output
 from eventfold.projections.execution.aggregate_jobs import (
     aggregate_slices,
     run_aggregation,
@@ -59,10 +57,8 @@ def fold_on_driver(slices: Sequence[SourceSlice], context: BatchContext,
     thread: a Spark job has a fixed price (docs/benchmarks.md) above a few hundred records'
     fold. What it stages and produces, and the commit after it, are those of Spark's tasks."""
     if pipeline is Pipeline.AGGREGATE_IN_PLACE:
-        summary = aggregate_slices(slices, context,
-                                   partial_schema(context.plan, decoded_schema(context.plan)))
-    else:
-        summary = fold_slices(slices, context)
-    return task_output.decode(pa.Table.from_batches([summary]), context.attempt)
+        return aggregate_slices(slices, context,
+                                partial_schema(context.plan, decoded_schema(context.plan)))
+    return fold_slices(slices, context)
 
 

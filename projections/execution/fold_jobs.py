@@ -11,6 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 from eventfold.projections.definition.projection import Event
+from eventfold.projections.execution import task_output
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.decode import (
     decode_events,
@@ -67,11 +68,11 @@ def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],
 def read_and_fold_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
                        context: BatchContext) -> Iterator[pa.RecordBatch]:
     with paused_gc():
-        yield fold_slices(slices_of_task(batches, tasks), context)
+        yield task_output.encode(fold_slices(slices_of_task(batches, tasks), context))
 
 
-def fold_slices(slices: Iterable[SourceSlice], context: BatchContext) -> pa.RecordBatch:
-    """One task's work: read, fold and write ``slices``; its summary."""
+def fold_slices(slices: Iterable[SourceSlice], context: BatchContext) -> StagedBatch:
+    """One task's work: read, fold and write ``slices``; its counts."""
     with task_store(context) as store:
         writer = TaskWriter(store, context)
         for source_slice in slices:
@@ -172,7 +173,7 @@ def fold_task(batches: Iterator[pa.RecordBatch], context: BatchContext
         rows = columns(pa.Table.from_batches(list(batches)))
         if rows and rows["key"]:
             writer.add(*_fold_sorted(rows, store, context, writer.clock))
-        yield writer.finish()
+        yield task_output.encode(writer.finish())
 
 
 def _fold_sorted(rows: dict[str, list[Any]], store: ReadModelStore, context: BatchContext,

@@ -37,8 +37,10 @@ SCHEMA = pa.schema([
 ])
 
 
-def encode(counts: StagedBatch, server: datetime | None) -> pa.RecordBatch:
-    """One task's summary (``counts.attempt`` and offsets are the driver's own)."""
+def encode(counts: StagedBatch) -> pa.RecordBatch:
+    """One task's summary (``counts.attempt`` and offsets are the driver's own; a task
+    stages on one server, if any)."""
+    server = next(iter(counts.servers), None)
     rows: list[dict[str, Any]] = [{
         "kind": Row.COUNTS, "new_rows": counts.new_rows, "direct_rows": counts.direct_rows,
         "known_rows": counts.known_rows, "live_rows_delta": counts.live_rows_delta,

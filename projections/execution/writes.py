@@ -14,8 +14,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-import pyarrow as pa
-from eventfold.projections.execution import task_output, worker
+from eventfold.projections.execution import worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import FoldOutcome, RawRecords
@@ -115,9 +114,10 @@ class TaskWriter:
         counts.duplicates += outcome.duplicates
         counts.dead_letters += len(letters)
 
-    def finish(self) -> pa.RecordBatch:
+    def finish(self) -> StagedBatch:
         """Wait for every record's delivery report (raises ``DeliveryFailed``); the task's
-        summary for the driver."""
+        counts for the driver (a Spark task hands them over as ``task_output.encode``s
+        them)."""
         crash_point("task.produced")
         with self.clock.phase("flush"):
             self.output.flush()
@@ -128,6 +128,7 @@ class TaskWriter:
         self.counts.first_append_ms = self.clock.first_append_ms
         # What was staged lives in UNLOGGED tables: the commit checks the server that holds
         # them is the one they were written to.
-        server = server_started(self.store.conn) if self._staged else None
+        if self._staged:
+            self.counts.servers.add(server_started(self.store.conn))
         self.store.conn.rollback()
-        return task_output.encode(self.counts, server)
+        return self.counts

@@ -128,12 +128,12 @@ def test_a_key_parked_in_one_chunk_stays_parked_in_the_next() -> None:
 
 def test_a_tasks_counts_and_held_keys_cross_to_the_driver() -> None:
     """A task hands over counts and the few keys it held back, never the keys it folded."""
-    counts = StagedBatch("attempt-1", new_rows=3, known_rows=2, marks=1, applied=9,
-                         duplicates=1, dead_letters=2, held={"c"}, topics={"derived"})
     started = datetime(2026, 11, 25, 12, 0, 0, 123456, tzinfo=UTC)
-    summary = pa.Table.from_batches([task_output.encode(counts, started),
-                                     task_output.encode(StagedBatch("attempt-1", applied=1),
-                                                        None)])
+    counts = StagedBatch("attempt-1", new_rows=3, known_rows=2, marks=1, applied=9,
+                         duplicates=1, dead_letters=2, held={"c"}, topics={"derived"},
+                         servers={started})
+    summary = pa.Table.from_batches([task_output.encode(counts),
+                                     task_output.encode(StagedBatch("attempt-1", applied=1))])
     decoded = task_output.decode(summary, "attempt-1")
     assert (decoded.new_rows, decoded.known_rows, decoded.marks, decoded.applied,
             decoded.duplicates, decoded.dead_letters) == (3, 2, 1, 10, 1, 2)
