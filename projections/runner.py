@@ -238,8 +238,7 @@ class ProjectionRunner:
     # its checkpoint files, and an interrupted replay resumes from what the store committed.
 
     def fold_topics_up_to(self, ending: Mapping[PartitionKey, int]) -> None:
-        """Fold the source topics up to ``ending``, at most ``max_rows_per_batch`` records
-        per batch."""
+        """Fold the source topics up to ``ending``, at most ``max_rows_per_batch`` a batch."""
         self.prepare()
         batch_id = self.next_batch_id()
         self._sources = check_sources(self.projection, self.version, self.settings,
@@ -320,9 +319,10 @@ class ProjectionRunner:
         try:
             staged = self._fold_and_commit(batch_id, committed, end, pipeline, fold,
                                            emit_from, clock)
-        finally:
-            if self.is_active:
+        except BaseException:
+            if self.is_active:  # its commit ends it otherwise (``catalog.claim_batch``)
                 self.versions.batch_ended(name)
+            raise
         clock.lap("commit")
         for note in staged.notes:
             note.log(name)

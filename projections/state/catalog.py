@@ -135,7 +135,7 @@ class ProjectionCatalog:
                              .format(_IN_FLIGHT), (name,))
 
     def batch_ended(self, name: str) -> None:
-        """Committed, or failed: no batch is under way."""
+        """Failed: no batch is under way (a commit ends it in ``claim_batch``)."""
         self._conn().execute(sql.SQL("DELETE FROM {} WHERE projection = %s").format(
             _IN_FLIGHT), (name,))
 
@@ -286,8 +286,10 @@ def claim_batch(conn: psycopg.Connection, name: str, version: int,
                 offsets: Mapping[PartitionKey, int], writer_epoch: int | None = None) -> None:
     """In a batch's transaction: the active version locks its registry row (a switch waits
     for the batch), checks the writer lease is still at ``writer_epoch`` (when the runner
-    holds one) and moves the emission mark up to ``offsets``; a replay's version only checks
-    that it is still the one building. Raises ``VersionSwitched`` or ``WriterFenced``."""
+    holds one), moves the emission mark up to ``offsets`` and ends the batch's record of
+    being under way (``batch_started``; gone as the batch commits, not a statement after);
+    a replay's version only checks that it is still the one building. Raises
+    ``VersionSwitched`` or ``WriterFenced``."""
     query = sql.SQL("SELECT active_version, building_version, emitted_offsets, writer, "
                     "writer_epoch FROM {} WHERE projection = %s").format(_TABLE)
     row = conn.execute(query, (name,)).fetchone()
@@ -304,6 +306,8 @@ def claim_batch(conn: psycopg.Connection, name: str, version: int,
             merged[key] = max(merged.get(key, 0), offset)
         conn.execute(sql.SQL("UPDATE {} SET emitted_offsets = %s WHERE projection = %s")
                      .format(_TABLE), (Jsonb(nest_offsets(merged)), name))
+        conn.execute(sql.SQL("DELETE FROM {} WHERE projection = %s").format(_IN_FLIGHT),
+                     (name,))
     elif building != version:
         raise VersionSwitched.past(name, version, active)
 
