@@ -17,14 +17,17 @@ from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.dead_letters import read_dead_letters
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.hosts import HostDirectory, Request
+from sqlalchemy.exc import ProgrammingError
 
 from eventfold import migrations
+from eventfold.contract import event_topic
 from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
 from tests.integration.test_status import status_json
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,
+    log_says,
     rows,
     sales_totals_of_the_store,
     selling,
@@ -112,6 +115,64 @@ def test_a_host_runs_an_apps_projections_and_a_poison_one_disturbs_none(
     assert None not in letters
     assert len(letters) == len(set(letters)) == events  # each event once: none lost or doubled
     assert rows(engine, poison, unique, "total") == {}
+
+
+def _notes(engine, counted: str) -> dict[str, object]:
+    """The counted projection's notes by key; none before its table exists."""
+    try:
+        return rows(engine, counted, "", "note")
+    except ProgrammingError:
+        return {}
+
+
+def test_a_source_topic_made_again_under_a_host_stops_its_projection_and_no_other(
+        stack_settings, engine, tmp_path, unique) -> None:
+    """An operator deletes one projection's source topic under a host and makes it again,
+    while sales flow to the host's other projections. The host's idle projections share one
+    look at their sources (``source_watch``), which fails while a topic it looks at is gone:
+    the projection whose topic it was stops, saying so, and none of the others misses a
+    sale."""
+    from examples import sales
+    from tests.integration.test_kafka_guarantees import made_again, publish
+
+    sales.app.runtime(stack_settings).setup()
+    totals, counted, aggregate = f"sales_totals_{unique}", f"counted_{unique}", f"Counted{unique}"
+    publish(stack_settings, aggregate, [(f"s{n}", "Counted", {"note": "old"}) for n in range(5)])
+    env = stack_env(stack_settings, tmp_path, EVENTFOLD_APP="tests.host_app:app",
+                    EVENTFOLD_TEST_PROJECTION=unique, EVENTFOLD_TEST_COUNTED=aggregate,
+                    EVENTFOLD_METRICS_PORT=str(free_port()))
+    log = tmp_path / "host.log"
+    host = subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run",
+                             "--all"], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+    try:
+        with selling(stack_settings, unique) as sent:
+            wait_for(lambda: len(_notes(engine, counted)) == 5
+                     and folded_total(engine, totals, unique) > 0,
+                     "the host to fold the counted events and sales", timeout_s=240)
+            made_again(stack_settings, aggregate, "new", 8)  # reading on would skip 5
+            wait_for(lambda: log_says(log, f"projection {counted} stopped: "),
+                     "the counted projection to stop", timeout_s=90)
+            after = sent()
+            wait_for(lambda: folded_total(engine, totals, unique) > after * (after + 1) // 2,
+                     "sales sent after the stop to be folded", timeout_s=60)
+        expected = sales_totals_of_the_store(engine, unique)
+        assert sum(expected.values()) == sent() * (sent() + 1) // 2
+        wait_for(lambda: rows(engine, totals, unique, "total") == expected,
+                 "every sale folded", timeout_s=120)
+        assert host.poll() is None, "the host runs on"
+        host.send_signal(signal.SIGTERM)
+        assert host.wait(timeout=90) == 1  # one of its projections stopped
+    finally:
+        stop_pid(host.pid, what="projection host", timeout_s=90)
+    output = log.read_text()
+    assert re.search(rf"projection {counted} stopped: .*{event_topic(aggregate)}(, which it "
+                     r"has read from,)? was deleted", output), output[-3000:]
+    assert "The host's other projections carry on" in output
+    for other in (totals, f"sales_stats_{unique}", f"poison_{unique}"):
+        assert f"projection {other} stopped after" in output
+        assert f"projection {other} failed" not in output, output[-3000:]
+    assert set(_notes(engine, counted).values()) == {"old"}
+    assert ktable_totals(stack_settings, totals, unique) == expected
 
 
 def test_a_replay_handed_to_a_host_stops_on_ctrl_c_and_resumes_there(
