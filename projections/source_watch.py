@@ -121,7 +121,9 @@ class SourceWatch:
     def _note(self, started: float, ends: Mapping[PartitionKey, int] | None) -> None:
         with self._changed:
             if ends is not None:
-                self._ends.update(ends)
+                # Replaced, not updated: a partition no look names any more (its watcher
+                # gone) must not answer for a thread that watches it again later.
+                self._ends = dict(ends)
                 self._looked_at = started
             else:
                 self._looked_at = float("-inf")
