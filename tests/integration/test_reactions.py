@@ -20,12 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from eventfold.local_stack.process import stop_pid
+from eventfold.reactions.definition import topics_of
 from eventfold.write_model import Command
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 
 from tests.integration.test_cli import eventfold, stack_env
-from tests.kafka_helpers import read_table
+from tests.kafka_helpers import read_table, read_topic
 from tests.pipeline_helpers import log_says, wait_for
 
 PURCHASES = int(os.environ.get("EVENTFOLD_DRILL_PURCHASES", "2000"))
@@ -101,6 +102,8 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
     started = datetime.now(UTC)
     runtime = fulfilment.app.runtime(stack_settings)
     runtime.setup()
+    [purchases_topic] = topics_of(fulfilment.app.reactions.get("reserve_stock"))
+    placed_before = len(read_topic(stack_settings.kafka, purchases_topic))
     bus = runtime.command_bus()
     shelves = [f"{unique}-shelf{n}" for n in range(4)]
     short = f"{unique}-short"
@@ -161,17 +164,19 @@ def test_a_reaction_killed_mid_batch_sends_every_command_exactly_once(
         assert "runner(s) alive" in refused_now.stderr
     finally:
         stop_pid(running.pid, what="a reaction")
-    # The purchases' topic holds this test's purchases alone, all acted on.
+    # The purchases' topic holds what earlier tests placed and this test's purchases, all
+    # acted on.
     dry = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", "--dry-run",
                     env=env)
     assert dry.returncode == 0, dry.stderr
-    assert f"would act again on {PURCHASES} events" in dry.stdout, dry.stdout
+    assert f"would act again on {placed_before + PURCHASES} events" in dry.stdout, dry.stdout
+    # Moved back to this test's start, it acts again on this test's purchases alone.
     forgetful = {**env, "EVENTFOLD_COMMAND_ID_RETENTION": "1 second"}
-    beyond = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", env=forgetful)
+    back = ("reaction", "reset", "reserve_stock", "--to-time", started.isoformat())
+    beyond = eventfold(*back, env=forgetful)
     assert beyond.returncode == 2
     assert "older than the command log keeps command ids (1 s" in beyond.stderr
-    moved = eventfold("reaction", "reset", "reserve_stock", "--to-beginning", "--force",
-                      env=forgetful)
+    moved = eventfold(*back, "--force", env=forgetful)
     assert moved.returncode == 0, moved.stderr
     assert f"will act again on {PURCHASES} events" in moved.stdout
     # It acts again on exactly those, and the command log answers every command it sends.

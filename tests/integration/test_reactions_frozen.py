@@ -3,10 +3,7 @@ processes of one process while purchases flow, the first frozen (SIGSTOP, as a l
 or a frozen VM would) at the moment it holds a batch it has read (``EVENTFOLD_PAUSE_AT``, armed
 by the test), then woken from outside once the second took its partitions over. Read back
 from Postgres: every purchase's process started once, with one timer, whatever the frozen
-runner did once awake.
-
-Named to run after ``test_reactions.py``, whose first drill counts every event of the
-purchases' topic as its own."""
+runner did once awake."""
 
 from __future__ import annotations
 
