@@ -293,3 +293,13 @@ def _found(pattern: str, output: str) -> str:
 def _ms(value: str) -> float:
     number, unit = re.fullmatch(r"([\d.]+)(\w+)", value).groups()  # type: ignore[union-attr]
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+
+def log_projection_runs(level: str = "INFO") -> None:
+    """The bench's own lines at INFO; the runners' batch lines at ``level`` (DEBUG: each
+    batch's phase times, the tasks' included); the chatty libraries at WARNING."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for running in ("eventfold.projections.runner", "eventfold.projections.progress"):
+        logging.getLogger(running).setLevel(level)
+    for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

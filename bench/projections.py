@@ -54,7 +54,7 @@ from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
 from bench import peers
-from bench.common import PeakMemory
+from bench.common import PeakMemory, log_projection_runs
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
@@ -305,11 +305,7 @@ def main() -> None:
     parser.add_argument("--typed-only", action="store_true",
                         help="only the streaming fold with raw and with typed events")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for running in ("eventfold.projections.runner", "eventfold.projections.progress"):
-        logging.getLogger(running).setLevel(args.log_level)
-    for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_projection_runs(args.log_level)
     with tempfile.TemporaryDirectory(prefix="eventfold-bench-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")
         endpoints = stack.up(spark_cluster=args.cluster)

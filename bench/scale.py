@@ -15,6 +15,7 @@ Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
     .venv/bin/python -m bench.scale --events 10000000 --keys 5000000 --skip-store --peers
+    .venv/bin/python -m bench.scale --events 10000000 --keys 5000000 --only streaming_aggregation
     .venv/bin/python -m bench.scale --cluster    # on the cluster stack (stack up --cluster)
 """
 
@@ -36,7 +37,7 @@ from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.replay import replay
 from eventfold.projections.run_settings import RunnerSettings
 
-from bench.common import PeakMemory, in_a_process
+from bench.common import PeakMemory, in_a_process, log_projection_runs
 from bench.projections import (
     against_peers,
     bench_stats,
@@ -53,6 +54,21 @@ from eventfold.wiring import spark_conf
 
 T = TypeVar("T")
 log = logging.getLogger("bench")
+
+
+MODES = ("streaming_fold", "replay_fold", "streaming_aggregation", "replay_aggregation",
+         "replay_from_store")
+
+
+def modes_named(text: str) -> tuple[str, ...]:
+    """``--only``'s modes; an unknown one is refused by name."""
+    named = tuple(name.strip() for name in text.split(",") if name.strip())
+    unknown = [name for name in named if name not in MODES]
+    if unknown or not named:
+        raise argparse.ArgumentTypeError(
+            f"unknown mode(s) {', '.join(unknown) or '(none given)'}: choose of "
+            f"{', '.join(MODES)}")
+    return named
 
 
 def measured(memory: list[tuple[str, PeakMemory]], name: str, stack_pids: frozenset[int],
@@ -83,10 +99,11 @@ def main() -> None:
     parser.add_argument("--peers", action="store_true",
                         help="run Kafka Streams and Quix Streams on the same topic (built once "
                              "by bench/peers/setup.sh)")
+    parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
+    parser.add_argument("--only", type=modes_named, default=MODES,
+                        help="the modes to run, comma-separated, of " + ", ".join(MODES))
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    for noisy in ("py4j", "alembic", "eventfold.outbox.topics"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    log_projection_runs(args.log_level)
     with tempfile.TemporaryDirectory(prefix="eventfold-scale-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")
         endpoints = stack.up(CLUSTER if args.cluster else None, spark_cluster=args.cluster)
@@ -134,19 +151,24 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         print(f"{name.replace('_', ' ')}: {rate:,.0f} events/s ({rate / plain:.2f}x the plain "
               f"loop)", flush=True)
 
-    report("streaming_fold", measure("streaming fold", lambda: streaming(
-        spark, settings, bench_totals, args.events)))
-    report("replay_fold", measure("replay of the fold", lambda: replay(
-        spark, bench_totals, replay_settings)).events_per_s)
-    report("streaming_aggregation", measure("streaming aggregation", lambda: streaming(
-        spark, settings, bench_stats, args.events)))
-    report("replay_aggregation", measure("replay of the aggregation", lambda: replay(
-        spark, bench_stats, replay_settings)).events_per_s)
-    if not args.skip_store:
+    def replay_from_store() -> float:
         in_a_process(write_history, database_url, args.events, args.keys)
-        store = measure("replay from the event store", lambda: replay(
-            spark, bench_totals, replay_settings, source="store"))
-        report("replay_from_store", args.events / store.seconds)
+        return float(args.events) / measure("replay from the event store", lambda: replay(
+            spark, bench_totals, replay_settings, source="store")).seconds
+
+    modes: dict[str, Callable[[], float]] = {
+        "streaming_fold": lambda: measure("streaming fold", lambda: streaming(
+            spark, settings, bench_totals, args.events)),
+        "replay_fold": lambda: measure("replay of the fold", lambda: replay(
+            spark, bench_totals, replay_settings)).events_per_s,
+        "streaming_aggregation": lambda: measure("streaming aggregation", lambda: streaming(
+            spark, settings, bench_stats, args.events)),
+        "replay_aggregation": lambda: measure("replay of the aggregation", lambda: replay(
+            spark, bench_stats, replay_settings)).events_per_s,
+        "replay_from_store": replay_from_store}
+    for name, rate in modes.items():
+        if name in args.only and not (args.skip_store and name == "replay_from_store"):
+            report(name, rate())
     spark.stop()
     driver_mb = max(peak.driver_peak for _, peak in memory) / 2**20
     executor_mb = max(peak.executor_peak for _, peak in memory) / 2**20
