@@ -23,6 +23,7 @@ from eventfold.projections.execution.jobs import (
     RECORD_COLUMNS,
     SUMMARY_DDL,
     TASK_CHUNK_ROWS,
+    KnownKeys,
     SourceSlice,
     Tasks,
     collect,
@@ -30,7 +31,6 @@ from eventfold.projections.execution.jobs import (
     per_task,
     slices_of_task,
     task_store,
-    watermarks_of,
 )
 from eventfold.projections.execution.partial import (
     DEAD_LETTER_COLUMNS,
@@ -81,36 +81,46 @@ def aggregate_slices(slices: Iterable[SourceSlice], context: BatchContext,
     """One task's work: read, aggregate and write ``slices``; its counts."""
     with task_store(context) as store:
         writer = TaskWriter(store, context)
-        watermarks = watermarks_of(store, context)
         for source_slice in slices:
+            # A key is its stream here: the rows loaded for the duplicate guard, chunk by
+            # chunk, are the rows the partials merge into (one query per key, not two).
+            known = KnownKeys(store, context, writer.clock)
             partition = PartitionAggregate(context.plan, schema)
             for raw in source_slice.record_chunks(TASK_CHUNK_ROWS):
                 writer.clock.saw(raw)
                 events = decode_events(records_table(raw), context.plan)
-                with writer.clock.phase("load"):
-                    events = drop_applied(events, watermarks)
+                events = drop_applied(events, known.watermarks_for)
                 with writer.clock.phase("fold"):
                     partition.add(events)
             partials = partition.result()
             writer.add(*_merged(partials, partials.filter(
-                pc.equal(partials.column("kind"), "dlq")), store, context, writer.clock))
+                pc.equal(partials.column("kind"), "dlq")), known.stored, context.plan,
+                writer.clock))
         return writer.finish()
 
 
-def _merged(partials: pa.Table, letters: pa.Table, store: ReadModelStore,
-            context: BatchContext, clock: TaskClock) -> tuple[FoldOutcome, dict[str, bool]]:
-    """A task's partials merged into the stored rows of their keys, and its dead letters, as
-    an outcome; and the keys that had a row."""
-    rows = partials.filter(pc.equal(partials.column("kind"), "partial"))
-    keys = rows.column(GROUP).to_pylist()
-    stored: dict[str, KeyState] = {}
-    if not context.fresh:
-        with clock.phase("load"):
-            for start in range(0, len(keys), TASK_CHUNK_ROWS):
-                stored.update(store.load(keys[start:start + TASK_CHUNK_ROWS]))
+def _merged(partials: pa.Table, letters: pa.Table, loaded: Mapping[str, KeyState], plan: Plan,
+            clock: TaskClock) -> tuple[FoldOutcome, dict[str, bool]]:
+    """A task's partials merged into the stored rows of their keys (of ``loaded``), and its
+    dead letters, as an outcome; and the keys that had a row."""
+    keys = partials.filter(pc.equal(partials.column("kind"), "partial")).column(GROUP)
+    stored = {key: loaded[key] for key in keys.to_pylist() if key in loaded}
     with clock.phase("fold"):
-        return aggregate_outcome(partials, letters, stored, context.plan), {
+        return aggregate_outcome(partials, letters, stored, plan), {
             key: known.state is not None for key, known in stored.items()}
+
+
+def _load_states(store: ReadModelStore, keys: pa.ChunkedArray, context: BatchContext,
+                 clock: TaskClock) -> dict[str, KeyState]:
+    """The stored rows of ``keys``, loaded in chunks (none in a fresh version)."""
+    stored: dict[str, KeyState] = {}
+    if context.fresh:
+        return stored
+    names = keys.to_pylist()
+    with clock.phase("load"):
+        for start in range(0, len(names), TASK_CHUNK_ROWS):
+            stored.update(store.load(names[start:start + TASK_CHUNK_ROWS]))
+    return stored
 
 
 def aggregate_outcome(partials: pa.Table, letters: pa.Table, stored: Mapping[str, KeyState],
@@ -182,7 +192,8 @@ def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
             letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]
                                      ).rename_columns(DEAD_LETTER_COLUMNS)
             partials = groups.append_column("kind", pa.array(["partial"] * groups.num_rows))
-            writer.add(*_merged(partials, letters, store, context, writer.clock))
+            stored = _load_states(store, groups.column(GROUP), context, writer.clock)
+            writer.add(*_merged(partials, letters, stored, context.plan, writer.clock))
         yield task_output.encode(writer.finish())
 
 

@@ -149,6 +149,13 @@ class KnownKeys:
         if self.context.any_parked:
             self.parked.update(self.store.parked(keys))
 
+    def watermarks_for(self, streams: list[str]) -> dict[str, int]:
+        """The duplicate guard's lookup (``guard.drop_applied``): ``streams``' watermarks,
+        loaded with their keys' rows first."""
+        self.load(set(streams))
+        marks = self.watermarks
+        return {stream: marks[stream] for stream in streams if stream in marks}
+
     def load_lookups(self, keys: set[str]) -> None:
         lookup = self.store.projection.lookup
         keys = keys - self.joined.keys()
