@@ -50,7 +50,6 @@ from eventfold.projections.outcome import (
 )
 from eventfold.projections.plan import Plan
 from eventfold.projections.state.stage import StagedBatch
-from eventfold.projections.state.store import ReadModelStore
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -108,19 +107,6 @@ def _merged(partials: pa.Table, letters: pa.Table, loaded: Mapping[str, KeyState
     with clock.phase("fold"):
         return aggregate_outcome(partials, letters, stored, plan), {
             key: known.state is not None for key, known in stored.items()}
-
-
-def _load_states(store: ReadModelStore, keys: pa.ChunkedArray, context: BatchContext,
-                 clock: TaskClock) -> dict[str, KeyState]:
-    """The stored rows of ``keys``, loaded in chunks (none in a fresh version)."""
-    stored: dict[str, KeyState] = {}
-    if context.fresh:
-        return stored
-    names = keys.to_pylist()
-    with clock.phase("load"):
-        for start in range(0, len(names), TASK_CHUNK_ROWS):
-            stored.update(store.load(names[start:start + TASK_CHUNK_ROWS]))
-    return stored
 
 
 def aggregate_outcome(partials: pa.Table, letters: pa.Table, stored: Mapping[str, KeyState],
@@ -192,8 +178,9 @@ def merge_task(batches: Iterator[pa.RecordBatch], context: BatchContext
             letters = letters.select([f"_{c}" for c in RECORD_COLUMNS] + ["reason"]
                                      ).rename_columns(DEAD_LETTER_COLUMNS)
             partials = groups.append_column("kind", pa.array(["partial"] * groups.num_rows))
-            stored = _load_states(store, groups.column(GROUP), context, writer.clock)
-            writer.add(*_merged(partials, letters, stored, context.plan, writer.clock))
+            known = KnownKeys(store, context, writer.clock)
+            known.load(set(groups.column(GROUP).to_pylist()), with_watermarks=False)
+            writer.add(*_merged(partials, letters, known.stored, context.plan, writer.clock))
         yield task_output.encode(writer.finish())
 
 

@@ -440,10 +440,10 @@ class ReadModelStore:
 
 def plan_as_key_lookups(conn: psycopg.Connection) -> None:
     """In the caller's transaction: its ``key = ANY(%s)`` queries read the keys' index
-    entries, never the whole table. With tens of thousands of keys the planner takes a
-    parallel scan of the whole table, whose cost grows with its rows, where a bitmap scan of
-    the index takes a third to a half of the time on one process (docs/benchmarks.md,
-    "10,000,000 events over 5,000,000 keys")."""
+    entries, never the whole table. Given tens of thousands of keys the planner takes a
+    parallel scan of the whole table, whose cost grows with its rows; a bitmap scan of the
+    index is faster on one process (docs/benchmarks.md, "Millions of keys: tasks write what
+    they fold")."""
     conn.execute("SET LOCAL enable_seqscan = off")
 
 
