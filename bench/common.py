@@ -3,6 +3,7 @@ threaded clients and a stack of our own."""
 
 from __future__ import annotations
 
+import argparse
 import logging
 import multiprocessing as mp
 import os
@@ -293,6 +294,20 @@ def _found(pattern: str, output: str) -> str:
 def _ms(value: str) -> float:
     number, unit = re.fullmatch(r"([\d.]+)(\w+)", value).groups()  # type: ignore[union-attr]
     return float(number) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60_000.0}[unit]
+
+
+def names_of(choices: tuple[str, ...], what: str) -> Callable[[str], tuple[str, ...]]:
+    """An argparse type: a comma-separated choice of ``choices``; an unknown name is refused
+    by name."""
+    def named(text: str) -> tuple[str, ...]:
+        chosen = tuple(name.strip() for name in text.split(",") if name.strip())
+        unknown = [name for name in chosen if name not in choices]
+        if unknown or not chosen:
+            raise argparse.ArgumentTypeError(
+                f"unknown {what}(s) {', '.join(unknown) or '(none given)'}: choose of "
+                f"{', '.join(choices)}")
+        return chosen
+    return named
 
 
 def log_projection_runs(level: str = "INFO") -> None:

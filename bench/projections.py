@@ -11,11 +11,12 @@ process, and in two at once: the engine's two tasks share the machine the same w
 peak memory of this process tree (Spark's JVM and Python workers; the stack's own processes
 left out). With ``--peers``, Kafka Streams (1 and 2 stream threads) and Quix Streams fold the
 same topic in the same run, their totals checked (``bench/peers/``, built once by
-``bench/peers/setup.sh``), and every figure of ours is also a ratio to each of them.
+``bench/peers/setup.sh``), and every figure of ours is also a ratio to each of them
+(``--peers quix``: those named only).
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.projections [--events 1000000] [--keys 10000] [--typed-only]
-                                          [--peers]
+                                          [--peers [PEER,...]]
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
 from bench import peers
-from bench.common import PeakMemory, log_projection_runs
+from bench.common import PeakMemory, log_projection_runs, names_of
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
@@ -299,9 +300,7 @@ def main() -> None:
                         help="start a Spark standalone master and two workers (1 core each) "
                              "beside the stack and run on them (the master given is ignored)")
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
-    parser.add_argument("--peers", action="store_true",
-                        help="also Kafka Streams (1 and 2 threads) and Quix Streams on the same "
-                             "topic (built once by bench/peers/setup.sh)")
+    add_peers_argument(parser)
     parser.add_argument("--typed-only", action="store_true",
                         help="only the streaming fold with raw and with typed events")
     args = parser.parse_args()
@@ -430,16 +429,29 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                       "master": args.master, "events": args.events, "keys": args.keys}))
 
 
+PEERS = ("kafka_streams_1t", "kafka_streams_2t", "quix")
+
+
+def add_peers_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--peers", nargs="?", type=names_of(PEERS, "peer"), const=PEERS, default=(),
+        help="also run peers on the same topic (built once by bench/peers/setup.sh): all of "
+             f"them, or those named, comma-separated, of {', '.join(PEERS)}")
+
+
 def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, float]:
-    """Kafka Streams with 1 and 2 stream threads and Quix Streams over the bench's topic,
-    each result checked against the events produced."""
+    """The chosen peers (Kafka Streams with 1 and 2 stream threads, Quix Streams) over the
+    bench's topic, each result checked against the events produced."""
     expected = peers.Expected.of_bench(args.events, args.keys)
     bootstrap, topic = kafka.bootstrap_servers, event_topic(SOURCE)
-    rates = {
-        "kafka_streams_1t": peers.kafka_streams(bootstrap, topic, 1, args.events, expected),
-        "kafka_streams_2t": peers.kafka_streams(bootstrap, topic, 2, args.events, expected),
-        "quix": peers.quix(bootstrap, topic, args.events, expected),
+    runs: dict[str, Callable[[], float]] = {
+        "kafka_streams_1t": lambda: peers.kafka_streams(bootstrap, topic, 1, args.events,
+                                                        expected),
+        "kafka_streams_2t": lambda: peers.kafka_streams(bootstrap, topic, 2, args.events,
+                                                        expected),
+        "quix": lambda: peers.quix(bootstrap, topic, args.events, expected),
     }
+    rates = {name: runs[name]() for name in args.peers}
     for name, rate in rates.items():
         print(f"peer {name}: {rate:,.0f} events/s (its totals checked against the events "
               "produced)", flush=True)

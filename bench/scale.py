@@ -10,7 +10,8 @@ and the plain loop run in processes of their own) and of the executors (Spark's 
 workers), to show that the driver's memory does not grow with the keys.
 With ``--peers``, Kafka Streams (1 and 2 stream threads) and Quix Streams fold the same
 topic in the same run (``bench/peers/``, built once by ``bench/peers/setup.sh``), each checked
-against the events produced, and every figure of ours is also a ratio to each of them.
+against the events produced, and every figure of ours is also a ratio to each of them
+(``--peers kafka_streams_1t,kafka_streams_2t``: those named only).
 Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.scale [--events 1000000] [--keys 1000000]
@@ -37,8 +38,9 @@ from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.replay import replay
 from eventfold.projections.run_settings import RunnerSettings
 
-from bench.common import PeakMemory, in_a_process, log_projection_runs
+from bench.common import PeakMemory, in_a_process, log_projection_runs, names_of
 from bench.projections import (
+    add_peers_argument,
     against_peers,
     bench_stats,
     bench_totals,
@@ -58,17 +60,6 @@ log = logging.getLogger("bench")
 
 MODES = ("streaming_fold", "replay_fold", "streaming_aggregation", "replay_aggregation",
          "replay_from_store")
-
-
-def modes_named(text: str) -> tuple[str, ...]:
-    """``--only``'s modes; an unknown one is refused by name."""
-    named = tuple(name.strip() for name in text.split(",") if name.strip())
-    unknown = [name for name in named if name not in MODES]
-    if unknown or not named:
-        raise argparse.ArgumentTypeError(
-            f"unknown mode(s) {', '.join(unknown) or '(none given)'}: choose of "
-            f"{', '.join(MODES)}")
-    return named
 
 
 def measured(memory: list[tuple[str, PeakMemory]], name: str, stack_pids: frozenset[int],
@@ -96,11 +87,9 @@ def main() -> None:
                              "master with two workers (1 core each); the master given is ignored")
     parser.add_argument("--skip-store", action="store_true",
                         help="leave out the replay from the event store")
-    parser.add_argument("--peers", action="store_true",
-                        help="run Kafka Streams and Quix Streams on the same topic (built once "
-                             "by bench/peers/setup.sh)")
+    add_peers_argument(parser)
     parser.add_argument("--log-level", default="INFO", help="DEBUG: phase times per batch")
-    parser.add_argument("--only", type=modes_named, default=MODES,
+    parser.add_argument("--only", type=names_of(MODES, "mode"), default=MODES,
                         help="the modes to run, comma-separated, of " + ", ".join(MODES))
     args = parser.parse_args()
     log_projection_runs(args.log_level)
