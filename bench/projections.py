@@ -32,6 +32,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.queues import Queue
 from multiprocessing.synchronize import Event as StartSignal
 from pathlib import Path
@@ -429,7 +430,8 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                       "master": args.master, "events": args.events, "keys": args.keys}))
 
 
-PEERS = ("kafka_streams_1t", "kafka_streams_2t", "quix")
+KAFKA_STREAMS_THREADS = (1, 2)
+PEERS = (*(f"kafka_streams_{threads}t" for threads in KAFKA_STREAMS_THREADS), "quix")
 
 
 def add_peers_argument(parser: argparse.ArgumentParser) -> None:
@@ -445,12 +447,10 @@ def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, flo
     expected = peers.Expected.of_bench(args.events, args.keys)
     bootstrap, topic = kafka.bootstrap_servers, event_topic(SOURCE)
     runs: dict[str, Callable[[], float]] = {
-        "kafka_streams_1t": lambda: peers.kafka_streams(bootstrap, topic, 1, args.events,
-                                                        expected),
-        "kafka_streams_2t": lambda: peers.kafka_streams(bootstrap, topic, 2, args.events,
-                                                        expected),
-        "quix": lambda: peers.quix(bootstrap, topic, args.events, expected),
-    }
+        f"kafka_streams_{threads}t": partial(peers.kafka_streams, bootstrap, topic, threads,
+                                             args.events, expected)
+        for threads in KAFKA_STREAMS_THREADS}
+    runs["quix"] = partial(peers.quix, bootstrap, topic, args.events, expected)
     rates = {name: runs[name]() for name in args.peers}
     for name, rate in rates.items():
         print(f"peer {name}: {rate:,.0f} events/s (its totals checked against the events "
