@@ -305,6 +305,10 @@ def main() -> None:
     parser.add_argument("--typed-only", action="store_true",
                         help="only the streaming fold with raw and with typed events")
     args = parser.parse_args()
+    if args.events <= args.max_rows_per_batch:
+        parser.error(f"--events {args.events} fit in one batch: the steady-state rate leaves "
+                     "the first batch out, so give more events than --max-rows-per-batch "
+                     f"({args.max_rows_per_batch})")
     log_projection_runs(args.log_level)
     with tempfile.TemporaryDirectory(prefix="eventfold-bench-") as tmp:
         stack = LocalStack(Path(tmp) / "stack")
