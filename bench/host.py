@@ -4,14 +4,14 @@ run NAME` processes (a Spark application each), then as one `eventfold projectio
 For each: the memory of the process trees once every projection has caught up, and the summed
 streaming throughput of folding ``--events`` new events into every projection; then, in the
 host, a live projection's latency (an event's append to Kafka -> its row in the read model)
-idle, while a replay of another projection, handed to the host, runs beside it, and while
-one more projection of the host (over a topic of its own) catches up a backlog of
-``--backlog`` events produced as fast as the producer goes. The host's cores, the broker's and
-Postgres's are measured while every projection is idle, and while the live probes go to every
-projection. Prints figures, then one JSON line.
+idle, while a replay of another projection over ``--replay-events``, handed to the host,
+runs beside it, and while one more projection of the host (over a topic of its own) catches
+up a backlog of ``--backlog`` events produced as fast as the producer goes. The host's cores,
+the broker's and Postgres's are measured while every projection is idle, and while the live
+probes go to every projection. Prints figures, then one JSON line.
 
     .venv/bin/python -m bench.host [--projections 10] [--events 100000] [--keys 10000]
-        [--backlog 1000000] [--host-only] [--phases]
+        [--replay-events 500000] [--backlog 1000000] [--host-only] [--phases]
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -177,6 +178,7 @@ class Measured:
     ready_s: float
     events_per_s: float
     replay_s: float | None = None  # a replay handed to the host
+    topic_events: int = 0  # on the topic when the live latency is first measured
     live_idle_ms: list[float] = field(default_factory=list)
     live_during_replay_ms: list[float] = field(default_factory=list)
     live_during_catchup_ms: list[float] = field(default_factory=list)
@@ -188,10 +190,10 @@ class Measured:
 
 
 def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int,
-            keys: int, backlog: int = 0) -> Measured:
+            keys: int, backlog: int = 0, replay_events: int = 0) -> Measured:
     """Memory once caught up, time to start and catch up, events/s summed over the
-    projections for ``events`` new ones; for a host, a handed replay and the live latency
-    beside it."""
+    projections for ``events`` new ones; for a host, a handed replay of at least
+    ``replay_events`` and the live latency beside it."""
     with phase.running() as processes:
         started = time.perf_counter()
         phase.wait_until_folded(topic_events, processes)
@@ -216,10 +218,16 @@ def measure(phase: Phase, kafka: KafkaConnection, topic_events: int, events: int
         print(f"{phase.suffix}: {events:,} new events into each of {len(phase.names)} "
               f"projections in {seconds:.1f} s: {rate:,.0f} events/s summed; RSS {rss:,.0f} MB",
               flush=True)
-        measured = Measured(rss, ready_s, rate)
+        measured = Measured(rss, ready_s, rate, topic_events=topic_events + events)
         if not phase.separate:
             measured.cores_idle = cores_idle
-            probe = LatencyProbe(phase, kafka, first_position=topic_events + events + 1)
+            if replay_events > measured.topic_events:
+                # enough for the replay to outlast a few dozen probes
+                produce_events(kafka, replay_events - measured.topic_events, keys, PARTITIONS,
+                               after=measured.topic_events)
+                phase.wait_until_folded(replay_events, processes)
+                measured.topic_events = replay_events
+            probe = LatencyProbe(phase, kafka, first_position=measured.topic_events + 1)
             profiled = phase.metrics_port is not None
             idle_from = phase_totals(phase) if profiled else {}
             meter = CoreMeter({"host": [p.pid for p in processes]})
@@ -284,15 +292,19 @@ def caught_up_backlog(phase: Phase, kafka: KafkaConnection, probe: LatencyProbe,
 
 
 class LatencyProbe:
-    """Events of new keys, one every 100 ms, into the topic the projections read; for each,
+    """Events of new keys, ten a second at random instants (a Poisson stream, as independent
+    commands arrive), into the topic the projections read; for each,
     the time from its append (acknowledged by the broker) to its row in the live projection's
     read model (the host's last projection). The CDC hop before the append is left out: it
     is the same whatever the host does (bench/cdc.py measures it)."""
 
-    INTERVAL_S = 0.1
+    MEAN_INTERVAL_S = 0.1
 
     def __init__(self, phase: Phase, kafka: KafkaConnection, first_position: int) -> None:
         self.phase, self.position = phase, first_position
+        # Sent at a fixed period, every probe met the stream thread's periodic look at one
+        # phase for a whole run, and the idle p50 moved with that phase from run to run.
+        self.intervals = random.Random(first_position)
         self.view = phase.names[-1]
         self.producer = Producer(kafka.client_config(**{"linger.ms": 0}))
 
@@ -313,7 +325,7 @@ class LatencyProbe:
                         until is not None and until())
                     if sending:
                         sent[self._send()] = time.monotonic()
-                        next_send += self.INTERVAL_S
+                        next_send += self.intervals.expovariate(1 / self.MEAN_INTERVAL_S)
                 if sent:
                     for (key,) in conn.execute(f'SELECT key FROM "{self.view}" '
                                                "WHERE key = ANY(%s)", (list(sent),)):
@@ -382,6 +394,9 @@ def main() -> None:
     parser.add_argument("--backlog", type=int, default=1_000_000,
                         help="events the backlog projection catches up beside the live ones "
                              "(0: none)")
+    parser.add_argument("--replay-events", type=int, default=500_000,
+                        help="events on the topic when the host replays a projection (more "
+                             "are produced for it after the throughput is measured)")
     parser.add_argument("--host-only", action="store_true",
                         help="measure the host alone (no separate runs, no ratios)")
     parser.add_argument("--phases", action="store_true",
@@ -396,10 +411,11 @@ def main() -> None:
         # The backlog projection's topic, there before its host starts (and empty till then)
         produce_events(kafka, 0, args.keys, PARTITIONS, source=BACKLOG_SOURCE)
         host = measure(Phase(settings, work_dir, "host", args.projections, False, args.phases),
-                       kafka, WARMUP_EVENTS, args.events, args.keys, args.backlog)
+                       kafka, WARMUP_EVENTS, args.events, args.keys, args.backlog,
+                       args.replay_events)
         separate = None if args.host_only else measure(
             Phase(settings, work_dir, "separate", args.projections, True),
-            kafka, WARMUP_EVENTS + args.events, args.events, args.keys)
+            kafka, host.topic_events, args.events, args.keys)
     idle_p50 = percentile(host.live_idle_ms, 0.5)
     during_p50 = percentile(host.live_during_replay_ms, 0.5)
     figures: dict[str, float | int] = {
@@ -407,7 +423,7 @@ def main() -> None:
         "host_rss_mb": round(host.rss_mb), "host_ready_s": round(host.ready_s, 1),
         "host_events_per_s": round(host.events_per_s),
         "handed_replay_s": round(host.replay_s or 0, 1),
-        "handed_replay_events": WARMUP_EVENTS + args.events,
+        "handed_replay_events": host.topic_events,
         "live_p50_idle_ms": round(idle_p50), "live_p50_during_replay_ms": round(during_p50),
         "live_p99_during_replay_ms": round(percentile(host.live_during_replay_ms, 0.99)),
         "live_p50_during_replay_vs_idle": round(during_p50 / idle_p50, 2)}
