@@ -111,11 +111,13 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection,
     rate = produce_events(kafka, args.events, args.keys, args.partitions)
     print(f"produced {args.events:,} events over {args.keys:,} keys at {rate:,.0f} events/s",
           flush=True)
+    configured = Settings.from_env()  # the Spark and replay settings a host would take
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
-                              max_rows_per_batch=STREAMING_MAX_ROWS)
+                              max_rows_per_batch=STREAMING_MAX_ROWS,
+                              replay_rest_ratio=configured.replay_rest_ratio)
     spark = spark_session(args.master, app_name="eventfold-replay-beside-live",
-                          extra_conf=spark_conf(Settings.from_env()))
+                          extra_conf=spark_conf(configured))
     live = LiveVersion(spark, settings, BatchClock(log_each=False))
     steady = SteadyEvents(kafka, args.events, args.keys, args.partitions, args.rate)
     try:

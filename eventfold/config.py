@@ -132,6 +132,7 @@ class Settings(BaseSettings):
     driver_batch_max_rows: int = Field(default=1_000, ge=0)
     fair_batch_rows: int = Field(default=20_000, ge=0)
     replay_max_rows_per_batch: int = 1_000_000
+    replay_rest_ratio: float = Field(default=2.0, ge=0)
     ktable_retire_wait_s: int = 60
     writer_lease_s: float = Field(default=10.0, gt=0)
     projection_stall_s: float = Field(default=120.0, gt=0)

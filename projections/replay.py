@@ -147,6 +147,7 @@ def replay(spark: SparkSession, projection: Projection, settings: RunnerSettings
             in_flight = written_in_flight(conn, projection.name, old, IN_FLIGHT_WAIT_S)
             final = _bound(live.committed_offsets(), settings, projection,
                            at_least=_bound(in_flight, settings, projection, at_least=bound))
+            builder.yields_to_live = False  # the live commits wait for this tail, not beside it
             builder.fold_topics_up_to(final)
             builder.store.publish_view(conn)
             versions.activate(conn, projection.name, new, builder.store.committed_offsets())

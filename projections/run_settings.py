@@ -13,6 +13,7 @@ from eventfold.outbox.topics import Replication
 from eventfold.projections.execution.limits import (
     DRIVER_BATCH_MAX_ROWS,
     FAIR_BATCH_ROWS,
+    REPLAY_REST_RATIO,
     STREAMING_MAX_ROWS,
 )
 from eventfold.projections.state.lease import LEASE_S
@@ -42,6 +43,9 @@ class RunnerSettings:
     fair_batch_rows: int = FAIR_BATCH_ROWS
     """The most records a live batch takes while another live projection of the process
     follows its topics closely (``execution.turns``; 0: no limit)."""
+    replay_rest_ratio: float = REPLAY_REST_RATIO
+    """How long a replay's tasks rest for each second they work while a live projection of the
+    process follows its topics (``execution.turns``; 0: never)."""
     driver_batch_max_rows: int = DRIVER_BATCH_MAX_ROWS
     """A batch of at most this many records, of a fold or aggregation in place, runs on the
     driver instead of as a Spark job (0: every batch is a Spark job)."""

@@ -37,7 +37,7 @@ from eventfold.projections.execution.engine import (
 )
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
-from eventfold.projections.execution.turns import TURNS
+from eventfold.projections.execution.turns import TURNS, ReplayTurn
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter
 from eventfold.projections.plan import Pipeline, compile_projection
@@ -108,9 +108,9 @@ class ProjectionRunner:
         self._partitions_seen_at = 0.0
         # The active version's progress also shows in Kafka, as group
         # eventfold.projection.<name> (a replay's build does not report).
-        self.group_progress = (GroupProgress(settings.kafka,
-                                             f"eventfold.projection.{projection.name}")
-                               if self.is_active else None)
+        group = f"eventfold.projection.{projection.name}"
+        self.group_progress = GroupProgress(settings.kafka, group) if self.is_active else None
+        self.yields_to_live = not self.is_active  # a build's batches give live ones a turn
         self.progress: Progress = progress or ProgressLog(projection.name)
         self.lease = lease
         self._sources: SourceTopics | None = None
@@ -170,11 +170,10 @@ class ProjectionRunner:
             self._sources = check_sources(self.projection, self.version, self.settings,
                                           committed)
         with clock.phase("query"):
-            query: RunningQuery = (
-                start_query(self, committed, once)
-                if self.settings.streaming_driver == "structured_streaming"
-                else StreamThread(self, interval_seconds(self.settings.trigger_interval),
-                                  once).start())
+            query: RunningQuery = (start_query(self, committed, once)
+                                   if self.settings.streaming_driver == "structured_streaming"
+                                   else StreamThread(self, interval_seconds(
+                                       self.settings.trigger_interval), once).start())
         log.info("%s: %s from %s (%s); started in %s", what,
                  "catching up" if once else "streaming",
                  ", ".join(self.projection.source_topics), self.settings.streaming_driver, clock)
@@ -421,6 +420,9 @@ class ProjectionRunner:
         fresh = self.store.checkpoint() is None
         if time.monotonic() - self._partitions_seen_at >= _LOOK_AT_PARTITIONS_EVERY_S:
             self._look_at_partitions()
+        turn = TURNS.replay_turn(
+            self.spark.sparkContext.defaultParallelism, self.settings.replay_rest_ratio,
+            max(self.settings.driver_batch_max_rows, 1)) if self.yields_to_live else ReplayTurn()
         return BatchContext(
             self.plan, self.version, self.executor_database_url, self.settings.kafka,
             uuid.uuid4().hex, emit_from, committed, self.settings.replication,
@@ -428,9 +430,7 @@ class ProjectionRunner:
             fresh=fresh, direct=fresh and not self.is_active,
             any_parked=self.plan.parks and self.store.any_parked(),
             writer=self.writer if self.is_active and self.lease is not None else None,
-            tasks=None if self.is_active else TURNS.cores_beside(
-                self.spark.sparkContext.defaultParallelism,
-                max(self.settings.driver_batch_max_rows, 1)),
+            tasks=turn.tasks, rest_ratio=turn.rest_ratio,
             ktable_partitions=self.topics.output.partition_history)
 
     def _commit(self, batch_id: int, committed: dict[PartitionKey, int],

@@ -22,13 +22,13 @@ from eventfold.projections.execution.guard import EVENT_IDENTITY, drop_applied
 from eventfold.projections.execution.jobs import (
     RECORD_COLUMNS,
     SUMMARY_DDL,
-    TASK_CHUNK_ROWS,
     KnownKeys,
     SourceSlice,
     Tasks,
     collect,
     paused_gc,
     per_task,
+    record_chunks,
     slices_of_task,
     task_store,
 )
@@ -85,7 +85,7 @@ def aggregate_slices(slices: Iterable[SourceSlice], context: BatchContext,
             # chunk, are the rows the partials merge into (one query per key, not two).
             known = KnownKeys(store, context, writer.clock)
             partition = PartitionAggregate(context.plan, schema)
-            for raw in source_slice.record_chunks(TASK_CHUNK_ROWS):
+            for raw in record_chunks(source_slice, writer.clock):
                 writer.clock.saw(raw)
                 events = decode_events(records_table(raw), context.plan)
                 events = drop_applied(events, known.watermarks_for)

@@ -41,6 +41,9 @@ class BatchContext:
     as a replay's build does)."""
     tasks: int | None = None
     """The most tasks a job of the batch that reads in place runs (None: one per core)."""
+    rest_ratio: float = 0.0
+    """How long its tasks rest between chunks of records for each second they work
+    (``writes.TaskClock``): a replay's, beside live projections."""
     ktable_partitions: tuple[int, ...] = ()
     """Every partition count the version's KTable topic has had, oldest first
     (``OutputProducer``)."""

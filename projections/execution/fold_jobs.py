@@ -26,7 +26,6 @@ from eventfold.projections.execution.guard import drop_applied
 from eventfold.projections.execution.jobs import (
     FOLD_INPUT,
     SUMMARY_DDL,
-    TASK_CHUNK_ROWS,
     KnownKeys,
     SourceSlice,
     Tasks,
@@ -34,6 +33,7 @@ from eventfold.projections.execution.jobs import (
     collect,
     paused_gc,
     per_task,
+    record_chunks,
     slices_of_task,
     task_store,
     watermarks_of,
@@ -87,7 +87,7 @@ def fold_slice(source_slice: SourceSlice, store: ReadModelStore, context: BatchC
     known = KnownKeys(store, context, clock)
     batch = BatchFold(context.plan, context.committed, known.watermarks, context.emit_from,
                       known.parked)
-    for records in source_slice.record_chunks(TASK_CHUNK_ROWS):
+    for records in record_chunks(source_slice, clock):
         clock.saw(records)
         known.load(records.stream_ids())
         with clock.phase("fold"):
@@ -113,10 +113,11 @@ def read_events(spark: SparkSession, slices: Sequence[SourceSlice],
 @executor_task
 def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
                 context: BatchContext) -> Iterator[pa.RecordBatch]:
+    clock = TaskClock(context.rest_ratio)
     with paused_gc(), task_store(context) as store:
         watermarks = watermarks_of(store, context)
         for source_slice in slices_of_task(batches, tasks):
-            for records in chunks(source_slice):
+            for records in chunks(source_slice, clock):
                 events = decode_events(records, context.plan)
                 yield from drop_applied(events, watermarks).to_batches()
 

@@ -77,9 +77,18 @@ def slices_of_task(batches: Iterator[pa.RecordBatch], tasks: Tasks) -> Iterator[
             yield from tasks[index]
 
 
-def chunks(source_slice: SourceSlice, rows: int = TASK_CHUNK_ROWS) -> Iterator[pa.Table]:
-    """A slice's records in tables of about ``rows``: what a task decodes at once."""
+def record_chunks(source_slice: SourceSlice, clock: TaskClock,
+                  rows: int = TASK_CHUNK_ROWS) -> Iterator[RawRecords]:
+    """A slice's records about ``rows`` at a time, what a task folds at once, with the rests
+    its batch asks for between them (``TaskClock.next_chunk``)."""
     for records in source_slice.record_chunks(rows):
+        clock.next_chunk()
+        yield records
+
+
+def chunks(source_slice: SourceSlice, clock: TaskClock) -> Iterator[pa.Table]:
+    """A slice's records in tables: what a task decodes at once."""
+    for records in record_chunks(source_slice, clock):
         yield records_table(records)
 
 

@@ -14,3 +14,6 @@ REPLAY_MAX_ROWS = 1_000_000
 FAIR_BATCH_ROWS = 20_000
 """The most records a batch takes while another live projection of the host has records to
 fold (``execution.turns``): a live batch waits for at most one such batch's tasks."""
+REPLAY_REST_RATIO = 2.0
+"""How long a replay's tasks rest for each second they work while a live projection of the
+host follows its topics (``execution.turns``)."""

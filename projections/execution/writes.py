@@ -25,12 +25,27 @@ from eventfold.projections.state.topics import LetterNote, OutputProducer
 
 class TaskClock:
     """Where a task's time goes (``TASK_PHASES``): each ``phase`` adds its time; what no
-    phase claimed was spent reading and decoding records."""
+    phase claimed was spent reading and decoding records. A task whose batch asks it to
+    (``BatchContext.rest_ratio``: a replay's beside live projections) rests between its
+    chunks of records ``rest_ratio`` times as long as it worked since the last rest."""
 
-    def __init__(self) -> None:
-        self.started = time.perf_counter()
+    def __init__(self, rest_ratio: float = 0.0) -> None:
+        self.started = self._rested_at = time.perf_counter()
         self.seconds: dict[str, float] = {}
         self.first_append_ms: int | None = None
+        self._rest_ratio = rest_ratio
+        self._chunks = 0
+
+    def next_chunk(self) -> None:
+        """Before the task's next chunk of records: a rest, if its batch asks for one, before
+        every chunk but the first (a batch of one chunk, as the driver folds, never rests)."""
+        self._chunks += 1
+        if self._chunks == 1 or self._rest_ratio <= 0:
+            return
+        worked = time.perf_counter() - self._rested_at
+        with self.phase("rest"):
+            time.sleep(self._rest_ratio * worked)
+        self._rested_at = time.perf_counter()
 
     def saw(self, records: RawRecords) -> None:
         """Note when the earliest of ``records`` was appended to Kafka: the batch's driver
@@ -66,7 +81,7 @@ class TaskWriter:
             else self.transaction.producer, context.kafka, context.plan.projection,
             context.version, context.ktable_partitions)
         self.counts = StagedBatch(context.attempt)
-        self.clock = TaskClock()
+        self.clock = TaskClock(context.rest_ratio)
         self._staged = False
 
     def add(self, outcome: FoldOutcome, existing: Mapping[str, bool]) -> None:

@@ -30,7 +30,7 @@ from psycopg.types.json import Jsonb
 from eventfold.contract import PartitionKey
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
-TASK_PHASES = ("read", "load", "fold", "stage", "produce", "flush")
+TASK_PHASES = ("read", "load", "fold", "stage", "produce", "flush", "rest")
 """Where a task's time goes: reading and decoding its records, loading its keys' states,
 folding, staging the rows, handing records to the producer, waiting for their delivery."""
 NOTED_LETTERS = 20

@@ -121,11 +121,12 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     assert {f.name for f in dataclasses.fields(ReadApiOptions)} - computed <= named
     assert {f.name for f in dataclasses.fields(ReactionOptions)} <= named
     settings = Settings(projection_stall_s=77, streaming_driver="structured_streaming",
-                        ktable_retire_wait_s=5, writer_lease_s=3, fair_batch_rows=9)
+                        ktable_retire_wait_s=5, writer_lease_s=3, fair_batch_rows=9,
+                        replay_rest_ratio=0.5)
     run = runner_settings(settings, max_rows=123)
     assert (run.projection_stall_s, run.streaming_driver, run.ktable_retire_wait_s,
-            run.writer_lease_s, run.fair_batch_rows, run.max_rows_per_batch) == (
-        77, "structured_streaming", 5, 3, 9, 123)
+            run.writer_lease_s, run.fair_batch_rows, run.replay_rest_ratio,
+            run.max_rows_per_batch) == (77, "structured_streaming", 5, 3, 9, 0.5, 123)
     assert run.kafka == settings.kafka
     reads = Settings(read_forward_timeout_s=0.5).fill(ReadApiOptions, database_url="postgresql://x")
     assert reads.read_forward_timeout_s == 0.5

@@ -4,6 +4,7 @@ from eventfold.projections.execution.limits import (
     DRIVER_BATCH_MAX_ROWS,
     FAIR_BATCH_ROWS,
     REPLAY_MAX_ROWS,
+    REPLAY_REST_RATIO,
     STREAMING_MAX_ROWS,
 )
 from hypothesis import given
@@ -20,6 +21,7 @@ def test_the_configuration_defaults_are_the_engine_defaults() -> None:
     assert settings.replay_max_rows_per_batch == REPLAY_MAX_ROWS
     assert settings.driver_batch_max_rows == DRIVER_BATCH_MAX_ROWS
     assert settings.fair_batch_rows == FAIR_BATCH_ROWS
+    assert settings.replay_rest_ratio == REPLAY_REST_RATIO
 
 
 def test_cap_shares_rows_across_partitions() -> None:

@@ -3,8 +3,10 @@ with the clock moved by hand."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
-from eventfold.projections.execution import turns
+from eventfold.projections.execution import jobs, turns, writes
 from eventfold.projections.state.lease import WriterBusy, WriterFenced
 from eventfold.projections.state.topics import writer_slots, writer_transactional_id
 
@@ -101,11 +103,53 @@ def test_each_stall_without_a_batch_doubles_the_bound_until_a_batch_commits(
     assert floors == [5, 10, 20, 40, 80, 80, 80, 5, 10]
 
 
-def test_a_replay_leaves_a_core_while_a_live_projection_follows(clock: list[float]) -> None:
+def test_a_replay_leaves_a_core_and_rests_while_a_live_projection_follows(
+        clock: list[float]) -> None:
     shared = turns.Turns()
-    assert shared.cores_beside(2, 1_000) == 2, "nothing live: every core"
+    assert shared.replay_turn(2, 2.0, 1_000) == (2, 0.0), "nothing live: every core, no rest"
     shared.worked("live", 3)
-    assert shared.cores_beside(2, 1_000) == 1
-    assert shared.cores_beside(1, 1_000) == 1, "never below one"
+    assert shared.replay_turn(2, 2.0, 1_000) == (1, 2.0)
+    assert shared.replay_turn(1, 2.0, 1_000) == (1, 2.0), "never below one core"
+    assert shared.replay_turn(2, 0.0, 1_000) == (1, 0.0), "0 never rests"
+    clock[0] += turns.WORK_SEEN_FOR_S + 1
+    assert shared.replay_turn(2, 2.0, 1_000) == (1, 2.0), "live work a while ago goes on"
+    clock[0] += turns.REPLAY_YIELDS_FOR_S
+    assert shared.replay_turn(2, 2.0, 1_000) == (2, 0.0), "but not after a minute"
+    shared.worked("live", 3)
     shared.worked("live", 50_000)
-    assert shared.cores_beside(8, 1_000) == 8, "a live projection catching up is no reason"
+    assert shared.replay_turn(8, 2.0, 1_000) == (8, 0.0), (
+        "a live projection catching up is no reason")
+
+
+class TimedSlice:
+    """A source slice whose chunks take their time to read, on the clock of ``writes``."""
+
+    def __init__(self, now: list[float], seconds: list[float]) -> None:
+        self.now, self.seconds = now, seconds
+
+    def record_chunks(self, rows: int) -> Iterator[int]:
+        for n, took in enumerate(self.seconds):
+            self.now[0] += took
+            yield n
+
+
+def test_a_task_rests_between_its_chunks_in_proportion_to_its_work(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    now, rests = [0.0], []
+
+    def sleep(seconds: float) -> None:
+        rests.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(writes.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(writes.time, "sleep", sleep)
+    clock = writes.TaskClock(rest_ratio=2.0)
+    for source_slice in (TimedSlice(now, [0.5, 0.25]), TimedSlice(now, [0.5])):
+        for _ in jobs.record_chunks(source_slice, clock):  # type: ignore[arg-type]
+            now[0] += 0.25  # the task's work on the chunk
+    assert rests == [2 * (0.5 + 0.25 + 0.25), 2 * (0.25 + 0.5)], (
+        "between every two chunks of the task, its slices' too; none after the last")
+    assert clock.total()["rest"] == sum(rests)
+    unhurried = writes.TaskClock()
+    assert list(jobs.record_chunks(TimedSlice(now, [1.0, 1.0]), unhurried)) == [0, 1]  # type: ignore[arg-type]
+    assert len(rests) == 2, "a batch that asks for no rest gets none"
