@@ -206,24 +206,20 @@ def _is_socket(fd: Path) -> bool:
         return False
 
 
-BROKEN_CONNECTION_RETRIES = 2
-BROKEN_CONNECTION_PAUSE_S = 0.5
-
-
-def _get_as_a_client_retries(url: str) -> requests.Response:
-    """A GET as a client retrying an idempotent read makes it: once more after a 503 (when
-    its Retry-After says), and after a broken connection, half a second later, twice at
-    most. A SIGKILLed worker resets the connections it held, and those the kernel queued on
-    its SO_REUSEPORT socket until the process has exited; a retry sent at once can land in
-    that queue again, as two of three workers die here."""
-    for attempt in range(BROKEN_CONNECTION_RETRIES + 1):
+def get_as_a_client(url: str, pause_s: float = 0.5, retries: int = 2) -> requests.Response:
+    """A GET as a client retrying an idempotent read makes it: after a broken connection,
+    ``pause_s`` later, ``retries`` times at most; after a 503, once more when its Retry-After
+    says. A SIGKILLed worker resets the connections it held, and those the kernel queued on
+    its SO_REUSEPORT socket until the process has exited: a retry sent at once can land in
+    that queue again."""
+    for attempt in range(retries + 1):
         try:
             response = requests.get(url, timeout=10)
             break
         except requests.ConnectionError:
-            if attempt == BROKEN_CONNECTION_RETRIES:
+            if attempt == retries:
                 raise
-            time.sleep(BROKEN_CONNECTION_PAUSE_S)
+            time.sleep(pause_s)
     if response.status_code == 503:
         time.sleep(float(response.headers.get("Retry-After", "1")))
         response = requests.get(url, timeout=10)
@@ -250,7 +246,7 @@ class _Reader(threading.Thread):
             key = keys[self.reads % len(keys)]
             self.reads += 1
             try:
-                response = _get_as_a_client_retries(f"{self.url}/{key}")
+                response = get_as_a_client(f"{self.url}/{key}")
             except requests.RequestException as exc:
                 self.failed.append(f"{key}: {exc}")
                 continue
@@ -304,7 +300,7 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
         read that does not answer 200 after a client's retries fails the test."""
         seen: dict[str, int] = {}
         for _ in range(60):
-            response = _get_as_a_client_retries(f"{url}/{key}")
+            response = get_as_a_client(f"{url}/{key}")
             assert response.status_code == 200, response.text
             body = response.json()
             seen[body["freshness"]["instance"]] = body["value"]["quantity"]

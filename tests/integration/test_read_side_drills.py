@@ -58,7 +58,7 @@ from sqlalchemy import BigInteger
 
 from eventfold.contract.partitioner import partition_for
 from tests.integration.test_cli import stack_env
-from tests.integration.test_read_api_operations import _lock_holder
+from tests.integration.test_read_api_operations import _lock_holder, get_as_a_client
 from tests.kafka_helpers import produce
 from tests.pipeline_helpers import Materializer, wait_for
 
@@ -178,7 +178,6 @@ class Readers:
         self.paused: set[int] = set()
         self.done = threading.Event()
         self.reads = 0
-        self.retried = 0
         self.failed: list[str] = []
         self.wrong: list[str] = []
         self.tolerated: tuple[str, ...] = ()
@@ -205,19 +204,7 @@ class Readers:
             self._check(number, key, response)
 
     def _get(self, url: str) -> requests.Response:
-        try:
-            response = requests.get(url, timeout=10)
-        except requests.ConnectionError:
-            # as a client does: a moment, then once more (a connection the kernel had queued
-            # on a worker as it was killed is reset with it)
-            self.retried += 1
-            time.sleep(0.2)
-            return requests.get(url, timeout=10)
-        if response.status_code == 503:
-            self.retried += 1
-            time.sleep(float(response.headers.get("Retry-After", "1")))
-            response = requests.get(url, timeout=10)
-        return response
+        return get_as_a_client(url, pause_s=0.2, retries=1)
 
     def _check(self, number: int, key: str, response: requests.Response) -> None:
         allowed = self.load.allowed.get(key, set())
