@@ -1,7 +1,8 @@
 """A projection version's tables as SQLAlchemy metadata, created and migrated through Alembic.
 
 The read model's columns are declared with the projection; its state table adds the key and
-the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``). Where a key
+the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``, ``_deleted_at``).
+Its pages keep room for updates (``STATE_FILLFACTOR``). Where a key
 gathers several streams (re-keyed) or there is no state, a sources table holds the last version
 met per source stream (``watermarks_of``). Stage tables hold a batch's rows between its tasks
 and its commit. When a projection starts,
@@ -79,6 +80,12 @@ def watermarks_of(projection: Projection, version: int) -> Watermarks:
     return Watermarks(sources_table(projection, version), "stream_id", "version")
 
 
+STATE_FILLFACTOR = 80
+"""Percent of each state table page that inserts fill: the rest holds the new versions of the
+page's rows. A batch's merge updates a row in place (a heap-only tuple: no new index entry)
+only where its page has room and no indexed column changed, which is also why no index of the
+state table is on ``_updated_at``."""
+
 STAGE_COLUMNS = ("_attempt", "_known")
 """What a staged row carries besides the state table's columns: the batch attempt that
 staged it, and whether its key had a row when the task loaded it."""
@@ -103,10 +110,15 @@ def version_metadata(projection: Projection, version: int) -> MetaData:
         Table(name, metadata, *_row_columns(projection),
               Column("_updated_at", TIMESTAMP(timezone=True), nullable=False,
                      server_default=func.now()),
+              # when the key was deleted (null while it is live): set once, so that updating
+              # a live row leaves every indexed column as it was
+              Column("_deleted_at", TIMESTAMP(timezone=True)),
               # (column, key): the read API pages sorted on a column, the key breaks ties
               *(Index(f"{name}_{column}", column, "key") for column in projection.indexes),
               # deleted keys by age, for their retention (``ReadModelStore.forget_deleted``)
-              Index(f"{name}__deleted", "_updated_at", postgresql_where=text("_deleted")))
+              Index(f"{name}__deleted_at", "_deleted_at",
+                    postgresql_where=text("_deleted_at IS NOT NULL")),
+              postgresql_with={"fillfactor": STATE_FILLFACTOR})
         Table(stage_table(projection, version), metadata,
               Column("_attempt", Text, nullable=False),
               Column("_known", Boolean, nullable=False),
@@ -161,7 +173,33 @@ def migrate(conn: Connection, projection: Projection, version: int) -> list[str]
     operations = Operations(context)
     for change in changes:
         operations.invoke(change)
-    return [_describe(change) for change in changes]
+    described = [_describe(change) for change in changes]
+    if projection.has_state:
+        described += _updates_in_place(conn, state_table(projection, version), changes)
+    return described
+
+
+def _updates_in_place(conn: Connection, table: str,
+                      changes: list[alembic_ops.MigrateOperation]) -> list[str]:
+    """A state table from before its pages kept room for updates: the rows deleted before it
+    had ``_deleted_at`` take it from ``_updated_at`` (their retention runs on it), and its
+    pages written from now on keep the room; what was done."""
+    from alembic.operations import ops as alembic_ops
+
+    done = []
+    if any(isinstance(change, alembic_ops.AddColumnOp) and change.table_name == table
+           and change.column.name == "_deleted_at" for change in changes):
+        dated = conn.exec_driver_sql(
+            f'UPDATE "{table}" SET _deleted_at = _updated_at WHERE _deleted').rowcount
+        done.append(f"{table}: {dated} deleted rows dated by their last update")
+    options = conn.exec_driver_sql(
+        "SELECT reloptions FROM pg_class WHERE oid = to_regclass(%(table)s)",
+        {"table": f'"{table}"'}).scalar()
+    wanted = f"fillfactor={STATE_FILLFACTOR}"
+    if wanted not in (options or []):
+        conn.exec_driver_sql(f'ALTER TABLE "{table}" SET ({wanted})')
+        done.append(f"{table}: pages keep room for updates ({wanted})")
+    return done
 
 
 def _flatten(container: alembic_ops.OpContainer) -> Iterator[alembic_ops.MigrateOperation]:

@@ -148,17 +148,21 @@ class Stage:
         count = live = 0
         stored = self._columns
         copy_sql = sql.SQL("COPY {} ({}) FROM STDIN").format(
-            self._table, column_list(["key", *stored, *SYSTEM_COLUMNS]))
+            self._table, column_list(["key", *stored, *SYSTEM_COLUMNS, "_deleted_at"]))
         as_stored = self._as_stored
         try:
-            with self.conn.transaction(), self.conn.cursor().copy(copy_sql) as copy:
-                for key, key_state in changed:
-                    state = key_state.state or {}
-                    copy.write_row((key, *as_stored([state.get(c) for c in stored]),
-                                    key_state.version, key_state.position,
-                                    key_state.state is None))
-                    count += 1
-                    live += key_state.state is not None
+            with self.conn.transaction():
+                # the database's clock, as the merge dates the rows it deletes
+                now = self.conn.execute("SELECT now()").fetchone()
+                with self.conn.cursor().copy(copy_sql) as copy:
+                    for key, key_state in changed:
+                        state = key_state.state or {}
+                        deleted = key_state.state is None
+                        copy.write_row((key, *as_stored([state.get(c) for c in stored]),
+                                        key_state.version, key_state.position, deleted,
+                                        now[0] if deleted and now else None))
+                        count += 1
+                        live += not deleted
         except psycopg.errors.UniqueViolation as exc:
             raise KeySplitAcrossPartitions(str(exc).splitlines()[0]) from None
         return count, live

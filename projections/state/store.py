@@ -174,8 +174,8 @@ class ReadModelStore:
         if found is None or found[0] is None:
             return
         moved = self.conn.execute(sql.SQL("""
-            INSERT INTO {table} (key, _version, _position, _deleted)
-            SELECT stream_id, version, 0, true FROM {sources}
+            INSERT INTO {table} (key, _version, _position, _deleted, _deleted_at)
+            SELECT stream_id, version, 0, true, now() FROM {sources}
             ON CONFLICT (key) DO UPDATE SET _version = excluded._version
             WHERE {table}._version < excluded._version
         """).format(table=self._table, sources=self._sources)).rowcount
@@ -260,8 +260,8 @@ class ReadModelStore:
         query = sql.SQL("""
             DELETE FROM {table} WHERE key IN (
                 SELECT key FROM {table} WHERE _deleted
-                AND _updated_at < now() - make_interval(secs => %s)
-                ORDER BY _updated_at LIMIT %s FOR UPDATE SKIP LOCKED)""").format(
+                AND _deleted_at < now() - make_interval(secs => %s)
+                ORDER BY _deleted_at LIMIT %s FOR UPDATE SKIP LOCKED)""").format(
             table=self._table)
         forgotten = 0
         for _ in range(batches):
@@ -374,7 +374,8 @@ class ReadModelStore:
             columns = ["key", *self._columns, *SYSTEM_COLUMNS]
             try:
                 inserted = self.conn.execute(sql.SQL("""
-                    INSERT INTO {table} ({columns}) SELECT {columns} FROM {stage}
+                    INSERT INTO {table} ({columns}, _deleted_at)
+                    SELECT {columns}, CASE WHEN _deleted THEN now() END FROM {stage}
                     WHERE _attempt = %s AND NOT _known
                 """).format(table=self._table, stage=self._stage, columns=column_list(columns)),
                     (attempt,)).rowcount
@@ -384,7 +385,9 @@ class ReadModelStore:
             updates = sql.SQL(", ").join(sql.SQL("{c} = s.{c}").format(c=sql.Identifier(c))
                                          for c in [*self._columns, *SYSTEM_COLUMNS])
             updated = self.conn.execute(sql.SQL("""
-                UPDATE {table} t SET {updates}, _updated_at = now() FROM {stage} s
+                UPDATE {table} t SET {updates}, _updated_at = now(),
+                    _deleted_at = CASE WHEN s._deleted THEN coalesce(t._deleted_at, now()) END
+                FROM {stage} s
                 WHERE s._attempt = %s AND s._known AND t.key = s.key
                   AND t._version < s._version
             """).format(table=self._table, stage=self._stage, updates=updates),
