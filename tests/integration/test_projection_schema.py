@@ -40,6 +40,12 @@ def engine(stack_settings):
     engine.dispose()
 
 
+def totals(name: str) -> FoldProjection:
+    """A projection of one column, its rows written by the test."""
+    return FoldProjection(name=name, sources=("Thing",), apply=keep,
+                          columns={"total": BigInteger()})
+
+
 def ensure(stack_settings, projection: FoldProjection) -> None:
     store = ReadModelStore(stack_settings.database_url, projection, 1)
     try:
@@ -76,8 +82,7 @@ def test_deleted_keys_are_forgotten_after_their_retention_a_bounded_batch_at_a_t
     """Rows of keys deleted long enough ago go, by the partial index of deleted rows, at most
     ``batch`` x ``batches`` a pass; live rows and recently deleted ones stay. Resolutions of
     letters below the dead-letter topic's first offset go too."""
-    projection = FoldProjection(name=f"forget_{unique}", sources=("Thing",), apply=keep,
-                                columns={"total": BigInteger()})
+    projection = totals(f"forget_{unique}")
     ensure(stack_settings, projection)
     table = state_table(projection, 1)
     with engine.begin() as conn:
@@ -124,8 +129,7 @@ def test_a_key_is_dated_when_it_is_deleted_and_only_then(stack_settings, engine,
     """The merge dates a row as its key is deleted, keeps the date while it stays deleted
     (the retention counts from the deletion) and clears it when the key lives again; a fresh
     version's rows written straight into its table are dated the same way."""
-    projection = FoldProjection(name=f"dated_{unique}", sources=("Thing",), apply=keep,
-                                columns={"total": BigInteger()})
+    projection = totals(f"dated_{unique}")
     table = state_table(projection, 1)
     with ReadModelStore(stack_settings.database_url, projection, 1) as store:
         store.ensure_schema()
@@ -162,20 +166,18 @@ def test_a_table_from_before_deletion_dates_migrates_and_keeps_room_for_updates(
     """A state table as versions before ``_deleted_at`` made it: the column is added, its
     deleted rows dated by their last update (their retention goes on from there), the
     retention index replaced and its pages left room for updates, once."""
-    projection = FoldProjection(name=f"olddates_{unique}", sources=("Thing",), apply=keep,
-                                columns={"total": BigInteger()})
+    projection = totals(f"olddates_{unique}")
     table = state_table(projection, 1)
+    before = (f"CREATE TABLE {table} (key text PRIMARY KEY, total bigint, "
+              "_version bigint NOT NULL, _position bigint NOT NULL, "
+              "_deleted boolean NOT NULL DEFAULT false, "
+              "_updated_at timestamptz NOT NULL DEFAULT now())",
+              f"CREATE INDEX {table}__deleted ON {table} (_updated_at) WHERE _deleted",
+              f"INSERT INTO {table} VALUES ('gone', NULL, 2, 1, true, now() - interval "
+              "'3 days'), ('live', 4, 1, 2, false, now() - interval '5 days')")
     with engine.begin() as conn:
-        conn.exec_driver_sql(
-            f"CREATE TABLE {table} (key text PRIMARY KEY, total bigint, "
-            "_version bigint NOT NULL, _position bigint NOT NULL, "
-            "_deleted boolean NOT NULL DEFAULT false, "
-            "_updated_at timestamptz NOT NULL DEFAULT now())")
-        conn.exec_driver_sql(f"CREATE INDEX {table}__deleted ON {table} (_updated_at) "
-                             "WHERE _deleted")
-        conn.exec_driver_sql(
-            f"INSERT INTO {table} VALUES ('gone', NULL, 2, 1, true, "
-            "now() - interval '3 days'), ('live', 4, 1, 2, false, now() - interval '5 days')")
+        for statement in before:
+            conn.exec_driver_sql(statement)
     ensure(stack_settings, projection)
     with engine.begin() as conn:
         rows = dict(conn.exec_driver_sql(
