@@ -1,15 +1,15 @@
 """A projection version's tables as SQLAlchemy metadata, created and migrated through Alembic.
 
 The read model's columns are declared with the projection; its state table adds the key and
-the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``, ``_deleted_at``).
-Its pages keep room for updates (``STATE_FILLFACTOR``). Where a key
-gathers several streams (re-keyed) or there is no state, a sources table holds the last version
-met per source stream (``watermarks_of``). Stage tables hold a batch's rows between its tasks
-and its commit. When a projection starts,
-Alembic's autogenerate compares these tables with the database and the additive changes are
-applied: a new table, a new column, a new index. Anything else (a column removed, a type
-changed) would rewrite or lose the rows that serve reads, so it is refused with the command to
-run instead: a replay builds a new version with the new schema beside the live one.
+the system columns (``_version``, ``_position``, ``_deleted``, ``_updated_at``,
+``_deleted_at``); its pages keep room for updates (``STATE_FILLFACTOR``). Where a key gathers
+several streams (re-keyed) or there is no state, a sources table holds the last version met
+per source stream (``watermarks_of``). Stage tables hold a batch's rows between its tasks and
+its commit. When a projection starts, Alembic's autogenerate compares these tables with the
+database and the additive changes are applied: a new table, a new column, a new index.
+Anything else (a column removed, a type changed) would rewrite or lose the rows that serve
+reads, so it is refused with the command to run instead: a replay builds a new version with
+the new schema beside the live one.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
 TASK_PHASES = ("read", "load", "fold", "stage", "produce", "flush", "rest")
 """Where a task's time goes: reading and decoding its records, loading its keys' states,
 folding, staging the rows, handing records to the producer, waiting for their delivery."""
+TRANSACTION_TIME = "now"
+"""A timestamp as COPY writes it that Postgres reads as its transaction's time, ``now()``: a
+deleted row written straight into the table is dated by the database's clock, as the merge
+dates the rows it deletes."""
 NOTED_LETTERS = 20
 """Dead letters a task describes to the driver for its log (a flood of letters is counted,
 not carried: ``eventfold dlq list`` shows them all)."""
@@ -151,18 +155,15 @@ class Stage:
             self._table, column_list(["key", *stored, *SYSTEM_COLUMNS, "_deleted_at"]))
         as_stored = self._as_stored
         try:
-            with self.conn.transaction():
-                # the database's clock, as the merge dates the rows it deletes
-                now = self.conn.execute("SELECT now()").fetchone()
-                with self.conn.cursor().copy(copy_sql) as copy:
-                    for key, key_state in changed:
-                        state = key_state.state or {}
-                        deleted = key_state.state is None
-                        copy.write_row((key, *as_stored([state.get(c) for c in stored]),
-                                        key_state.version, key_state.position, deleted,
-                                        now[0] if deleted and now else None))
-                        count += 1
-                        live += not deleted
+            with self.conn.transaction(), self.conn.cursor().copy(copy_sql) as copy:
+                for key, key_state in changed:
+                    state = key_state.state or {}
+                    deleted = key_state.state is None
+                    copy.write_row((key, *as_stored([state.get(c) for c in stored]),
+                                    key_state.version, key_state.position, deleted,
+                                    TRANSACTION_TIME if deleted else None))
+                    count += 1
+                    live += not deleted
         except psycopg.errors.UniqueViolation as exc:
             raise KeySplitAcrossPartitions(str(exc).splitlines()[0]) from None
         return count, live
