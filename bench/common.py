@@ -119,9 +119,44 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-COMPONENT_MARKS = (("broker", "kafka.Kafka"), ("connect", "ConnectDistributed"),
-                   ("postgres", "postgres"))
-"""How a stack process's command line names its component (``CoreMeter``)."""
+COMPONENT_MARKS = (("kafka_streams", "dev.eventfold.peers"), ("quix", "peers/quix"),
+                   ("broker", "kafka.Kafka"), ("connect", "ConnectDistributed"),
+                   ("spark_python", "pyspark.daemon"), ("spark_python", "pyspark.worker"),
+                   ("spark_jvm", "org.apache.spark"), ("postgres", "postgres"))
+"""How a process's command line names its component (``CoreMeter``, ``cpu_by_component``),
+the first mark found winning: a peer's or Spark's command line can name a jar of another."""
+
+
+def component_of(pid: int) -> str:
+    """The component ``pid`` belongs to (``COMPONENT_MARKS``), else ``other``."""
+    command = _cmdline(pid)
+    return next((name for name, mark in COMPONENT_MARKS if mark in command), "other")
+
+
+def _reaped_cpu_seconds() -> float:
+    """The CPU this process's children used that it has waited for: a peer that ran to its
+    end, the bench's own processes."""
+    usage = os.times()
+    return usage.children_user + usage.children_system
+
+
+def cpu_by_component() -> dict[str, float]:
+    """CPU seconds spent so far by each component of this process's tree (``component_of``;
+    this process as ``bench``, the children it reaped as ``reaped``). Two of these apart say
+    what a stretch of work cost each component; a process that ended between them loses what
+    it used since it was started or last seen, so only long-lived ones are measured so."""
+    spent: dict[str, float] = {"bench": _cpu_seconds(os.getpid()),
+                               "reaped": _reaped_cpu_seconds()}
+    for pid in _descendants([os.getpid()], process_tree()) - {os.getpid()}:
+        name = component_of(pid)
+        spent[name] = spent.get(name, 0.0) + _cpu_seconds(pid)
+    return spent
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each component spent from ``before`` to ``after`` (``cpu_by_component``); a
+    component whose processes all ended meanwhile is left out."""
+    return {name: max(after[name] - before.get(name, 0.0), 0.0) for name in sorted(after)}
 
 
 def _descendants(roots: list[int], tree: dict[int, list[int]]) -> set[int]:
@@ -143,9 +178,7 @@ class CoreMeter:
         tree = process_tree()
         self._owner: dict[int, str] = {}
         for pid in _descendants([os.getpid()], tree):
-            command = _cmdline(pid)
-            self._owner[pid] = next(
-                (name for name, mark in COMPONENT_MARKS if mark in command), "other")
+            self._owner[pid] = component_of(pid)
         for name, roots in named_roots.items():
             self._owner.update(dict.fromkeys(_descendants(roots, tree), name))
         self._started = time.monotonic()

@@ -56,7 +56,13 @@ from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
 from bench import peers
-from bench.common import PeakMemory, log_projection_runs, names_of
+from bench.common import (
+    PeakMemory,
+    cpu_between,
+    cpu_by_component,
+    log_projection_runs,
+    names_of,
+)
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
@@ -210,15 +216,20 @@ def plain_python_fold_parallel(kafka: KafkaConnection, partitions: int, processe
 
 
 class BatchClock:
-    """Records when each batch finished and how many events it covered."""
+    """Records when each batch finished and how many events it covered, and with
+    ``measure_cpu`` what each component had spent by then (``cpu_by_component``)."""
 
-    def __init__(self, log_each: bool = True) -> None:
+    def __init__(self, log_each: bool = True, measure_cpu: bool = False) -> None:
         self.batches: list[tuple[float, int]] = []
+        self.cpu: list[dict[str, float]] = []
         self.log_each = log_each
+        self.measure_cpu = measure_cpu
 
     def add(self, batch_id: int, records: int, batch: StagedBatch,
             phases: Mapping[str, float]) -> None:
         self.batches.append((time.perf_counter(), records))
+        if self.measure_cpu:
+            self.cpu.append(cpu_by_component())
         if self.log_each:
             logging.getLogger("bench").info("batch %d: %d events", batch_id, records)
 
@@ -234,9 +245,34 @@ class BatchClock:
         (first_end, _), *rest = self.batches
         return sum(n for _, n in rest) / (rest[-1][0] - first_end) if rest else 0.0
 
+    def steady_cpu_us_per_event(self) -> dict[str, float]:
+        """Over the batches ``steady_rate`` counts, the CPU each component spent per event,
+        in microseconds (``measure_cpu``)."""
+        events = sum(n for _, n in self.batches[1:])
+        if len(self.cpu) < 2 or not events:
+            return {}
+        return per_event_us(cpu_between(self.cpu[0], self.cpu[-1]), events)
 
-def streaming(spark, settings: RunnerSettings, definition: Projection, events: int) -> float:  # noqa: ANN001
-    clock = BatchClock()
+
+def per_event_us(spent: Mapping[str, float], events: int) -> dict[str, float]:
+    """CPU seconds by component as microseconds per event, with their ``total``; the
+    components that spent nothing left out."""
+    figures = {name: round(seconds / events * 1e6, 2) for name, seconds in spent.items()
+               if seconds > 0}
+    return {**figures, "total": round(sum(spent.values()) / events * 1e6, 2)}
+
+
+def describe_cpu(figures: Mapping[str, float]) -> str:
+    """``per_event_us``' figures, the largest first: ``total 26.1 µs: postgres 6.2, ...``."""
+    parts = sorted(((us, name) for name, us in figures.items() if name != "total"),
+                   reverse=True)
+    return (f"total {figures.get('total', 0.0):.1f} µs: "
+            + ", ".join(f"{name} {us:.1f}" for us, name in parts))
+
+
+def streaming(spark, settings: RunnerSettings, definition: Projection, events: int,  # noqa: ANN001
+              clock: BatchClock | None = None) -> float:
+    clock = clock or BatchClock()
     runner = ProjectionRunner(spark, definition, settings, progress=clock)
     query = runner.start()
     try:
@@ -340,7 +376,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     print(f"the same loop in two processes at once, the partitions shared out: "
           f"{plain_two:,.0f} events/s ({plain_two / plain:.2f}x one process: what two busy "
           f"cores give here)", flush=True)
-    peer_rates = run_peers(kafka, args) if args.peers else {}
+    peer_runs = run_peers(kafka, args) if args.peers else {}
 
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
@@ -363,7 +399,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
             print(json.dumps({"streaming_events_per_s": round(stream_rate),
                               "streaming_typed_events_per_s": round(typed_rate),
                               "typed_vs_raw_event_ratio": round(typed_rate / stream_rate, 2),
-                              **against_peers(peer_rates, {"streaming": stream_rate}),
+                              **against_peers(peer_runs, {"streaming": stream_rate}),
                               "events": args.events, "keys": args.keys}))
             return
         metrics_on, metrics_off = metrics_on_and_off(spark, settings, bench_totals,
@@ -427,7 +463,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                           stream_spark_kafka / stream_rate, 2),
                       "spark_kafka_source_vs_ours_aggregation_ratio": round(
                           agg_spark_kafka / agg_stream, 2),
-                      **against_peers(peer_rates, {
+                      **against_peers(peer_runs, {
                           "streaming": stream_rate, "streaming_aggregation": agg_stream,
                           "replay_python_fold": fold_replay.events_per_s,
                           "replay_aggregation": agg_replay.events_per_s}),
@@ -445,7 +481,15 @@ def add_peers_argument(parser: argparse.ArgumentParser) -> None:
              f"them, or those named, comma-separated, of {', '.join(PEERS)}")
 
 
-def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, float]:
+@dataclass(frozen=True)
+class PeerRun:
+    events_per_s: float
+    cpu_us_per_event: float
+    """Every component's CPU (the peer's process, the broker's, ...) over the peer's whole
+    run, start-up included, per event."""
+
+
+def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, PeerRun]:
     """The chosen peers (Kafka Streams with 1 and 2 stream threads, Quix Streams) over the
     bench's topic, each result checked against the events produced."""
     expected = peers.Expected.of_bench(args.events, args.keys)
@@ -455,22 +499,29 @@ def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, flo
                                              args.events, expected)
         for threads in KAFKA_STREAMS_THREADS}
     runs["quix"] = partial(peers.quix, bootstrap, topic, args.events, expected)
-    rates = {name: runs[name]() for name in args.peers}
-    for name, rate in rates.items():
+    results: dict[str, PeerRun] = {}
+    for name in args.peers:
+        before = cpu_by_component()
+        rate = runs[name]()
+        cpu = per_event_us(cpu_between(before, cpu_by_component()), args.events)
+        results[name] = PeerRun(rate, cpu["total"])
         print(f"peer {name}: {rate:,.0f} events/s (its totals checked against the events "
-              "produced)", flush=True)
-    return rates
+              f"produced); CPU per event over its whole run, start-up included: "
+              f"{describe_cpu(cpu)}", flush=True)
+    return results
 
 
-def against_peers(peer_rates: Mapping[str, float],
+def against_peers(peer_runs: Mapping[str, PeerRun],
                   ours: Mapping[str, float]) -> dict[str, float]:
     """The peers' figures and each of ours as a ratio to each of them."""
-    figures: dict[str, float] = {f"{peer}_events_per_s": round(rate)
-                                 for peer, rate in peer_rates.items()}
+    figures: dict[str, float] = {}
+    for peer, run in peer_runs.items():
+        figures[f"{peer}_events_per_s"] = round(run.events_per_s)
+        figures[f"{peer}_cpu_us_per_event"] = run.cpu_us_per_event
     for name, rate in ours.items():
-        for peer, peer_rate in peer_rates.items():
-            figures[f"{name}_vs_{peer}_ratio"] = round(rate / peer_rate, 2)
-            print(f"  {name} / {peer}: {rate / peer_rate:.2f}x")
+        for peer, run in peer_runs.items():
+            figures[f"{name}_vs_{peer}_ratio"] = round(rate / run.events_per_s, 2)
+            print(f"  {name} / {peer}: {rate / run.events_per_s:.2f}x")
     return figures
 
 

@@ -33,6 +33,7 @@ from typing import TypeVar
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.stack import CLUSTER
 from eventfold.outbox.connection import KafkaConnection
+from eventfold.projections import Projection
 from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.replay import replay
@@ -40,10 +41,12 @@ from eventfold.projections.run_settings import RunnerSettings
 
 from bench.common import PeakMemory, in_a_process, log_projection_runs, names_of
 from bench.projections import (
+    BatchClock,
     add_peers_argument,
     against_peers,
     bench_stats,
     bench_totals,
+    describe_cpu,
     plain_python_fold_parallel,
     produce_events,
     run_peers,
@@ -120,7 +123,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     plain_two = plain_python_fold_parallel(kafka, args.partitions, processes=2)
     print(f"the same loop in two processes, the partitions shared out: {plain_two:,.0f} "
           f"events/s", flush=True)
-    peer_rates = run_peers(kafka, args) if args.peers else {}
+    peer_runs = run_peers(kafka, args) if args.peers else {}
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
@@ -131,6 +134,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                           extra_conf=spark_conf(Settings.from_env()))
     memory: list[tuple[str, PeakMemory]] = []
     figures: dict[str, float] = {}
+    cpu_figures: dict[str, float] = {}
 
     def measure(name: str, work: Callable[[], T]) -> T:
         return measured(memory, name, stack_pids, work, cluster_pids)
@@ -145,13 +149,23 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         return float(args.events) / measure("replay from the event store", lambda: replay(
             spark, bench_totals, replay_settings, source="store")).seconds
 
+    def streaming_with_cpu(name: str, definition: Projection) -> float:
+        """A streaming run; what each component's CPU cost an event in its steady state."""
+        clock = BatchClock(measure_cpu=True)
+        rate = measure(name.replace("_", " "), lambda: streaming(
+            spark, settings, definition, args.events, clock))
+        cpu = clock.steady_cpu_us_per_event()
+        cpu_figures.update({f"{name}_cpu_{part}_us_per_event": us for part, us in cpu.items()})
+        print(f"{name.replace('_', ' ')}, CPU per event in the steady state: "
+              f"{describe_cpu(cpu)}", flush=True)
+        return rate
+
     modes: dict[str, Callable[[], float]] = {
-        "streaming_fold": lambda: measure("streaming fold", lambda: streaming(
-            spark, settings, bench_totals, args.events)),
+        "streaming_fold": lambda: streaming_with_cpu("streaming_fold", bench_totals),
         "replay_fold": lambda: measure("replay of the fold", lambda: replay(
             spark, bench_totals, replay_settings)).events_per_s,
-        "streaming_aggregation": lambda: measure("streaming aggregation", lambda: streaming(
-            spark, settings, bench_stats, args.events)),
+        "streaming_aggregation": lambda: streaming_with_cpu("streaming_aggregation",
+                                                           bench_stats),
         "replay_aggregation": lambda: measure("replay of the aggregation", lambda: replay(
             spark, bench_stats, replay_settings)).events_per_s,
         "replay_from_store": replay_from_store}
@@ -167,7 +181,8 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     print(json.dumps({
         **figures,
         **{f"{name}_vs_plain_ratio": round(rate / plain, 2) for name, rate in ours.items()},
-        **against_peers(peer_rates, ours),
+        **against_peers(peer_runs, ours),
+        **cpu_figures,
         "plain_python_fold_events_per_s": round(plain),
         "plain_python_fold_2_processes_events_per_s": round(plain_two), "events": args.events,
         "keys": args.keys, "driver_peak_rss_mb": round(driver_mb),
