@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -140,15 +140,18 @@ def _reaped_cpu_seconds() -> float:
     return usage.children_user + usage.children_system
 
 
-def cpu_by_component() -> dict[str, float]:
+def cpu_by_component(named_roots: Mapping[str, list[int]] | None = None) -> dict[str, float]:
     """CPU seconds spent so far by each component of this process's tree (``component_of``;
-    this process as ``bench``, the children it reaped as ``reaped``). Two of these apart say
-    what a stretch of work cost each component; a process that ended between them loses what
-    it used since it was started or last seen, so only long-lived ones are measured so."""
-    spent: dict[str, float] = {"bench": _cpu_seconds(os.getpid()),
-                               "reaped": _reaped_cpu_seconds()}
-    for pid in _descendants([os.getpid()], process_tree()) - {os.getpid()}:
-        name = component_of(pid)
+    the trees of ``named_roots`` under their names; the children this process reaped as
+    ``reaped``). Two of these apart say what a stretch of work cost each component
+    (``cpu_between``); a process that ended between them loses what it used since it was
+    started or last seen, so only long-lived ones are measured so."""
+    tree = process_tree()
+    owner = {pid: component_of(pid) for pid in _descendants([os.getpid()], tree)}
+    for name, roots in (named_roots or {}).items():
+        owner.update(dict.fromkeys(_descendants(roots, tree), name))
+    spent: dict[str, float] = {"reaped": _reaped_cpu_seconds()}
+    for pid, name in owner.items():
         spent[name] = spent.get(name, 0.0) + _cpu_seconds(pid)
     return spent
 
@@ -157,6 +160,22 @@ def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     """What each component spent from ``before`` to ``after`` (``cpu_by_component``); a
     component whose processes all ended meanwhile is left out."""
     return {name: max(after[name] - before.get(name, 0.0), 0.0) for name in sorted(after)}
+
+
+def per_event_us(spent: Mapping[str, float], events: int) -> dict[str, float]:
+    """CPU seconds by component as microseconds per event, with their ``total``; the
+    components that spent nothing left out."""
+    figures = {name: round(seconds / events * 1e6, 2) for name, seconds in spent.items()
+               if seconds > 0}
+    return {**figures, "total": round(sum(spent.values()) / events * 1e6, 2)}
+
+
+def describe_cpu(figures: Mapping[str, float]) -> str:
+    """``per_event_us``' figures, the largest first: ``total 26.1 µs: postgres 6.2, ...``."""
+    parts = sorted(((us, name) for name, us in figures.items() if name != "total"),
+                   reverse=True)
+    return (f"total {figures.get('total', 0.0):.1f} µs: "
+            + ", ".join(f"{name} {us:.1f}" for us, name in parts))
 
 
 def _descendants(roots: list[int], tree: dict[int, list[int]]) -> set[int]:
@@ -170,27 +189,20 @@ def _descendants(roots: list[int], tree: dict[int, list[int]]) -> set[int]:
 
 
 class CoreMeter:
-    """Cores each component of this process's tree uses from the meter's start: the process
-    trees of ``named_roots`` under their names, the stack's broker, Connect worker and
-    Postgres by their command lines, the rest (this process included) as ``other``."""
+    """Cores each component of this process's tree uses from the meter's start
+    (``cpu_by_component``): the process trees of ``named_roots`` under their names, the
+    stack's broker, Connect worker and Postgres by their command lines, the rest (this
+    process included) as ``other``."""
 
     def __init__(self, named_roots: dict[str, list[int]]) -> None:
-        tree = process_tree()
-        self._owner: dict[int, str] = {}
-        for pid in _descendants([os.getpid()], tree):
-            self._owner[pid] = component_of(pid)
-        for name, roots in named_roots.items():
-            self._owner.update(dict.fromkeys(_descendants(roots, tree), name))
+        self._named_roots = named_roots
         self._started = time.monotonic()
-        self._before = {pid: _cpu_seconds(pid) for pid in self._owner}
+        self._before = cpu_by_component(named_roots)
 
     def used(self) -> dict[str, float]:
         seconds = time.monotonic() - self._started
-        used: dict[str, float] = {}
-        for pid, name in self._owner.items():
-            spent = max(_cpu_seconds(pid) - self._before[pid], 0.0)
-            used[name] = used.get(name, 0.0) + spent / seconds
-        return {name: round(cores, 3) for name, cores in sorted(used.items())}
+        spent = cpu_between(self._before, cpu_by_component(self._named_roots))
+        return {name: round(used / seconds, 3) for name, used in spent.items()}
 
 
 EXECUTOR_MARKS = ("pyspark.daemon", "pyspark.worker", "CoarseGrainedExecutorBackend")

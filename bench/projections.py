@@ -60,8 +60,10 @@ from bench.common import (
     PeakMemory,
     cpu_between,
     cpu_by_component,
+    describe_cpu,
     log_projection_runs,
     names_of,
+    per_event_us,
 )
 from eventfold import migrations
 from eventfold.config import Settings
@@ -252,22 +254,6 @@ class BatchClock:
         if len(self.cpu) < 2 or not events:
             return {}
         return per_event_us(cpu_between(self.cpu[0], self.cpu[-1]), events)
-
-
-def per_event_us(spent: Mapping[str, float], events: int) -> dict[str, float]:
-    """CPU seconds by component as microseconds per event, with their ``total``; the
-    components that spent nothing left out."""
-    figures = {name: round(seconds / events * 1e6, 2) for name, seconds in spent.items()
-               if seconds > 0}
-    return {**figures, "total": round(sum(spent.values()) / events * 1e6, 2)}
-
-
-def describe_cpu(figures: Mapping[str, float]) -> str:
-    """``per_event_us``' figures, the largest first: ``total 26.1 µs: postgres 6.2, ...``."""
-    parts = sorted(((us, name) for name, us in figures.items() if name != "total"),
-                   reverse=True)
-    return (f"total {figures.get('total', 0.0):.1f} µs: "
-            + ", ".join(f"{name} {us:.1f}" for us, name in parts))
 
 
 def streaming(spark, settings: RunnerSettings, definition: Projection, events: int,  # noqa: ANN001

@@ -39,14 +39,19 @@ from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.replay import replay
 from eventfold.projections.run_settings import RunnerSettings
 
-from bench.common import PeakMemory, in_a_process, log_projection_runs, names_of
+from bench.common import (
+    PeakMemory,
+    describe_cpu,
+    in_a_process,
+    log_projection_runs,
+    names_of,
+)
 from bench.projections import (
     BatchClock,
     add_peers_argument,
     against_peers,
     bench_stats,
     bench_totals,
-    describe_cpu,
     plain_python_fold_parallel,
     produce_events,
     run_peers,

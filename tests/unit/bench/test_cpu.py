@@ -6,8 +6,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from bench.common import component_of, cpu_between, cpu_by_component
-from bench.projections import describe_cpu, per_event_us
+from bench.common import (
+    CoreMeter,
+    component_of,
+    cpu_between,
+    cpu_by_component,
+    describe_cpu,
+    per_event_us,
+)
 
 BURN = ("import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
         "print('burnt', flush=True)\ntime.sleep(30)\n")
@@ -28,6 +34,23 @@ def test_a_child_s_cpu_counts_under_its_component_then_as_reaped() -> None:
     assert running["spark_python"] >= 0.25
     assert running["reaped"] < 0.25
     assert cpu_between(before, cpu_by_component())["reaped"] >= 0.25
+
+
+def test_a_named_tree_counts_under_its_name_for_a_core_meter() -> None:
+    child = subprocess.Popen([sys.executable, "-c", BURN, "pyspark.worker"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        meter = CoreMeter({"host": [child.pid]})
+        assert child.stdout is not None and child.stdout.readline() == "burnt\n"
+        used = meter.used()
+        named = cpu_by_component({"host": [child.pid]})
+    finally:
+        child.kill()
+        child.wait()
+    # other tests' processes (a stack, Spark's workers) may share this tree: only the child
+    # is named
+    assert used["host"] > 0
+    assert named["host"] >= 0.25
 
 
 def test_a_running_child_is_found_by_its_command_line() -> None:
