@@ -27,7 +27,7 @@ from eventfold.projections.execution.fold import (
     event_from_envelope,
     lookup_keys,
 )
-from eventfold.projections.outcome import FoldOutcome, SourceRecord
+from eventfold.projections.outcome import DeadLetter, FoldOutcome, SourceRecord
 from eventfold.projections.plan import compile_projection
 from eventfold.projections.state.catalog import ProjectionCatalog, add_live_rows, lock_registry
 from eventfold.projections.state.parking import (
@@ -41,8 +41,14 @@ from eventfold.projections.state.parking import (
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore, lookup_rows
 from eventfold.projections.state.topics import OutputTopicConfigs, TopicSink
+from psycopg import sql
 
 from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
+
+RETRY_IDLE_TIMEOUT = "30s"
+"""The longest a retry may go without a statement while it holds the registry row (reading
+letters, producing the key's record): past it the server ends its session, and the retry
+changes nothing."""
 
 log = logging.getLogger(__name__)
 
@@ -165,12 +171,19 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
         catalog.close()
     try:
         with ReadModelStore(database_url, projection, version) as store:
+            # A letter a batch's commit decided may not be in the topic yet.
+            store.produce_pending_letters(lambda pending: _produce(sink, pending))
             with store.conn.transaction():
                 read_ahead = held_events(store.conn, name, version, key)
             if not read_ahead:
                 raise RetryFailed(f"key {key!r} of {name} v{version} is not parked")
             letters = _by_source(read_ahead, held_letters(kafka, topic, version, read_ahead))
             with store.conn.transaction():
+                # A retry frozen here (Ctrl-Z) would keep every commit and takeover of the
+                # projection waiting on the row: the server ends its session instead.
+                store.conn.execute(sql.SQL(
+                    "SET LOCAL idle_in_transaction_session_timeout = {}").format(
+                    sql.Literal(RETRY_IDLE_TIMEOUT)))
                 if lock_registry(store.conn, name) != version:
                     raise RetryFailed(f"projection {name} switched versions; "
                                       "run the retry again")
@@ -184,6 +197,11 @@ def retry_key(database_url: str, kafka: KafkaConnection, projection: Projection,
                 return _retry(store, sink, key, by, [letters[h.source] for h in held])
     finally:
         sink.close()
+
+
+def _produce(sink: TopicSink, letters: Sequence[DeadLetter]) -> None:
+    sink.output.dead_letters(letters)
+    sink.output.flush()
 
 
 def _by_source(held: list[HeldEvent], letters: list[list[DeadLetterRecord]]

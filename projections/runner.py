@@ -34,6 +34,7 @@ from eventfold.projections.execution.engine import (
     run_aggregation_in_place,
     run_fold,
     run_fold_in_place,
+    warm_python_workers,
 )
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.execution.store_source import STORE_PARTITION, store_slices
@@ -62,19 +63,13 @@ from eventfold.projections.state.topics import (
 from eventfold.projections.stream_thread import StreamThread
 from eventfold.projections.structured_streaming import start_query
 from eventfold.projections.task_errors import raised_in_task
+from eventfold.projections.upkeep import Upkeep
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from eventfold.contract import PartitionKey, interval_seconds
 
 log = logging.getLogger(__name__)
-
-_CLEANUP_EVERY_S = 30.0
-"""How often an active runner deletes retired KTable topics that readers have left."""
-_LOOK_AT_PARTITIONS_EVERY_S = 5.0
-"""How often the KTable topic's partition count is asked for (partitions added under a
-running projection)."""
-
 
 class ProjectionRunner:
     """One version of one projection: its live run, its catch-ups and replays.
@@ -103,9 +98,9 @@ class ProjectionRunner:
         self.batches = 0
         self.offsets: dict[PartitionKey, int] = {}
         """What the store has committed, as of the last batch (or the start)."""
-        self._prepared = False
-        self._next_cleanup = 0.0
-        self._partitions_seen_at = 0.0
+        self._prepared = self._tables_ready = False
+        self.upkeep = Upkeep(projection, self.version, settings, self.store, self.topics,
+                             self.versions)
         # The active version's progress also shows in Kafka, as group
         # eventfold.projection.<name> (a replay's build does not report).
         group = f"eventfold.projection.{projection.name}"
@@ -113,6 +108,8 @@ class ProjectionRunner:
         self.yields_to_live = not self.is_active  # a build's batches give live ones a turn
         self.progress: Progress = progress or ProgressLog(projection.name)
         self.lease = lease
+        self.run_id = uuid.uuid4().hex
+        """This run, as its batch under way is recorded (``catalog.batch_started``)."""
         self._sources: SourceTopics | None = None
 
     @property
@@ -128,32 +125,25 @@ class ProjectionRunner:
         last catch-up runs while it holds the lock every live commit waits for."""
         if self._prepared:
             return
-        self.store.ensure_schema()
-        self.topics.ensure_topics()
-        self._look_at_partitions()
+        self._ensure_tables()
         if self.is_active:
             with self.store.conn.transaction():
                 self.store.publish_view(self.store.conn)
         self._prepared = True
 
-    def _look_at_partitions(self) -> None:
-        """The KTable topic's partition count now, recorded with those it had before: once
-        partitions were added, keys move (``OutputProducer``)."""
-        self._partitions_seen_at = time.monotonic()
-        if not self.projection.has_state:
-            return
-        topic = self.projection.ktable_topic_for(self.version)
-        shape = self.topics.ktable_shape()
-        if shape is None:
-            return
-        before = self.topics.output.partition_history
-        history = self.versions.note_partitions(topic, shape.topic_id, shape.partitions)
-        if before and history != before and history[:-1] == before:
-            log.warning("projection %s: its KTable topic %s has %d partitions now (%d "
-                        "before); each key written from now on goes where the new count puts "
-                        "it and is deleted from where the old one did", self.projection.name,
-                        topic, history[-1], before[-1])
-        self.topics.output.partition_history = history
+    def _ensure_tables(self) -> None:
+        if not self._tables_ready:
+            self.store.ensure_schema()
+            self.topics.ensure_topics()
+            self.upkeep.look_at_partitions()
+            self._tables_ready = True
+
+    def warm_up(self) -> None:
+        """What a standby does while it waits for the lease, so that it writes soon after
+        taking it: tables and topics made sure of, and Spark's Python workers started with
+        the fold's modules loaded (the view is the writer's to publish)."""
+        self._ensure_tables()
+        warm_python_workers(self.spark, self.plan)
 
     def start(self, once: bool = False) -> RunningQuery:
         """Start streaming: ``once`` catches up with what is there now and stops."""
@@ -166,6 +156,8 @@ class ProjectionRunner:
                 self._take_writer_lease()
         with clock.phase("checkpoint"):
             committed = self.offsets = self.store.committed_offsets()
+            if self.plan.parks:  # letters a commit decided before its process died
+                self.store.produce_pending_letters(self._produce_held)
         with clock.phase("source check"):
             self._sources = check_sources(self.projection, self.version, self.settings,
                                           committed)
@@ -178,6 +170,14 @@ class ProjectionRunner:
                  "catching up" if once else "streaming",
                  ", ".join(self.projection.source_topics), self.settings.streaming_driver, clock)
         return query
+
+    @property
+    def actor(self) -> str:
+        """Who this runner's threads work for, as fault points are told
+        (``faults.acting_as``): its lease's holder, or the version it builds."""
+        if self.lease is not None:
+            return self.lease.holder
+        return f"{self.projection.name}.v{self.version}"
 
     @property
     def writer(self) -> str:
@@ -193,11 +193,12 @@ class ProjectionRunner:
                                      lease_s=self.settings.writer_lease_s)
         if not self.lease.held:
             self.lease.take()
-        conf = self.spark.sparkContext
-        tasks = max(conf.defaultParallelism,
+        tasks = max(self.spark.sparkContext.defaultParallelism,
                     int(self.spark.conf.get("spark.sql.shuffle.partitions") or 1))
-        fence_writers(self.settings.kafka, self.writer, writer_slots(tasks))
         self.lease.renewing()
+        # Every slot any holder's tasks said they write from: one it never said is one a
+        # task of an older holder could still hold a transaction open on.
+        fence_writers(self.settings.kafka, self.writer, writer_slots(self.lease.widen(tasks)))
 
     def check_writer(self) -> None:
         """Raise ``WriterFenced`` once this runner lost the writer lease."""
@@ -314,13 +315,14 @@ class ProjectionRunner:
         name = self.projection.name
         emit_from = self.versions.emitted_offsets(name) if self.is_active else None
         if self.is_active:
-            self.versions.batch_started(name, self.version, end)
+            self.versions.batch_started(name, self.version, end, self.run_id)
+            crash_point("batch.started")
         try:
             staged = self._fold_and_commit(batch_id, committed, end, pipeline, fold,
                                            emit_from, clock)
         except BaseException:
             if self.is_active:  # its commit ends it otherwise (``catalog.claim_batch``)
-                self.versions.batch_ended(name)
+                self.versions.batch_ended(name, self.run_id)
             raise
         clock.lap("commit")
         for note in staged.notes:
@@ -347,24 +349,8 @@ class ProjectionRunner:
         if self.group_progress is not None:
             self.group_progress.commit({k: o for k, o in staged.next_offsets.items()
                                         if k != STORE_PARTITION})
-        if self.is_active and time.monotonic() >= self._next_cleanup:
-            self._next_cleanup = time.monotonic() + _CLEANUP_EVERY_S
-            self._housekeeping()
-
-    def _housekeeping(self) -> None:
-        """Between two batches of the active version: retired KTable topics that readers have
-        left are deleted, and rows past their retention pruned, a bounded amount each time
-        (deleted keys, resolutions of letters the dead-letter topic no longer holds)."""
-        name = self.projection.name
-        self.versions.delete_retired_topics(self.topics.delete_topics)
-        retention = self.settings.deleted_key_retention_s
-        if retention is not None and (forgotten := self.store.forget_deleted(retention)):
-            log.info("projection %s: %d deleted key(s) older than %.0f s forgotten", name,
-                     forgotten, retention)
-        first = self.topics.first_dead_letter_offset()
-        if first > 0 and (forgotten := self.store.forget_resolutions_before(first)):
-            log.info("projection %s: %d resolution(s) of dead letters the topic no longer "
-                     "holds (below offset %d) forgotten", name, forgotten, first)
+        if self.is_active:
+            self.upkeep.between_batches()
 
     def _fold_and_commit(self, batch_id: int, committed: dict[PartitionKey, int],
                          end: dict[PartitionKey, int], pipeline: Pipeline | None, fold: Fold,
@@ -392,7 +378,7 @@ class ProjectionRunner:
                     continue
                 raise
             if self.is_active:
-                self.versions.batch_written(name)
+                self.versions.batch_written(name, self.run_id)
             clock.lap("fold")
             staged.next_offsets = {k: max(o, committed.get(k, 0)) for k, o in end.items()}
             try:
@@ -418,8 +404,7 @@ class ProjectionRunner:
         """A new attempt at a batch: what its tasks need to know. A version that has
         committed nothing, built beside the active one, takes its tasks' rows directly."""
         fresh = self.store.checkpoint() is None
-        if time.monotonic() - self._partitions_seen_at >= _LOOK_AT_PARTITIONS_EVERY_S:
-            self._look_at_partitions()
+        self.upkeep.before_attempt()
         turn = TURNS.replay_turn(
             self.spark.sparkContext.defaultParallelism, self.settings.replay_rest_ratio,
             max(self.settings.driver_batch_max_rows, 1)) if self.yields_to_live else ReplayTurn()
@@ -430,6 +415,8 @@ class ProjectionRunner:
             fresh=fresh, direct=fresh and not self.is_active,
             any_parked=self.plan.parks and self.store.any_parked(),
             writer=self.writer if self.is_active and self.lease is not None else None,
+            writer_epoch=self.lease.epoch or 0 if self.lease is not None else 0,
+            writer_lease_s=self.lease.lease_s if self.lease is not None else LEASE_S,
             tasks=turn.tasks, rest_ratio=turn.rest_ratio,
             ktable_partitions=self.topics.output.partition_history)
 
@@ -441,13 +428,15 @@ class ProjectionRunner:
         if new_outputs := self.topics.ensure_outputs(staged.topics):
             self.versions.note_outputs(self.projection.name, new_outputs)
         writing = self.lease if self.is_active else None
-        self.store.commit(batch_id, staged, committed, produce_held=self._produce_held,
-                          writer_epoch=writing.epoch if writing else None,
-                          writer_lease_s=writing.lease_s if writing else LEASE_S,
-                          lease_renewed=writing.renewed_in_commit if writing else None)
+        if self.store.commit(batch_id, staged, committed,
+                             writer_epoch=writing.epoch if writing else None,
+                             writer_lease_s=writing.lease_s if writing else LEASE_S,
+                             lease_renewed=writing.renewed_in_commit if writing else None):
+            self.store.produce_pending_letters(self._produce_held)
 
     def _produce_held(self, letters: Sequence[DeadLetter]) -> None:
-        """The letters held behind keys parked before the batch, which the commit decided."""
+        """The letters held behind keys parked before their batch, which its commit
+        decided."""
         written = self.topics.output.dead_letters(letters)
         self.topics.output.flush()
         for letter in written[:NOTED_LETTERS]:

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaException
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution import worker
+from eventfold.projections.faults import acting_as
 from eventfold.projections.source_watch import SourceWatch, source_watch
 from pyspark import InheritableThread
 from pyspark.sql import SparkSession
@@ -56,6 +57,8 @@ class BatchRunner(Protocol):
     def check_writer(self) -> None: ...
     def check_sources(self) -> None: ...
     def fold_batch_up_to(self, batch_id: int, ending: Mapping[PartitionKey, int]) -> int: ...
+    @property
+    def actor(self) -> str: ...
 
 
 class StreamThread:
@@ -127,6 +130,7 @@ class StreamThread:
 
     def _run(self) -> None:
         runner = self._runner
+        acting_as(runner.actor)
         runner.spark.sparkContext.setJobGroup(
             self.job_group, f"projection {runner.projection.name}", interruptOnCancel=True)
         planner = OffsetPlanner(runner.settings.kafka)

@@ -157,8 +157,7 @@ class Materializer:
         store.commit(batch_id, StagedBatch(stage.attempt, new_rows=new, known_rows=known,
                                            live_rows_delta=live, marks=marks,
                                            applied=len(changed),
-                                           servers={store.server_started()}),
-                     {}, produce_held=lambda _letters: None)
+                                           servers={store.server_started()}), {})
         if self.version == 1:
             with store.conn.transaction():
                 store.publish_view(store.conn)

@@ -39,6 +39,12 @@ class BatchContext:
     """The transactional id prefix of the runner holding the version's writer lease
     (``topics.writer_transactional_id``): its tasks produce in transactions (None: plainly,
     as a replay's build does)."""
+    writer_epoch: int = 0
+    """The lease's epoch that runner holds: a task commits its transaction only while the
+    lease is still at it (``lease.guard_kafka_commit``)."""
+    writer_lease_s: float = 10.0
+    """How long that lease lasts unrenewed: a task frozen inside its commit's check for as
+    long has the server end its session."""
     tasks: int | None = None
     """The most tasks a job of the batch that reads in place runs (None: one per core)."""
     rest_ratio: float = 0.0

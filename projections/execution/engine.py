@@ -22,8 +22,9 @@ number of keys.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import pyarrow as pa
 from eventfold.projections.execution.aggregate_jobs import (
     aggregate_slices,
     run_aggregation,
@@ -44,8 +45,9 @@ from eventfold.projections.execution.jobs import SourceSlice
 from eventfold.projections.execution.partial import (
     partial_schema,
 )
-from eventfold.projections.plan import Pipeline
+from eventfold.projections.plan import Pipeline, Plan
 from eventfold.projections.state.stage import StagedBatch
+from pyspark.sql import SparkSession
 
 __all__ = ["SourceSlice", "decode_records", "fold_on_driver", "read_events", "run_aggregation",
            "run_aggregation_in_place", "run_fold", "run_fold_in_place"]
@@ -62,3 +64,15 @@ def fold_on_driver(slices: Sequence[SourceSlice], context: BatchContext,
     return fold_slices(slices, context)
 
 
+def warm_python_workers(spark: SparkSession, plan: Plan) -> None:
+    """Start a Python worker per core with what a batch's tasks load (the fold's modules,
+    and the app's, by unpickling ``plan``): a standby does so while it waits, so that its
+    first batch after a takeover meets warm workers (the first use of a worker costs
+    seconds)."""
+    cores = max(spark.sparkContext.defaultParallelism, 1)
+
+    def touch(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        assert plan.projection is not None and fold_slices is not None
+        yield from batches
+
+    spark.range(0, cores, 1, numPartitions=cores).mapInArrow(touch, "id long").collect()

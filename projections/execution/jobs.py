@@ -179,3 +179,4 @@ def watermarks_of(store: ReadModelStore, context: BatchContext
     return (lambda _: {}) if context.fresh else store.watermarks
 
 
+

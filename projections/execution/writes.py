@@ -5,7 +5,12 @@ the letters that park a key) for the batch's commit, and produces the KTable rec
 events and dead letters itself, each with a delivery report; ``finish`` waits for them all
 (a refused record fails the task, so the batch does not commit and runs again) and hands the
 driver the task's counts. The one exception: a letter held behind a key parked before the
-batch is produced by the commit, once it has checked the key is still parked.
+batch is produced after the commit, which decides whether the key is still parked.
+
+A task of the active version produces in a Kafka transaction of its slot's id, taken only
+while the writer lease is at the runner's epoch, and committed only under the projection's
+fence lock with the epoch checked again (``lease.guard_kafka_commit``): a runner that lost
+its lease while it was frozen commits nothing after the new holder took over.
 """
 
 from __future__ import annotations
@@ -18,9 +23,10 @@ from eventfold.projections.execution import worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import FoldOutcome, RawRecords
+from eventfold.projections.state.lease import epoch_is, guard_kafka_commit
 from eventfold.projections.state.stage import NOTED_LETTERS, StagedBatch
 from eventfold.projections.state.store import ReadModelStore, server_started
-from eventfold.projections.state.topics import LetterNote, OutputProducer
+from eventfold.projections.state.topics import LetterNote, OutputProducer, TransactionalWrites
 
 
 class TaskClock:
@@ -72,10 +78,7 @@ class TaskWriter:
         self.context = context
         self.store = store
         self.stage = store.stage(context.attempt)
-        self.transaction = (None if context.writer is None
-                            else worker.transactional_writes(context.kafka, context.writer))
-        if self.transaction is not None:
-            self.transaction.begin()
+        self.transaction = self._begin_transaction()
         self.output = OutputProducer(
             worker.producer(context.kafka) if self.transaction is None
             else self.transaction.producer, context.kafka, context.plan.projection,
@@ -83,6 +86,19 @@ class TaskWriter:
         self.counts = StagedBatch(context.attempt)
         self.clock = TaskClock(context.rest_ratio)
         self._staged = False
+
+    def _begin_transaction(self) -> TransactionalWrites | None:
+        """The slot's transactional producer, in a transaction begun (None: the batch's
+        version produces plainly). Taking the slot's id fences whoever had it, so a task
+        whose runner lost the lease takes none."""
+        context = self.context
+        if context.writer is None:
+            return None
+        with self.store.conn.transaction():
+            epoch_is(self.store.conn, context.plan.projection.name, context.writer_epoch)
+        transaction = worker.transactional_writes(context.kafka, context.writer)
+        transaction.begin()
+        return transaction
 
     def add(self, outcome: FoldOutcome, existing: Mapping[str, bool]) -> None:
         """Write ``outcome``, the fold of some of the task's keys; ``existing``: those of its
@@ -137,7 +153,7 @@ class TaskWriter:
         with self.clock.phase("flush"):
             self.output.flush()
             if self.transaction is not None:
-                self.transaction.commit()
+                self._commit_transaction(self.transaction)
         crash_point("task.written")
         self.counts.seconds = self.clock.total()
         self.counts.first_append_ms = self.clock.first_append_ms
@@ -147,3 +163,17 @@ class TaskWriter:
             self.counts.servers.add(server_started(self.store.conn))
         self.store.conn.rollback()
         return self.counts
+
+    def _commit_transaction(self, transaction: TransactionalWrites) -> None:
+        """Commit the task's Kafka transaction while holding the fence lock with the lease
+        checked; aborted if the lease is lost (its records are never read)."""
+        context, conn = self.context, self.store.conn
+        try:
+            with conn.transaction():
+                guard_kafka_commit(conn, context.plan.projection.name, context.writer_epoch,
+                                   context.writer_lease_s)
+                crash_point("task.committing")
+                transaction.commit()
+        except BaseException:
+            transaction.abort_quietly()
+            raise

@@ -53,6 +53,17 @@ _UNREAD_RETIRED = sql.SQL("SELECT r.topic FROM {retired} r WHERE NOT EXISTS ({re
 log = logging.getLogger(__name__)
 
 
+LOCK_TIMEOUT = "30s"
+"""The longest a runner's own connections wait for a lock (a row an operator's session holds,
+a replay's switch, a `dlq retry`): past it the statement fails, and the batch (or the start)
+runs again from the checkpoint, instead of hanging the projection."""
+
+
+LOCKED_IDLE_TIMEOUT = "120s"
+"""The longest a holder of a projection's registry row (a replay's switch, ``dlq discard``)
+may go without a statement before the server ends its session."""
+
+
 class ProjectionCatalog:
     """The registry of one database's projections, through one autocommit connection."""
 
@@ -64,6 +75,8 @@ class ProjectionCatalog:
         """One autocommit connection, opened on first use: a runner asks every batch."""
         if self._connection is None or self._connection.closed:
             self._connection = psycopg.connect(libpq_url(self.database_url), autocommit=True)
+            self._connection.execute(sql.SQL("SET lock_timeout = {}").format(
+                sql.Literal(LOCK_TIMEOUT)))
         return self._connection
 
     def close(self) -> None:
@@ -112,10 +125,11 @@ class ProjectionCatalog:
             .format(_TABLE), (name,)).fetchone()
         return (int(row[0]), list(row[1])) if row else (1, [])
 
-    def batch_started(self, name: str, version: int, ends: Mapping[PartitionKey, int]) -> None:
-        """The active version's next batch, ending at ``ends``, is under way: recorded before
-        its tasks write anything, once no switch holds the registry row. Raises
-        ``VersionSwitched`` when the version is no longer active."""
+    def batch_started(self, name: str, version: int, ends: Mapping[PartitionKey, int],
+                      run_id: str) -> None:
+        """The active version's next batch, ending at ``ends``, is under way: recorded for
+        run ``run_id`` before its tasks write anything, once no switch holds the registry
+        row. Raises ``VersionSwitched`` when the version is no longer active."""
         conn = self._conn()
         with conn.transaction():
             row = conn.execute(sql.SQL(
@@ -124,20 +138,23 @@ class ProjectionCatalog:
             if row is None or row[0] != version:
                 raise VersionSwitched.past(name, version, row[0] if row else None)
             conn.execute(sql.SQL("""
-                INSERT INTO {} (projection, version, ends) VALUES (%s, %s, %s)
+                INSERT INTO {} (projection, version, ends, run_id) VALUES (%s, %s, %s, %s)
                 ON CONFLICT (projection) DO UPDATE SET version = excluded.version,
-                    ends = excluded.ends, tasks_done = false, started_at = now()
-            """).format(_IN_FLIGHT), (name, version, Jsonb(nest_offsets(ends))))
+                    ends = excluded.ends, tasks_done = false, started_at = now(),
+                    run_id = excluded.run_id
+            """).format(_IN_FLIGHT), (name, version, Jsonb(nest_offsets(ends)), run_id))
 
-    def batch_written(self, name: str) -> None:
+    def batch_written(self, name: str, run_id: str) -> None:
         """Its tasks are done: what they wrote to the KTable is all the batch writes there."""
-        self._conn().execute(sql.SQL("UPDATE {} SET tasks_done = true WHERE projection = %s")
-                             .format(_IN_FLIGHT), (name,))
+        self._conn().execute(sql.SQL("UPDATE {} SET tasks_done = true WHERE projection = %s "
+                                     "AND run_id = %s").format(_IN_FLIGHT), (name, run_id))
 
-    def batch_ended(self, name: str) -> None:
-        """Failed: no batch is under way (a commit ends it in ``claim_batch``)."""
-        self._conn().execute(sql.SQL("DELETE FROM {} WHERE projection = %s").format(
-            _IN_FLIGHT), (name,))
+    def batch_ended(self, name: str, run_id: str) -> None:
+        """Failed: no batch of run ``run_id`` is under way (a commit ends it in
+        ``claim_batch``). A newer run's batch stays recorded: a run given up as stalled may
+        end long after its successor started."""
+        self._conn().execute(sql.SQL("DELETE FROM {} WHERE projection = %s AND run_id = %s")
+                             .format(_IN_FLIGHT), (name, run_id))
 
     def check_current(self, name: str, version: int) -> None:
         """Raise ``VersionSwitched`` when ``version`` is neither active nor being built."""
@@ -160,8 +177,15 @@ class ProjectionCatalog:
 
     @contextmanager
     def locked(self, name: str) -> Iterator[psycopg.Connection]:
-        """A transaction holding the registry row: the active version cannot commit meanwhile."""
+        """A transaction holding the registry row: the active version cannot commit, nor a
+        standby take the writer lease, meanwhile. One that goes ``LOCKED_IDLE_TIMEOUT``
+        without a statement (its process frozen: a replay's switch folds its tail meanwhile,
+        on other connections) has its session ended by the server, and changes nothing."""
         with psycopg.connect(libpq_url(self.database_url)) as conn, conn.transaction():
+            conn.execute(sql.SQL("SET LOCAL idle_in_transaction_session_timeout = {}").format(
+                sql.Literal(LOCKED_IDLE_TIMEOUT)))
+            conn.execute(sql.SQL("SET LOCAL lock_timeout = {}").format(
+                sql.Literal(LOCK_TIMEOUT)))
             lock_registry(conn, name)
             yield conn
 

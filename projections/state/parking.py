@@ -53,7 +53,8 @@ class HeldEvent:
     letters_after: datetime | None = None
     """No later than its letter was written (None: unknown, parked before this was kept)."""
     parked_at: datetime | None = None
-    """When the batch that wrote its letter committed: no letter of it comes later."""
+    """When the batch that wrote its letter committed, or (a letter the commit decided)
+    when it was produced: no letter of it comes later."""
 
     @property
     def source(self) -> tuple[str, int, int]:
@@ -97,23 +98,47 @@ def still_parked(conn: psycopg.Connection, name: str, version: int, keys: Iterab
     return {key for (key,) in rows}
 
 
-def park(conn: psycopg.Connection, name: str, version: int, letters: Iterable[DeadLetter],
-         letters_after: datetime | None = None) -> None:
+def park(conn: psycopg.Connection, name: str, version: int,
+         letters: Iterable[tuple[DeadLetter, bool]], letters_after: datetime | None = None
+         ) -> None:
     """In the batch's transaction: hold the letters that park their keys (a batch run again
     after a crash holds the same ones once); ``letters_after``: no later than any of them was
-    written."""
+    written. A letter given with True is still to be produced (``pending_letters``): the
+    batch held it behind a key parked before it, which only its commit could tell."""
     rows = [(name, version, letter.fold_key, letter.record.topic, letter.record.partition,
              letter.record.offset, letter.event_id, letter.position, letter.reason,
-             letters_after)
-            for letter in letters if letter.parks]
+             letters_after, Jsonb(_as_json(letter)) if pending else None)
+            for letter, pending in letters if letter.parks]
     if not rows:
         return
     with conn.cursor() as cursor:
         cursor.executemany(sql.SQL(
             "INSERT INTO {} (projection, version, key, source_topic, source_partition, "
-            "source_offset, event_id, global_position, reason, letters_after) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING"
-        ).format(_PARKED), rows)
+            "source_offset, event_id, global_position, reason, letters_after, "
+            "letter_pending) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING").format(_PARKED), rows)
+
+
+def pending_letters(conn: psycopg.Connection, name: str, version: int) -> list[DeadLetter]:
+    """The letters committed batches held behind parked keys and did not produce yet: those
+    of the last batch, or of one whose process died before it produced them."""
+    rows = conn.execute(sql.SQL("SELECT letter_pending FROM {} WHERE {} AND letter_pending "
+                                "IS NOT NULL ORDER BY global_position").format(
+        _PARKED, _OF_VERSION), (name, version)).fetchall()
+    return [_from_json(letter) for (letter,) in rows]
+
+
+def letters_produced(conn: psycopg.Connection, name: str, version: int,
+                     letters: Sequence[DeadLetter]) -> None:
+    """``letters`` are in the dead-letter topic now: no longer pending, and their events'
+    letters were all written by now (what a retry reads the topic up to)."""
+    sources = [(letter.record.topic, letter.record.partition, letter.record.offset)
+               for letter in letters]
+    conn.execute(sql.SQL(
+        "UPDATE {} SET letter_pending = NULL, parked_at = now() WHERE {} AND "
+        "(source_topic, source_partition, source_offset) IN "
+        "(SELECT * FROM unnest(%s::text[], %s::int[], %s::bigint[]))").format(
+        _PARKED, _OF_VERSION), (name, version, *map(list, zip(*sources, strict=True))))
 
 
 STAGED_TABLE = "staged_letters"
@@ -137,21 +162,20 @@ def stage_letters(conn: psycopg.Connection, name: str, version: int, attempt: st
     return len(rows)
 
 
-def take_staged(conn: psycopg.Connection, name: str, version: int,
-                attempt: str) -> list[DeadLetter]:
-    """In the batch's commit: hold the staged letters' events (``parked_events``; a batch
-    run again after a crash holds the same ones once) and return the letters of keys that
-    were parked before the batch: the commit produces those, once it has checked that the
-    keys still are."""
+def take_staged(conn: psycopg.Connection, name: str, version: int, attempt: str) -> int:
+    """In the batch's commit, once it has checked that the keys the batch held back are
+    still parked: hold the staged letters' events (``parked_events``; a batch run again
+    after a crash holds the same ones once), those of keys parked before the batch with
+    their letters pending (produced after the commit). How many are pending."""
     staged = conn.execute(sql.SQL(
         "SELECT letter, held FROM {} WHERE projection = %s AND version = %s AND attempt = %s")
         .format(_STAGED), (name, version, attempt)).fetchall()
-    letters = [(_from_json(letter), held) for letter, held in staged]
+    letters = [(_from_json(letter), bool(held)) for letter, held in staged]
     times = [letter.get("staged_at") for letter, _ in staged]
     written_after = (datetime.fromtimestamp(min(times), UTC)
                      if times and None not in times else None)
-    park(conn, name, version, [letter for letter, _ in letters], written_after)
-    return [letter for letter, held in letters if held]
+    park(conn, name, version, letters, written_after)
+    return sum(held for _, held in letters)
 
 
 def clear_staged(conn: psycopg.Connection, name: str, version: int) -> None:

@@ -19,7 +19,6 @@ partitions) fails the count and the batch folds again after a shuffle.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -31,6 +30,7 @@ from eventfold.projections.outcome import DeadLetter, KeyState, ParkedKey
 from eventfold.projections.plan import compile_projection
 from eventfold.projections.state.catalog import (
     CHECKPOINTS_TABLE,
+    LOCK_TIMEOUT,
     READER_ROLE,
     Checkpoint,
     claim_batch,
@@ -39,15 +39,17 @@ from eventfold.projections.state.catalog import (
     read_checkpoint,
     save_checkpoint,
 )
-from eventfold.projections.state.lease import LEASE_S, renew_held
+from eventfold.projections.state.lease import LEASE_S, lease_clock, renew_held
 from eventfold.projections.state.parking import (
     ParkedKeysReleased,
     any_parked,
     clear_staged,
     drop_parked,
     forget_resolutions_before,
+    letters_produced,
     parked_counts,
     parked_heads,
+    pending_letters,
     still_parked,
     take_staged,
 )
@@ -75,12 +77,6 @@ from sqlalchemy.pool import NullPool
 from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
-
-LOCK_TIMEOUT = "30s"
-"""The longest a runner's own connection waits for a lock (a row an operator's session holds,
-a replay's switch): past it the statement fails, and the batch (or the start) runs again from
-the checkpoint, instead of hanging the projection."""
-
 
 def _runner_connection(database_url: str) -> psycopg.Connection:
     conn = psycopg.connect(libpq_url(database_url))
@@ -301,19 +297,19 @@ class ReadModelStore:
 
     def commit(self, batch_id: int, batch: StagedBatch,
                previous_offsets: Mapping[PartitionKey, int],
-               produce_held: Callable[[Sequence[DeadLetter]], None],
                writer_epoch: int | None = None, writer_lease_s: float = LEASE_S,
-               lease_renewed: Callable[[float], None] | None = None) -> None:
+               lease_renewed: Callable[[float], None] | None = None) -> int:
         """Merge what the tasks of ``batch`` staged, hold its parking letters, and save the
-        checkpoint, in one transaction. ``produce_held`` produces (and flushes) the letters of
-        keys parked before the batch, once the transaction has checked they still are.
+        checkpoint, in one transaction; how many letters it decided to produce (those of keys
+        parked before the batch, once the transaction has checked they still are), which
+        ``produce_pending_letters`` produces after it: no network work inside the commit.
         ``writer_epoch``: the runner's writer lease, checked under the registry row (a lock
         waited for past ``LOCK_TIMEOUT`` fails the commit; the batch runs again). The row
         stays locked until the commit ends, so a writer silent inside it for
         ``writer_lease_s`` (frozen, cut off) has the server end its session: its lock would
         otherwise keep a standby from taking the expired lease for as long as it sleeps.
         The commit renews the lease on that row as it ends, and tells ``lease_renewed`` when
-        the renewal started (``time.monotonic()``).
+        the renewal started (``lease.lease_clock()``).
 
         Raises, with nothing merged: ``WriterFenced`` when another runner holds the lease;
         ``ParkedKeysReleased`` when a key the batch held back
@@ -337,18 +333,32 @@ class ReadModelStore:
                     raise ParkedKeysReleased(released)
             self.merge(batch)
             crash_point("commit.merged")
-            held = take_staged(self.conn, name, self.version, batch.attempt)
-            if held:
-                produce_held(held)
+            pending = take_staged(self.conn, name, self.version, batch.attempt)
             save_checkpoint(self.conn, name, self.version, batch_id, offsets, batch.applied,
                             batch.dead_letters, batch.live_rows_delta)
             self._clear_stage()
-            renewal_started = time.monotonic()
+            renewal_started = lease_clock()
             if writer_epoch is not None:
                 renew_held(self.conn, name, writer_epoch)
         if writer_epoch is not None and lease_renewed is not None:
             lease_renewed(renewal_started)
         self._refresh_statistics(batch.new_rows + batch.known_rows + batch.direct_rows)
+        return pending
+
+    def produce_pending_letters(self, produce: Callable[[Sequence[DeadLetter]], None]) -> int:
+        """Produce (``produce``, which flushes) the letters committed batches decided and
+        did not produce yet, and mark them produced; how many. A process that dies in
+        between produces them again at its next start: a held event's letters may be
+        several, which a retry folds once."""
+        name = self.projection.name
+        with self.conn.transaction():
+            letters = pending_letters(self.conn, name, self.version)
+        if letters:
+            produce(letters)
+            crash_point("letters.produced")
+            with self.conn.transaction():
+                letters_produced(self.conn, name, self.version, letters)
+        return len(letters)
 
     def _refresh_statistics(self, written: int) -> None:
         """Take the planner's statistics of the table again once the rows written since

@@ -167,6 +167,18 @@ class TransactionalWrites:
         self._call(self.producer.commit_transaction, FLUSH_TIMEOUT_S)
         self._open = False
 
+    def abort_quietly(self) -> None:
+        """Abort the open transaction, if any (a task that failed or was fenced): left open,
+        it would hold back read-committed readers of its partitions until it timed out. A
+        producer fenced meanwhile has nothing left to abort."""
+        if not self._open:
+            return
+        try:
+            self._call(self.producer.abort_transaction, FLUSH_TIMEOUT_S)
+        except (KafkaException, WritesFenced) as exc:
+            log.debug("aborting %s: %s", self.transactional_id, exc)
+        self._open = False
+
     def _call(self, action: Callable[..., object], *args: float) -> None:
         try:
             action(*args)

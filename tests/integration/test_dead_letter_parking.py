@@ -181,9 +181,8 @@ def test_a_batch_that_held_back_a_key_retried_meanwhile_does_not_commit(
                             "k", "k-1", 6, parks=True)
         first = store.stage("first")
         first.letters([failed], held=())  # as a task stages the letter that parks its key
-        store.commit(0, StagedBatch("first", dead_letters=1,
-                                    next_offsets={(topic, 0): 6}), {},
-                     produce_held=lambda letters: pytest.fail("nothing was parked before"))
+        assert store.commit(0, StagedBatch("first", dead_letters=1,
+                                           next_offsets={(topic, 0): 6}), {}) == 0
         head = ParkedKey(topic, 0, 5, "k-1", "fold raised ValueError()")
         assert store.parked(["k"]) == {"k": head}
 
@@ -197,8 +196,8 @@ def test_a_batch_that_held_back_a_key_retried_meanwhile_does_not_commit(
             release(store.conn, name, 1, [(topic, 0, 5)])
         produced: list[DeadLetter] = []
         with pytest.raises(ParkedKeysReleased):
-            store.commit(1, batch, {(topic, 0): 6}, produce_held=produced.extend)
-        assert produced == []
+            store.commit(1, batch, {(topic, 0): 6})
+        assert store.produce_pending_letters(produced.extend) == 0 and produced == []
         assert store.committed_offsets() == {(topic, 0): 6}
         assert store.parked(["k"]) == {}
 
@@ -229,9 +228,8 @@ def test_a_retry_reads_the_letters_from_when_they_were_written_not_from_the_star
             store.stage("first").letters([failed], held=())  # as the task stages it...
             sink.output.dead_letters([failed])  # ...then produces it
             sink.output.flush()
-            store.commit(0, StagedBatch("first", dead_letters=1,
-                                        next_offsets={(topic, 0): 6}), {},
-                         produce_held=lambda letters: pytest.fail("nothing held before"))
+            assert store.commit(0, StagedBatch("first", dead_letters=1,
+                                               next_offsets={(topic, 0): 6}), {}) == 0
             with store.conn.transaction():
                 held = held_events(store.conn, name, 1, "k")
     finally:

@@ -116,7 +116,8 @@ def fold_in_two_batches(spark, settings, plan: Plan, pipeline: Pipeline, on_driv
                 sink.output.dead_letters(letters)
                 sink.output.flush()
 
-            store.commit(batch_id, staged, committed, produce_held)
+            if store.commit(batch_id, staged, committed):
+                store.produce_pending_letters(produce_held)
             committed.update(staged.next_offsets)
         worker.release()  # what the driver's folds held, on this thread
         keys = [key for (key,) in store.conn.execute(sql.SQL("SELECT key FROM {}").format(
