@@ -186,9 +186,10 @@ class Runtime:
                       source, listener)
 
     def projection_host(self, names: Sequence[str], once: bool = False,
-                        standby: bool = False) -> ProjectionHost:
+                        standby: bool = False, holder: str | None = None) -> ProjectionHost:
         """A host running ``names`` in one Spark application (``projections.host``), wired to
-        this runtime's runners, replays and metrics."""
+        this runtime's runners, replays and metrics; ``holder``: the writer leases' holder
+        it takes them as (None: this process)."""
         from eventfold.projections.host import HostWiring, ProjectionHost
 
         settings = self.settings
@@ -207,32 +208,36 @@ class Runtime:
                 name, progress, spark=spark, lease=lease),
             replay=lambda name, source, spark, listener: self.replay(
                 name, source, spark=spark, listener=listener),
-            observer=observer)
+            observer=observer, holder=holder)
         return ProjectionHost(wiring, names, once, standby)
 
     def spark_session(self, app_name: str) -> SparkSession:
         return spark_session(self.settings, app_name)
 
     # -- reactions ----------------------------------------------------------------------------
-    def run_reactions(self, names: Sequence[str], stopping: threading.Event) -> None:
+    def run_reactions(self, names: Sequence[str], stopping: threading.Event,
+                      actor: str | None = None) -> None:
         """Run the reactions ``names`` in this thread until ``stopping`` is set: one event
-        loop, one command bus (and pool of connections) for all of them."""
+        loop, one command bus (and pool of connections) for all of them; ``actor``: who
+        their runners are to fault points (None: this process)."""
 
         async def run_all() -> None:
             bus = self.async_command_bus()
             async with bus.repository.store:
-                await asyncio.gather(*(self.reaction_runner(name, bus).run(stopping)
+                await asyncio.gather(*(self.reaction_runner(name, bus, actor).run(stopping)
                                        for name in names))
 
         asyncio.run(run_all())
 
-    def reaction_runner(self, name: str, bus: AsyncCommandBus) -> ReactionRunner:
+    def reaction_runner(self, name: str, bus: AsyncCommandBus,
+                        actor: str | None = None) -> ReactionRunner:
         """The runner of reaction ``name``, sending through ``bus`` (one bus, and one pool of
         connections, for every reaction of a process; opened by the caller)."""
         from eventfold.reactions.runner import ReactionOptions, ReactionRunner
 
         return ReactionRunner(self.app.reactions.get(name), bus, self.settings.kafka,
-                              self.settings.database_url, self.settings.fill(ReactionOptions))
+                              self.settings.database_url, self.settings.fill(ReactionOptions),
+                              actor=actor)
 
     def _observed(self, app: FastAPI, api: str, request_log: bool) -> FastAPI:
         """The request log, then Prometheus metrics at ``/metrics`` (``EVENTFOLD_METRICS``),

@@ -21,14 +21,14 @@ it; it imports nothing of ``eventfold`` outside ``projections`` and ``outbox``.
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Protocol
 
-from eventfold.projections.replay_requests import ReplayCancelled
+from eventfold.projections.host_requests import HostRequests, gist
 from eventfold.projections.signals import stop_on_signal
 
 if TYPE_CHECKING:
@@ -112,6 +112,10 @@ class HostWiring:
     replay: ReplayFactory
     observer: Callable[[Sequence[str]], Observer | None]
     """What shows the named projections' run (None: nothing does)."""
+    holder: str | None = None
+    """The holder of the writer leases the host takes (None: this process,
+    ``lease.PROCESS_HOLDER``); hosts of one process that stand in for several processes (a
+    fault campaign) each have their own."""
 
 
 @dataclass(frozen=True)
@@ -141,18 +145,25 @@ class ProjectionHost:
         self.stopped_on: dict[str, Exception] = {}
 
     def run(self) -> None:
-        observer = self.wiring.observer(self.names)
-        requests: _Requests | None = None
+        self._refuse_written()
+        if not self._running:
+            self._raise_what_stopped()
+            return
+        observer = self.wiring.observer(self._running)
+        requests: HostRequests | None = None
         try:
             spark = self.wiring.spark_session(self._application_name())
             # After Spark started: its SparkContext puts in a SIGINT handler of its own that
-            # cancels every job and raises KeyboardInterrupt wherever the main thread is.
-            stop_on_signal(self.stop_requested)
+            # cancels every job and raises KeyboardInterrupt wherever the main thread is. (A
+            # host run on another thread is stopped by ``stop_requested``.)
+            if threading.current_thread() is threading.main_thread():
+                stop_on_signal(self.stop_requested)
             if not self.once:  # a catch-up ends too soon to take work from others
-                requests = _Requests(self, spark)
+                requests = HostRequests(self.wiring.database_url, self.wiring.holder,
+                                        self._running, self.wiring.replay, spark)
             threads = [threading.Thread(target=self._supervise, name=f"projection-{name}",
                                         args=(spark, name, observer), daemon=True)
-                       for name in self.names]
+                       for name in self._running]
             for thread in threads:
                 thread.start()
             # The main thread only waits, in slices, so that signals reach their handler.
@@ -165,6 +176,35 @@ class ProjectionHost:
             if observer is not None:
                 observer.close()
         self._raise_what_stopped()
+
+    @property
+    def _running(self) -> list[str]:
+        """The projections not stopped before they started (refused)."""
+        return [name for name in self.names if name not in self.stopped_on]
+
+    def _refuse_written(self) -> None:
+        """Before Spark starts (a while): a projection another live runner writes is refused
+        now, unless this host stands by for it."""
+        if self.standby:
+            return
+        from eventfold.projections.state.lease import WriterLease
+
+        for name in self.names:
+            lease = WriterLease(self.wiring.database_url, name,
+                                lease_s=self.wiring.writer_lease_s,
+                                **({"holder": self.wiring.holder} if self.wiring.holder else {}))
+            try:
+                busy = lease.live_holder()
+            except Exception as exc:  # the database away: the run meets it, and tries again
+                log.warning("projection %s: looking at its writer lease: %s", name,
+                            gist(str(exc)))
+                busy = None
+            finally:
+                lease.release()
+            if busy is not None:
+                self.stopped_on[name] = busy
+                if len(self.names) > 1:
+                    log.error("projection %s: %s. The host's other projections run", name, busy)
 
     def _application_name(self) -> str:
         return (f"eventfold-{self.names[0]}" if len(self.names) == 1
@@ -194,7 +234,7 @@ class ProjectionHost:
                 log.error("projection %s stopped: %s. The host's other projections carry on",
                           name, exc)
             if watched is not None:
-                watched.stopped(f"stopped: {_gist(str(exc))}")
+                watched.stopped(f"stopped: {gist(str(exc))}")
         except Exception as exc:  # a bug: the thread must not die silently
             log.exception("projection %s stopped on an unexpected error", name)
             self.stopped_on[name] = exc
@@ -212,6 +252,8 @@ class _Supervisor:
         self.standing_by = host.standby
         self.stalls_in_a_row = 0
         """Runs given up as stalled since the last batch committed: each doubles the bound."""
+        self._warmed: dict[WriterLease, ProjectionRunner] = {}
+        """The runner a standby made ready while it waited for the lease, by that lease."""
 
     def run(self) -> None:
         name, stop_requested = self.name, self.host.stop_requested
@@ -220,7 +262,7 @@ class _Supervisor:
             lease = self._lease()
             if lease is None:
                 break  # stopped while standing by
-            outcome = self._run_until_it_ends(lease)
+            outcome = self._run_until_it_ends(lease, self._warmed.pop(lease, None))
             batches += outcome.batches
             self.stalls_in_a_row = (0 if outcome.batches
                                     else self.stalls_in_a_row + int(outcome.stalled))
@@ -231,6 +273,10 @@ class _Supervisor:
                           outcome.error)
                 self.standing_by = True
                 continue
+            if outcome.stalled:
+                # Its lease was abandoned: a standby may take it meanwhile, and then this
+                # host stands by instead of being refused.
+                self.standing_by = True
             if outcome.switched_to is not None:
                 log.info("projection %s: a replay made v%d active; continuing on it", name,
                          outcome.switched_to)
@@ -241,10 +287,10 @@ class _Supervisor:
             failures = 1 if outcome.batches else failures + 1
             if failures > MAX_FAILED_STARTS:
                 raise GaveUp(f"projection {name} failed {failures - 1} times in a row without "
-                             f"a batch, and stops: {_gist(outcome.error)}")
+                             f"a batch, and stops: {gist(outcome.error)}")
             pause = min(2.0 ** failures, 30.0)
             log.warning("projection %s failed: %s; starting again in %.0f s", name,
-                        _gist(outcome.error), pause)
+                        gist(outcome.error), pause)
             if self.watched is not None:
                 self.watched.stopped(f"failed, starting again in {pause:.0f} s")
             if stop_requested.wait(pause):
@@ -258,15 +304,42 @@ class _Supervisor:
         otherwise the run takes it as it starts (and is refused while another holds it)."""
         from eventfold.projections.state.lease import WriterLease
 
-        lease = WriterLease(self.host.wiring.database_url, self.name,
-                            lease_s=self.host.wiring.writer_lease_s)
+        wiring = self.host.wiring
+        lease = WriterLease(wiring.database_url, self.name, lease_s=wiring.writer_lease_s,
+                            **({"holder": wiring.holder} if wiring.holder else {}))
         if not self.standing_by:
             return lease
         if self.watched is not None:
             self.watched.stopped("standing by")
-        return lease if lease.wait(self.host.stop_requested) is not None else None
+        self._warm_up(lease)
+        if lease.wait(self.host.stop_requested) is not None:
+            return lease
+        if (warmed := self._warmed.pop(lease, None)) is not None:
+            warmed.close()
+        return None
 
-    def _run_until_it_ends(self, lease: WriterLease) -> _RunOutcome:
+    def _warm_up(self, lease: WriterLease) -> None:
+        """While a standby waits: its runner made ready (tables, topics, Spark's Python
+        workers warm), so that it writes soon after it takes the lease. A failure here is
+        only logged: the run after the takeover does the same."""
+        try:
+            runner = self.host.wiring.runner(self.name, None, self.spark, lease)
+        except Exception as exc:
+            log.warning("projection %s: warming up the standby: %s", self.name, gist(str(exc)))
+            return
+        started = time.monotonic()
+        try:
+            runner.warm_up()
+            log.info("projection %s: standby warm (tables, topics, Spark's Python workers) in "
+                     "%.1f s", self.name, time.monotonic() - started)
+        except Exception as exc:
+            log.warning("projection %s: warming up the standby: %s", self.name, gist(str(exc)))
+        self._warmed[lease] = runner
+
+    def _run_until_it_ends(self, lease: WriterLease,
+                           ready: ProjectionRunner | None = None) -> _RunOutcome:
+        """One run, of ``ready`` (a standby's runner, warmed while it waited) or of a new
+        runner."""
         from eventfold.projections.running_query import described, stop_gracefully
         from eventfold.projections.state.lease import WriterFenced
         from eventfold.projections.state.topics import WritesFenced
@@ -274,7 +347,8 @@ class _Supervisor:
         host, name = self.host, self.name
         runner = None
         try:
-            runner = started = host.wiring.runner(name, self._catch_up_bar(), self.spark, lease)
+            runner = started = ready or host.wiring.runner(name, self._catch_up_bar(),
+                                                           self.spark, lease)
             query = runner.start(once=host.once)
             if self.watched is not None:
                 self.watched.running(runner, query)
@@ -285,6 +359,9 @@ class _Supervisor:
             if stalled is not None:
                 # Its thread may be stuck where nothing can interrupt it: the runner is left
                 # to it, and the next run's lease (a new epoch) fences whatever it still does.
+                # Its lease is no longer renewed: should no next run take it (the host gives
+                # up, or stops), it expires and a standby takes the projection over.
+                lease.abandon()
                 abandoned, runner = runner, None
                 return _RunOutcome(abandoned.batches, stalled, stalled=True)
             if (error := query.exception()) is None:
@@ -355,106 +432,6 @@ class _Supervisor:
         lag = projection_status(wiring.projections.get(self.name), wiring.database_url,
                                 wiring.kafka).lag
         return ReplayProgress(self.name, lag, what="catching up", terminal=True)
-
-
-class _Requests:
-    """A host's registration and the replays handed to it: a thread that heartbeats, claims
-    requests for this host and runs each replay on a thread of its own (its jobs in a pool of
-    their own, beside the live batches)."""
-
-    def __init__(self, host: ProjectionHost, spark: SparkSession) -> None:
-        from eventfold.projections.state.hosts import HostDirectory
-        from eventfold.projections.state.lease import PROCESS_HOLDER
-
-        self.host, self.spark = host, spark
-        self.host_id = PROCESS_HOLDER  # the holder of the writer leases its projections take
-        self.directory = HostDirectory(host.wiring.database_url)
-        self._registered = False
-        self._stopped = threading.Event()
-        self._replays: list[threading.Thread] = []
-        self._thread = threading.Thread(target=self._run, name="host-requests", daemon=True)
-        # Registered before its projections start: a projection folds within a second of its
-        # start, and whoever sees its batches must also see which host runs it.
-        try:
-            self._register()
-        except Exception as exc:  # the database away: the thread tries again
-            log.warning("projection host: registering: %s", _gist(str(exc)))
-        self._thread.start()
-
-    def _register(self) -> None:
-        if not self._registered:
-            self.directory.register(self.host_id, self.host.names)
-            self._registered = True
-            log.info("projection host %s runs %s", self.host_id, ", ".join(self.host.names))
-
-    def _run(self) -> None:
-        # Every half second, so that a replay starts soon after it is asked for; each replay
-        # reports through a connection of its own.
-        while not self._stopped.wait(0.5):
-            try:
-                self._register()
-                self.directory.heartbeat(self.host_id)
-                request = self.directory.claim(self.host_id)
-            except Exception as exc:  # the database away: the host's projections say so too
-                log.warning("projection host: heartbeat: %s", _gist(str(exc)))
-                self._stopped.wait(5)
-                continue
-            if request is not None:
-                thread = threading.Thread(target=self._replay, name=f"replay-{request.projection}",
-                                          args=(request.id, request.projection, request.source),
-                                          daemon=True)
-                self._replays.append(thread)
-                thread.start()
-
-    def _replay(self, request_id: int, name: str, source: str) -> None:
-        from eventfold.projections.execution.spark import REPLAY_POOL, SCHEDULER_POOL
-        from eventfold.projections.state.hosts import HostDirectory
-
-        self.spark.sparkContext.setLocalProperty(SCHEDULER_POOL, REPLAY_POOL)
-        reports = HostDirectory(self.host.wiring.database_url)
-        log.info("projection host: replay of %s requested (request %d)", name, request_id)
-
-        def report(done: int, total: int) -> None:
-            if reports.report(request_id, done, total) or self._stopped.is_set():
-                raise ReplayCancelled(f"replay of {name} cancelled after {done:,} of "
-                                      f"{total:,} events; asked again, it resumes from there")
-
-        try:
-            result = self.host.wiring.replay(name, cast("ReplaySource", source), self.spark,
-                                             report)
-            reports.finish(request_id, "done", result={
-                "old_version": result.old_version, "new_version": result.new_version,
-                "events": result.events, "seconds": result.seconds})
-        except ReplayCancelled as cancelled:
-            log.info("projection host: %s", cancelled)
-            reports.finish(request_id, "cancelled", error=str(cancelled))
-        except Exception as exc:
-            log.warning("projection host: replay of %s failed: %s", name, _gist(str(exc)))
-            reports.finish(request_id, "failed", error=f"{type(exc).__name__}: {exc}")
-        finally:
-            reports.close()
-
-    def stop(self) -> None:
-        """Replays under way stop after their batch (they resume when asked again); then
-        the host leaves the directory."""
-        self._stopped.set()
-        self._thread.join(10)
-        for thread in self._replays:
-            thread.join(120)
-        try:
-            if self._registered:
-                self.directory.unregister(self.host_id)
-        except Exception as exc:
-            log.warning("projection host: leaving the directory: %s", _gist(str(exc)))
-        self.directory.close()
-
-
-def _gist(error: str) -> str:
-    """The line of a (Python-in-Java) traceback that says what went wrong."""
-    lines = [line.strip() for line in error.splitlines() if line.strip()]
-    causes = [line for line in lines if re.search(r"(Error|Exception)\b.*[:{]", line)
-              and not line.startswith(("at ", "File "))]
-    return (causes[-1] if causes else lines[0] if lines else "unknown error")[:300]
 
 
 def _await_query(query: RunningQuery, stop_requested: threading.Event,

@@ -93,7 +93,7 @@ def test_each_stall_without_a_batch_doubles_the_bound_until_a_batch_commits(
                        host._RunOutcome(0, "stalled", stalled=True), host._RunOutcome(1)])
     floors: list[float] = []
 
-    def run_once(_lease: object) -> host._RunOutcome:
+    def run_once(_lease: object, _ready: object = None) -> host._RunOutcome:
         floors.append(supervisor.stall_floor_s(5))
         return next(outcomes)
 
