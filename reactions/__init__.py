@@ -9,8 +9,9 @@ retries. A ``ReactionRunner`` reads the sources' event topics from the reaction'
 positions, sends each command through the command bus with an id derived from the reaction,
 the event and the command's index (so a batch run again after a crash sends nothing twice:
 the command log answers the repeat with the first result), records what the domain refused,
-and saves its positions (and a process's states) only after every command of the batch was
-answered.
+and saves its positions only after every command of the batch was answered. A process
+manager saves its steps (states, timers, and the commands they decided) first and sends the
+commands after (``outbox``), so a step that lost to another runner sends nothing.
 
 - ``definition``: what a reaction is (plain Python): ``Reaction``, ``reaction``, ``Effect``,
   ``effect``, ``ReactionRegistry``, ``command_id_for``; its sources (aggregate types, and
@@ -24,7 +25,11 @@ answered.
 - ``positions``: where a reaction is, and what the domain refused it, in Postgres;
 - ``parking``: keys parked behind an event the function raised on, their held events, and
   the retries operators ask for;
-- ``runner``: the loop that reads, reacts, sends and saves, and fires due timers;
+- ``batch``: one batch as a runner reads and acts on it, and what a runner counts;
+- ``sending``: commands sent through the bus in order per group, refusals recorded;
+- ``outbox``: a process manager's saved commands, sent after its steps commit;
+- ``process_steps``: a process manager's events and due timers stepped, saved, then sent;
+- ``runner``: the loop that reads, reacts (or steps), sends and saves;
 - ``operations``: status and reset, for operators.
 
 May import: ``eventfold.contract``, ``eventfold.write_model`` (the commands it sends, and

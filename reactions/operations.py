@@ -24,7 +24,7 @@ from eventfold.projections.state.source_ids import (
 from eventfold.reactions.definition import Declared, topics_of
 from eventfold.reactions.parking import parked_count
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
-from eventfold.reactions.process import Process, process_counts
+from eventfold.reactions.process import Process, clear_process, process_counts
 
 from eventfold.contract import PartitionKey, libpq_url
 
@@ -98,6 +98,29 @@ def place(kafka: KafkaConnection, conn: psycopg.Connection, reaction: Declared) 
              "end" if latest else "beginning")
 
 
+class SourcesMadeAgain(RuntimeError):
+    """A source topic was deleted and made again since the reaction's positions were saved:
+    they count the topic that is gone."""
+
+
+class SourceIds:
+    """The ids of a reaction's source topics as its saved positions count them: ``check``,
+    before a batch's positions are saved, raises ``SourcesMadeAgain`` once a topic has
+    another (``place`` then moves the positions to its beginning and records its id)."""
+
+    def __init__(self, kafka: KafkaConnection, reaction: Declared) -> None:
+        self._admin = TopicAdmin(kafka, timeout_s=10)
+        self._reaction = reaction
+
+    def check(self, conn: psycopg.Connection) -> None:
+        recorded = recorded_ids(conn, reaction_reader(self._reaction.name))
+        again = made_again(recorded, current_ids(self._admin, topics_of(self._reaction)))
+        if again:
+            raise SourcesMadeAgain(", ".join(
+                f"{topic} was deleted and made again (id {now}, not {was})"
+                for topic, (was, now) in sorted(again.items())))
+
+
 def report(kafka: KafkaConnection, database_url: str, reaction: Declared) -> ReactionReport:
     with psycopg.connect(libpq_url(database_url)) as conn:
         positions = load_positions(conn, reaction.name)
@@ -158,8 +181,15 @@ def reset(kafka: KafkaConnection, database_url: str, reaction: Declared, to: Res
                 "EVENTFOLD_COMMAND_ID_RETENTION): the commands of those events would execute "
                 "again. --force to do it anyway")
         if not dry_run:
-            move_to(conn, reaction.name, target,
-                    current_ids(TopicAdmin(kafka), topics_of(reaction)))
+            with conn.transaction():
+                move_to(conn, reaction.name, target,
+                        current_ids(TopicAdmin(kafka), topics_of(reaction)))
+                if to == "beginning" and isinstance(reaction, Process):
+                    # Every event is stepped again, so from no state: stepped again on the
+                    # states they made, they would act twice (a timer scheduled again).
+                    states, timers = clear_process(conn, reaction.name)
+                    log.info("process %s: %d state(s) and %d timer(s) cleared for the reset",
+                             reaction.name, states, timers)
     return again
 
 

@@ -4,15 +4,23 @@
 of a ``ProcessContext`` and one event. The context holds the key's state (a JSON object, kept
 in ``process_states``), and the function sends commands (``send``), asks to be called again
 for the key at a time (``schedule``: a ``Timer`` event then arrives, durably kept in
-``process_timers`` and fired once, after restarts too), or ends the process (``done``: its
-state and pending timers go). Every change commits with the runner's positions, after the
-commands were answered; a timer's firing commits the same way, so a crash in between fires
-it again with the same command ids, which the command log answers.
+``process_timers`` and fired once, after restarts too; one timer per name: scheduling a name
+again moves it, ``cancel`` drops it), or ends the process (``done``: its state and pending
+timers go). ``now`` is when the event was recorded (a timer's: when it fell due), so a
+deadline counts from the event, however late a runner handles it, and a step taken again
+decides the same.
+
+A step's state, timers and commands commit together with the runner's positions, and the
+commands are sent only after that (``outbox``): a step whose state another runner changed
+meanwhile sends nothing and is taken again on the newer state, and a crash after the commit
+sends the saved commands again, with the same ids, which the command log answers. A command
+the domain refuses comes back to its key as a ``command_refused`` event.
 """
 
 from __future__ import annotations
 
 import copy
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -33,6 +41,10 @@ from eventfold.write_model import Command
 from psycopg.types.json import Jsonb
 
 TIMER_EVENT_PREFIX = "timer-"
+REFUSAL_EVENT_PREFIX = "refused-"
+COMMAND_REFUSED = "command_refused"
+"""The type of the event that tells a process the domain refused one of its commands."""
+_TIMER_IDS = uuid.UUID("0d3f3b8e-5a0e-4a55-8f0f-9b7e1c2a6d41")
 
 
 @dataclass(frozen=True)
@@ -51,29 +63,44 @@ class ProcessContext:
         self.key = key
         self.state: dict[str, Any] = dict(state or {})
         self.now = now
+        """When the event being handled was recorded (a timer's: when it fell due)."""
         self.existed = state is not None
         self.commands: list[Command] = []
         self.timers: list[Timer] = []
+        self.cancelled: set[str] = set()
+        """Names of timers scheduled before this batch that go."""
         self.finished = False
         self.cleared = False
         """Ended at least once in this batch: its timers of before go."""
 
     def send(self, command: Command) -> None:
+        """Send ``command`` once this step is saved (with the id it always has for the
+        event)."""
         self.commands.append(command)
 
     def schedule(self, name: str, *, at: datetime | None = None,
                  after: timedelta | None = None) -> None:
-        """Be called again for this key with a ``Timer`` event of type ``name``: at ``at``,
-        or ``after`` from now."""
+        """Be called again for this key with an event of type ``name``: at ``at``, or
+        ``after`` from ``now`` (when the event was recorded). One timer per name: a name
+        scheduled again is moved."""
         if (at is None) == (after is None):
             raise ValueError("schedule takes either at= or after=")
-        self.timers.append(Timer(name, at if at is not None else self.now + after))  # type: ignore[operator]
+        when = at if at is not None else self.now + after  # type: ignore[operator]
+        self.timers = [timer for timer in self.timers if timer.name != name]
+        self.timers.append(Timer(name, when))
+        self.cancelled.discard(name)
+
+    def cancel(self, name: str) -> None:
+        """Drop the timer ``name`` of this key, if one is pending."""
+        self.timers = [timer for timer in self.timers if timer.name != name]
+        self.cancelled.add(name)
 
     def done(self) -> None:
         """The process of this key is over: its state and pending timers go (an event of the
         key after this starts a new one)."""
         self.finished = self.cleared = True
         self.timers.clear()
+        self.cancelled.clear()
 
 
 @dataclass(frozen=True)
@@ -99,8 +126,8 @@ class Process:
         return state_projection(self.name)
 
     def key_of(self, event: Event) -> str:
-        if self.key_by is None:
-            return event.stream_id
+        if self.key_by is None or event.event_id.startswith(_OWN_EVENTS):
+            return event.stream_id  # a timer's or a refusal's: its key
         value = event.data.get(self.key_by)
         if value is None:
             raise KeyError(f"{event.type} has no {self.key_by!r} to key the process by")
@@ -112,12 +139,12 @@ class Process:
         if context.finished:  # ended earlier in the batch: this event starts a new one
             context.state, context.finished = {}, False
         before = (copy.deepcopy(context.state), len(context.commands), list(context.timers),
-                  context.finished, context.cleared)
+                  context.finished, context.cleared, set(context.cancelled))
         try:
             self.handle(context, event)
         except Exception:
             context.state, context.finished, context.cleared = before[0], before[3], before[4]
-            context.timers[:] = before[2]
+            context.timers, context.cancelled = before[2], before[5]
             del context.commands[before[1]:]
             raise
         return with_ids(self.name, event.event_id, context.commands[before[1]:])
@@ -141,10 +168,34 @@ def process(name: str, sources: Sequence[Source], key_by: str | None = None,
     return define
 
 
-def timer_event(timer_id: int, key: str, name: str, at: datetime) -> Event:
-    """The event a due timer is handled as: its type the timer's name."""
+_OWN_EVENTS = (TIMER_EVENT_PREFIX, REFUSAL_EVENT_PREFIX)
+
+
+def timer_event(key: str, name: str, at: datetime) -> Event:
+    """The event a due timer is handled as: its type the timer's name, its id the same for
+    the same timer (key, name and time), whoever fires it and however often: its commands'
+    ids follow from it."""
+    event_id = uuid.uuid5(_TIMER_IDS, f"{key}\n{name}\n{at.isoformat()}")
     return Event(name, {"timer": name, "at": at.isoformat()}, key, 0,
-                 f"{TIMER_EVENT_PREFIX}{timer_id}", 0, at.isoformat())
+                 f"{TIMER_EVENT_PREFIX}{event_id}", 0, at.isoformat())
+
+
+def refusal_event(key: str, command: str, command_id: uuid.UUID, reason: str,
+                  caused_by: str, at: datetime) -> Event:
+    """The event that tells a process one of its commands was refused (``COMMAND_REFUSED``;
+    its id follows from the command's)."""
+    return Event(COMMAND_REFUSED, {"command": command, "command_id": str(command_id),
+                                   "reason": reason, "caused_by": caused_by}, key, 0,
+                 f"{REFUSAL_EVENT_PREFIX}{command_id}", 0, at.isoformat())
+
+
+def recorded_time(event: Event, default: datetime) -> datetime:
+    """When ``event`` was recorded (``default`` when it does not say: a derived event)."""
+    try:
+        at = datetime.fromisoformat(event.recorded_at)
+    except (TypeError, ValueError):
+        return default
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 # -- state and timers in Postgres -----------------------------------------------------------
@@ -162,10 +213,13 @@ class KeyStates:
     contexts: dict[str, ProcessContext] = field(default_factory=dict)
 
     def context(self, key: str, now: datetime) -> ProcessContext:
+        """The key's context, at ``now`` (the time of the event about to be handled)."""
         if key not in self.contexts:
             state = self.loaded.get(key)
             self.contexts[key] = ProcessContext(key, state[0] if state else None, now)
-        return self.contexts[key]
+        context = self.contexts[key]
+        context.now = now
+        return context
 
 
 def load_states(conn: psycopg.Connection, process: str, keys: Sequence[str]) -> KeyStates:
@@ -195,6 +249,9 @@ def _save_state(conn: psycopg.Connection, process: str, key: str, context: Proce
     if context.cleared:
         conn.execute("DELETE FROM process_timers WHERE process = %s AND key = %s",
                      (process, key))
+    elif context.cancelled:
+        conn.execute("DELETE FROM process_timers WHERE process = %s AND key = %s AND "
+                     "name = ANY(%s)", (process, key, sorted(context.cancelled)))
     if context.finished:
         changed = conn.execute("DELETE FROM process_states WHERE process = %s AND key = %s "
                                "AND version = %s", (process, key, version)).rowcount
@@ -219,7 +276,9 @@ def _save_state(conn: psycopg.Connection, process: str, key: str, context: Proce
         with conn.cursor() as cursor:
             cursor.executemany(
                 "INSERT INTO process_timers (process, key, name, fire_at) VALUES "
-                "(%s, %s, %s, %s)", [(process, key, t.name, t.at) for t in context.timers])
+                "(%s, %s, %s, %s) ON CONFLICT (process, key, name) DO UPDATE SET "
+                "fire_at = EXCLUDED.fire_at", [(process, key, t.name, t.at)
+                                               for t in context.timers])
     return True
 
 
@@ -232,21 +291,33 @@ class DueTimer:
 
 
 def take_due_timers(conn: psycopg.Connection, process: str, limit: int) -> list[DueTimer]:
-    """Due timers, locked until the caller's transaction ends (another runner skips them)."""
+    """Due timers, locked until the caller's transaction ends (another runner skips them),
+    except those of parked keys: a timer waits behind its key's held events as they do."""
     rows = conn.execute(
-        "SELECT id, key, name, fire_at FROM process_timers WHERE process = %s AND "
-        "fire_at <= now() ORDER BY fire_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
-        (process, limit)).fetchall()
+        "SELECT t.id, t.key, t.name, t.fire_at FROM process_timers t WHERE t.process = %s "
+        "AND t.fire_at <= now() AND NOT EXISTS (SELECT 1 FROM reaction_parked p WHERE "
+        "p.reaction = t.process AND p.key = t.key) ORDER BY t.fire_at, t.id LIMIT %s "
+        "FOR UPDATE OF t SKIP LOCKED", (process, limit)).fetchall()
     return [DueTimer(int(i), str(k), str(n), a) for i, k, n, a in rows]
 
 
 def save_fired(conn: psycopg.Connection, process: str, states: KeyStates,
                fired: Sequence[DueTimer]) -> None:
     """The states after ``fired`` timers were handled, inside the caller's transaction. The
-    fired timers go first: the event that shows a key's change lists only what is still
-    pending (a timer that schedules again shows its new one, not the one that just fired)."""
+    fired timers go first (a timer its step scheduled again stays, moved): the event that
+    shows a key's change lists only what is still pending."""
     conn.execute("DELETE FROM process_timers WHERE id = ANY(%s)", ([t.id for t in fired],))
     save_states(conn, process, states)
+
+
+def clear_process(conn: psycopg.Connection, process: str) -> tuple[int, int]:
+    """Every key's state and pending timer of ``process`` gone (a reset to the beginning
+    steps every event again from no state); how many states and timers went."""
+    keys = [str(key) for (key,) in conn.execute(
+        "DELETE FROM process_states WHERE process = %s RETURNING key", (process,))]
+    timers = conn.execute("DELETE FROM process_timers WHERE process = %s", (process,)).rowcount
+    record_changes(conn, process, dict.fromkeys(keys))
+    return len(keys), timers
 
 
 def database_now(conn: psycopg.Connection) -> datetime:

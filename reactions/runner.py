@@ -1,13 +1,15 @@
 """The loop of a reaction: read a batch of its sources' events from its own positions, ask
 the reaction for each event's commands, send them, record what the domain refused, and save
-the positions only once every command of the batch was answered.
+the positions only once every command of the batch was answered. A process manager's batch
+goes the other way round (``process_steps``): its steps are saved first, their commands with
+them, and sent after.
 
 Exactly once in effect, not in delivery: a batch read again (the process died before its
 positions were saved, or its partitions moved to another process of the reaction mid-batch)
 sends the same commands with the same ids, and the command log answers each repeat with
 the first result instead of executing it again. Commands to one aggregate are sent one
 after the other, in the order of the events that asked for them (no two of a batch race for
-its version); commands to different aggregates go concurrently.
+its version); commands to different aggregates go concurrently (``sending``).
 """
 
 from __future__ import annotations
@@ -15,11 +17,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
+import socket
 import threading
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from confluent_kafka import (
@@ -33,105 +39,30 @@ from confluent_kafka import (
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
-from eventfold.projections.faults import crash_point
+from eventfold.projections.faults import acting_as, crash_point
+from eventfold.reactions.batch import ReactionBatch, ReactionCounts
 from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of, wants
-from eventfold.reactions.operations import place
+from eventfold.reactions.operations import SourceIds, SourcesMadeAgain, group_of, place
 from eventfold.reactions.parking import Parking, open_parking, save_parking
 from eventfold.reactions.positions import (
     PositionsMoved,
     Refusal,
-    RefusalKind,
     load_positions,
     save_batch,
 )
-from eventfold.reactions.process import (
-    KeyStates,
-    Process,
-    StateConflict,
-    database_now,
-    load_states,
-    save_fired,
-    save_states,
-    take_due_timers,
-    timer_event,
-)
-from eventfold.write_model import (
-    AsyncCommandBus,
-    Command,
-    CommandIdReused,
-    CommandResult,
-    ConcurrencyError,
-    DomainError,
-    StoreUnavailable,
-    StreamNotFound,
-    StreamOwnedByAnotherType,
-)
+from eventfold.reactions.process import Process, StateConflict
+from eventfold.reactions.process_steps import ProcessSteps
+from eventfold.reactions.sending import UNAVAILABLE, CommandSender, Outgoing
+from eventfold.write_model import AsyncCommandBus, Command
 
 from eventfold.contract import PartitionKey, libpq_url
 from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 
 log = logging.getLogger(__name__)
 
-REFUSALS = (DomainError, StreamNotFound, ConcurrencyError, CommandIdReused,
-            StreamOwnedByAnotherType)
-"""What the domain answers a command with when it will not execute it: final, recorded with
-the event, and the reaction goes on. A version conflict is final only for a command that
-states the version it expects; otherwise the bus retries it, and so does the runner once the
-bus gives up."""
-
-UNAVAILABLE = (StoreUnavailable, psycopg.Error, KafkaException, OSError)
-"""The database or the broker away: the batch fails and is read again from the saved
-positions. Anything else a command raises is a bug in its handler: recorded (``raised``)
-with the event, and the reaction goes on (its commands' events were acted on already: the
-key is not parked, as it is for the reaction's own exception)."""
-
-CONFLICT_PAUSE_S = 0.05
 MAX_EFFECT_PAUSE_S = 30.0
 
 REPORT_EVERY_S = 10.0
-
-
-@dataclass
-class ReactionCounts:
-    """What a runner did since it started."""
-
-    events: int = 0
-    sent: int = 0
-    repeated: int = 0
-    """Commands the command log had already executed (a batch read again)."""
-    refused: int = 0
-    batches: int = 0
-    timers: int = 0
-
-
-Send = tuple[Event, int, Command, str | None]
-"""A command to send: the event that asked for it, its index there, its correlation id."""
-
-
-@dataclass
-class _Batch:
-    """One batch's events in order, the commands they ask for in the groups they are sent
-    in (each group in order, groups concurrently), and what it could not do."""
-
-    positions: dict[PartitionKey, int] = field(default_factory=dict)
-    events: list[tuple[Event, str | None]] = field(default_factory=list)
-    groups: dict[str, list[Send]] = field(default_factory=lambda: defaultdict(list))
-    refusals: list[Refusal] = field(default_factory=list)
-    states: KeyStates | None = None
-    """A process manager's keys, as loaded and as the batch changed them."""
-    called: bool = False
-    """An effect's calls were made."""
-    parking: Parking = field(default_factory=Parking)
-
-    def raised(self, event: Event, error: Exception,
-               parks: tuple[str, str | None] | None = None) -> None:
-        """The function raised on ``event``: recorded; with ``parks`` (its key and the
-        event's correlation id), the key parked, holding the event and its later ones."""
-        reason = f"{type(error).__name__}: {error}"
-        self.refusals.append(Refusal(event.event_id, -1, "raised", event.type,
-                                     event.stream_id, reason))
-        if parks is not None:
-            self.parking.park(parks[0], event, parks[1], reason)
 
 
 @dataclass(frozen=True)
@@ -141,6 +72,7 @@ class ReactionOptions:
     reaction_batch_max_events: int = 500
     reaction_retry_pause_s: float = 2.0
     reaction_session_timeout_s: float = 10.0
+    reaction_max_poll_interval_s: float = 300.0
 
 
 POLL_WAIT_S = 0.5
@@ -149,10 +81,12 @@ POLL_WAIT_S = 0.5
 
 class ReactionRunner:
     """Runs one reaction until ``stopping`` is set. Several processes may run one reaction:
-    the consumer group ``eventfold.reaction.<name>`` gives each its partitions."""
+    the consumer group ``eventfold.reaction.<name>`` gives each its partitions. ``actor``
+    names this runner to fault points (``faults.acting_as``)."""
 
     def __init__(self, reaction: Declared, bus: AsyncCommandBus, kafka: KafkaConnection,
-                 database_url: str, options: ReactionOptions | None = None) -> None:
+                 database_url: str, options: ReactionOptions | None = None,
+                 actor: str | None = None) -> None:
         if not isinstance(reaction, Reaction | Process | Effect):
             raise TypeError(f"{reaction.name}: a Reaction, a Process or an Effect, not a "
                             f"{type(reaction).__name__}")
@@ -161,26 +95,39 @@ class ReactionRunner:
         self.kafka = kafka
         self.database_url = database_url
         self.options = options or ReactionOptions()
+        self.actor = actor or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.topics = topics_of(reaction)
         self._derived = frozenset(reaction.derived_topics)
         self.counts = ReactionCounts()
+        self.sender = CommandSender(reaction.name, bus)
         self._conn: psycopg.Connection | None = None
+        self._sources = SourceIds(kafka, reaction)
         self._read_from: dict[PartitionKey, int] = {}
         """Where this runner's next batch reads each assigned partition from: the position
         saved when it was assigned, rewound or saved by this runner (0: none saved yet)."""
+        self.steps = (ProcessSteps(reaction, self.sender, self._connection, self._command,
+                                   self.counts, self.options.reaction_batch_max_events,
+                                   self.options.reaction_session_timeout_s)
+                      if isinstance(reaction, Process) else None)
 
     @property
     def group(self) -> str:
-        return f"eventfold.reaction.{self.reaction.name}"
+        return group_of(self.reaction)
 
     def _connection(self) -> psycopg.Connection:
         if self._conn is None or self._conn.closed:
             self._conn = psycopg.connect(libpq_url(self.database_url), autocommit=True)
         return self._conn
 
+    def _command(self, name: str, fields: dict[str, Any]) -> Command:
+        """A command a process saved, from its name and fields."""
+        command: Command = self.bus.registry.get(name).command.model_validate(fields)
+        return command
+
     async def run(self, stopping: threading.Event) -> ReactionCounts:
         """Read, react, send, save, until ``stopping`` is set; a failed batch (the broker or
         the database away) is read again from the saved positions after a pause."""
+        acting_as(self.actor)
         name = self.reaction.name
         session_ms = int(self.options.reaction_session_timeout_s * 1000)
         consumer = Consumer(self.kafka.client_config(**{
@@ -191,7 +138,10 @@ class ReactionRunner:
             # broker gives up on it: librdkafka's 45 s default would stall the reaction that
             # long after every SIGKILL.
             "session.timeout.ms": session_ms,
-            "heartbeat.interval.ms": max(session_ms // 5, 500)}))
+            "heartbeat.interval.ms": max(session_ms // 5, 500),
+            # A runner whose loop stopped (stuck, frozen) leaves the group after this.
+            "max.poll.interval.ms": max(
+                int(self.options.reaction_max_poll_interval_s * 1000), session_ms)}))
         try:
             place(self.kafka, self._connection(), self.reaction)
             consumer.subscribe(self.topics, on_assign=self._seek_to_positions)
@@ -200,6 +150,10 @@ class ReactionRunner:
             while not stopping.is_set():
                 try:
                     await self._one_batch(consumer)
+                except SourcesMadeAgain as again:
+                    log.warning("reaction %s: %s; reading it from its beginning", name, again)
+                    place(self.kafka, self._connection(), self.reaction)
+                    self._rewind(consumer)
                 except (*UNAVAILABLE, StateConflict, PositionsMoved) as exc:
                     log.warning("reaction %s: batch failed (%s); reading it again in %.0f s",
                                 name, str(exc).splitlines()[0], self.options.reaction_retry_pause_s)
@@ -265,8 +219,9 @@ class ReactionRunner:
         messages = await asyncio.to_thread(consume_available, consumer,
                                            self.options.reaction_batch_max_events,
                                            POLL_WAIT_S)
-        if isinstance(self.reaction, Process):
-            await self._fire_due_timers(self.reaction)
+        if self.steps is not None:
+            await self.steps.send_leftovers()
+            await self.steps.fire_due_timers()
         parking, retried = open_parking(self._connection(), self.reaction.name)
         if not messages and not parking.retried:
             return
@@ -275,39 +230,45 @@ class ReactionRunner:
             return
         if batch.events:
             crash_point("reaction.read")
+        # Positions read from a topic made again since they were saved count another topic.
+        self._sources.check(self._connection())
         batch.parking = parking
         batch.events[:0] = [(event, correlation_id) for _, event, correlation_id in retried]
-        if isinstance(self.reaction, Process):
-            self._step_process(self.reaction, batch)
-        elif isinstance(self.reaction, Reaction):
-            self._react(self.reaction, batch)
+        if self.steps is not None:
+            await self.steps.step_batch(batch, self._read_from)
         else:
-            await self._call_effects(self.reaction, batch)
-        repeated_before = self.counts.repeated
-        await self._send_groups(batch)
-        if batch.groups or batch.called:
-            crash_point("reaction.sent")
-        conn = self._connection()
-        with conn.transaction():
-            save_batch(conn, self.reaction.name, batch.positions, batch.refusals,
-                       self._read_from)
-            save_parking(conn, self.reaction.name, batch.parking)
-            if batch.states is not None:
-                save_states(conn, self.reaction.name, batch.states)
+            await self._act_and_save(batch)
         for key, offset in batch.positions.items():
             self._read_from[key] = max(self._read_from.get(key, 0), offset)
         self._report_parking(batch.parking, len(retried))
-        if repeated := self.counts.repeated - repeated_before:
-            log.info("reaction %s: %d commands of a batch of %d events had been executed "
-                     "already (the batch was read again): answered from the command log",
-                     self.reaction.name, repeated, len(batch.events))
         self.counts.events += len(batch.events)
         self.counts.refused += len(batch.refusals)
         self.counts.batches += bool(batch.events)
 
-    def _read(self, messages: Sequence[Message]) -> _Batch:
+    async def _act_and_save(self, batch: ReactionBatch) -> None:
+        """A reaction's commands (or an effect's calls), sent before the batch's positions
+        are saved: a batch read again sends them again, with the same ids."""
+        if isinstance(self.reaction, Reaction):
+            self._react(self.reaction, batch)
+        elif isinstance(self.reaction, Effect):
+            await self._call_effects(self.reaction, batch)
+        answered = await self.sender.send(batch.outgoing)
+        self.counts.answered(answered)
+        if batch.outgoing or batch.called:
+            crash_point("reaction.sent")
+        if answered.repeated:
+            log.info("reaction %s: %d commands of a batch of %d events had been executed "
+                     "already (the batch was read again): answered from the command log",
+                     self.reaction.name, answered.repeated, len(batch.events))
+        conn = self._connection()
+        with conn.transaction():
+            save_batch(conn, self.reaction.name, batch.positions,
+                       [*batch.refusals, *answered.refusals], self._read_from)
+            save_parking(conn, self.reaction.name, batch.parking)
+
+    def _read(self, messages: Sequence[Message]) -> ReactionBatch:
         """The batch's events, decoded, and the positions past them."""
-        batch = _Batch()
+        batch = ReactionBatch()
         for message in messages:
             topic, partition, offset = message.topic(), message.partition(), message.offset()
             if (error := message.error()) is not None:
@@ -338,7 +299,7 @@ class ReactionRunner:
         return batch
 
     @staticmethod
-    def _react(reaction: Reaction, batch: _Batch) -> None:
+    def _react(reaction: Reaction, batch: ReactionBatch) -> None:
         """Each event's commands, grouped by the aggregate they go to."""
         for event, correlation_id in batch.events:
             if batch.parking.holds(event.stream_id, event, correlation_id):
@@ -349,65 +310,11 @@ class ReactionRunner:
                 batch.raised(event, exc, parks=(event.stream_id, correlation_id))
                 continue
             for index, command in enumerate(commands):
-                batch.groups[command.stream_id()].append(
-                    (event, index, command, correlation_id))
+                batch.outgoing.append(Outgoing(command.stream_id(), command, event.event_id,
+                                               index, event.type, event.stream_id,
+                                               correlation_id))
 
-    def _step_process(self, process: Process, batch: _Batch) -> None:
-        """Each key's events through its process, one after the other; the commands grouped
-        by key, so that one process's commands go in the order it sent them."""
-        keyed: list[tuple[str, Event, str | None]] = []
-        for event, correlation_id in batch.events:
-            try:
-                keyed.append((process.key_of(event), event, correlation_id))
-            except KeyError as exc:
-                batch.raised(event, exc)
-        conn = self._connection()
-        batch.states = load_states(conn, process.name, sorted({k for k, _, _ in keyed}))
-        now = database_now(conn)
-        for key, event, correlation_id in keyed:
-            if batch.parking.holds(key, event, correlation_id):
-                continue
-            try:
-                commands = process.step(batch.states.context(key, now), event)
-            except Exception as exc:  # the user's function: recorded, its key parked
-                batch.raised(event, exc, parks=(key, correlation_id))
-                continue
-            batch.groups[key] += [(event, i, c, correlation_id) for i, c in enumerate(commands)]
-
-    async def _fire_due_timers(self, process: Process) -> None:
-        """Every due timer of the process, handled as an event of its key, under a lock on
-        its row (a runner beside this one skips it) until its commands were answered and the
-        key's state saved; a crash in between fires it again, with the same command ids."""
-        conn = self._connection()
-        with conn.transaction():
-            due = take_due_timers(conn, process.name, self.options.reaction_batch_max_events)
-            if not due:
-                return
-            batch = _Batch(states=load_states(conn, process.name,
-                                              sorted({t.key for t in due})))
-            assert batch.states is not None
-            now = database_now(conn)
-            for timer in due:
-                event = timer_event(timer.id, timer.key, timer.name, timer.at)
-                try:
-                    commands = process.step(batch.states.context(timer.key, now), event)
-                except Exception as exc:
-                    batch.raised(event, exc)
-                    continue
-                batch.groups[timer.key] += [(event, i, c, None) for i, c in enumerate(commands)]
-            repeated_before = self.counts.repeated
-            await self._send_groups(batch)
-            crash_point("timer.sent")
-            save_batch(conn, process.name, {}, batch.refusals, {})
-            save_fired(conn, process.name, batch.states, due)
-        self.counts.timers += len(due)
-        self.counts.refused += len(batch.refusals)
-        repeated = self.counts.repeated - repeated_before
-        log.info("process %s: %d timers fired%s", process.name, len(due),
-                 f" ({repeated} of their commands had been executed already, the timers "
-                 "having fired before: answered from the command log)" if repeated else "")
-
-    async def _call_effects(self, effect: Effect, batch: _Batch) -> None:
+    async def _call_effects(self, effect: Effect, batch: ReactionBatch) -> None:
         """Each event's side effect, at least once: one stream's events one after the other,
         streams concurrently; a call given up on is recorded (``failed``) and parks its
         stream."""
@@ -449,45 +356,6 @@ class ReactionRunner:
                 await asyncio.sleep(pause)
                 pause = min(pause * 2, MAX_EFFECT_PAUSE_S)
         raise AssertionError("unreachable")
-
-    async def _send_groups(self, batch: _Batch) -> None:
-        await asyncio.gather(*(self._send_in_order(sends, batch.refusals)
-                               for sends in batch.groups.values()))
-
-    async def _send_in_order(self, commands: Sequence[Send], refusals: list[Refusal]) -> None:
-        for event, index, command, correlation_id in commands:
-            try:
-                result = await self._send(command, event, correlation_id)
-            except UNAVAILABLE:
-                raise
-            except Exception as failed:
-                kind: RefusalKind = "refused" if isinstance(failed, REFUSALS) else "raised"
-                refusals.append(Refusal(event.event_id, index, kind, event.type,
-                                        event.stream_id, f"{type(failed).__name__}: "
-                                        f"{failed}", command.command_name,
-                                        command.command_id))
-                log.log(logging.INFO if kind == "refused" else logging.ERROR,
-                        "reaction %s: %s for event %s %s: %s", self.reaction.name,
-                        command.command_name, event.event_id,
-                        "refused" if kind == "refused" else "raised in its handler", failed)
-                continue
-            self.counts.sent += 1
-            self.counts.repeated += result.replayed
-
-    async def _send(self, command: Command, event: Event,
-                    correlation_id: str | None) -> CommandResult:
-        """Execute ``command``; a version conflict the bus gave up on is tried again (the
-        aggregate is busy with other writers), unless the command states its version."""
-        while True:
-            try:
-                return await self.bus.execute(
-                    command, metadata={"reaction": self.reaction.name,
-                                       "caused_by_event": event.event_id},
-                    correlation_id=correlation_id)
-            except ConcurrencyError:
-                if command.expected_version is not None:
-                    raise
-                await asyncio.sleep(CONFLICT_PAUSE_S)
 
     def _drop_connection(self) -> None:
         if self._conn is not None:

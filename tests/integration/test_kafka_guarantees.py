@@ -6,7 +6,6 @@ made again, stopping a projection loudly."""
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 import os
 import re
@@ -36,26 +35,10 @@ from eventfold.projections.state.topics import (
 from eventfold.read_api.state import KTableView
 from sqlalchemy import BigInteger, Text
 
-from eventfold.contract import EventEnvelope, event_topic, libpq_url
+from eventfold.contract import event_topic, libpq_url
 from tests.kafka_helpers import last_timestamp_ms, produce, read_table
 from tests.pipeline_helpers import make_runner, wait_for, wait_for_more
-
-_positions = itertools.count(1)
-_versions: dict[tuple[str, str], int] = {}
-
-
-def publish(settings, aggregate_type: str, events: list[tuple[str, str, dict]]) -> None:
-    """Events as Debezium would publish them: (stream id, event type, data), versions counted
-    per stream."""
-    topic = event_topic(aggregate_type)
-    TopicAdmin(settings.kafka).ensure([topic], {"cleanup.policy": "delete"})
-    for stream_id, event_type, data in events:
-        version = _versions[(topic, stream_id)] = _versions.get((topic, stream_id), 0) + 1
-        key, value = EventEnvelope(
-            event_id=f"{topic}-{stream_id}-{version}", event_type=event_type,
-            stream_id=stream_id, stream_version=version,
-            global_position=next(_positions), recorded_at="", data=data).encode()
-        produce(settings.kafka, topic, key, value)
+from tests.support.events import made_again, publish
 
 
 def counter(unique: str, **options) -> FoldProjection:
@@ -303,16 +286,6 @@ def test_events_deleted_by_retention_before_a_projection_read_them_stop_it_loudl
     assert "EVENTFOLD_ALLOW_DATA_LOSS" in message
     catch_up(spark, stack_settings, projection, allow_data_loss=True)
     assert sorted(rows(stack_settings, projection)) == ["s4", "s5"]
-
-
-def made_again(settings, aggregate: str, note: str, events: int) -> None:
-    """An operator deletes the aggregate's event topic and makes it again, and ``events``
-    events arrive on the new one."""
-    topic = event_topic(aggregate)
-    admin = TopicAdmin(settings.kafka)
-    admin.delete([topic])
-    wait_for(lambda: admin.describe(topic) is None, "the topic deleted")
-    publish(settings, aggregate, [(f"s{n}", "Counted", {"note": note}) for n in range(events)])
 
 
 def test_a_source_topic_made_again_stops_a_run_before_it_skips_an_event(

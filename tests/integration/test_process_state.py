@@ -68,7 +68,7 @@ def test_a_timer_that_schedules_again_shows_only_its_new_timer(
             now = database_now(conn)
             for timer in due:
                 reminder.step(states.context(timer.key, now),
-                              timer_event(timer.id, timer.key, timer.name, timer.at))
+                              timer_event(timer.key, timer.name, timer.at))
             save_fired(conn, reminder.name, states, due)
 
         pending = conn.execute("SELECT name, fire_at FROM process_timers WHERE process = %s "

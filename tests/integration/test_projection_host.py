@@ -133,7 +133,7 @@ def test_a_source_topic_made_again_under_a_host_stops_its_projection_and_no_othe
     the projection whose topic it was stops, saying so, and none of the others misses a
     sale."""
     from examples import sales
-    from tests.integration.test_kafka_guarantees import made_again, publish
+    from tests.support.events import made_again, publish
 
     sales.app.runtime(stack_settings).setup()
     totals, counted, aggregate = f"sales_totals_{unique}", f"counted_{unique}", f"Counted{unique}"

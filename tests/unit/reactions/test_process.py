@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from eventfold.projections import Event
 from eventfold.reactions import Process, ProcessContext, command_id_for
-from eventfold.reactions.process import timer_event
+from eventfold.reactions.process import refusal_event, timer_event
 
 from examples.fulfilment import CancelPurchase, payment_deadline
 
@@ -30,11 +30,37 @@ def test_a_placed_purchase_waits_for_its_payment_and_a_paid_one_ends() -> None:
 
 def test_a_due_timer_cancels_with_the_id_it_always_has() -> None:
     context = ProcessContext("p1", {"placed": "x"}, NOW)
-    fired = timer_event(7, "p1", "payment_due", NOW)
+    fired = timer_event("p1", "payment_due", NOW)
+    assert fired == timer_event("p1", "payment_due", NOW)  # whoever fires it, however often
+    assert fired.event_id != timer_event("p2", "payment_due", NOW).event_id
+    assert fired.event_id != timer_event("p1", "payment_due", NOW + timedelta(1)).event_id
     [cancel] = payment_deadline.step(context, fired)
     assert cancel == CancelPurchase(purchase_id="p1", reason="not paid in time",
-                                    command_id=command_id_for("payment_deadline", "timer-7", 0))
+                                    command_id=command_id_for("payment_deadline",
+                                                              fired.event_id, 0))
     assert context.finished
+
+
+def test_one_name_is_one_timer_moved_by_scheduling_it_again_or_cancelled() -> None:
+    context = ProcessContext("p1", None, NOW)
+    context.schedule("due", after=timedelta(seconds=60))
+    context.schedule("nudge", after=timedelta(seconds=5))
+    context.schedule("due", after=timedelta(seconds=90))
+    assert [(t.name, t.at) for t in context.timers] == [
+        ("nudge", NOW + timedelta(seconds=5)), ("due", NOW + timedelta(seconds=90))]
+    context.cancel("nudge")
+    assert [t.name for t in context.timers] == ["due"] and context.cancelled == {"nudge"}
+    context.schedule("nudge", at=NOW)
+    assert context.cancelled == set()
+
+
+def test_a_timer_and_a_refusal_reach_the_process_of_their_key_whatever_it_is_keyed_by() -> None:
+    manager = Process("keyed", ("Purchase",), lambda c, e: None, key_by="order")
+    assert manager.key_of(timer_event("o-7", "due", NOW)) == "o-7"
+    refused = refusal_event("o-7", "CancelPurchase", command_id_for("keyed", "e", 0), "paid",
+                            "e", NOW)
+    assert manager.key_of(refused) == "o-7" and refused.type == "command_refused"
+    assert refused.data["reason"] == "paid"
 
 
 def test_a_handler_that_raises_leaves_the_context_as_it_was() -> None:
