@@ -1,13 +1,15 @@
 """One writer per projection, as operators meet it: CLI hosts of one projection while sales
 flow. A rolling deploy (a second host started with ``--standby`` beside the first, which is
 SIGTERMed after a while, and a third started by mistake, refused); a zombie (the writer
-frozen with SIGSTOP inside its commit, past its lease, while the standby takes over, then
-SIGCONTed); a commit held by an operator's row lock for 60 s. Each ends by reading the KTable
-topic back: every key's version rises record after record, and the read model and
-the KTable hold exactly the sales the store holds (nothing lost, nothing applied twice)."""
+frozen with SIGSTOP while a task of it is inside its Kafka commit, past its lease, while the
+standby takes over, then SIGCONTed); a commit held by an operator's row lock for 60 s. Each
+ends by reading the KTable topic back to its end: every key's version rises record after
+record, and the read model and the KTable hold exactly the sales the store holds (nothing
+lost, nothing applied twice)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,16 +18,13 @@ from pathlib import Path
 
 import httpx
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
 from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.outbox.kafka import consume_available, consumer_config
 
-from eventfold.contract import KTABLE_VERSION_HEADER, libpq_url
+from eventfold.contract import libpq_url
 from tests.integration.test_cli import eventfold, stack_env
 from tests.integration.test_metrics import scrape, total
 from tests.pipeline_helpers import (
     folded_total,
-    frozen,
     ktable_totals,
     log_says,
     rows,
@@ -33,7 +32,9 @@ from tests.pipeline_helpers import (
     selling,
     stop_processes,
     wait_for,
+    wait_for_more,
 )
+from tests.support.campaign.checkers import read_ktable
 
 LEASE_S = 5
 
@@ -41,40 +42,6 @@ LEASE_S = 5
 def _host(env: dict[str, str], name: str, log: Path, *flags: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "projection", "run", name,
                              *flags], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-def _versions_that_went_back(settings, topic: str, prefix: str) -> list[str]:
-    """Every KTable record, in each partition's order, whose key's version is below the one
-    the record before it for that key had (a value gone back in time)."""
-    consumer = Consumer(consumer_config(settings.kafka))
-    went_back: list[str] = []
-    try:
-        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-        for partition in partitions:
-            _, end = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-            consumer.assign([TopicPartition(topic, partition, 0)])
-            last: dict[str, int] = {}
-            position = 0
-            while position < end - 1:
-                batch = consume_available(consumer, 10_000, 1.0)
-                if not batch:
-                    break  # the tail is a transaction marker
-                for message in batch:
-                    if message.error() is not None:
-                        continue
-                    position = message.offset() or 0
-                    key = (message.key() or b"").decode()
-                    headers = dict(message.headers() or [])
-                    if not key.startswith(prefix) or KTABLE_VERSION_HEADER not in headers:
-                        continue
-                    version = int(headers[KTABLE_VERSION_HEADER])
-                    if version < last.get(key, 0):
-                        went_back.append(f"{key} v{last[key]} -> v{version} at "
-                                         f"{partition}:{position}")
-                    last[key] = version
-    finally:
-        consumer.close()
-    return went_back
 
 
 def _exact_at_the_end(settings, engine, name: str, unique: str, sent: int) -> None:
@@ -85,7 +52,8 @@ def _exact_at_the_end(settings, engine, name: str, unique: str, sent: int) -> No
     assert {k: int(v) for k, v in rows(engine, name, unique, "total").items()} == expected
     wait_for(lambda: ktable_totals(settings, name, unique) == expected,
              "the KTable to hold every sale", timeout_s=60)
-    assert _versions_that_went_back(settings, f"eventfold.ktable.{name}", unique) == []
+    # Read to each partition's end (or fail): every key's version rises record after record.
+    assert read_ktable(settings.kafka, f"eventfold.ktable.{name}").went_back == []
 
 
 def _drill(stack_settings, tmp_path: Path, unique: str, **extra: str
@@ -144,37 +112,65 @@ def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refus
 
 def test_a_zombie_writer_is_fenced_and_stands_by(
         stack_settings, engine, tmp_path, unique) -> None:
-    """The writer frozen inside its batch's commit, holding the registry row's lock: the
-    standby takes over all the same, and the writer, woken, finds itself fenced."""
-    name, env = _drill(stack_settings, tmp_path, unique)
+    """The writer's process frozen while one of its Spark tasks is inside its Kafka commit
+    (its task paused at ``task.committing``, then the driver SIGSTOPped: a VM pause): the
+    standby takes over once the server ended the frozen task's session, fences every slot
+    the writer's tasks said they use (the writer runs four tasks a batch, the standby one,
+    so only the fencing reaches the frozen task's slot), and writes. Woken, the writer's
+    task finds its transaction aborted, and the writer stands by. No key's version goes
+    back in the KTable; everything is exact."""
+    name, env = _drill(stack_settings, tmp_path, unique, EVENTFOLD_DRIVER_BATCH_MAX_ROWS="0")
     zombie_log, standby_log = tmp_path / "zombie.log", tmp_path / "standby.log"
-    pause = tmp_path / "pause-the-writer"
-    zombie = _host({**env, "EVENTFOLD_PAUSE_AT": "commit.merged",
-                    "EVENTFOLD_PAUSE_WHEN": str(pause)}, name, zombie_log)
+    pause = tmp_path / "pause-a-task"
+    zombie = _host({**env, "EVENTFOLD_SPARK_MASTER": "local[4]",
+                    "EVENTFOLD_PAUSE_AT": "task.committing", "EVENTFOLD_PAUSE_WHEN": str(pause)},
+                   name, zombie_log)
     standby: subprocess.Popen | None = None
     try:
         with selling(stack_settings, unique) as sent:
-            standby = _standby_beside(engine, env, name, unique, standby_log)
+            standby = _standby_beside(engine, {**env, "EVENTFOLD_SPARK_MASTER": "local[1]"},
+                                      name, unique, standby_log)
             pause.touch()
-            wait_for(lambda: frozen(zombie.pid), "the writer to freeze inside its commit",
-                     timeout_s=30)
+            wait_for(lambda: not pause.exists(), "a task of the writer to pause in its commit",
+                     timeout_s=60)
+            zombie.send_signal(signal.SIGSTOP)
             try:
                 wait_for(lambda: log_says(standby_log, "this runner writes it"),
-                         "the standby to take over from the paused writer", timeout_s=30)
+                         "the standby to take over from the frozen writer", timeout_s=60)
                 taken = folded_total(engine, name, unique)
                 wait_for(lambda: folded_total(engine, name, unique) > taken,
                          "the standby to fold", timeout_s=60)
             finally:
-                zombie.send_signal(signal.SIGCONT)
+                for pid in (zombie.pid, *descendants(zombie.pid)):
+                    os.kill(pid, signal.SIGCONT)
             wait_for(lambda: log_says(zombie_log, "lost its writer lease"),
-                     "the zombie to find itself fenced", timeout_s=30)
+                     "the zombie to find itself fenced", timeout_s=60)
             wait_for(lambda: log_says(zombie_log, "standing by to take it over again"),
                      "the zombie to stand by", timeout_s=60)
-            time.sleep(3)  # sales keep flowing after the zombie woke
+            wait_for_more(sent, 100, "after the zombie woke")
         _exact_at_the_end(stack_settings, engine, name, unique, sent())
         assert zombie.poll() is None, "the fenced host stands by, it does not exit"
     finally:
         stop_processes((zombie, standby), what="a projection host")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (a driver's JVM, its Python workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat[stat.rindex(")") + 2:].split()[1])
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(

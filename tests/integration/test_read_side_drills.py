@@ -126,7 +126,12 @@ class Load:
     def __init__(self, writer: Materializer, current: dict[str, int]) -> None:
         self.writer = writer
         self.current = dict(current)
-        self.allowed: dict[str, set[int | None]] = {k: {v} for k, v in current.items()}
+        self.allowed: dict[str, set[int | None]] = {}
+        self.order: dict[str, dict[int | None, int]] = {}
+        """When each value of a key was recorded (a sequence number): a reader of one
+        instance never sees a key's values go back in it."""
+        for key, value in current.items():
+            self.note(key, value)
         self.counter = max(current.values()) + 1
         self.version = 1_000
         self.done = threading.Event()
@@ -134,11 +139,17 @@ class Load:
         self.lock = threading.Lock()
         self._thread: threading.Thread | None = None
 
+    def note(self, key: str, value: int | None) -> None:
+        """``key`` may have ``value`` from now on (recorded before its batch commits)."""
+        self.allowed.setdefault(key, set()).add(value)
+        order = self.order.setdefault(key, {})
+        order[value] = sum(len(o) for o in self.order.values())
+
     def commit(self, states: dict[str, int | None]) -> None:
         """One batch (None deletes a key)."""
         with self.lock:
             for key, value in states.items():
-                self.allowed.setdefault(key, set()).add(value)
+                self.note(key, value)
             self.writer.commit({k: None if v is None else {"quantity": v}
                                 for k, v in states.items()}, first_stream_version=self.version)
             self.version += len(states) + 1
@@ -183,6 +194,10 @@ class Readers:
         self.tolerated: tuple[str, ...] = ()
         """503s a drill expects for a while (their text), kept apart in ``waited``."""
         self.waited: list[str] = []
+        self.went_back: list[str] = []
+        self._seen: dict[tuple[int, str, int | None], int] = {}
+        """The latest value each instance answered for each key of each version (when it was
+        recorded)."""
         self._threads = [threading.Thread(target=self._read, args=(i,), daemon=True)
                          for i in range(len(instances))]
 
@@ -216,8 +231,15 @@ class Readers:
         elif response.status_code != 200:
             self.failed.append(f"instance {number} {key!r}: {response.status_code} "
                                f"{response.text[:300]}")
-        elif response.json().get("value", {}).get("quantity") not in allowed:
+        elif (quantity := response.json().get("value", {}).get("quantity")) not in allowed:
             self.wrong.append(f"instance {number} {key!r}: {response.json()}")
+        else:  # within one version (a replay's is built anew), a key's values never go back
+            version = response.json().get("freshness", {}).get("projection_version")
+            seen, recorded = (number, key, version), self.load.order[key][quantity]
+            if recorded < self._seen.get(seen, -1):
+                self.went_back.append(f"instance {number} {key!r} v{version}: {quantity}, "
+                                      "after a newer value")
+            self._seen[seen] = max(recorded, self._seen.get(seen, -1))
 
     def __enter__(self) -> Readers:
         for thread in self._threads:
@@ -233,6 +255,7 @@ class Readers:
         assert self.reads >= at_least, self.reads
         assert self.failed == [], self.failed[:10]
         assert self.wrong == [], self.wrong[:10]
+        assert self.went_back == [], self.went_back[:10]
 
 
 class Drill:
@@ -499,7 +522,8 @@ def test_a_replay_switches_every_instance_to_the_next_version(drill: Drill) -> N
     try:
         assert catalog.begin_build(drill.name) == 2
         v2 = {key: 10_000 + value for key, value in drill.load.current.items()}
-        drill.load.allowed.update({k: drill.load.allowed[k] | {v} for k, v in v2.items()})
+        for key, value in v2.items():
+            drill.load.note(key, value)
         v2_writer = Materializer(settings, drill.projection, version=2)
         v2_writer.commit({k: {"quantity": v} for k, v in v2.items()})
         with drill.readers() as readers:
@@ -544,9 +568,12 @@ def test_the_topic_deleted_and_made_again_under_the_instances(drill: Drill) -> N
     drill.writer.close()
     drill.writer = drill.load.writer = Materializer(drill.settings, drill.projection,
                                                     drill.writer.version)
-    drill.load.allowed = {k: drill.load.allowed.get(k, set()) | {v, None}
-                          for k, v in kept.items()} | {
-        k: {None} for k in KEYS if k not in kept}
+    for key in KEYS:  # a key the new topic lacks is gone; one it holds may still be too
+        drill.load.note(key, None)
+        if key in kept:
+            drill.load.note(key, kept[key])
+        else:
+            drill.load.allowed[key] = {None}
     drill.writer.sink.output.states((k, _state(v)) for k, v in kept.items())
     drill.writer.sink.output.flush()
     drill.load.current = kept
