@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import os
@@ -127,6 +128,7 @@ class Supervisor:
                 slot.process.terminate()  # SIGTERM: each worker drains its in-flight requests
 
     def _start(self, slot: _Slot) -> None:
+        _libc()  # loaded here: the forked child may only make the call
         slot.process = subprocess.Popen(self.command, env=self.env,
                                         preexec_fn=_stop_with_the_supervisor)
         slot.started_at = time.monotonic()
@@ -170,11 +172,18 @@ class Supervisor:
 _PR_SET_PDEATHSIG = 1
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """The C library, found and loaded in the supervisor: finding it runs a program
+    (``ldconfig``), which a child forked from a process with threads must not do before it
+    execs (a lock another thread held at the fork is never released in the child)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
 def _stop_with_the_supervisor() -> None:
     """In a worker before it runs (Linux): SIGTERM when the supervisor dies, however it dies,
     so that no worker is left holding the port with nobody to stop it."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _forget_samples_of(pid: int) -> None:
