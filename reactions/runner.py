@@ -101,6 +101,8 @@ class ReactionRunner:
         self.counts = ReactionCounts()
         self.sender = CommandSender(reaction.name, bus)
         self._conn: psycopg.Connection | None = None
+        self.consumer: Consumer | None = None
+        """The group member it reads with, while it runs."""
         self._sources = SourceIds(kafka, reaction)
         self._read_from: dict[PartitionKey, int] = {}
         """Where this runner's next batch reads each assigned partition from: the position
@@ -130,7 +132,7 @@ class ReactionRunner:
         acting_as(self.actor)
         name = self.reaction.name
         session_ms = int(self.options.reaction_session_timeout_s * 1000)
-        consumer = Consumer(self.kafka.client_config(**{
+        consumer = self.consumer = Consumer(self.kafka.client_config(**{
             "group.id": self.group, "enable.auto.commit": False,
             "auto.offset.reset": "earliest", "log.connection.close": False,
             "enable.partition.eof": True,
@@ -192,7 +194,11 @@ class ReactionRunner:
     def _seek_to_positions(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """On assignment: each partition from the reaction's saved position (a partition
         created after the reaction started, from its beginning)."""
-        consumer.assign(self._saved_starts(partitions))
+        starts = self._saved_starts(partitions)
+        consumer.assign(starts)
+        log.info("reaction %s: assigned %s", self.reaction.name, ", ".join(
+            f"{tp.topic}[{tp.partition}] from {self._read_from[(tp.topic, tp.partition)]}"
+            for tp in starts) or "no partition")
 
     def _rewind(self, consumer: Consumer) -> None:
         """After a failed batch: every assigned partition back to its saved position."""

@@ -8,13 +8,16 @@ actor's name; runners are ``reaction run``'s (``Runtime.run_reactions``)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
 from eventfold.projections.host import ProjectionHost
+from eventfold.reactions.runner import POLL_WAIT_S, ReactionRunner
 
 from eventfold import Eventfold, Settings
 from tests.support.campaign.nemesis import Killed
@@ -59,6 +62,9 @@ class Actor:
     def stop(self) -> None:
         raise NotImplementedError
 
+    def killed(self) -> None:
+        """Struck by a kill: what a process's death does beyond stopping its threads."""
+
     def join(self, timeout_s: float = 60) -> None:
         if self.thread is not None:
             self.thread.join(timeout_s)
@@ -91,17 +97,37 @@ class HostActor(Actor):
 
 @dataclass
 class ReactionsActor(Actor):
-    """``reaction run NAME...``."""
+    """``reaction run NAME...``: its runners on one event loop, with one command bus, as
+    ``Runtime.run_reactions`` runs them."""
 
     app: Eventfold | None = None
     settings: Settings | None = None
     reactions: Sequence[str] = ()
     stopping: threading.Event = field(default_factory=threading.Event, init=False)
+    runners: list[ReactionRunner] = field(default_factory=list, init=False)
 
     def _work(self) -> None:
         assert self.app is not None and self.settings is not None
         runtime = self.app.runtime(as_actor(self.settings, self.name))
-        runtime.run_reactions(list(self.reactions), self.stopping, actor=self.name)
+
+        async def run_all() -> None:
+            bus = runtime.async_command_bus()
+            async with bus.repository.store:
+                self.runners = [runtime.reaction_runner(name, bus, self.name)
+                                for name in self.reactions]
+                await asyncio.gather(*(runner.run(self.stopping) for runner in self.runners))
+
+        asyncio.run(run_all())
+
+    def killed(self) -> None:
+        """As a process's death closes its connections: the broker drops its consumers
+        (here they would heartbeat on, from threads the nemesis does not stop). Once a poll
+        under way on an executor thread has returned (the loop that would start the next is
+        stopped)."""
+        time.sleep(2 * POLL_WAIT_S)
+        for runner in self.runners:
+            if runner.consumer is not None:
+                runner.consumer.close()
 
     def stop(self) -> None:
         self.stopping.set()

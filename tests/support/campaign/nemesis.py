@@ -57,6 +57,8 @@ class Nemesis:
     threads to unwind)."""
     _armed: list[Struck] = field(default_factory=list)
     _changed: threading.Condition = field(default_factory=threading.Condition)
+    on_kill: Callable[[str], None] = lambda _actor: None
+    """Told of each actor killed (after its sessions were ended)."""
     _uninstall: Callable[[], None] | None = None
     _pauses: list[threading.Thread] = field(default_factory=list)
 
@@ -124,7 +126,8 @@ class Nemesis:
             if hit is not None:
                 self._armed.remove(hit)
                 hit.at = time.monotonic()
-                log.info("nemesis: %s strikes %s at %s", hit.fault.kind, actor, point)
+                log.info("nemesis: %s strikes %s at %s (thread %s)", hit.fault.kind, actor, point,
+                         threading.current_thread().name)
                 self._strike(hit)
             while (state := self._frozen.get(actor)) is not None:
                 if state == "released":
@@ -139,7 +142,7 @@ class Nemesis:
             self._later(fault.hold_s, lambda: self.thaw(actor))
         elif fault.kind == "kill":
             self._frozen[actor] = "killed"
-            self._later(0, lambda: self._end_sessions(actor))
+            self._later(0, lambda: (self._end_sessions(actor), self.on_kill(actor)))
         elif fault.kind == "postgres_pause":
             self._pause([self.postgres_pid, *_children(self.postgres_pid)], fault.hold_s)
         elif fault.kind == "broker_pause":

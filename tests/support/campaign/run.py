@@ -90,9 +90,10 @@ class Campaign:
             partitions=self.settings.event_topic_partitions)
         settings = self.settings.model_copy(update={
             "driver_batch_max_rows": 0 if schedule.spark_tasks else 1_000_000})
-        nemesis = Nemesis(settings.database_url, self.stack.pid_of("postgres"),
-                          self.stack.pid_of("broker"))
         actors: dict[str, Actor] = {}
+        nemesis = Nemesis(settings.database_url, self.stack.pid_of("postgres"),
+                          self.stack.pid_of("broker"),
+                          on_kill=lambda name: _named(actors, name).killed())
         prefix = names.suffix
         stuck = lost = ""
 
@@ -204,6 +205,10 @@ def _actor_for(target: str, actors: dict[str, Actor], conn: psycopg.Connection,
         holder = _lease_holder(conn, names.projection)
         return next((a for a in actors.values() if a.name == holder), actors["writer"])
     return actors[target]
+
+
+def _named(actors: dict[str, Actor], name: str) -> Actor:
+    return next(actor for actor in actors.values() if actor.name == name)
 
 
 def _load(bus: CommandBus, schedule: Schedule, prefix: str) -> None:
