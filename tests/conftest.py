@@ -1,4 +1,12 @@
-"""Shared fixtures. Integration fixtures start the real stack once per test session."""
+"""Shared fixtures, and the suite's tiers. Integration fixtures start the real stack once
+per test session (per xdist worker).
+
+Every test is in one tier (docs/testing.md): ``unit`` (tests/unit: no stack), ``stack`` (the
+session's shared stack; projections, hosts and reaction runners in this process, on the shared
+Spark session, and one CLI smoke test per verb) or ``drill`` (processes of their own killed or
+frozen from outside, stacks of their own, the cluster, the first app, the fault campaign: the
+modules ``DRILLS`` names, and tests marked ``pytest.mark.drill``). ``scripts/test.sh`` runs
+all three, ``scripts/test.sh --fast`` the first two."""
 
 from __future__ import annotations
 
@@ -71,7 +79,39 @@ def spark(stack_settings: Settings):
     session.stop()
 
 
+@pytest.fixture(scope="session")
+def eventfold_wheel(tmp_path_factory: pytest.TempPathFactory):
+    """Eventfold's wheel, built once per test run (``tests/packaging.py``)."""
+    from tests.packaging import run_dir_of, wheel_of_this_run
+
+    return wheel_of_this_run(run_dir_of(tmp_path_factory.getbasetemp()))
+
+
 @pytest.fixture
 def unique() -> str:
     """A short unique prefix so tests sharing the stack never share keys."""
     return uuid.uuid4().hex[:10]
+
+
+DRILLS = frozenset({
+    "test_campaign", "test_cdc_operations", "test_cli", "test_crash_points", "test_dashboard",
+    "test_demo", "test_first_app", "test_ktable_instances", "test_one_writer",
+    "test_projection_host", "test_reactions", "test_reactions_frozen",
+    "test_read_api_operations", "test_read_side_drills", "test_sales_targets",
+    "test_secured_kafka", "test_serving_through_a_replay", "test_node_failures",
+    "test_spark_cluster",
+})
+"""The modules of the ``drill`` tier."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each test in its tier (before ``-m`` selects by them): the drill modules' tests and
+    those marked ``drill`` are drills, the rest of tests/integration ``stack``, tests/unit
+    ``unit``."""
+    for item in items:
+        if item.path.stem in DRILLS:
+            item.add_marker(pytest.mark.drill)
+        if item.get_closest_marker("drill") is None:
+            unit = "tests/unit/" in item.path.as_posix()
+            item.add_marker(pytest.mark.unit if unit else pytest.mark.stack)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +24,23 @@ def build_wheel(out: Path) -> Path:
     shutil.rmtree(source)
     [wheel] = out.glob("eventfold-*.whl")
     return wheel
+
+
+def wheel_of_this_run(run_dir: Path) -> Path:
+    """The wheel, built once for the run whose temporary directory is ``run_dir`` (shared by
+    its xdist workers: the first to ask builds it, under a lock, the others wait for it)."""
+    out = run_dir / "wheel"
+    out.mkdir(exist_ok=True)
+    with (run_dir / "wheel.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if found := sorted(out.glob("eventfold-*.whl")):
+            return found[0]
+        return build_wheel(out)
+
+
+def run_dir_of(basetemp: Path) -> Path:
+    """The temporary directory of the whole run: an xdist worker's basetemp is one of its."""
+    return basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
 
 
 def readme_commands() -> list[str]:

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from eventfold.local_stack.process import stop_pid
+from eventfold.projections import Projection
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 
+from eventfold import Command
 from eventfold.contract import event_topic
-from tests.kafka_helpers import read_table, read_topic
+from tests.kafka_helpers import read_table
 
 
 def wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
@@ -80,13 +83,31 @@ def catch_up(spark, settings, projection, **overrides: Any) -> ProjectionRunner:
 
 
 def wait_until_in_topic(settings, aggregate_type: str, prefix: str, count: int) -> None:
-    """Debezium has published ``count`` events of these streams (CDC is asynchronous)."""
+    """Debezium has published ``count`` events of these streams (CDC is asynchronous). The
+    topic is read once up to its end, then only what came after, with one consumer: a wait
+    costs the same however many events earlier tests left on the shared topic."""
+    from confluent_kafka import Consumer
+    from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
+
     topic = event_topic(aggregate_type)
+    planner, consumer = OffsetPlanner(settings.kafka), Consumer(consumer_config(settings.kafka))
+    read: dict = {}
+    found = [0]
 
     def published() -> bool:
-        rows = read_topic(settings.kafka, topic)
-        return sum(1 for r in rows if (r["key"] or "").startswith(prefix)) >= count
-    wait_for(published, f"{count} events of {prefix} on {topic}")
+        ends = planner.end_offsets(planner.partitions([topic]))
+        for partition, end in ends.items():
+            for chunk in iter_range(consumer, partition, read.get(partition, 0), end):
+                found[0] += sum(1 for m in chunk if (m.key() or b"").startswith(
+                    prefix.encode()))
+            read[partition] = max(end, read.get(partition, 0))
+        return found[0] >= count
+
+    try:
+        wait_for(published, f"{count} events of {prefix} on {topic}")
+    finally:
+        consumer.close()
+        planner.close()
 
 
 def topic_records(settings, aggregate_type: str) -> int:
@@ -242,3 +263,32 @@ def selling(settings, prefix: str) -> Iterator[Callable[[], int]]:
     finally:
         stop.set()
         seller.join(timeout=30)
+
+
+def renamed(projection: Projection, unique: str, **changes) -> Projection:
+    """The example's projection under a name of this test's own (tests share the stack)."""
+    return dataclasses.replace(projection, name=f"{projection.name}_{unique}", table="",
+                               ktable_topic="", **changes)
+
+
+@contextmanager
+def placing(settings, purchases: Sequence[Command], pause_s: float) -> Iterator[list[str]]:
+    """``purchases`` (``PlacePurchase`` commands) placed one after the other on a thread,
+    ``pause_s`` apart; yields the ids of those placed so far."""
+    from examples import fulfilment
+
+    placed: list[str] = []
+
+    def place() -> None:
+        bus = fulfilment.app.runtime(settings).command_bus()
+        for purchase in purchases:
+            bus.execute(purchase)
+            placed.append(purchase.stream_id())
+            time.sleep(pause_s)
+
+    placing_thread = threading.Thread(target=place, daemon=True)
+    placing_thread.start()
+    try:
+        yield placed
+    finally:
+        placing_thread.join(timeout=120)

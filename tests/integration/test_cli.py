@@ -9,9 +9,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from pathlib import Path
 
 import psycopg
 from eventfold.local_stack import LocalStack
@@ -21,43 +18,7 @@ from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.status import projection_status
 
 from eventfold.contract import libpq_url
-
-
-def eventfold(*args: str, env: dict[str, str],
-              timeout: float = 180) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "eventfold.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def stack_env(settings, tmp_path, **extra: str) -> dict[str, str]:
-    """The environment a CLI process needs to use the test session's stack."""
-    return {**os.environ, "EVENTFOLD_DATABASE_URL": settings.database_url,
-            "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "EVENTFOLD_CONNECT_URL": settings.connect_url,
-            "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-            "EVENTFOLD_STATE_DIR": str(tmp_path / "state"), **extra}
-
-
-def start_serving(api: str, env: dict[str, str], log: Path) -> subprocess.Popen:
-    """``eventfold serve api`` (commands, reads) logging to ``log``; the caller stops it."""
-    return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "serve", api], env=env,
-                            stdout=log.open("w"), stderr=subprocess.STDOUT)
-
-
-@contextmanager
-def cli_processes(env: dict[str, str], tmp_path, *commands: list[str]) -> Iterator[list]:
-    """``eventfold`` processes running ``commands``, each logging to tmp_path/process<n>.log;
-    stopped by PID when the block ends."""
-    processes = []
-    try:
-        for n, args in enumerate(commands):
-            log = (tmp_path / f"process{n}.log").open("w")
-            processes.append(subprocess.Popen([sys.executable, "-m", "eventfold.cli", *args],
-                                              env=env, stdout=log, stderr=subprocess.STDOUT))
-        yield processes
-    finally:
-        for process in processes:
-            stop_pid(process.pid, what="eventfold process", timeout_s=90)
+from tests.support.cli import eventfold, stack_env, start_serving
 
 
 def test_stack_up_restarts_a_dead_component_and_never_loses_the_event_store(tmp_path) -> None:

@@ -21,7 +21,6 @@ from eventfold.projections.state.readers import READER_TTL_S
 from sqlalchemy import text
 
 from examples import sales
-from tests.integration.test_cli import eventfold, stack_env, start_serving
 from tests.kafka_helpers import read_table, read_topic
 from tests.pipeline_helpers import (
     ktable_totals,
@@ -30,6 +29,7 @@ from tests.pipeline_helpers import (
     topic_records,
     wait_until_in_topic,
 )
+from tests.support.cli import eventfold, stack_env, start_serving
 
 SALES = [("a", 1500), ("b", 1000), ("a", 600), ("c", 2500), ("b", 500), ("d", 700)]
 """a crosses the target (2000) at 2100, c at 2500; b and d stay below."""

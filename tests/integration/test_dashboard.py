@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 
-from tests.integration.test_cli import stack_env
 from tests.packaging import ROOT
 from tests.pipeline_helpers import wait_for
+from tests.support.cli import stack_env
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 ARTIFACTS = ROOT / "test-artifacts"

@@ -33,11 +33,10 @@ from sqlalchemy import BigInteger, create_engine
 from sqlalchemy.exc import ProgrammingError
 
 from examples.inventory import ReceiveStock
-from tests.integration.test_cli import eventfold, stack_env
-from tests.integration.test_metrics import scrape, total
 from tests.kafka_helpers import produce, read_table
 from tests.packaging import ROOT
 from tests.pipeline_helpers import rows, store_totals, wait_for
+from tests.support.cli import eventfold, scrape, stack_env, total
 
 
 def test_a_poison_event_parks_its_key_until_it_is_retried_or_discarded(

@@ -3,7 +3,6 @@ Debezium -> broker -> Spark projections -> read models, KTables and derived-even
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 from collections.abc import Iterator
@@ -12,7 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 from eventfold.outbox.design import OutboxDesign
-from eventfold.projections import Lookup, Projection
+from eventfold.projections import Lookup
 from eventfold.projections.replay import replay
 from eventfold.projections.state.catalog import ProjectionCatalog, VersionSwitched
 from eventfold.projections.state.store import ReadModelStore
@@ -20,22 +19,17 @@ from sqlalchemy import Engine, text
 
 from eventfold.contract import EventEnvelope, event_topic
 from examples import orders, point_of_sale, sales
-from tests.integration.test_read_api import get, read_api
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
     catch_up,
     make_runner,
+    renamed,
     rows,
     runner_settings,
     wait_for,
     wait_until_in_topic,
 )
-
-
-def renamed(projection: Projection, unique: str, **changes) -> Projection:
-    """The example's projection under a name of this test's own (tests share the stack)."""
-    return dataclasses.replace(projection, name=f"{projection.name}_{unique}", table="",
-                               ktable_topic="", **changes)
+from tests.support.read_api import get, read_api
 
 
 def derived(settings, topic: str, prefix: str) -> list[dict]:

@@ -22,7 +22,7 @@ import requests
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 
-from tests.packaging import ROOT, build_wheel
+from tests.packaging import ROOT
 
 
 def fresh_virtualenv(where: Path, wheel: Path) -> Path:
@@ -42,9 +42,8 @@ def fresh_virtualenv(where: Path, wheel: Path) -> Path:
     return bin_dir
 
 
-def test_a_first_app_from_an_empty_directory(tmp_path) -> None:
-    wheel = build_wheel(tmp_path / "dist")
-    bin_dir = fresh_virtualenv(tmp_path / "venv", wheel)
+def test_a_first_app_from_an_empty_directory(tmp_path, eventfold_wheel) -> None:
+    bin_dir = fresh_virtualenv(tmp_path / "venv", eventfold_wheel)
     work = tmp_path / "shop"
     work.mkdir()
     assert not str(work).startswith(str(ROOT))

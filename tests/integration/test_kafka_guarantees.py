@@ -402,6 +402,7 @@ def test_a_reaction_reads_a_source_topic_made_again_while_it_was_down_from_its_b
 
 
 # -- a broker crash ---------------------------------------------------------------------------
+@pytest.mark.drill
 def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothing(
         tmp_path, unique) -> None:
     """SIGKILL the broker under a streaming `projection run` while commands flow; `stack up`

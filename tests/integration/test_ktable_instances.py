@@ -31,8 +31,8 @@ from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import BigInteger
 
 from eventfold.contract.partitioner import partition_for
-from tests.integration.test_cli import stack_env, start_serving
 from tests.pipeline_helpers import materialize, wait_for
+from tests.support.cli import stack_env, start_serving
 
 PARTITIONS = 12
 KEYS = [f"k{i:03d}" for i in range(240)]

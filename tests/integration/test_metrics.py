@@ -7,27 +7,11 @@ from __future__ import annotations
 
 import httpx
 from eventfold.local_stack.process import free_port, port_is_open, wait_until
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.test_cli import cli_processes, stack_env
 from tests.pipeline_helpers import wait_for
+from tests.support.cli import cli_processes, scrape, stack_env, total
 
 Samples = list[tuple[str, dict[str, str], float]]
-
-
-def scrape(url: str) -> Samples:
-    response = httpx.get(f"{url}/metrics", timeout=10)
-    assert response.status_code == 200, response.text[:500]
-    assert response.headers["content-type"].startswith("text/plain")
-    return [(s.name, s.labels, s.value)
-            for family in text_string_to_metric_families(response.text)
-            for s in family.samples]
-
-
-def total(samples: Samples, name: str, **labels: str) -> float:
-    """The sum of ``name``'s samples whose labels include ``labels``."""
-    return sum(value for sample, found, value in samples
-               if sample == name and labels.items() <= found.items())
 
 
 def test_each_process_reports_what_it_did(inventory_app, stack_settings, tmp_path,

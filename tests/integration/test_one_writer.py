@@ -21,8 +21,6 @@ import psycopg
 from eventfold.local_stack.process import free_port, stop_pid
 
 from eventfold.contract import libpq_url
-from tests.integration.test_cli import eventfold, stack_env
-from tests.integration.test_metrics import scrape, total
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,
@@ -35,6 +33,7 @@ from tests.pipeline_helpers import (
     wait_for_more,
 )
 from tests.support.campaign.checkers import read_ktable
+from tests.support.cli import eventfold, scrape, stack_env, total
 
 LEASE_S = 5
 
@@ -93,8 +92,8 @@ def test_a_rolling_deploy_hands_the_projection_over_and_a_second_writer_is_refus
             assert f"projection {name} is written by" in refused.stderr
             assert "--standby" in refused.stderr
             folded_before = folded_total(engine, name, unique)
-            time.sleep(10)
-            assert folded_total(engine, name, unique) > folded_before, "the writer folds on"
+            wait_for(lambda: folded_total(engine, name, unique) > folded_before,
+                     "the writer to fold on beside its standby", timeout_s=60)
             stopped_at = time.monotonic()
             stop_pid(old.pid, what="the old host")
             wait_for(lambda: log_says(new_log, "v1: streaming from"),
@@ -175,11 +174,12 @@ def descendants(pid: int) -> list[int]:
 
 def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
         stack_settings, engine, tmp_path, unique) -> None:
-    """Drill (c): an operator's session holds the projection's checkpoint row for 60 s. The
-    host notices within its stall bound (log, ``eventfold_projection_stalled``), starts the
-    projection again, and once the lock goes it folds on: exact, nothing back in time."""
+    """Drill (c): an operator's session holds the projection's checkpoint row, past the
+    host's stall bound and again past its doubled bound. The host notices within its stall
+    bound (log, ``eventfold_projection_stalled``), starts the projection again, and once the
+    lock goes it folds on: exact, nothing back in time."""
     metrics_port = free_port()
-    name, env = _drill(stack_settings, tmp_path, unique, EVENTFOLD_PROJECTION_STALL_S="5",
+    name, env = _drill(stack_settings, tmp_path, unique, EVENTFOLD_PROJECTION_STALL_S="3",
                        EVENTFOLD_METRICS_PORT=str(metrics_port))
     log = tmp_path / "host.log"
     host = _host(env, name, log)
@@ -203,7 +203,10 @@ def test_a_commit_held_by_a_row_lock_is_noticed_and_the_projection_recovers(
                 noticed_s = time.monotonic() - locked_at
                 assert noticed_s <= 40, f"the stall was noticed after {noticed_s:.0f} s"
                 assert log_says(log, f"projection {name} stalled")
-                time.sleep(max(60 - (time.monotonic() - locked_at), 0))
+                # Held on past the next run's bound (twice the first): it stalls again.
+                wait_for(lambda: log_says(log, "stalled: its batch or look has gone on")
+                         and (log.read_text().count(f"projection {name} stalled") >= 2),
+                         "the next run to stall on the lock too", timeout_s=60)
                 operator.rollback()
             released_at = time.monotonic()
             behind = folded_total(engine, name, unique)

@@ -16,8 +16,8 @@ import pytest
 from eventfold.local_stack.process import free_port, port_is_open, wait_until
 from sqlalchemy import text
 
-from tests.integration.test_cli import cli_processes, stack_env
 from tests.pipeline_helpers import catch_up
+from tests.support.cli import cli_processes, stack_env
 
 SCHEMATHESIS = Path(sys.executable).parent / "schemathesis"
 TOKEN = "conformance-token"

@@ -21,9 +21,6 @@ from sqlalchemy.exc import ProgrammingError
 
 from eventfold import migrations
 from eventfold.contract import event_topic
-from tests.integration.test_cli import eventfold, stack_env
-from tests.integration.test_metrics import scrape, total
-from tests.integration.test_status import status_json
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,
@@ -34,6 +31,7 @@ from tests.pipeline_helpers import (
     topic_records,
     wait_for,
 )
+from tests.support.cli import eventfold, scrape, stack_env, status_json, total
 
 
 def test_a_host_runs_an_apps_projections_and_a_poison_one_disturbs_none(

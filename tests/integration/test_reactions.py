@@ -12,22 +12,19 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
 from eventfold.local_stack.process import stop_pid
 from eventfold.reactions.definition import topics_of
-from eventfold.write_model import Command
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 
-from tests.integration.test_cli import eventfold, stack_env
 from tests.kafka_helpers import read_table, read_topic
-from tests.pipeline_helpers import log_says, wait_for
+from tests.pipeline_helpers import log_says, placing, wait_for
+from tests.support.cli import eventfold, stack_env
 
 PURCHASES = int(os.environ.get("EVENTFOLD_DRILL_PURCHASES", "2000"))
 """The suite's scale; the drill at the issue's (``EVENTFOLD_DRILL_PURCHASES=10000``) is run
@@ -40,29 +37,6 @@ def _reaction(env: dict[str, str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "eventfold.cli", "reaction", "run",
                              "reserve_stock"], env=env, stdout=log.open("w"),
                             stderr=subprocess.STDOUT)
-
-
-@contextmanager
-def placing(settings, purchases: Sequence[Command], pause_s: float) -> Iterator[list[str]]:
-    """``purchases`` (``PlacePurchase`` commands) placed one after the other on a thread,
-    ``pause_s`` apart; yields the ids of those placed so far."""
-    from examples import fulfilment
-
-    placed: list[str] = []
-
-    def place() -> None:
-        bus = fulfilment.app.runtime(settings).command_bus()
-        for purchase in purchases:
-            bus.execute(purchase)
-            placed.append(purchase.stream_id())
-            time.sleep(pause_s)
-
-    placing_thread = threading.Thread(target=place, daemon=True)
-    placing_thread.start()
-    try:
-        yield placed
-    finally:
-        placing_thread.join(timeout=120)
 
 
 def _purchasing(settings, unique: str, shelves: list[str], short: str

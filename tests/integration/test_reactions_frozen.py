@@ -15,9 +15,8 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from tests.integration.test_cli import stack_env
-from tests.integration.test_reactions import placing
-from tests.pipeline_helpers import frozen, log_says, stop_processes, wait_for
+from tests.pipeline_helpers import frozen, log_says, placing, stop_processes, wait_for
+from tests.support.cli import stack_env
 
 PURCHASES = 600
 """Placed over about twelve seconds (before, while and after the first runner is frozen),

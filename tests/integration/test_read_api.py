@@ -19,10 +19,9 @@ import psycopg
 import pytest
 import requests
 from eventfold.local_stack.process import free_port
-from eventfold.projections import FoldProjection
 from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
-from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
+from eventfold.read_api import ReadApiOptions, create_read_app
 from eventfold.read_api import params as read_params
 from eventfold.read_api.metrics import READ_YOUR_WRITES
 from eventfold.read_api.query import encode_cursor, page_query, parse_list_query, parse_sort
@@ -30,21 +29,11 @@ from eventfold.read_api.schema import ReadModelSchema
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from psycopg import sql
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
 
 from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import materialize, wait_for
-
-NAMES = ["apple", "banana", "bandana", "cherry", "pear", None]
-COLUMNS = {"name": String(), "price": Numeric(10, 2), "stock": Integer(), "rating": Float(),
-           "active": Boolean(), "tags": JSON(), "listed_at": DateTime(timezone=True)}
-
-
-def catalog_projection(unique: str) -> FoldProjection:
-    return FoldProjection(name=f"catalog_{unique}", sources=("Catalog",), columns=COLUMNS,
-                      apply=lambda state, event: event.data,
-                      indexes=("name", "price", "stock", "listed_at"))
+from tests.support.read_api import NAMES, catalog_projection, get, read_api
 
 
 def catalog_rows(count: int, seed: int) -> dict[str, dict]:
@@ -59,20 +48,6 @@ def catalog_rows(count: int, seed: int) -> dict[str, dict]:
         "tags": [rng.choice(["x", "y"])],
         "listed_at": start + timedelta(hours=rng.randint(0, 24 * 300)),
     } for i in range(count)}
-
-
-def read_api(projections, settings, instance: str, **limits: int) -> BackgroundServer:
-    """A read API instance as the product runs it: KTables in RocksDB stores of its own."""
-    options = ReadApiOptions(database_url=settings.database_url,
-                             kafka=settings.kafka, instance_id=instance,
-                             ktable_store=StoreConfig(settings.state_dir / instance,
-                                                      cache_mb=64),
-                             **limits)
-    server = BackgroundServer(create_read_app(projections, options), "127.0.0.1",
-                              free_port()).start()
-    wait_for(lambda: requests.get(f"{server.url}/ready", timeout=5).status_code == 200,
-             f"read API {instance} ready", 60)
-    return server
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +66,6 @@ def reads(catalog, stack_settings):
     server = read_api([catalog[0]], stack_settings, "instance-a")
     yield server
     server.stop()
-
-
-def get(server, path: str, **params) -> requests.Response:
-    return requests.get(f"{server.url}{path}", params=params, timeout=30)
 
 
 # -- a Python model of the query semantics -------------------------------------------------------

@@ -36,9 +36,9 @@ from eventfold import Eventfold
 from eventfold.config import Settings
 from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
-from tests.integration.test_cli import stack_env, start_serving
-from tests.integration.test_read_api import catalog_projection, get
 from tests.pipeline_helpers import Materializer, materialize, wait_for
+from tests.support.cli import stack_env, start_serving
+from tests.support.read_api import catalog_projection, get, get_as_a_client, lock_holder
 
 
 @pytest.fixture(scope="module")
@@ -165,20 +165,6 @@ def test_sigterm_lets_an_in_flight_read_finish(inventory_app, stack_settings, tm
     assert "stopped cleanly" in log.read_text()
 
 
-def _lock_holder(pids: list[int], lock_name: str, under: Path | None = None) -> int | None:
-    """The process that has a file named ``lock_name`` open (``under`` a directory if given):
-    the store's writer, or the workers' lead."""
-    for pid in pids:
-        try:
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                target = Path(os.readlink(fd))
-                if target.name == lock_name and (under is None or target.parent == under):
-                    return pid
-        except OSError:
-            continue
-    return None
-
-
 def _database_connections(database_url: str, pids: list[int]) -> dict[str, int]:
     """How many connections ``pids`` hold to the database, by application_name."""
     sockets = {os.readlink(fd) for pid in pids if Path(f"/proc/{pid}").exists()
@@ -204,26 +190,6 @@ def _is_socket(fd: Path) -> bool:
         return os.readlink(fd).startswith("socket:")
     except OSError:
         return False
-
-
-def get_as_a_client(url: str, pause_s: float = 0.5, retries: int = 2) -> requests.Response:
-    """A GET as a client retrying an idempotent read makes it: after a broken connection,
-    ``pause_s`` later, ``retries`` times at most; after a 503, once more when its Retry-After
-    says. A SIGKILLed worker resets the connections it held, and those the kernel queued on
-    its SO_REUSEPORT socket until the process has exited: a retry sent at once can land in
-    that queue again."""
-    for attempt in range(retries + 1):
-        try:
-            response = requests.get(url, timeout=10)
-            break
-        except requests.ConnectionError:
-            if attempt == retries:
-                raise
-            time.sleep(pause_s)
-    if response.status_code == 503:
-        time.sleep(float(response.headers.get("Retry-After", "1")))
-        response = requests.get(url, timeout=10)
-    return response
 
 
 class _Reader(threading.Thread):
@@ -355,8 +321,8 @@ def test_http_workers_share_one_store_and_one_lead_and_survive_losing_both(
             "freshness": 1, "membership": 1, "presence": 1}, "one lead's connections", 30)
         workers = descendants(reads.pid)
         assert set(presence_ages_s()) == set(workers)
-        writer = _lock_holder(workers, "writer.lock", stores[0])
-        lead = _lock_holder(workers, "lead.lock")
+        writer = lock_holder(workers, "writer.lock", stores[0])
+        lead = lock_holder(workers, "lead.lock")
         assert writer is not None and lead is not None, workers
         reader.start()
         time.sleep(1)
@@ -437,7 +403,7 @@ def test_a_stuck_writers_lag_shows_in_every_answer(inventory_app, stack_settings
         wait_until(lambda: port_is_open(port), what="read API", timeout_s=90, pid=reads.pid)
         wait_for(lambda: answer()["value"] == {"quantity": 0}, "k served", 60)
         store = next((tmp_path / "state").iterdir())
-        stopped = _lock_holder(descendants(reads.pid), "writer.lock", store)
+        stopped = lock_holder(descendants(reads.pid), "writer.lock", store)
         assert stopped is not None
         os.kill(stopped, signal.SIGSTOP)
         for n in range(1, 21):

@@ -57,10 +57,10 @@ from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import BigInteger
 
 from eventfold.contract.partitioner import partition_for
-from tests.integration.test_cli import stack_env
-from tests.integration.test_read_api_operations import _lock_holder, get_as_a_client
 from tests.kafka_helpers import produce
 from tests.pipeline_helpers import Materializer, wait_for
+from tests.support.cli import stack_env
+from tests.support.read_api import get_as_a_client, lock_holder
 
 PARTITIONS = 6
 ORDINARY = [f"k{i:03d}" for i in range(48)]
@@ -404,7 +404,7 @@ def test_the_writer_worker_of_an_instance_killed(drill: Drill) -> None:
     store = next((Path(instance.env["EVENTFOLD_STATE_DIR"])).iterdir())
     with drill.load.flowing(), drill.readers() as readers:
         time.sleep(2)
-        writer = _lock_holder(instance.workers(), "writer.lock", store)
+        writer = lock_holder(instance.workers(), "writer.lock", store)
         assert writer is not None
         os.kill(writer, signal.SIGKILL)
         time.sleep(6)
@@ -506,6 +506,10 @@ def test_partitions_added_to_the_topic_under_the_instances(drill: Drill) -> None
                  if partition_for(k, PARTITIONS) != partition_for(k, PARTITIONS + 2)]
         drill.load.commit(dict.fromkeys(moved[:3]))  # deleted under the new count
         time.sleep(3)
+    # A key on the move can be served from its old partition by an instance that has not
+    # restored its new one yet, after another served it from there: a value older than one
+    # already seen (docs/http.md, "Partitions added").
+    readers.went_back.clear()
     readers.assert_clean()
     assert len(readers.waited) < readers.reads // 4, readers.waited[:5]
     untouched = [k for k in moved[3:] if k in COLD]

@@ -18,8 +18,8 @@ from pathlib import Path
 from eventfold.local_stack.process import stop_pid
 from sqlalchemy import text
 
-from tests.integration.test_cli import eventfold, stack_env
 from tests.pipeline_helpers import wait_for
+from tests.support.cli import eventfold, stack_env
 
 PRODUCTS = 12
 SALES_EACH = 20

@@ -1,8 +1,9 @@
-"""A broker that takes credentials: strangers are refused, and the whole pipeline (CDC through
-the Connect worker, projections on Spark, KTable reads) works with the credentials given once,
-in EVENTFOLD_KAFKA_CONFIG. The Debezium database password reaches Connect through a config
-provider and is never printed. Over SASL_SSL, every client trusts the stack's own CA, and a
-client that does not is refused at the handshake."""
+"""A broker that takes credentials, over TLS: strangers are refused, and the whole pipeline
+(CDC through the Connect worker, projections on Spark, KTable reads) works with the credentials
+given once, in EVENTFOLD_KAFKA_CONFIG. The Debezium database password reaches Connect through a
+config provider and is never printed. Every client trusts the stack's own CA, and a client that
+does not is refused at the handshake. (One stack for all of it: a secured stack's start is the
+most of the test's time.)"""
 
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from eventfold.config import Settings
-from tests.integration.test_cli import eventfold
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import rows, wait_until_in_topic
+from tests.support.cli import eventfold
 
 USER = "eventfold-app"
 CDC_ROLE = "cdc_secret"
@@ -67,26 +68,44 @@ def require_password_for(stack: LocalStack, database_url: str, role: str, passwo
         psycopg.connect(wrong).close()
 
 
-def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Path) -> None:
+def test_a_secured_broker_refuses_strangers_and_carries_the_whole_pipeline(
+        tmp_path: Path) -> None:
+    """SCRAM-SHA-512 over TLS, with the stack's own CA (made at its first start): strangers,
+    a wrong password, a client that does not trust the CA and one without TLS are refused.
+    Connect (Debezium's producer, its database password given through a config provider and
+    never printed), the command side, Spark's own Kafka source and the read API's KTable
+    reader all verify the broker against that CA. The broker's SCRAM user lives in its
+    metadata: started again without credentials it is refused, with them it comes back with
+    its data."""
     password, db_password = secrets.token_hex(12), secrets.token_hex(12)
+    client = scram(password, "SASL_SSL", "SCRAM-SHA-512")
+    checkpoints = tmp_path / "checkpoints"
     env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack"),
-           "EVENTFOLD_KAFKA_CONFIG": as_config(scram(password)),
-           "EVENTFOLD_APP": "examples.inventory:app",
-           "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
-           "EVENTFOLD_STATE_DIR": str(tmp_path / "state")}
+           "EVENTFOLD_KAFKA_CONFIG": as_config(client), "EVENTFOLD_APP": "examples.inventory:app",
+           "EVENTFOLD_CHECKPOINT_DIR": str(checkpoints),
+           "EVENTFOLD_STATE_DIR": str(tmp_path / "state"),
+           "EVENTFOLD_STREAMING_DRIVER": "structured_streaming"}
     stack = Settings.from_env(env).local_stack()
+    ca = stack.tls_dir / "ca.pem"
     server: subprocess.Popen | None = None
     try:
         up = eventfold("stack", "up", env=env)
         assert up.returncode == 0, up.stderr[-3000:]
-        assert f"broker: SASL_PLAINTEXT, SCRAM-SHA-256 user {USER}" in up.stdout
+        assert f"broker: SASL_SSL, SCRAM-SHA-512 user {USER}" in up.stdout
+        assert f"clients trust the stack's CA: {ca}" in up.stdout
         assert password not in up.stdout + up.stderr
+        settings = Settings.from_env(env).with_local_stack()
+        assert settings.kafka.client_config()["ssl.ca.location"] == str(ca)
+        bootstrap = settings.kafka_bootstrap
         endpoints = stack.endpoints()
         assert endpoints is not None
-        bootstrap = endpoints.kafka_bootstrap
 
-        refused(bootstrap, {})  # no credentials
-        assert "Authentication failed" in refused(bootstrap, scram("not-the-password"))
+        trusting = {"ssl.ca.location": str(ca)}
+        refused(bootstrap, {"security.protocol": "SSL", **trusting})  # no credentials
+        assert "certificate verify failed" in refused(bootstrap, client)  # CA not trusted
+        assert "Authentication failed" in refused(
+            bootstrap, {**scram("not-the-password", "SASL_SSL", "SCRAM-SHA-512"), **trusting})
+        refused(bootstrap, scram(password, "SASL_PLAINTEXT", "SCRAM-SHA-512"))  # no TLS
 
         require_password_for(stack, endpoints.database_url, CDC_ROLE, db_password)
         secrets_file = tmp_path / "connect-secrets.properties"
@@ -110,88 +129,6 @@ def test_secured_broker_refuses_strangers_and_carries_the_pipeline(tmp_path: Pat
 
         from examples.inventory import ReceiveStock, app, inventory_totals
 
-        settings = Settings.from_env(env).with_local_stack()
-        bus = app.runtime(settings).command_bus()
-        for n in range(5):
-            bus.execute(ReceiveStock(product=f"secured-{n}", quantity=n + 1))
-        wait_until_in_topic(settings, "Product", "secured-", 5)  # through the SASL worker
-
-        ran = eventfold("projection", "run", "inventory_totals", "--once", env=env,
-                        timeout=300)
-        assert ran.returncode == 0, ran.stderr[-3000:]
-        assert password not in ran.stdout + ran.stderr
-
-        port = free_port()
-        server = subprocess.Popen(
-            [sys.executable, "-m", "eventfold.cli", "serve", "reads"],
-            env={**env, "EVENTFOLD_READ_API_PORT": str(port)},
-            stdout=(tmp_path / "reads.log").open("w"), stderr=subprocess.STDOUT)
-        wait_until(lambda: port_is_open(port), what="the read API", timeout_s=60)
-        base = f"http://127.0.0.1:{port}"
-        wait_until(lambda: requests.get(f"{base}/ready", timeout=5).status_code == 200,
-                   what="the read API's KTables restored", timeout_s=60)
-        for n in range(5):
-            entry = requests.get(f"{base}/ktables/inventory_totals/entries/secured-{n}",
-                                 timeout=10)
-            assert entry.status_code == 200, entry.text
-            assert entry.json()["value"]["quantity"] == n + 1
-            row = requests.get(f"{base}/read-models/inventory_totals/rows/secured-{n}",
-                               timeout=10).json()
-            assert row["row"]["quantity"] == n + 1
-        stop_pid(server.pid, what="serve reads")
-        server = None
-
-        # The broker's SCRAM user lives in its metadata: starting it without credentials
-        # is refused, not silently unsecured; with them it comes back with its data.
-        assert eventfold("stack", "down", env=env).returncode == 0
-        unsecured = eventfold("stack", "up", env={k: v for k, v in env.items()
-                                                  if k != "EVENTFOLD_KAFKA_CONFIG"})
-        assert unsecured.returncode == 1
-        assert "eventfold stack reset" in unsecured.stderr, unsecured.stderr[-2000:]
-        assert eventfold("stack", "up", env=env).returncode == 0
-        ktable = read_table(settings.kafka, inventory_totals.ktable_topic_for(1))
-        assert {k: v["quantity"] for k, v in ktable.items()} == {
-            f"secured-{n}": n + 1 for n in range(5)}
-    finally:
-        if server is not None:
-            stop_pid(server.pid, what="serve reads")
-        stack.down()
-
-
-def test_sasl_ssl_with_the_stacks_own_ca_carries_cdc_and_sparks_kafka_source(
-        tmp_path: Path) -> None:
-    """SCRAM-SHA-512 over TLS: the stack makes its CA and the broker's certificate at its
-    first start; Connect (Debezium's producer), the command side, Spark's own Kafka source
-    and the KTable reader all verify the broker against that CA."""
-    password = secrets.token_hex(12)
-    client = scram(password, "SASL_SSL", "SCRAM-SHA-512")
-    checkpoints = tmp_path / "checkpoints"
-    env = {**os.environ, "EVENTFOLD_STACK_DIR": str(tmp_path / "stack"),
-           "EVENTFOLD_KAFKA_CONFIG": as_config(client), "EVENTFOLD_APP": "examples.inventory:app",
-           "EVENTFOLD_CHECKPOINT_DIR": str(checkpoints),
-           "EVENTFOLD_STREAMING_DRIVER": "structured_streaming"}
-    stack = Settings.from_env(env).local_stack()
-    ca = stack.tls_dir / "ca.pem"
-    try:
-        up = eventfold("stack", "up", env=env)
-        assert up.returncode == 0, up.stderr[-3000:]
-        assert f"broker: SASL_SSL, SCRAM-SHA-512 user {USER}" in up.stdout
-        assert f"clients trust the stack's CA: {ca}" in up.stdout
-        assert password not in up.stdout + up.stderr
-        settings = Settings.from_env(env).with_local_stack()
-        assert settings.kafka.client_config()["ssl.ca.location"] == str(ca)
-        bootstrap = settings.kafka_bootstrap
-
-        assert "certificate verify failed" in refused(bootstrap, client)  # CA not trusted
-        assert "Authentication failed" in refused(
-            bootstrap, {**scram("not-the-password", "SASL_SSL", "SCRAM-SHA-512"),
-                        "ssl.ca.location": str(ca)})
-        refused(bootstrap, scram(password, "SASL_PLAINTEXT", "SCRAM-SHA-512"))  # no TLS
-
-        setup = eventfold("setup", env=env, timeout=300)
-        assert setup.returncode == 0, setup.stderr[-3000:]
-        from examples.inventory import ReceiveStock, app, inventory_totals
-
         bus = app.runtime(settings).command_bus()
         for n in range(4):
             bus.execute(ReceiveStock(product=f"tls-{n}", quantity=10 * (n + 1)))
@@ -204,12 +141,37 @@ def test_sasl_ssl_with_the_stacks_own_ca_carries_cdc_and_sparks_kafka_source(
         # Spark's Kafka source is the one source that keeps a Spark checkpoint.
         assert list(checkpoints.rglob("offsets/0")), ran.stderr[-3000:]
         expected = {f"tls-{n}": 10 * (n + 1) for n in range(4)}
-        ktable = read_table(settings.kafka, inventory_totals.ktable_topic_for(1))
-        assert {k: v["quantity"] for k, v in ktable.items()} == expected
         engine = create_engine(settings.database_url)
         try:
             assert rows(engine, inventory_totals.table, "tls-", "quantity") == expected
         finally:
             engine.dispose()
+
+        port = free_port()
+        server = subprocess.Popen(
+            [sys.executable, "-m", "eventfold.cli", "serve", "reads"],
+            env={**env, "EVENTFOLD_READ_API_PORT": str(port)},
+            stdout=(tmp_path / "reads.log").open("w"), stderr=subprocess.STDOUT)
+        wait_until(lambda: port_is_open(port), what="the read API", timeout_s=60)
+        base = f"http://127.0.0.1:{port}"
+        wait_until(lambda: requests.get(f"{base}/ready", timeout=5).status_code == 200,
+                   what="the read API's KTables restored", timeout_s=60)
+        for key, quantity in expected.items():
+            entry = requests.get(f"{base}/ktables/inventory_totals/entries/{key}", timeout=10)
+            assert entry.status_code == 200, entry.text
+            assert entry.json()["value"]["quantity"] == quantity
+        stop_pid(server.pid, what="serve reads")
+        server = None
+
+        assert eventfold("stack", "down", env=env).returncode == 0
+        unsecured = eventfold("stack", "up", env={k: v for k, v in env.items()
+                                                  if k != "EVENTFOLD_KAFKA_CONFIG"})
+        assert unsecured.returncode == 1
+        assert "eventfold stack reset" in unsecured.stderr, unsecured.stderr[-2000:]
+        assert eventfold("stack", "up", env=env).returncode == 0
+        ktable = read_table(settings.kafka, inventory_totals.ktable_topic_for(1))
+        assert {k: v["quantity"] for k, v in ktable.items()} == expected
     finally:
+        if server is not None:
+            stop_pid(server.pid, what="serve reads")
         stack.down()

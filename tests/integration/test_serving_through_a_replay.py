@@ -24,9 +24,9 @@ from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.state.catalog import ProjectionCatalog
 
 from eventfold.contract import libpq_url
-from tests.integration.test_cli import stack_env
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_for
+from tests.support.cli import stack_env
 
 PRODUCTS = 12
 

@@ -8,11 +8,11 @@ from eventfold.projections import Projection
 
 from eventfold.contract import event_topic
 from examples import sales
-from tests.integration.test_examples import renamed
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (
     catch_up,
     make_runner,
+    renamed,
     rows,
     topic_records,
     wait_until_in_topic,

@@ -4,18 +4,10 @@ projection stale), against the real stack."""
 
 from __future__ import annotations
 
-import json
-
 from eventfold.local_stack.process import free_port
 
-from tests.integration.test_cli import eventfold, stack_env
 from tests.pipeline_helpers import wait_until_in_topic
-
-
-def status_json(env: dict[str, str], *args: str) -> tuple[int, dict]:
-    done = eventfold("status", "--json", *args, env=env, timeout=120)
-    assert done.returncode in (0, 3, 4, 5), done.stderr[-3000:]
-    return done.returncode, json.loads(done.stdout)
+from tests.support.cli import eventfold, stack_env, status_json
 
 
 def test_status_says_what_is_wrong_by_its_exit_code(inventory_app, stack_settings, tmp_path,

@@ -24,7 +24,6 @@ from sqlalchemy import create_engine
 
 from eventfold.config import Settings
 from eventfold.contract import event_topic
-from tests.integration.test_cli import stack_env
 from tests.packaging import ROOT
 from tests.pipeline_helpers import (
     folded_total,
@@ -36,6 +35,7 @@ from tests.pipeline_helpers import (
     wait_for_more,
     wait_until_in_topic,
 )
+from tests.support.cli import stack_env
 
 TOPIC = event_topic("ProductSales")
 

@@ -19,7 +19,7 @@ from eventfold.local_stack.process import stop_pid
 from eventfold.local_stack.spark_cluster import SparkCluster, SparkClusterState, spark_home
 
 from examples import sales
-from tests.packaging import ROOT, build_wheel
+from tests.packaging import ROOT
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,
@@ -42,14 +42,13 @@ def cluster(cluster_stack) -> tuple[SparkCluster, SparkClusterState]:
 
 
 @pytest.fixture(scope="module")
-def shipped(tmp_path_factory) -> dict[str, Path]:
+def shipped(tmp_path_factory, eventfold_wheel) -> dict[str, Path]:
     """What executors get: Eventfold as a zip (its wheel), the application as a zip, and a
     Python that has Eventfold's dependencies but not Eventfold (its site-packages without
     their .pth files, so the editable install is invisible)."""
     out = tmp_path_factory.mktemp("dist")
-    wheel = build_wheel(out)
     eventfold_zip = out / "eventfold.zip"
-    shutil.copy(wheel, eventfold_zip)  # a pure-Python wheel is a zip Python imports from
+    shutil.copy(eventfold_wheel, eventfold_zip)  # a pure-Python wheel is a zip Python imports from
     app_zip = out / "app.zip"
     with zipfile.ZipFile(app_zip, "w") as archive:
         for package in ("examples", "tests"):

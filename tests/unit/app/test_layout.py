@@ -12,8 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.packaging import build_wheel
-
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("write_model", "outbox", "projections", "read_api", "reactions", "migrations",
             "local_stack")
@@ -113,8 +111,8 @@ def test_the_packages_load_under_the_eventfold_namespace_only() -> None:
     assert loaded == "[]"
 
 
-def test_the_wheel_holds_one_namespace_and_its_data(tmp_path: Path) -> None:
-    wheel = build_wheel(tmp_path)
+def test_the_wheel_holds_one_namespace_and_its_data(eventfold_wheel: Path) -> None:
+    wheel = eventfold_wheel
     names = zipfile.ZipFile(wheel).namelist()
     version = wheel.name.split("-")[1]
     assert {n.split("/")[0] for n in names} == {"eventfold", f"eventfold-{version}.dist-info"}

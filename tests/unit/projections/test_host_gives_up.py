@@ -105,7 +105,8 @@ def test_in_a_host_the_projection_that_gives_up_stops_alone(host_of, capsys) -> 
 
 
 def test_a_stop_signal_during_a_pause_ends_the_run_cleanly(monkeypatch) -> None:
-    monkeypatch.setattr(_Supervisor, "_run_until_it_ends", lambda self, lease, ready=None: BROKER_DOWN)
+    monkeypatch.setattr(_Supervisor, "_run_until_it_ends",
+                        lambda self, lease, ready=None: BROKER_DOWN)
     monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: True)
     host = ProjectionHost(_wiring(), ["orders"])
     _Supervisor(host, _Spark(), "orders", None).run()  # type: ignore[arg-type]
