@@ -6,6 +6,7 @@ while a stack starts or runs."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -58,15 +59,23 @@ def install_jars(run: Callable[[list[str]], None] = _run_maven) -> list[Path]:
     filled = []
     for pom, target in ((JARS_DIR.parent / "pom.xml", jars_dir()),
                         (SPARK_KAFKA_JARS_DIR.parent / "pom.xml", SPARK_KAFKA_JARS_DIR)):
-        marker = target / ".complete"
-        if marker.exists() and marker.stat().st_mtime >= pom.stat().st_mtime:
+        marker, pinned = target / ".complete", pom_digest(pom)
+        if marker.exists() and marker.read_text().strip() == pinned:
             continue
         shutil.rmtree(target, ignore_errors=True)
         run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
              f"-DoutputDirectory={target}", "-DincludeScope=runtime"])
-        marker.touch()
+        marker.write_text(pinned + "\n")
         filled.append(target)
     return filled
+
+
+def pom_digest(pom: Path) -> str:
+    """What a jars directory's ``.complete`` marker holds: the SHA-256 of the pom it was
+    filled from (``scripts/setup.sh`` writes the same). By content, not by time: an installed
+    wheel's pom is as new as the install, and a checkout's jars it points at
+    (``EVENTFOLD_JARS_DIR``) are the same pins."""
+    return hashlib.sha256(pom.read_bytes()).hexdigest()
 
 
 def classpath() -> str:

@@ -22,22 +22,21 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-jars=local_stack/jars
-if [ ! -f "$jars/.complete" ] || [ local_stack/pom.xml -nt "$jars/.complete" ]; then
-  echo "setup: fetching the Kafka, Kafka Connect and Debezium jars (local_stack/pom.xml)"
-  rm -rf "$jars"
-  mvn -q -B -f local_stack/pom.xml dependency:copy-dependencies \
-    -DoutputDirectory="$PWD/$jars" -DincludeScope=runtime
-  touch "$jars/.complete"
-fi
-spark_jars=local_stack/spark_kafka/jars
-if [ ! -f "$spark_jars/.complete" ] || [ local_stack/spark_kafka/pom.xml -nt "$spark_jars/.complete" ]; then
-  echo "setup: fetching Spark's Kafka source (local_stack/spark_kafka/pom.xml)"
-  rm -rf "$spark_jars"
-  mvn -q -B -f local_stack/spark_kafka/pom.xml dependency:copy-dependencies \
-    -DoutputDirectory="$PWD/$spark_jars" -DincludeScope=runtime
-  touch "$spark_jars/.complete"
-fi
+# A jars directory is complete when its marker holds the SHA-256 of the pom it was filled
+# from (local_stack/java.py's pom_digest writes the same).
+fetch_jars() {  # pom, directory, what
+  local pinned
+  pinned=$(sha256sum "$1" | cut -d' ' -f1)
+  if [ "$(cat "$2/.complete" 2>/dev/null)" != "$pinned" ]; then
+    echo "setup: fetching $3 ($1)"
+    rm -rf "$2"
+    mvn -q -B -f "$1" dependency:copy-dependencies -DoutputDirectory="$PWD/$2" \
+      -DincludeScope=runtime
+    echo "$pinned" > "$2/.complete"
+  fi
+}
+fetch_jars local_stack/pom.xml local_stack/jars "the Kafka, Kafka Connect and Debezium jars"
+fetch_jars local_stack/spark_kafka/pom.xml local_stack/spark_kafka/jars "Spark's Kafka source"
 
 python_bin="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

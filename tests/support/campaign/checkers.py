@@ -5,11 +5,14 @@ as lines a person can act on."""
 from __future__ import annotations
 
 import json
+import queue
+import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import psycopg
+import requests
 from confluent_kafka import Consumer
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range, offset_of
@@ -152,12 +155,57 @@ def no_lease_or_lock_left(conn: psycopg.Connection, names: Names, actors: Sequen
     return held + lease
 
 
+class ReadsAfterWrites:
+    """A client that reads each acknowledged ring back with ``min_version`` (the read model
+    row and the KTable entry, through a read API instance): an answer older than the version
+    it asked for is a violation; a wait that timed out (504) is only counted."""
+
+    def __init__(self, base_url: str, names: Names) -> None:
+        self.base_url, self.names = base_url, names
+        self.asked: queue.Queue[tuple[str, int] | None] = queue.Queue()
+        self.violations: Violations = []
+        self.answered = self.timed_out = 0
+        self._thread = threading.Thread(target=self._read, daemon=True, name="ryw-reader")
+        self._thread.start()
+
+    def wrote(self, till: str, version: int) -> None:
+        self.asked.put((till, version))
+
+    def _read(self) -> None:
+        while (asked := self.asked.get()) is not None:
+            till, version = asked
+            for route, version_of in (
+                    (f"read-models/{self.names.projection}/rows", lambda a: a["row"]["_version"]),
+                    (f"ktables/{self.names.projection}/entries", lambda a: a["version"])):
+                try:
+                    answer = requests.get(f"{self.base_url}/{route}/{till}", timeout=15,
+                                          params={"min_version": version, "wait_ms": 3000})
+                except requests.RequestException:
+                    continue
+                if answer.status_code == 504 or answer.status_code == 503:
+                    self.timed_out += 1
+                elif answer.status_code != 200:
+                    self.violations.append(f"{route}/{till}: {answer.status_code} "
+                                           f"{answer.text[:200]}")
+                elif (found := int(version_of(answer.json()))) < version:
+                    self.violations.append(f"{route}/{till}: v{found} answered, v{version} "
+                                           "asked for")
+                else:
+                    self.answered += 1
+
+    def done(self) -> Violations:
+        self.asked.put(None)
+        self._thread.join(120)
+        return self.violations
+
+
 CHECKERS: dict[str, Callable[..., Violations]] = {
     "ktable_never_goes_back": ktable_never_goes_back,
     "sinks_agree": sinks_agree,
     "every_stamp_once": every_stamp_once,
     "every_deadline_once": every_deadline_once,
     "no_lease_or_lock_left": no_lease_or_lock_left,
+    "reads_after_writes": ReadsAfterWrites.done,
 }
 """Every invariant a schedule is judged by, by name."""
 

@@ -20,13 +20,21 @@ import psycopg
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.reactions.parking import request_retry
-from eventfold.write_model import CommandBus, DomainError, StoreUnavailable, StreamNotFound
+from eventfold.write_model import (
+    CommandBus,
+    CommandResult,
+    DomainError,
+    StoreUnavailable,
+    StreamNotFound,
+)
 
 from eventfold import Command, Settings
 from eventfold.contract import event_topic
+from eventfold.serving import BackgroundServer
 from tests.support.campaign import app as campaign
 from tests.support.campaign.actors import Actor, HostActor, ReactionsActor
 from tests.support.campaign.checkers import (
+    ReadsAfterWrites,
     connect,
     every_deadline_once,
     every_stamp_once,
@@ -37,6 +45,7 @@ from tests.support.campaign.checkers import (
 )
 from tests.support.campaign.nemesis import Nemesis, Struck
 from tests.support.campaign.schedule import Schedule
+from tests.support.read_api import read_api
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +105,8 @@ class Campaign:
                           on_kill=lambda name: _named(actors, name).killed())
         prefix = names.suffix
         stuck = lost = ""
+        reads: BackgroundServer | None = None
+        readers: ReadsAfterWrites | None = None
 
         def host(role: str, standby: bool) -> Actor:
             actor = HostActor(f"campaign-{prefix}-{role}", role, app=app, settings=settings,
@@ -122,8 +133,11 @@ class Campaign:
                 runners("reactions-a")
                 runners("reactions-b")
                 _wait(lambda: _placed(conn, names), "the reactions to start", 60)
+                reads = read_api([app.projections.get(names.projection)], settings,
+                                 f"campaign-{prefix}-reads")
+                readers = ReadsAfterWrites(reads.url, names)
                 with _striking(nemesis, schedule, actors, conn, names):
-                    _load(app.runtime(settings).command_bus(), schedule, prefix)
+                    _load(app.runtime(settings).command_bus(), schedule, prefix, readers)
                 if broken:
                     campaign.BROKEN_DEADLINES.discard(broken)
                     lost = _retry_when_parked(conn, names.process, broken)
@@ -134,6 +148,9 @@ class Campaign:
             finally:
                 if broken:
                     campaign.BROKEN_DEADLINES.discard(broken)
+                read_back = readers.done() if readers is not None else []
+                if reads is not None:
+                    reads.stop()
                 for actor in actors.values():
                     actor.stop()
                 nemesis.release_all()
@@ -141,6 +158,7 @@ class Campaign:
                     actor.join()
             violations = self._check(conn, names, prefix, actors)
             violations["caught_up"] = [stuck] if stuck else []
+            violations["reads_after_writes"] = read_back
             violations["every_deadline_once"] += [lost] if lost else []
         killed = {s.actor for s in nemesis.struck if s.at is not None and s.fault.kind == "kill"}
         errors = [f"{a.name}: {type(a.error).__name__}: {a.error}" for a in actors.values()
@@ -211,9 +229,11 @@ def _named(actors: dict[str, Actor], name: str) -> Actor:
     return next(actor for actor in actors.values() if actor.name == name)
 
 
-def _load(bus: CommandBus, schedule: Schedule, prefix: str) -> None:
+def _load(bus: CommandBus, schedule: Schedule, prefix: str, readers: ReadsAfterWrites
+          ) -> None:
     """The client: rings and tabs, each command with an id of its own and sent again until
-    it is answered (the store may pause under it)."""
+    it is answered (the store may pause under it); every fourth ring read back with the
+    version it made (``readers``)."""
     rng = random.Random(schedule.seed)
     commands: list[Command] = []
     tabs = [f"{prefix}-tab{n}" for n in range(schedule.tabs)]
@@ -224,20 +244,22 @@ def _load(bus: CommandBus, schedule: Schedule, prefix: str) -> None:
                                       amount=rng.randint(1, 20)))
     for tab in rng.sample(tabs, k=len(tabs) // 2):
         commands.insert(rng.randrange(len(tabs), len(commands) + 1), campaign.CloseTab(tab=tab))
-    for command in commands:
-        _send(bus, command.model_copy(update={"command_id": uuid.UUID(int=rng.getrandbits(128))}))
+    for number, command in enumerate(commands):
+        result = _send(bus, command.model_copy(update={
+            "command_id": uuid.UUID(int=rng.getrandbits(128))}))
+        if isinstance(command, campaign.Ring) and result is not None and number % 4 == 0:
+            readers.wrote(command.till, result.version)
         time.sleep(rng.uniform(0.01, 0.05))
 
 
-def _send(bus: CommandBus, command: Command, timeout_s: float = 60) -> None:
-    """Until answered: a refusal is an answer; the store away is not."""
+def _send(bus: CommandBus, command: Command, timeout_s: float = 60) -> CommandResult | None:
+    """Until answered: a refusal is an answer (None); the store away is not."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
-            bus.execute(command)
-            return
+            return bus.execute(command)
         except (DomainError, StreamNotFound):
-            return
+            return None
         except (StoreUnavailable, OSError) as exc:
             if time.monotonic() > deadline:
                 raise
