@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Sets everything up, checks the code (ruff, mypy --strict on the package), then runs the
-# test suite on the real stack, in two workers (pytest-xdist: each with a stack of its own,
+# test suite on the real stack, in three workers (pytest-xdist: each with a stack of its own,
 # a test module's tests on one worker). Every tier by default (unit, stack, drill:
 # docs/testing.md); --fast runs unit and stack only. Other arguments go to pytest.
 set -euo pipefail
@@ -13,5 +13,5 @@ done
 bash scripts/setup.sh
 .venv/bin/ruff check .
 bash scripts/typecheck.sh
-exec .venv/bin/python -m pytest -n "${EVENTFOLD_TEST_WORKERS:-2}" --dist loadfile \
+exec .venv/bin/python -m pytest -n "${EVENTFOLD_TEST_WORKERS:-3}" --dist loadfile \
   "${tiers[@]}" "${args[@]}"
