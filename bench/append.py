@@ -38,14 +38,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from bench.common import PRODUCTS_PER_CLIENT, WrkResult, run_wrk, threaded_round
+from bench.eventsourcing_reference import eventsourcing_threads
+from eventfold import migrations
 from eventfold.local_stack import postgres
 from eventfold.local_stack.process import free_port, stop_pid, wait_until
 from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.outbox.switch import switch_design
-
-from bench.common import PRODUCTS_PER_CLIENT, WrkResult, run_wrk, threaded_round
-from bench.eventsourcing_reference import eventsourcing_threads
-from eventfold import migrations
 
 UNSTEADY_SPREAD = 0.25
 
@@ -84,7 +83,6 @@ def python_async(database_url: str, clients: int, seconds: float, counts: mp.Que
     import asyncio
 
     from eventfold.write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository
-
     from examples.inventory import ReceiveStock, app
 
     async def run() -> int:
@@ -109,7 +107,6 @@ def python_async(database_url: str, clients: int, seconds: float, counts: mp.Que
 
 def python_threads(database_url: str, clients: int, seconds: float, counts: mp.Queue) -> None:
     from eventfold.write_model import CommandBus, EventStore, Repository
-
     from examples.inventory import ReceiveStock, app
 
     bus = CommandBus(Repository(EventStore.from_url(database_url, pool_size=clients + 2)),
@@ -264,7 +261,6 @@ def load_time_ms(database_url: str) -> tuple[float, float]:
     """Median load of a 1,000-event Product: with its snapshot, and by full replay."""
     from eventfold.write_model import EventStore, Repository
     from eventfold.write_model.domain.events import NewEvent
-
     from examples.inventory import Product
 
     store = EventStore.from_url(database_url)

@@ -15,10 +15,9 @@ import logging
 import time
 from collections import Counter
 
+from bench.common import own_stack
 from eventfold.local_stack import LocalStack
 from eventfold.projections.execution.spark import spark_session
-
-from bench.common import own_stack
 from eventfold.wiring import spark_conf
 from tests.support.campaign.checkers import CHECKERS
 from tests.support.campaign.run import Campaign, Outcome

@@ -20,6 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from confluent_kafka import Consumer, TopicPartition
+
+from bench.common import percentile
+from eventfold import migrations
+from eventfold.contract import event_topic as topic_of
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
@@ -31,10 +35,6 @@ from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.outbox.verify import LoggedEvent, verify_topic
 from eventfold.write_model import EventStore
 from eventfold.write_model.domain.events import NewEvent
-
-from bench.common import percentile
-from eventfold import migrations
-from eventfold.contract import event_topic as topic_of
 
 TOPIC = topic_of("Product")
 

@@ -19,10 +19,9 @@ from pathlib import Path
 from queue import Empty
 from typing import Any, TypeVar, cast
 
+from eventfold.config import Settings
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import process_tree
-
-from eventfold.config import Settings
 
 T = TypeVar("T")
 

@@ -21,6 +21,11 @@ from pathlib import Path
 import psycopg
 import requests
 from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from bench.common import own_stack, percentile
+from bench.read_api import start_read_api, wait_ready
+from eventfold.config import Settings
+from eventfold.contract import event_topic, libpq_url
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.outbox.connector import ConnectClient
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config
@@ -28,11 +33,6 @@ from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from eventfold.projections.running_query import stop_gracefully
 from eventfold.projections.state.stage import StagedBatch
-
-from bench.common import own_stack, percentile
-from bench.read_api import start_read_api, wait_ready
-from eventfold.config import Settings
-from eventfold.contract import event_topic, libpq_url
 from eventfold.serving import BackgroundServer
 from eventfold.wiring import connector_spec
 from examples.inventory import ReceiveStock, app, inventory_totals

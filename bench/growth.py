@@ -37,14 +37,14 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import Producer
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
-from eventfold.write_model.persistence.store import EventStore
 
 from bench.append import APPEND_FUNCTION_CALL, pgbench_tps
 from bench.common import in_a_process, own_stack, percentile, tree_rss
 from eventfold.config import Settings
 from eventfold.contract import event_topic, libpq_url
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
+from eventfold.write_model.persistence.store import EventStore
 
 log = logging.getLogger("bench.growth")
 

@@ -33,8 +33,6 @@ from pathlib import Path
 import psycopg
 import requests
 from confluent_kafka import Producer
-from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.outbox.connection import KafkaConnection
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import CoreMeter, own_stack, percentile, tree_rss
@@ -43,6 +41,8 @@ from bench.projections import SOURCE, produce_events
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.outbox.connection import KafkaConnection
 
 TARGETS = {"host_rss_ratio": 5.0, "host_vs_separate_throughput_ratio": 1.0,
            "live_p50_during_replay_vs_idle": 1.5, "live_p50_during_catchup_vs_idle": 2.0}

@@ -16,10 +16,10 @@ import uuid
 from collections.abc import Callable
 
 from confluent_kafka import KafkaError, Message, Producer
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, TopicAdmin
 
 from bench.common import own_stack, percentile
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, TopicAdmin
 
 BATCH_SIZES = (10, 1_000, 20_000)
 PRODUCER = {"enable.idempotence": True, "linger.ms": 5, "compression.type": "lz4",

@@ -46,17 +46,17 @@ from pathlib import Path
 from typing import Any
 
 import requests
-from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.projections.outcome import KeyState
-from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.store import ReadModelStore
-from eventfold.projections.state.topics import TopicSink
 
 from bench.common import WrkResult, in_a_process, own_stack, run_wrk, tree_rss
 from bench.read_api import CONNECTIONS, restored_figures, wait_ready, wrk
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract.partitioner import partition_for
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.outcome import KeyState
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.store import ReadModelStore
+from eventfold.projections.state.topics import TopicSink
 from examples.inventory import inventory_totals
 
 log = logging.getLogger("bench.ktable_scale")

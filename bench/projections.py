@@ -40,19 +40,6 @@ from typing import Any, ClassVar
 
 import psycopg
 from confluent_kafka import Consumer, Producer, TopicPartition
-from eventfold.local_stack import LocalStack
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import consumer_config
-from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
-from eventfold.projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
-from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
-from eventfold.projections.execution.spark import spark_session
-from eventfold.projections.metrics import ProjectionLag
-from eventfold.projections.replay import ReplayResult, replay
-from eventfold.projections.run_settings import RunnerSettings
-from eventfold.projections.runner import ProjectionRunner
-from eventfold.projections.running_query import stop_gracefully
-from eventfold.projections.state.stage import StagedBatch
 from sqlalchemy import BigInteger
 
 from bench import peers
@@ -68,7 +55,20 @@ from bench.common import (
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
+from eventfold.local_stack import LocalStack
 from eventfold.metrics import PROCESS_COLLECTORS, exposition
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import consumer_config
+from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
+from eventfold.projections import Count, Event, Max, Projection, State, Sum, aggregation, projection
+from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.spark import spark_session
+from eventfold.projections.metrics import ProjectionLag
+from eventfold.projections.replay import ReplayResult, replay
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
+from eventfold.projections.running_query import stop_gracefully
+from eventfold.projections.state.stage import StagedBatch
 from eventfold.wiring import spark_conf
 
 SOURCE = "BenchSale"

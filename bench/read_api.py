@@ -24,16 +24,16 @@ from pathlib import Path
 
 import psycopg
 import requests
+
+from bench.common import WrkResult, own_stack, run_wrk
+from eventfold.config import Settings
+from eventfold.contract import libpq_url
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections.execution.spark import spark_session
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from eventfold.write_model import EventStore, StreamAppend
 from eventfold.write_model.persistence.store import NewEvent
-
-from bench.common import WrkResult, own_stack, run_wrk
-from eventfold.config import Settings
-from eventfold.contract import libpq_url
 from examples.inventory import app, inventory_totals
 
 log = logging.getLogger("bench.read_api")

@@ -25,6 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from confluent_kafka import Producer
+
+from bench.common import own_stack, percentile
+from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
+from eventfold import migrations
+from eventfold.config import Settings
+from eventfold.contract import EventEnvelope, event_topic
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
 from eventfold.projections.execution.spark import (
@@ -37,12 +43,6 @@ from eventfold.projections.replay import ReplayResult, replay
 from eventfold.projections.run_settings import RunnerSettings
 from eventfold.projections.runner import ProjectionRunner
 from eventfold.projections.running_query import RunningQuery, stop_gracefully
-
-from bench.common import own_stack, percentile
-from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
-from eventfold import migrations
-from eventfold.config import Settings
-from eventfold.contract import EventEnvelope, event_topic
 from eventfold.wiring import spark_conf
 
 log = logging.getLogger("bench")

@@ -30,15 +30,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from eventfold.local_stack import LocalStack
-from eventfold.local_stack.stack import CLUSTER
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.projections import Projection
-from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
-from eventfold.projections.execution.spark import spark_session
-from eventfold.projections.replay import replay
-from eventfold.projections.run_settings import RunnerSettings
-
 from bench.common import (
     PeakMemory,
     describe_cpu,
@@ -60,6 +51,14 @@ from bench.projections import (
 )
 from eventfold import migrations
 from eventfold.config import Settings
+from eventfold.local_stack import LocalStack
+from eventfold.local_stack.stack import CLUSTER
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.projections import Projection
+from eventfold.projections.execution.limits import REPLAY_MAX_ROWS, STREAMING_MAX_ROWS
+from eventfold.projections.execution.spark import spark_session
+from eventfold.projections.replay import replay
+from eventfold.projections.run_settings import RunnerSettings
 from eventfold.wiring import spark_conf
 
 T = TypeVar("T")

@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import TypeVar
 
 import psycopg
-from eventfold.local_stack.process import stop_pid
 
 from bench.common import own_stack
 from eventfold.config import Settings
 from eventfold.contract import libpq_url
+from eventfold.local_stack.process import stop_pid
 from examples import sales
 
 NAME = "sales_totals"

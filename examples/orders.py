@@ -12,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from eventfold.projections import Event, Lookup, State, projection
-from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 from pydantic import Field
 from sqlalchemy import BigInteger, Float, String
 
 from eventfold.app import Eventfold
+from eventfold.projections import Event, Lookup, State, projection
+from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 
 
 @dataclass(frozen=True)

@@ -19,12 +19,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from eventfold.projections import Derived, Event, State, projection, stream
-from eventfold.write_model import Aggregate, Command, DomainEvent
 from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger
 
 from eventfold.app import Eventfold
+from eventfold.projections import Derived, Event, State, projection, stream
+from eventfold.write_model import Aggregate, Command, DomainEvent
 
 SHIPMENTS_TOPIC = "eventfold.pos.shipments"
 LOYALTY_TOPIC = "eventfold.pos.loyalty"

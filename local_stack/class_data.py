@@ -14,14 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from eventfold.local_stack.java import STACK_ROLES, class_archive
-from eventfold.local_stack.stack import LocalStack
-
 from eventfold.contract.class_data import (
     clear_abandoned_recordings,
     keep_recording,
     recording_of,
 )
+from eventfold.local_stack.java import STACK_ROLES, class_archive
+from eventfold.local_stack.stack import LocalStack
 
 log = logging.getLogger(__name__)
 

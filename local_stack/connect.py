@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import requests
+
 from eventfold.local_stack.auth import ClientAuth
 from eventfold.local_stack.java import classpath, java_binary, log4j_config
 from eventfold.local_stack.process import StackError, port_is_open, spawn, wait_until

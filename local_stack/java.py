@@ -13,14 +13,13 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from eventfold.local_stack.process import StackError
-
 from eventfold.contract.class_data import (
     find_java,
     mapping_options,
     recording_of,
     recording_options,
 )
+from eventfold.local_stack.process import StackError
 
 JARS_DIR = Path(__file__).resolve().parent / "jars"
 SPARK_KAFKA_JARS_DIR = Path(__file__).resolve().parent / "spark_kafka" / "jars"

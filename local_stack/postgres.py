@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path
 
 import psycopg
+
 from eventfold.local_stack.process import StackError, drop_privileges, spawn, wait_until
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import requests
+
 from eventfold.local_stack.process import (
     StackError,
     descendants,

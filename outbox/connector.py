@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import requests
-from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
-from eventfold.write_model.persistence.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION
 from sqlalchemy.engine import make_url
 
 from eventfold.contract import DEFAULT_TOPIC_PREFIX
+from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
+from eventfold.write_model.persistence.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from enum import StrEnum
 from typing import Any
 
 import psycopg
+
 from eventfold.write_model.persistence.schema import (
     EVENTS_TABLE,
     OUTBOX_DESIGN_TABLE,

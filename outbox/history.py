@@ -17,8 +17,9 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
-from eventfold.write_model.persistence.schema import EVENTS_TABLE, STREAM_BUCKET, STREAM_BUCKETS
 from psycopg import sql
+
+from eventfold.write_model.persistence.schema import EVENTS_TABLE, STREAM_BUCKET, STREAM_BUCKETS
 
 STORE_TOPIC = "eventfold.event-store"
 __all__ = ["STORE_TOPIC", "STREAM_BUCKETS", "HistoryRow", "bucket_query", "count_events",

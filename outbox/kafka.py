@@ -15,9 +15,9 @@ from typing import Any, TypeVar, cast
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import TopicMetadata
-from eventfold.outbox.connection import KafkaConnection
 
 from eventfold.contract import PartitionKey
+from eventfold.outbox.connection import KafkaConnection
 
 log = logging.getLogger(__name__)
 

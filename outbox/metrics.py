@@ -9,9 +9,10 @@ import threading
 import time
 from collections.abc import Iterator
 
-from eventfold.outbox.operations import ConnectorOperations, ConnectorStatus
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from eventfold.outbox.operations import ConnectorOperations, ConnectorStatus
 
 log = logging.getLogger(__name__)
 

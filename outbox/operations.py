@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+
+from eventfold.contract import libpq_url
 from eventfold.outbox.connection import redact
 from eventfold.outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
 from eventfold.outbox.topics import TopicAdmin
-
-from eventfold.contract import libpq_url
 
 log = logging.getLogger(__name__)
 

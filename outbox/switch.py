@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 import psycopg
+
+from eventfold.contract import libpq_url
 from eventfold.outbox.design import (
     OutboxDesign,
     OutboxDesignError,
@@ -19,8 +21,6 @@ from eventfold.write_model.persistence.schema import (
     OUTBOX_DESIGN_TABLE,
     OUTBOX_PUBLICATION,
 )
-
-from eventfold.contract import libpq_url
 
 log = logging.getLogger(__name__)
 

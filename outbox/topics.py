@@ -20,6 +20,7 @@ from confluent_kafka.admin import (
     ResourceType,
     TopicMetadata,
 )
+
 from eventfold.outbox.connection import KafkaConnection, parse_key_values
 
 log = logging.getLogger(__name__)

@@ -17,6 +17,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
+
+from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import iter_messages, read_message, read_messages
 from eventfold.outbox.topics import Replication
@@ -41,9 +44,6 @@ from eventfold.projections.state.parking import (
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore, lookup_rows
 from eventfold.projections.state.topics import OutputTopicConfigs, TopicSink
-from psycopg import sql
-
-from eventfold.contract import EventEnvelope, MalformedEvent, libpq_url
 
 RETRY_IDLE_TIMEOUT = "30s"
 """The longest a retry may go without a statement while it holds the registry row (reading

@@ -32,6 +32,8 @@ from eventfold.projections.host_requests import HostRequests, gist
 from eventfold.projections.signals import stop_on_signal
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
     from eventfold.outbox.connection import KafkaConnection
     from eventfold.projections.definition.registry import ProjectionRegistry
     from eventfold.projections.progress import Progress
@@ -39,7 +41,6 @@ if TYPE_CHECKING:
     from eventfold.projections.runner import ProjectionRunner
     from eventfold.projections.running_query import RunningQuery
     from eventfold.projections.state.lease import WriterLease
-    from pyspark.sql import SparkSession
 
 log = logging.getLogger("eventfold")
 

@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, cast
 from eventfold.projections.replay_requests import ReplayCancelled
 
 if TYPE_CHECKING:
-    from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
     from pyspark.sql import SparkSession
+
+    from eventfold.projections.replay import ProgressListener, ReplayResult, ReplaySource
 
 Replay = Callable[[str, "ReplaySource", "SparkSession", "ProgressListener"], "ReplayResult"]
 """A replay of a projection, by name, from a source, on a session, reporting its progress."""

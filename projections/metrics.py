@@ -11,13 +11,13 @@ from typing import Generic, TypeVar
 
 import psycopg
 from confluent_kafka import KafkaException
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import OffsetPlanner
 from prometheus_client import Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from eventfold.contract import PartitionKey
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
 
-from eventfold.projections.definition.projection import Event, State
-
 from eventfold.contract import PartitionKey
+from eventfold.projections.definition.projection import Event, State
 
 
 class SourceRecord(NamedTuple):

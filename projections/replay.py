@@ -23,16 +23,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from eventfold.outbox.history import count_events, head_position
-from eventfold.outbox.kafka import OffsetPlanner
-from eventfold.outbox.topics import TopicAdmin
-from eventfold.projections import metrics
-from eventfold.projections.definition.projection import Projection
-from eventfold.projections.run_settings import RunnerSettings
-from eventfold.projections.runner import ProjectionRunner
-from eventfold.projections.state.catalog import ProjectionCatalog, written_in_flight
-from eventfold.projections.state.stage import StagedBatch
-from eventfold.projections.state.store import ReadModelStore
 from pyspark.sql import SparkSession
 from rich.console import Console
 from rich.progress import (
@@ -45,6 +35,16 @@ from rich.progress import (
 from rich.progress import Progress as RichProgress
 
 from eventfold.contract import PartitionKey
+from eventfold.outbox.history import count_events, head_position
+from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.outbox.topics import TopicAdmin
+from eventfold.projections import metrics
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
+from eventfold.projections.state.catalog import ProjectionCatalog, written_in_flight
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,8 @@ import time
 from collections.abc import Collection, Mapping
 
 import psycopg
+
+from eventfold.contract import PartitionKey, libpq_url
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin
 from eventfold.projections.definition.projection import Projection
@@ -21,8 +23,6 @@ from eventfold.projections.state.source_ids import (
     record_ids,
     recorded_ids,
 )
-
-from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
 

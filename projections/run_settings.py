@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, get_args
 
+from pyspark.sql import SparkSession
+
+from eventfold.contract import split_password
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.topics import Replication
 from eventfold.projections.execution.limits import (
@@ -18,9 +21,6 @@ from eventfold.projections.execution.limits import (
 )
 from eventfold.projections.state.lease import LEASE_S
 from eventfold.projections.state.topics import OutputTopicConfigs
-from pyspark.sql import SparkSession
-
-from eventfold.contract import split_password
 
 log = logging.getLogger(__name__)
 

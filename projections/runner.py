@@ -20,6 +20,10 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from eventfold.contract import PartitionKey, interval_seconds
 from eventfold.outbox.history import count_events
 from eventfold.outbox.kafka import GroupProgress
 from eventfold.projections import metrics
@@ -64,10 +68,6 @@ from eventfold.projections.stream_thread import StreamThread
 from eventfold.projections.structured_streaming import start_query
 from eventfold.projections.task_errors import raised_in_task
 from eventfold.projections.upkeep import Upkeep
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-
-from eventfold.contract import PartitionKey, interval_seconds
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from typing import Protocol
 
-from eventfold.projections.stream_thread import StreamThread
 from pyspark.sql.streaming import StreamingQuery
+
+from eventfold.projections.stream_thread import StreamThread
 
 
 def described(error: BaseException) -> str:

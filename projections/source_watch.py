@@ -18,10 +18,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 
 from confluent_kafka import KafkaException
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import OffsetPlanner
 
 from eventfold.contract import PartitionKey
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from confluent_kafka import KafkaException
+from pyspark import InheritableThread
+from pyspark.sql import SparkSession
+
+from eventfold.contract import PartitionKey
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution import worker
 from eventfold.projections.faults import acting_as
 from eventfold.projections.source_watch import SourceWatch, source_watch
-from pyspark import InheritableThread
-from pyspark.sql import SparkSession
-
-from eventfold.contract import PartitionKey
 
 if TYPE_CHECKING:
     from eventfold.projections.run_settings import RunnerSettings

@@ -11,13 +11,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from eventfold.outbox.kafka import OffsetPlanner
-from eventfold.projections.definition.projection import Projection
-from eventfold.projections.run_settings import RunnerSettings
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from eventfold.contract import PartitionKey, nest_offsets
+from eventfold.outbox.kafka import OffsetPlanner
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.run_settings import RunnerSettings
 
 
 class MicroBatches(Protocol):

@@ -15,9 +15,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from eventfold.projections.outcome import SourceRecord
-
 from eventfold.contract import EventEnvelope, event_topic
+from eventfold.projections.outcome import SourceRecord
 
 
 class EventLog:

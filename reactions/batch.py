@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from eventfold.contract import PartitionKey
 from eventfold.projections.definition.projection import Event
 from eventfold.reactions.parking import Parking
 from eventfold.reactions.positions import Refusal
 from eventfold.reactions.sending import Answered, Outgoing
 from eventfold.write_model import Command
-
-from eventfold.contract import PartitionKey
 
 
 @dataclass

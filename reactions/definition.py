@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 
+from eventfold.contract import event_topic
 from eventfold.projections.definition.projection import (
     Event,
     EventType,
@@ -19,8 +20,6 @@ from eventfold.projections.definition.projection import (
 )
 from eventfold.projections.definition.registry import ProjectionRegistry
 from eventfold.write_model import Aggregate, Command
-
-from eventfold.contract import event_topic
 
 React = Callable[[Event], Iterable[Command] | Command | None]
 """The commands one event asks for: one, several, or none."""

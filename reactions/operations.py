@@ -12,6 +12,8 @@ from typing import Literal
 import psycopg
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient
+
+from eventfold.contract import PartitionKey, libpq_url
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 from eventfold.outbox.topics import TopicAdmin
@@ -25,8 +27,6 @@ from eventfold.reactions.definition import Declared, topics_of
 from eventfold.reactions.parking import parked_count
 from eventfold.reactions.positions import load_positions, move_to, refusal_count
 from eventfold.reactions.process import Process, clear_process, process_counts
-
-from eventfold.contract import PartitionKey, libpq_url
 
 ResetTo = Literal["beginning", "end"] | datetime
 

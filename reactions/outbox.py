@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
+
 from eventfold.reactions.sending import Outgoing
 from eventfold.write_model import Command
-from psycopg.types.json import Jsonb
 
 DecodeCommand = Callable[[str, dict[str, Any]], Command]
 """A command of the app's by its name and its fields as JSON."""

@@ -17,8 +17,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import psycopg
-from eventfold.projections.definition.projection import Event
 from psycopg.types.json import Jsonb
+
+from eventfold.projections.definition.projection import Event
 
 HeldEvent = tuple[str, Event, str | None]
 """A key, an event of it held back, and the event's correlation id."""

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 import psycopg
-from eventfold.projections.state.source_ids import reaction_reader, record_ids
 
 from eventfold.contract import PartitionKey
+from eventfold.projections.state.source_ids import reaction_reader, record_ids
 
 RefusalKind = Literal["refused", "raised", "undecodable", "failed"]
 

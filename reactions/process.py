@@ -27,6 +27,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.types.json import Jsonb
+
 from eventfold.projections.definition.projection import Event, EventType, FoldProjection, Typed
 from eventfold.reactions.definition import (
     Source,
@@ -38,7 +40,6 @@ from eventfold.reactions.definition import (
 )
 from eventfold.reactions.process_view import StreamMoved, record_changes, state_projection
 from eventfold.write_model import Command
-from psycopg.types.json import Jsonb
 
 TIMER_EVENT_PREFIX = "timer-"
 REFUSAL_EVENT_PREFIX = "refused-"

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 
 import psycopg
+
+from eventfold.contract import PartitionKey
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import crash_point
 from eventfold.reactions.batch import ReactionBatch, ReactionCounts
@@ -43,8 +45,6 @@ from eventfold.reactions.process import (
     timer_event,
 )
 from eventfold.reactions.sending import CommandSender, Outgoing
-
-from eventfold.contract import PartitionKey
 
 log = logging.getLogger(__name__)
 

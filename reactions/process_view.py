@@ -16,6 +16,8 @@ from dataclasses import replace
 from typing import Any
 
 import psycopg
+from sqlalchemy import JSON, String
+
 from eventfold.projections.definition.projection import Event, FoldProjection, projection
 from eventfold.write_model import (
     ConcurrencyError,
@@ -24,7 +26,6 @@ from eventfold.write_model import (
     append_in_transaction,
     stream_versions,
 )
-from sqlalchemy import JSON, String
 
 PROCESS_STATE_CHANGED = "ProcessStateChanged"
 PROCESS_ENDED = "ProcessEnded"

@@ -36,6 +36,9 @@ from confluent_kafka import (
     Message,
     TopicPartition,
 )
+
+from eventfold.contract import PartitionKey, libpq_url
+from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available
 from eventfold.projections.definition.projection import Event
@@ -54,9 +57,6 @@ from eventfold.reactions.process import Process, StateConflict
 from eventfold.reactions.process_steps import ProcessSteps
 from eventfold.reactions.sending import UNAVAILABLE, CommandSender, Outgoing
 from eventfold.write_model import AsyncCommandBus, Command
-
-from eventfold.contract import PartitionKey, libpq_url
-from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import psycopg
 from confluent_kafka import KafkaException
+
 from eventfold.reactions.positions import Refusal, RefusalKind
 from eventfold.write_model import (
     AsyncCommandBus,

@@ -14,10 +14,10 @@ import contextlib
 import logging
 
 import psycopg
-from eventfold.projections.state.catalog import BATCH_COMMITTED
 from psycopg import sql
 
 from eventfold.contract import libpq_url
+from eventfold.projections.state.catalog import BATCH_COMMITTED
 
 log = logging.getLogger(__name__)
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 import psycopg
+
+from eventfold.contract import PartitionKey, libpq_url
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import Projection
@@ -26,8 +28,6 @@ from eventfold.projections.state.catalog import active_checkpoints, partition_hi
 from eventfold.projections.status import projection_outputs
 from eventfold.read_api.read_models import reader_session
 from eventfold.read_api.workers import FOLLOW_S, WorkerLead
-
-from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
 

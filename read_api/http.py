@@ -34,6 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import Response
+from psycopg_pool import PoolTimeout
+
+from eventfold.contract.asgi import RouterBypass
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections import Projection
 from eventfold.read_api.commits import CommitNotifications
@@ -82,11 +87,6 @@ from eventfold.read_api.state.queries import (
 from eventfold.read_api.state.routing import DEFAULT_ACCEPTABLE_LAG, Router
 from eventfold.read_api.state.stores import scratch_store_config
 from eventfold.read_api.workers import WorkerLead
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
-from fastapi.responses import Response
-from psycopg_pool import PoolTimeout
-
-from eventfold.contract.asgi import RouterBypass
 
 log = logging.getLogger(__name__)
 

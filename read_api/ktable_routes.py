@@ -9,6 +9,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from starlette._utils import get_route_path
+from starlette.routing import Route
+from starlette.types import Scope
+
+from eventfold.contract.asgi import Match
 from eventfold.read_api.params import (
     DEFAULT_WAIT_MS,
     MAX_WAIT_MS,
@@ -27,13 +34,6 @@ from eventfold.read_api.read_models import ReadModel
 from eventfold.read_api.responses import NOT_REACHED, UNAVAILABLE, not_found
 from eventfold.read_api.schema import QueryError
 from eventfold.read_api.state.queries import GATHER_PAGE, Caller, Forwarded, KTableQueries
-from fastapi import APIRouter, Request
-from fastapi.responses import Response, StreamingResponse
-from starlette._utils import get_route_path
-from starlette.routing import Route
-from starlette.types import Scope
-
-from eventfold.contract.asgi import Match
 
 
 def ktable_routes(router: APIRouter, read_models: dict[str, ReadModel],

@@ -8,10 +8,11 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import suppress
 
-from eventfold.read_api.ktables import KTableHost
 from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector, CollectorRegistry
+
+from eventfold.read_api.ktables import KTableHost
 
 READ_YOUR_WRITES = Counter(
     "eventfold_read_your_writes_waits", "Reads that asked for a minimum version (min_version), "

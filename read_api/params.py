@@ -11,11 +11,12 @@ from decimal import Decimal
 from typing import Any
 
 import orjson
+from fastapi import Path, Request
+from fastapi.responses import Response
+
 from eventfold.read_api.metrics import READ_YOUR_WRITES
 from eventfold.read_api.read_models import ReadModel
 from eventfold.read_api.schema import QueryError, check_text
-from fastapi import Path, Request
-from fastapi.responses import Response
 
 DEFAULT_WAIT_MS = 5_000
 MAX_WAIT_MS = 30_000

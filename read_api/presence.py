@@ -24,6 +24,7 @@ from typing import IO
 
 import orjson
 import psycopg
+
 from eventfold.projections.state.readers import (
     READER_HEARTBEAT_S,
     forget_reader,

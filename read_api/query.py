@@ -28,11 +28,12 @@ from typing import Any
 
 import orjson
 import sqlalchemy
-from eventfold.read_api.schema import Field, Kind, QueryError, ReadModelSchema
 from sqlalchemy import column, func, select, table, tuple_, union_all
 from sqlalchemy.dialects.postgresql import psycopg as pg_psycopg
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.expression import Select, TableClause
+
+from eventfold.read_api.schema import Field, Kind, QueryError, ReadModelSchema
 
 log = logging.getLogger(__name__)
 

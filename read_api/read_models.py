@@ -11,6 +11,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, cast
 
+from psycopg import AsyncConnection, errors, sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from eventfold.contract import libpq_url
 from eventfold.projections import Projection
 from eventfold.projections.state.catalog import ACTIVE_LIVE_ROWS
 from eventfold.projections.state.schema import watermarks_of
@@ -25,11 +30,6 @@ from eventfold.read_api.query import (
     page_query,
 )
 from eventfold.read_api.schema import ReadModelSchema
-from psycopg import AsyncConnection, errors, sql
-from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool
-
-from eventfold.contract import libpq_url
 
 
 def reader_session(role: str, read_only: bool = True) -> list[sql.SQL | sql.Composed]:

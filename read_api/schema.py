@@ -13,9 +13,10 @@ from decimal import Decimal, InvalidOperation
 from enum import Enum
 from typing import Any
 
-from eventfold.projections import Projection
 from sqlalchemy import JSON, Boolean, Date, DateTime, Float, Integer, Numeric, String, Text
 from sqlalchemy.types import BigInteger, TypeEngine
+
+from eventfold.projections import Projection
 
 
 class QueryError(ValueError):

@@ -70,7 +70,6 @@ def inventory_app(stack_settings: Settings):
 @pytest.fixture(scope="session")
 def spark(stack_settings: Settings):
     from eventfold.projections.execution.spark import spark_session
-
     from eventfold.wiring import spark_conf
 
     session = spark_session("local[2]", app_name="eventfold-tests",

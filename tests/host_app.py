@@ -10,10 +10,10 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from eventfold.projections import Event, State, projection
 from sqlalchemy import BigInteger, Text
 
 from eventfold import Eventfold
+from eventfold.projections import Event, State, projection
 from examples import sales
 
 SUFFIX = os.environ["EVENTFOLD_TEST_PROJECTION"]

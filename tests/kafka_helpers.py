@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config, read_messages
 

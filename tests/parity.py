@@ -13,6 +13,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from hypothesis import strategies as st
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from sqlalchemy import JSON, BigInteger, Boolean, Float, String
+
+from eventfold.contract import EventEnvelope
 from eventfold.projections import (
     Avg,
     Count,
@@ -32,12 +38,6 @@ from eventfold.projections import (
 )
 from eventfold.projections.definition.aggregates import AggregateFunction
 from eventfold.projections.outcome import FoldOutcome, KeyState, SourceRecord
-from hypothesis import strategies as st
-from pyspark.sql import Column
-from pyspark.sql import functions as F
-from sqlalchemy import JSON, BigInteger, Boolean, Float, String
-
-from eventfold.contract import EventEnvelope
 
 TOPIC = "eventfold.events.Till"
 PARTITIONS = 2

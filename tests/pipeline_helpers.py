@@ -12,15 +12,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from eventfold.local_stack.process import stop_pid
-from eventfold.projections import Projection
-from eventfold.projections.run_settings import RunnerSettings
-from eventfold.projections.runner import ProjectionRunner
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 
 from eventfold import Command
 from eventfold.contract import event_topic
+from eventfold.local_stack.process import stop_pid
+from eventfold.projections import Projection
+from eventfold.projections.run_settings import RunnerSettings
+from eventfold.projections.runner import ProjectionRunner
 from tests.kafka_helpers import read_table
 
 
@@ -87,6 +87,7 @@ def wait_until_in_topic(settings, aggregate_type: str, prefix: str, count: int) 
     topic is read once up to its end, then only what came after, with one consumer: a wait
     costs the same however many events earlier tests left on the shared topic."""
     from confluent_kafka import Consumer
+
     from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range
 
     topic = event_topic(aggregate_type)

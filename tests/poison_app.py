@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import os
 
-from eventfold.projections import Event, State, projection
 from sqlalchemy import BigInteger
 
 from eventfold import Eventfold
+from eventfold.projections import Event, State, projection
 from examples import inventory
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 
 import psycopg
-from eventfold.projections import Event
-from eventfold.reactions import effect
 
 from eventfold import Eventfold
 from eventfold.contract import libpq_url
+from eventfold.projections import Event
+from eventfold.reactions import effect
 
 
 def _connection(database_url: str = "") -> psycopg.Connection:

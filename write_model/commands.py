@@ -16,6 +16,9 @@ from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError, to_jsonable_python
+
 from eventfold.write_model.domain.aggregate import Aggregate
 from eventfold.write_model.domain.values import storable_problem
 from eventfold.write_model.metrics import CONFLICTS
@@ -27,8 +30,6 @@ from eventfold.write_model.persistence.store import (
     DuplicateCommand,
     StreamNotFound,
 )
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError, to_jsonable_python
 
 A = TypeVar("A", bound=Aggregate)
 C = TypeVar("C", bound="Command")

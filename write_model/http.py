@@ -22,6 +22,18 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import psycopg
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import ValidationError
+from pydantic_core import ErrorDetails
+from starlette._utils import get_route_path
+from starlette.datastructures import Headers
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from eventfold.contract.asgi import Match, RouterBypass
 from eventfold.write_model.commands import AsyncCommandBus, Command
 from eventfold.write_model.domain.aggregate import DomainError
 from eventfold.write_model.domain.values import (
@@ -43,18 +55,6 @@ from eventfold.write_model.persistence.store import (
     StreamOwnedByAnotherType,
     first_line,
 )
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import ValidationError
-from pydantic_core import ErrorDetails
-from starlette._utils import get_route_path
-from starlette.datastructures import Headers
-from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from eventfold.contract.asgi import Match, RouterBypass
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,6 @@ here, with schemas that say what the command API checks where a schema can."""
 
 from typing import Any
 
-from eventfold.write_model.commands import Command, CommandResult, HandlerSpec
-from eventfold.write_model.domain.values import (
-    MAX_DEPTH,
-    MAX_INTEGER,
-    MIN_INTEGER,
-    STORABLE_TEXT_PATTERN,
-    storable_json_schema,
-)
 from fastapi import FastAPI
 from pydantic import BaseModel
 from pydantic.json_schema import (
@@ -22,6 +14,15 @@ from pydantic.json_schema import (
     models_json_schema,
 )
 from pydantic_core import core_schema
+
+from eventfold.write_model.commands import Command, CommandResult, HandlerSpec
+from eventfold.write_model.domain.values import (
+    MAX_DEPTH,
+    MAX_INTEGER,
+    MIN_INTEGER,
+    STORABLE_TEXT_PATTERN,
+    storable_json_schema,
+)
 
 KEPT_UNTIL_HEADER = "Command-Id-Kept-Until"
 

@@ -15,6 +15,7 @@ Create Date: 2026-11-22
 """
 
 from alembic import op
+
 from eventfold.migrations import revision_module
 
 revision = "0006"

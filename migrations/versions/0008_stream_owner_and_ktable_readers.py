@@ -19,6 +19,7 @@ Create Date: 2026-11-23
 """
 
 from alembic import op
+
 from eventfold.migrations import apply_edits, revision_module
 
 revision = "0008"

@@ -17,6 +17,7 @@ Create Date: 2026-11-24
 """
 
 from alembic import op
+
 from eventfold.migrations import apply_edits, revision_module
 from eventfold.write_model.persistence.schema import OUTBOX_DESIGN_LOCK
 

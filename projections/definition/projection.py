@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, NamedTuple, Protocol
 
-from eventfold.projections.definition.aggregates import AggregateFunction, CompositeAggregate
-from eventfold.projections.definition.fields import key_text, path_value
 from sqlalchemy.types import JSON, BigInteger, Boolean, Float, Integer, Numeric, Text, TypeEngine
 
 from eventfold.contract import DEFAULT_TOPIC_PREFIX, event_topic
+from eventfold.projections.definition.aggregates import AggregateFunction, CompositeAggregate
+from eventfold.projections.definition.fields import key_text, path_value
 
 State = dict[str, Any]
 

@@ -8,6 +8,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
 from eventfold.projections.definition.aggregates import AggregateFunction
 from eventfold.projections.execution import task_output
 from eventfold.projections.execution.context import BatchContext
@@ -50,8 +53,6 @@ from eventfold.projections.outcome import (
 )
 from eventfold.projections.plan import Plan
 from eventfold.projections.state.stage import StagedBatch
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 
 def run_aggregation_in_place(spark: SparkSession, slices: Sequence[SourceSlice],

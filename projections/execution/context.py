@@ -5,11 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from eventfold.contract import PartitionKey
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.topics import Replication
 from eventfold.projections.plan import Plan
-
-from eventfold.contract import PartitionKey
 
 
 @dataclass(frozen=True)

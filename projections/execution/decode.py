@@ -18,6 +18,9 @@ import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyarrow import json as pa_json
+
+from eventfold.contract import EventEnvelope, MalformedEvent
 from eventfold.projections.definition.fields import coerce, path_value
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.execution.fold import (
@@ -29,9 +32,6 @@ from eventfold.projections.execution.fold import (
 )
 from eventfold.projections.outcome import RawRecords, SourceRecord
 from eventfold.projections.plan import Plan
-from pyarrow import json as pa_json
-
-from eventfold.contract import EventEnvelope, MalformedEvent
 
 RECORDS_ARROW = pa.schema([
     ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),

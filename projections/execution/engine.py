@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+from pyspark.sql import SparkSession
+
 from eventfold.projections.execution.aggregate_jobs import (
     aggregate_slices,
     run_aggregation,
@@ -47,7 +49,6 @@ from eventfold.projections.execution.partial import (
 )
 from eventfold.projections.plan import Pipeline, Plan
 from eventfold.projections.state.stage import StagedBatch
-from pyspark.sql import SparkSession
 
 __all__ = ["SourceSlice", "decode_records", "fold_on_driver", "read_events", "run_aggregation",
            "run_aggregation_in_place", "run_fold", "run_fold_in_place"]

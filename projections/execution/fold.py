@@ -19,6 +19,8 @@ from itertools import groupby
 from types import MappingProxyType
 
 import orjson
+
+from eventfold.contract import EventEnvelope, MalformedEvent, PartitionKey, derived_value
 from eventfold.projections.definition.projection import Derived, Event, Projection, State
 from eventfold.projections.outcome import (
     NO_PARKED_KEYS,
@@ -32,8 +34,6 @@ from eventfold.projections.outcome import (
     SourceRecord,
 )
 from eventfold.projections.plan import Plan, as_plan
-
-from eventfold.contract import EventEnvelope, MalformedEvent, PartitionKey, derived_value
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark.sql import DataFrame, SparkSession
+
+from eventfold.contract import PartitionKey
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.execution import task_output
 from eventfold.projections.execution.context import BatchContext
@@ -47,9 +50,6 @@ from eventfold.projections.outcome import (
 from eventfold.projections.plan import Plan
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore
-from pyspark.sql import DataFrame, SparkSession
-
-from eventfold.contract import PartitionKey
 
 
 def run_fold_in_place(spark: SparkSession, slices: Sequence[SourceSlice],

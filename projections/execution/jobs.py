@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from typing import Any, Protocol
 
 import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
 from eventfold.projections.execution import task_output, worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.decode import (
@@ -25,7 +27,6 @@ from eventfold.projections.outcome import (
 )
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore, lookup_rows
-from pyspark.sql import DataFrame, SparkSession
 
 RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import iter_range
 
 from eventfold.contract import PartitionKey
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import iter_range
 
 if TYPE_CHECKING:
     from eventfold.projections.outcome import RawRecords

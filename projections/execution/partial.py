@@ -20,6 +20,7 @@ from collections.abc import Mapping
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from eventfold.projections.definition.aggregates import AggregateFunction
 from eventfold.projections.execution.decode import field_column
 from eventfold.projections.execution.guard import dedupe, drop_below

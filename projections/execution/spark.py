@@ -22,10 +22,11 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
-from eventfold.projections.execution.class_archive import driver_java_option
 from pyspark import SparkConf, SparkContext
 from pyspark.find_spark_home import _find_spark_home as find_spark_home
 from pyspark.sql import SparkSession
+
+from eventfold.projections.execution.class_archive import driver_java_option
 
 log = logging.getLogger(__name__)
 

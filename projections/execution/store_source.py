@@ -11,13 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from eventfold.contract import PartitionKey, envelope_value
 from eventfold.outbox.history import STORE_TOPIC, STREAM_BUCKETS, HistoryRow, read_history
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.execution import worker
 from eventfold.projections.execution.fold import loads_json, new_tuple
 from eventfold.projections.outcome import RawRecords
-
-from eventfold.contract import PartitionKey, envelope_value
 
 STORE_PARTITION: PartitionKey = (STORE_TOPIC, 0)
 """Where a version's checkpoint keeps the last global position it applied from the store."""

@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any
 
 import pyarrow as pa
+
 from eventfold.projections.state.stage import TASK_PHASES, StagedBatch
 from eventfold.projections.state.topics import LetterNote
 

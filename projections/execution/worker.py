@@ -14,6 +14,9 @@ from contextlib import contextmanager
 
 import psycopg
 from confluent_kafka import Consumer, Producer
+from pyspark import TaskContext
+
+from eventfold.contract import libpq_url
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, Replication, TopicAdmin
@@ -23,9 +26,6 @@ from eventfold.projections.state.topics import (
     new_producer,
     writer_transactional_id,
 )
-from pyspark import TaskContext
-
-from eventfold.contract import libpq_url
 
 
 class _Held(threading.local):

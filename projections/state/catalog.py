@@ -26,16 +26,16 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from eventfold.contract import PartitionKey, flatten_offsets, libpq_url, nest_offsets
 from eventfold.projections.state.lease import VERSIONS_TABLE, WriterFenced
 from eventfold.projections.state.readers import (
     LIVE_READER_OF_TOPIC,
     SWITCH_LOCK,
     forget_gone_readers,
 )
-from psycopg import sql
-from psycopg.types.json import Jsonb
-
-from eventfold.contract import PartitionKey, flatten_offsets, libpq_url, nest_offsets
 
 CHECKPOINTS_TABLE = "projection_checkpoints"
 READER_ROLE = "eventfold_reader"  # created by migration 0005; read models grant it SELECT

@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from eventfold.projections.faults import acting_as, crash_point
 from psycopg import sql
 
 from eventfold.contract import libpq_url
+from eventfold.projections.faults import acting_as, crash_point
 
 log = logging.getLogger(__name__)
 

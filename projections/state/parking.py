@@ -19,9 +19,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from eventfold.projections.outcome import DeadLetter, ParkedKey, SourceRecord
 from psycopg import sql
 from psycopg.types.json import Jsonb
+
+from eventfold.projections.outcome import DeadLetter, ParkedKey, SourceRecord
 
 PARKED_TABLE = "parked_events"
 RESOLUTIONS_TABLE = "dead_letter_resolutions"

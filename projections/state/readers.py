@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import psycopg
-from eventfold.projections.state.lease import VERSIONS_TABLE
 from psycopg import sql
 
 from eventfold.contract.members import KTABLE_READER, LIVE, forget_gone, join, leave, leave_where
+from eventfold.projections.state.lease import VERSIONS_TABLE
 
 READER_TTL_S = 15.0
 """A reader whose heartbeat is older than this is gone (crashed or stopped)."""

@@ -19,8 +19,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from eventfold.projections.definition.projection import Projection
-from eventfold.projections.plan import compile_projection
 from sqlalchemy import (
     TIMESTAMP,
     BigInteger,
@@ -35,6 +33,9 @@ from sqlalchemy import (
     func,
     text,
 )
+
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.plan import compile_projection
 
 if TYPE_CHECKING:
     from alembic.operations import ops as alembic_ops

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 import psycopg
+
 from eventfold.outbox.topics import TopicAdmin
 
 TABLE = "source_topic_ids"

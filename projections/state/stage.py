@@ -12,6 +12,10 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.types.json import Jsonb
+
+from eventfold.contract import PartitionKey
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.outcome import DeadLetter, KeyState
 from eventfold.projections.state.parking import (
@@ -24,10 +28,6 @@ from eventfold.projections.state.schema import (
 )
 from eventfold.projections.state.topics import LetterNote
 from eventfold.projections.task_errors import TaskError
-from psycopg import sql
-from psycopg.types.json import Jsonb
-
-from eventfold.contract import PartitionKey
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")
 TASK_PHASES = ("read", "load", "fold", "stage", "produce", "flush", "rest")

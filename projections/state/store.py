@@ -24,6 +24,11 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from sqlalchemy import create_engine
+from sqlalchemy.pool import NullPool
+
+from eventfold.contract import PartitionKey, libpq_url
 from eventfold.projections.definition.projection import Projection
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import DeadLetter, KeyState, ParkedKey
@@ -70,11 +75,6 @@ from eventfold.projections.state.stage import (
     StageLost,
     column_list,
 )
-from psycopg import sql
-from sqlalchemy import create_engine
-from sqlalchemy.pool import NullPool
-
-from eventfold.contract import PartitionKey, libpq_url
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,6 @@ from dataclasses import dataclass, field
 
 import orjson
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range, offset_of
-from eventfold.outbox.topics import (
-    COMPACTED_TOPIC_CONFIG,
-    EVENT_TOPIC_CONFIG,
-    Replication,
-    TopicAdmin,
-    TopicShape,
-)
-from eventfold.projections.definition.projection import Projection
-from eventfold.projections.outcome import DeadLetter, Emission, KeyState
 
 from eventfold.contract import (
     DEFAULT_DEAD_LETTER_RETENTION,
@@ -42,6 +31,17 @@ from eventfold.contract import (
     trace_of,
 )
 from eventfold.contract.partitioner import partition_for
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range, offset_of
+from eventfold.outbox.topics import (
+    COMPACTED_TOPIC_CONFIG,
+    EVENT_TOPIC_CONFIG,
+    Replication,
+    TopicAdmin,
+    TopicShape,
+)
+from eventfold.projections.definition.projection import Projection
+from eventfold.projections.outcome import DeadLetter, Emission, KeyState
 
 log = logging.getLogger(__name__)
 

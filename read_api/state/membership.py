@@ -28,10 +28,10 @@ from typing import Any, cast
 
 import orjson
 import psycopg
-from eventfold.read_api.freshness import connect_as_reader
-from eventfold.read_api.workers import FOLLOW_S, WorkerLead
 
 from eventfold.contract.members import KTABLE_MEMBER, join, leave, live
+from eventfold.read_api.freshness import connect_as_reader
+from eventfold.read_api.workers import FOLLOW_S, WorkerLead
 
 log = logging.getLogger(__name__)
 

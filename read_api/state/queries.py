@@ -25,6 +25,7 @@ from typing import Any, NamedTuple, Protocol
 from urllib.parse import quote
 
 import orjson
+
 from eventfold.read_api.state.entry import KTableEntry
 from eventfold.read_api.state.membership import TopicReport
 from eventfold.read_api.state.merge import merge_pages, merge_sorted

@@ -16,6 +16,16 @@ from operator import itemgetter
 from pathlib import Path
 from typing import IO, Any, cast
 
+from rocksdict import (
+    AccessType,
+    BlockBasedOptions,
+    Cache,
+    Options,
+    Rdict,
+    ReadOptions,
+    WriteBatch,
+)
+
 from eventfold.read_api.state.entry import KTableEntry, MovedAway
 from eventfold.read_api.state.locks import try_exclusive
 from eventfold.read_api.state.merge import merge_sorted
@@ -27,15 +37,6 @@ from eventfold.read_api.state.stores import (
     StoreConfig,
     TopicOffsets,
     lower_bound,
-)
-from rocksdict import (
-    AccessType,
-    BlockBasedOptions,
-    Cache,
-    Options,
-    Rdict,
-    ReadOptions,
-    WriteBatch,
 )
 
 log = logging.getLogger(__name__)

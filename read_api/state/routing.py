@@ -15,12 +15,11 @@ import logging
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
+from eventfold.contract.partitioner import partition_for
 from eventfold.read_api.state.assignment import Hosting, assign, owners
 from eventfold.read_api.state.forwarding import READ_TIMEOUT_S, Answer, Forwarder, ForwardFailed
 from eventfold.read_api.state.membership import Member, Membership, TopicReport
 from eventfold.read_api.state.view import KTableView
-
-from eventfold.contract.partitioner import partition_for
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 
 from confluent_kafka import KafkaException
+
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import TopicAdmin, TopicShape

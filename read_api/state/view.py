@@ -20,6 +20,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import (
     TAILING_FETCH_WAIT_MS,

@@ -8,8 +8,8 @@ of many more."""
 from __future__ import annotations
 
 import pytest
-from eventfold.local_stack import LocalStack
 
+from eventfold.local_stack import LocalStack
 from tests.support.campaign.run import Campaign
 from tests.support.campaign.schedule import LEASE_S, NAMED, Schedule, draw
 

@@ -14,6 +14,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
+
+from eventfold import migrations
+from eventfold.contract import event_topic as topic_of
+from eventfold.contract import libpq_url
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
@@ -25,10 +29,6 @@ from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.outbox.verify import LoggedEvent, LogReport, verify_topic
 from eventfold.write_model import EventStore, StoreUnavailable
 from eventfold.write_model.domain.events import NewEvent
-
-from eventfold import migrations
-from eventfold.contract import event_topic as topic_of
-from eventfold.contract import libpq_url
 
 TOPIC = topic_of("Product")
 

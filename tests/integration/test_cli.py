@@ -11,13 +11,13 @@ import sys
 import time
 
 import psycopg
+
+from eventfold.contract import libpq_url
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, pid_alive, port_is_open, stop_pid, wait_until
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.status import projection_status
-
-from eventfold.contract import libpq_url
 from tests.support.cli import eventfold, stack_env, start_serving
 
 

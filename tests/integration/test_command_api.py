@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
-from eventfold.write_model.persistence.async_store import AsyncEventStore
 from fastapi.testclient import TestClient
 from sqlalchemy import text
 
 from eventfold.contract import libpq_url
+from eventfold.write_model.persistence.async_store import AsyncEventStore
 from examples.inventory import ReceiveStock
 from tests.pipeline_helpers import wait_for
 

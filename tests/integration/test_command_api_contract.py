@@ -14,9 +14,6 @@ import uuid
 import psycopg
 import pytest
 import requests
-from eventfold.local_stack import postgres
-from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
-from eventfold.write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository, EventStore
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,7 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from eventfold import migrations
 from eventfold.contract import libpq_url
+from eventfold.local_stack import postgres
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.serving import BackgroundServer
+from eventfold.write_model import AsyncCommandBus, AsyncEventStore, AsyncRepository, EventStore
 from tests.concurrency import run_together
 
 

@@ -15,11 +15,11 @@ import re
 import pytest
 import requests
 from confluent_kafka.admin import AdminClient
+from sqlalchemy import text
+
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.projections.faults import BATCH_POINTS, CRASH_EXIT_CODE, TASK_POINTS
 from eventfold.projections.state.readers import READER_TTL_S
-from sqlalchemy import text
-
 from examples import sales
 from tests.kafka_helpers import read_table, read_topic
 from tests.pipeline_helpers import (

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from tests.packaging import ROOT
 from tests.pipeline_helpers import wait_for
 from tests.support.cli import stack_env

@@ -15,6 +15,9 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import BigInteger, create_engine
+from sqlalchemy.exc import ProgrammingError
+
 from eventfold.local_stack.process import free_port, stop_pid
 from eventfold.projections import projection
 from eventfold.projections.dead_letters import held_letters
@@ -29,9 +32,6 @@ from eventfold.projections.state.parking import ParkedKeysReleased, held_events,
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
-from sqlalchemy import BigInteger, create_engine
-from sqlalchemy.exc import ProgrammingError
-
 from examples.inventory import ReceiveStock
 from tests.kafka_helpers import produce, read_table
 from tests.packaging import ROOT

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 from eventfold.local_stack import LocalStack
-
 from tests.packaging import ROOT, readme_commands
 
 DEMO_LOG = "EVENTFOLD_DEMO_LOG"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-from eventfold.outbox.history import STREAM_BUCKETS, bucket_query, read_history
-from eventfold.write_model import CommandBus, ConcurrencyError, EventStore, Repository
-from eventfold.write_model.domain.events import NewEvent
 from psycopg import sql
 from sqlalchemy import text
 
 from eventfold.contract import libpq_url
+from eventfold.outbox.history import STREAM_BUCKETS, bucket_query, read_history
+from eventfold.write_model import CommandBus, ConcurrencyError, EventStore, Repository
+from eventfold.write_model.domain.events import NewEvent
 from examples.inventory import Product, ReceiveStock
 from tests.concurrency import run_together
 

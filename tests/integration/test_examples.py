@@ -10,14 +10,14 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import pytest
+from sqlalchemy import Engine, text
+
+from eventfold.contract import EventEnvelope, event_topic
 from eventfold.outbox.design import OutboxDesign
 from eventfold.projections import Lookup
 from eventfold.projections.replay import replay
 from eventfold.projections.state.catalog import ProjectionCatalog, VersionSwitched
 from eventfold.projections.state.store import ReadModelStore
-from sqlalchemy import Engine, text
-
-from eventfold.contract import EventEnvelope, event_topic
 from examples import orders, point_of_sale, sales
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (

@@ -19,9 +19,9 @@ import venv
 from pathlib import Path
 
 import requests
+
 from eventfold.local_stack import LocalStack
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
-
 from tests.packaging import ROOT
 
 

@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import psycopg
 import pytest
+
 from eventfold.write_model import (
     AsyncCommandBus,
     AsyncEventStore,
@@ -26,7 +27,6 @@ from eventfold.write_model.persistence.store import (
     UnitOfWork,
     encode_units,
 )
-
 from examples.inventory import Product, ReceiveStock, StockReceived
 from tests.concurrency import run_together
 

@@ -9,10 +9,11 @@ import json
 import uuid
 
 import pytest
-from eventfold.write_model import EventStore
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from eventfold.write_model import EventStore
 
 DEEP = "{" + '"a":{' * 300 + "}" * 301
 
@@ -110,7 +111,6 @@ def test_the_append_itself_refuses_another_types_stream(store, unique) -> None:
     """Also without the aggregate load in front (a racing writer, or another service)."""
     from eventfold.write_model import NewEvent
     from eventfold.write_model.persistence.store import StreamOwnedByAnotherType
-
     from examples.orders import OrderPlaced
 
     event = OrderPlaced(customer_id="c", amount=1.0)

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import httpx
-from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from tests.kafka_helpers import read_topic
 from tests.pipeline_helpers import wait_for
 from tests.support.cli import eventfold, stack_env

@@ -15,6 +15,9 @@ import psycopg
 import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
+from sqlalchemy import BigInteger, Text
+
+from eventfold.contract import event_topic, libpq_url
 from eventfold.outbox.kafka import OffsetPlanner, read_messages
 from eventfold.outbox.topics import (
     COMPACTED_TOPIC_CONFIG,
@@ -33,9 +36,6 @@ from eventfold.projections.state.topics import (
     ensure_projection_topics,
 )
 from eventfold.read_api.state import KTableView
-from sqlalchemy import BigInteger, Text
-
-from eventfold.contract import event_topic, libpq_url
 from tests.kafka_helpers import last_timestamp_ms, produce, read_table
 from tests.pipeline_helpers import make_runner, wait_for, wait_for_more
 from tests.support.events import made_again, publish
@@ -365,10 +365,9 @@ def test_a_reaction_reads_a_source_topic_made_again_while_it_was_down_from_its_b
     as librdkafka does for a runner that is up, and acts on each of its events."""
     import threading
 
+    from eventfold import Eventfold
     from eventfold.projections import Event
     from eventfold.reactions import effect
-
-    from eventfold import Eventfold
 
     aggregate = f"Counted{unique}"
     acted: list[tuple[str, str]] = []
@@ -415,10 +414,9 @@ def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothi
     import sys
     import threading
 
+    from eventfold.config import Settings
     from eventfold.local_stack import LocalStack
     from eventfold.local_stack.process import stop_pid
-
-    from eventfold.config import Settings
     from examples.inventory import ReceiveStock, app, inventory_totals
 
     stack = LocalStack(tmp_path / "stack")

@@ -23,14 +23,14 @@ from pathlib import Path
 
 import orjson
 import requests
+from sqlalchemy import BigInteger
+
+from eventfold.contract.partitioner import partition_for
 from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections import projection
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
-from sqlalchemy import BigInteger
-
-from eventfold.contract.partitioner import partition_for
 from tests.pipeline_helpers import materialize, wait_for
 from tests.support.cli import stack_env, start_serving
 

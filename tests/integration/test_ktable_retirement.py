@@ -10,11 +10,11 @@ import threading
 import uuid
 
 import psycopg
+
+from eventfold.contract import libpq_url
 from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
 from eventfold.projections.state.readers import READER_TTL_S, forget_reader, note_reader
 from eventfold.read_api.freshness import connect_as_reader
-
-from eventfold.contract import libpq_url
 
 
 def test_a_reader_registering_as_a_switch_retires_its_topic_is_waited_for_or_told(

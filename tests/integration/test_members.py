@@ -8,8 +8,6 @@ import uuid
 
 import psycopg
 import pytest
-from eventfold.projections.state.catalog import READER_ROLE
-from eventfold.read_api.freshness import connect_as_reader
 
 from eventfold.contract import libpq_url
 from eventfold.contract.members import (
@@ -21,6 +19,8 @@ from eventfold.contract.members import (
     live,
     renew,
 )
+from eventfold.projections.state.catalog import READER_ROLE
+from eventfold.read_api.freshness import connect_as_reader
 
 
 def _age(conn: psycopg.Connection, kind: str, member_id: str, seconds: float) -> None:

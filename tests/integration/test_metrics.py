@@ -6,8 +6,8 @@ commits, records folded, lag back to zero, the connector running, read-your-writ
 from __future__ import annotations
 
 import httpx
-from eventfold.local_stack.process import free_port, port_is_open, wait_until
 
+from eventfold.local_stack.process import free_port, port_is_open, wait_until
 from tests.pipeline_helpers import wait_for
 from tests.support.cli import cli_processes, scrape, stack_env, total
 

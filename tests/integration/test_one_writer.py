@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 import psycopg
-from eventfold.local_stack.process import free_port, stop_pid
 
 from eventfold.contract import libpq_url
+from eventfold.local_stack.process import free_port, stop_pid
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,

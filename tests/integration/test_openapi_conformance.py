@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from eventfold.local_stack.process import free_port, port_is_open, wait_until
 from sqlalchemy import text
 
+from eventfold.local_stack.process import free_port, port_is_open, wait_until
 from tests.pipeline_helpers import catch_up
 from tests.support.cli import cli_processes, stack_env
 

@@ -17,6 +17,11 @@ from itertools import count
 import psycopg
 import pytest
 from confluent_kafka import Producer
+from hypothesis import HealthCheck, given, settings
+from psycopg import sql
+
+from eventfold import migrations
+from eventfold.contract import PartitionKey, event_topic, libpq_url
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.projections.execution import worker
 from eventfold.projections.execution.context import BatchContext
@@ -37,11 +42,6 @@ from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
-from hypothesis import HealthCheck, given, settings
-from psycopg import sql
-
-from eventfold import migrations
-from eventfold.contract import PartitionKey, event_topic, libpq_url
 from tests.kafka_helpers import read_table, read_topic
 from tests.parity import LOOKUP_ROWS, PARTITIONS, Step, comparable, kinds, long_logs, records_of
 

@@ -8,12 +8,12 @@ import json
 import shutil
 
 import requests
-from eventfold.local_stack.process import free_port
-from eventfold.projections.running_query import stop_gracefully
-from eventfold.projections.status import projection_status
 from sqlalchemy import text
 
 from eventfold.contract import event_topic
+from eventfold.local_stack.process import free_port
+from eventfold.projections.running_query import stop_gracefully
+from eventfold.projections.status import projection_status
 from eventfold.serving import BackgroundServer
 from examples.inventory import ReceiveStock, inventory_totals
 from tests.kafka_helpers import produce, read_table, read_topic

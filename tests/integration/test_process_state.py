@@ -9,6 +9,8 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+
+from eventfold.contract import libpq_url
 from eventfold.projections import Event
 from eventfold.reactions import Process, ProcessContext
 from eventfold.reactions.positions import (
@@ -27,8 +29,6 @@ from eventfold.reactions.process import (
     timer_event,
 )
 from eventfold.reactions.process_view import stream_id_of
-
-from eventfold.contract import libpq_url
 
 
 def _nudge_hourly(context: ProcessContext, event: Event) -> None:

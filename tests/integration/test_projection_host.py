@@ -13,14 +13,14 @@ import subprocess
 import sys
 
 import httpx
-from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.projections.dead_letters import read_dead_letters
-from eventfold.projections.state.catalog import ProjectionCatalog
-from eventfold.projections.state.hosts import HostDirectory, Request
 from sqlalchemy.exc import ProgrammingError
 
 from eventfold import migrations
 from eventfold.contract import event_topic
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.dead_letters import read_dead_letters
+from eventfold.projections.state.catalog import ProjectionCatalog
+from eventfold.projections.state.hosts import HostDirectory, Request
 from tests.pipeline_helpers import (
     folded_total,
     ktable_totals,

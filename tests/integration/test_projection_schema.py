@@ -6,11 +6,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from eventfold.projections import Event, FoldProjection, State
-from eventfold.projections.outcome import KeyState
-from eventfold.projections.state.schema import SchemaNeedsReplay, migrate, state_table
-from eventfold.projections.state.stage import StagedBatch
-from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -24,6 +19,11 @@ from sqlalchemy import (
 )
 
 from eventfold import migrations
+from eventfold.projections import Event, FoldProjection, State
+from eventfold.projections.outcome import KeyState
+from eventfold.projections.state.schema import SchemaNeedsReplay, migrate, state_table
+from eventfold.projections.state.stage import StagedBatch
+from eventfold.projections.state.store import ReadModelStore
 
 SYSTEM = {"key", "_version", "_position", "_deleted", "_updated_at", "_deleted_at"}
 

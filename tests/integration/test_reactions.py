@@ -17,11 +17,11 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from pathlib import Path
 
-from eventfold.local_stack.process import stop_pid
-from eventfold.reactions.definition import topics_of
 from sqlalchemy import text
 from sqlalchemy.exc import ProgrammingError
 
+from eventfold.local_stack.process import stop_pid
+from eventfold.reactions.definition import topics_of
 from tests.kafka_helpers import read_table, read_topic
 from tests.pipeline_helpers import log_says, placing, wait_for
 from tests.support.cli import eventfold, stack_env

@@ -18,6 +18,11 @@ import orjson
 import psycopg
 import pytest
 import requests
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from psycopg import sql
+
+from eventfold.contract import libpq_url
 from eventfold.local_stack.process import free_port
 from eventfold.projections.state.catalog import READER_ROLE, ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
@@ -26,11 +31,6 @@ from eventfold.read_api import params as read_params
 from eventfold.read_api.metrics import READ_YOUR_WRITES
 from eventfold.read_api.query import encode_cursor, page_query, parse_list_query, parse_sort
 from eventfold.read_api.schema import ReadModelSchema
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from psycopg import sql
-
-from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import materialize, wait_for
 from tests.support.read_api import NAMES, catalog_projection, get, read_api
@@ -537,10 +537,9 @@ def test_a_read_model_that_never_ran_is_503_and_not_ready(stack_settings):
 
 
 def test_read_model_routes_answer_503_while_the_database_is_down(stack_settings, tmp_path):
+    from eventfold import migrations
     from eventfold.local_stack import postgres
     from eventfold.local_stack.process import stop_pid
-
-    from eventfold import migrations
 
     port = free_port()
     data, log = tmp_path / "pg", tmp_path / "pg.log"

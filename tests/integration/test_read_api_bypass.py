@@ -12,13 +12,13 @@ from urllib.parse import quote, urlencode
 
 import pytest
 import requests
-from eventfold.local_stack.process import free_port
-from eventfold.projections import projection
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import BigInteger
 
 from eventfold import Eventfold
+from eventfold.local_stack.process import free_port
+from eventfold.projections import projection
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import materialize, wait_for
 

@@ -18,6 +18,13 @@ from pathlib import Path
 import psycopg
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
+from psycopg import sql
+from sqlalchemy import BigInteger
+
+from eventfold import Eventfold
+from eventfold.config import Settings
+from eventfold.contract import libpq_url
 from eventfold.local_stack.process import (
     descendants,
     free_port,
@@ -28,13 +35,6 @@ from eventfold.local_stack.process import (
 )
 from eventfold.projections import projection
 from eventfold.read_api.read_models import reader_session
-from prometheus_client.parser import text_string_to_metric_families
-from psycopg import sql
-from sqlalchemy import BigInteger
-
-from eventfold import Eventfold
-from eventfold.config import Settings
-from eventfold.contract import libpq_url
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import Materializer, materialize, wait_for
 from tests.support.cli import stack_env, start_serving

@@ -10,13 +10,13 @@ import uuid
 import psycopg
 import pytest
 import requests
-from eventfold.local_stack.process import free_port
-from eventfold.projections import projection
-from eventfold.projections.state.store import ReadModelStore
 from sqlalchemy import BigInteger
 
 from eventfold import Eventfold
 from eventfold.contract import libpq_url
+from eventfold.local_stack.process import free_port
+from eventfold.projections import projection
+from eventfold.projections.state.store import ReadModelStore
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import materialize
 

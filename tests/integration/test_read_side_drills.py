@@ -42,6 +42,9 @@ from confluent_kafka.admin import (
     NewPartitions,
     ResourceType,
 )
+from sqlalchemy import BigInteger
+
+from eventfold.contract.partitioner import partition_for
 from eventfold.local_stack.process import (
     descendants,
     free_port,
@@ -54,9 +57,6 @@ from eventfold.outbox.kafka import read_messages
 from eventfold.projections import projection
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.store import ReadModelStore
-from sqlalchemy import BigInteger
-
-from eventfold.contract.partitioner import partition_for
 from tests.kafka_helpers import produce
 from tests.pipeline_helpers import Materializer, wait_for
 from tests.support.cli import stack_env

@@ -15,9 +15,9 @@ import threading
 import time
 from pathlib import Path
 
-from eventfold.local_stack.process import stop_pid
 from sqlalchemy import text
 
+from eventfold.local_stack.process import stop_pid
 from tests.pipeline_helpers import wait_for
 from tests.support.cli import eventfold, stack_env
 

@@ -19,13 +19,13 @@ import pytest
 import requests
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from eventfold.local_stack import LocalStack
-from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
-from eventfold.outbox.connection import KafkaConnection
 from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from eventfold.config import Settings
+from eventfold.local_stack import LocalStack
+from eventfold.local_stack.process import free_port, port_is_open, stop_pid, wait_until
+from eventfold.outbox.connection import KafkaConnection
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import rows, wait_until_in_topic
 from tests.support.cli import eventfold

@@ -20,10 +20,10 @@ from pathlib import Path
 import httpx
 import psycopg
 from confluent_kafka.admin import AdminClient
-from eventfold.local_stack.process import free_port, stop_pid
-from eventfold.projections.state.catalog import ProjectionCatalog
 
 from eventfold.contract import libpq_url
+from eventfold.local_stack.process import free_port, stop_pid
+from eventfold.projections.state.catalog import ProjectionCatalog
 from tests.kafka_helpers import read_table
 from tests.pipeline_helpers import wait_for
 from tests.support.cli import stack_env

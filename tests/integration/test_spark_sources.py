@@ -4,9 +4,9 @@ and dead letters, and a batch Spark's source hands over again is not counted twi
 from __future__ import annotations
 
 import pytest
-from eventfold.projections import Projection
 
 from eventfold.contract import event_topic
+from eventfold.projections import Projection
 from examples import sales
 from tests.kafka_helpers import produce, read_table, read_topic
 from tests.pipeline_helpers import (

@@ -5,7 +5,6 @@ projection stale), against the real stack."""
 from __future__ import annotations
 
 from eventfold.local_stack.process import free_port
-
 from tests.pipeline_helpers import wait_until_in_topic
 from tests.support.cli import eventfold, stack_env, status_json
 

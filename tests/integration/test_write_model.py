@@ -9,6 +9,11 @@ from dataclasses import dataclass
 
 import psycopg
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import text
+
+from eventfold.contract import libpq_url
 from eventfold.write_model import (
     Aggregate,
     ConcurrencyError,
@@ -21,11 +26,6 @@ from eventfold.write_model import (
 )
 from eventfold.write_model.domain.events import NewEvent
 from eventfold.write_model.persistence.store import _READ_ALL
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from sqlalchemy import text
-
-from eventfold.contract import libpq_url
 from examples.inventory import Product, ReceiveStock, ShipStock
 from tests.concurrency import run_together
 

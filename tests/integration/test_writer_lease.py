@@ -17,13 +17,13 @@ import uuid
 
 import psycopg
 import pytest
+
+from eventfold.contract import libpq_url
 from eventfold.projections import faults, metrics
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.lease import WriterBusy, WriterLease, writer_of
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore
-
-from eventfold.contract import libpq_url
 from tests.pipeline_helpers import wait_for
 from tests.support.campaign import app as campaign
 from tests.support.campaign.actors import HostActor

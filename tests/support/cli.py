@@ -12,8 +12,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
-from eventfold.local_stack.process import stop_pid
 from prometheus_client.parser import text_string_to_metric_families
+
+from eventfold.local_stack.process import stop_pid
 
 Samples = list[tuple[str, dict[str, str], float]]
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import itertools
 
-from eventfold.outbox.topics import TopicAdmin
-
 from eventfold.contract import EventEnvelope, event_topic
+from eventfold.outbox.topics import TopicAdmin
 from tests.kafka_helpers import produce
 from tests.pipeline_helpers import wait_for
 

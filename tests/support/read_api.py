@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 
 import requests
+from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
+
 from eventfold.local_stack.process import free_port
 from eventfold.projections import FoldProjection
 from eventfold.read_api import ReadApiOptions, StoreConfig, create_read_app
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, Numeric, String
-
 from eventfold.serving import BackgroundServer
 from tests.pipeline_helpers import wait_for
 

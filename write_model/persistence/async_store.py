@@ -18,6 +18,11 @@ from typing import Any, Self
 
 import orjson
 import psycopg
+from psycopg import pq
+from psycopg.errors import error_from_result
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from eventfold.contract import libpq_url
 from eventfold.write_model.domain.events import NewEvent
 from eventfold.write_model.persistence.group_commit import AsyncGroupCommit
 from eventfold.write_model.persistence.store import (
@@ -42,11 +47,6 @@ from eventfold.write_model.persistence.store import (
     raise_if_unavailable,
     units_json,
 )
-from psycopg import pq
-from psycopg.errors import error_from_result
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
-
-from eventfold.contract import libpq_url
 
 
 class AsyncEventStore:

@@ -21,10 +21,11 @@ from typing import Any, cast
 
 import orjson
 import psycopg
-from eventfold.write_model.domain.events import NewEvent, RecordedEvent
-from eventfold.write_model.persistence.group_commit import GroupCommit
 from psycopg import errors
 from sqlalchemy import Engine, create_engine
+
+from eventfold.write_model.domain.events import NewEvent, RecordedEvent
+from eventfold.write_model.persistence.group_commit import GroupCommit
 
 
 class ConcurrencyError(Exception):

@@ -14,9 +14,8 @@ def cluster_stack(tmp_path_factory):
     3, min.insync.replicas 2), two Connect workers and a Spark standalone master with two
     workers, the sales example set up on it; stopped by PID after this package's tests (a
     cluster idling beside the rest of the suite would slow its timing-sensitive tests)."""
-    from eventfold.local_stack import CLUSTER, LocalStack
-
     from eventfold.config import Settings
+    from eventfold.local_stack import CLUSTER, LocalStack
     from examples import sales
 
     root = tmp_path_factory.mktemp("cluster")

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import pytest
 import requests
 from confluent_kafka.admin import AdminClient
-from eventfold.local_stack.process import stop_pid
-from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, TopicAdmin
 from sqlalchemy import create_engine
 
 from eventfold.config import Settings
 from eventfold.contract import event_topic
+from eventfold.local_stack.process import stop_pid
+from eventfold.outbox.topics import COMPACTED_TOPIC_CONFIG, EVENT_TOPIC_CONFIG, TopicAdmin
 from tests.packaging import ROOT
 from tests.pipeline_helpers import (
     folded_total,

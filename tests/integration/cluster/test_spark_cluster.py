@@ -15,9 +15,9 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from eventfold.local_stack.process import stop_pid
 from eventfold.local_stack.spark_cluster import SparkCluster, SparkClusterState, spark_home
-
 from examples import sales
 from tests.packaging import ROOT
 from tests.pipeline_helpers import (

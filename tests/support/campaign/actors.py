@@ -16,10 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
+from eventfold import Eventfold, Settings
 from eventfold.projections.host import ProjectionHost
 from eventfold.reactions.runner import POLL_WAIT_S, ReactionRunner
-
-from eventfold import Eventfold, Settings
 from tests.support.campaign.nemesis import Killed
 
 log = logging.getLogger(__name__)

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import psycopg
 import requests
 from confluent_kafka import Consumer
-from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range, offset_of
 
 from eventfold.contract import KTABLE_VERSION_HEADER, libpq_url
+from eventfold.outbox.connection import KafkaConnection
+from eventfold.outbox.kafka import OffsetPlanner, consumer_config, iter_range, offset_of
 from tests.support.campaign.app import Names
 
 Violations = list[str]

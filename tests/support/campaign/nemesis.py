@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psycopg
-from eventfold.projections import faults
 
 from eventfold.contract import libpq_url
+from eventfold.projections import faults
 from tests.support.campaign.schedule import Fault
 
 log = logging.getLogger(__name__)

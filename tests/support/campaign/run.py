@@ -17,9 +17,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import psycopg
+
+from eventfold import Command, Settings
+from eventfold.contract import event_topic
 from eventfold.local_stack import LocalStack
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
 from eventfold.reactions.parking import request_retry
+from eventfold.serving import BackgroundServer
 from eventfold.write_model import (
     CommandBus,
     CommandResult,
@@ -27,10 +31,6 @@ from eventfold.write_model import (
     StoreUnavailable,
     StreamNotFound,
 )
-
-from eventfold import Command, Settings
-from eventfold.contract import event_topic
-from eventfold.serving import BackgroundServer
 from tests.support.campaign import app as campaign
 from tests.support.campaign.actors import Actor, HostActor, ReactionsActor
 from tests.support.campaign.checkers import (

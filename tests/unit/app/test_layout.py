@@ -198,9 +198,8 @@ def test_no_module_of_the_namespace_is_over_500_lines() -> None:
 
 
 def test_users_import_everything_from_eventfold_and_each_name_loads() -> None:
-    import eventfold.projections
-
     import eventfold
+    import eventfold.projections
 
     assert sorted(eventfold.__all__) == sorted(eventfold._EXPORTED_FROM)
     for name in eventfold.__all__:

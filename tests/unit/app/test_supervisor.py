@@ -11,9 +11,8 @@ import threading
 import time
 from pathlib import Path
 
-from eventfold.local_stack.process import stop_pid
-
 from eventfold import supervisor
+from eventfold.local_stack.process import stop_pid
 from eventfold.metrics import WorkerRestarts
 from eventfold.supervisor import Supervisor, read_restarts
 

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from eventfold.write_model import DomainError
-
 from eventfold.testing import AggregateFixture, InMemoryApp
+from eventfold.write_model import DomainError
 from examples.library import (
     FINE,
     AddCopies,

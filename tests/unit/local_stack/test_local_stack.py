@@ -6,6 +6,7 @@ import socket
 from pathlib import Path
 
 import pytest
+
 from eventfold.local_stack import LocalStack, StackError, broker, java, postgres
 from eventfold.local_stack.auth import ClientAuth
 from eventfold.local_stack.process import free_port, pid_alive, spawn, stop_pid, wait_until
@@ -145,9 +146,8 @@ def test_a_broker_formatted_without_credentials_is_not_started_with_them(tmp_pat
 
 
 def test_the_stacks_jvms_map_their_class_archives_once_recorded(tmp_path, monkeypatch) -> None:
-    from eventfold.local_stack.java import class_archive, class_data_options
-
     from eventfold.contract.class_data import recording_of
+    from eventfold.local_stack.java import class_archive, class_data_options
 
     monkeypatch.setenv("EVENTFOLD_JARS_DIR", str(tmp_path))
     assert class_data_options("broker") == []  # not recorded: started as before

@@ -1,4 +1,5 @@
 import pytest
+
 from eventfold.outbox.connector import OutboxConnectorSpec
 from eventfold.outbox.design import OutboxDesign
 from eventfold.outbox.operations import ConnectorStatus, SlotInfo, config_diff, describe_diff

@@ -4,11 +4,11 @@ import pickle
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+
+from eventfold.config import ConfigError, Settings
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.outbox.topics import Replication, ReplicationUnavailable
-
-from eventfold.config import ConfigError, Settings
 
 SCRAM = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-512",
          "sasl.username": "app", "sasl.password": 'pa"ss'}

@@ -6,6 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import BigInteger, Float, String
+
+from eventfold.contract import EventEnvelope
 from eventfold.projections import Count, Latest, Sum, aggregation
 from eventfold.projections.execution.decode import (
     EVENT_FIELDS,
@@ -20,11 +25,6 @@ from eventfold.projections.execution.fold import KEY_NOT_UTF8, VALUE_NOT_UTF8, B
 from eventfold.projections.execution.guard import drop_applied
 from eventfold.projections.outcome import RawRecords
 from eventfold.projections.plan import compile_projection
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from sqlalchemy import BigInteger, Float, String
-
-from eventfold.contract import EventEnvelope
 
 TOPIC = "eventfold.events.Sale"
 

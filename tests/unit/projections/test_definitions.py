@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from sqlalchemy import BigInteger, Float, String
+
 from eventfold.projections import (
     Avg,
     Count,
@@ -21,7 +23,6 @@ from eventfold.projections import (
 )
 from eventfold.projections.definition.fields import coerce, key_text, path_value
 from eventfold.projections.plan import Pipeline, compile_projection
-from sqlalchemy import BigInteger, Float, String
 
 
 def event(event_type: str, **data: object) -> Event:

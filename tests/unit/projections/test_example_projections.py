@@ -10,10 +10,10 @@ from fractions import Fraction
 from typing import Any
 
 import pytest
+
 from eventfold.projections import EventLog, fold_in_memory
 from eventfold.projections.execution.fold import fold_records
 from eventfold.projections.outcome import SourceRecord
-
 from examples import orders, point_of_sale, sales
 
 _positions = itertools.count(1)

@@ -7,6 +7,9 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pyarrow as pa
+from sqlalchemy import BigInteger
+
+from eventfold.contract import EventEnvelope
 from eventfold.projections import fold_in_memory, projection
 from eventfold.projections.execution import task_output
 from eventfold.projections.execution.fold import BatchFold, fold_records
@@ -18,9 +21,6 @@ from eventfold.projections.outcome import (
     SourceRecord,
 )
 from eventfold.projections.state.stage import StagedBatch
-from sqlalchemy import BigInteger
-
-from eventfold.contract import EventEnvelope
 from examples.inventory import inventory_totals
 
 TOPIC = "eventfold.events.Product"

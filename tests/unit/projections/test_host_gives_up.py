@@ -11,6 +11,9 @@ from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
+
+from eventfold import cli
+from eventfold.cli import projection as projection_cli
 from eventfold.projections import host as projection_host
 from eventfold.projections.host import (
     MAX_FAILED_STARTS,
@@ -19,9 +22,6 @@ from eventfold.projections.host import (
     _RunOutcome,
     _Supervisor,
 )
-
-from eventfold import cli
-from eventfold.cli import projection as projection_cli
 
 BROKER_DOWN = _RunOutcome(0, "KafkaException: broker down")
 REFUSED = _RunOutcome(0, "psycopg.OperationalError: connection refused")

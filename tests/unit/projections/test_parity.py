@@ -15,6 +15,9 @@ from operator import itemgetter
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from hypothesis import HealthCheck, given, settings
+from sqlalchemy import BigInteger, Float, String
+
 from eventfold.projections import Avg, Count, Latest, Max, Sum, aggregation
 from eventfold.projections.execution.aggregate_jobs import aggregate_outcome
 from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
@@ -23,9 +26,6 @@ from eventfold.projections.execution.fold_jobs import columns, decoded_rows
 from eventfold.projections.execution.partial import PartitionAggregate, partial_schema
 from eventfold.projections.outcome import FoldOutcome, SourceRecord
 from eventfold.projections.plan import Plan, compile_projection
-from hypothesis import HealthCheck, given, settings
-from sqlalchemy import BigInteger, Float, String
-
 from tests.parity import LOOKUP_ROWS, Step, comparable, kinds, logs, records_of
 
 PROJECTIONS = kinds()

@@ -9,6 +9,11 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sqlalchemy import BigInteger, String
+
+from eventfold.contract import EventEnvelope
 from eventfold.projections import Count, Latest, Max, Min, Sum, aggregation
 from eventfold.projections.execution.decode import decode_events, decoded_schema, records_table
 from eventfold.projections.execution.fold import by_partition, fold_records
@@ -22,11 +27,6 @@ from eventfold.projections.execution.partial import (
 )
 from eventfold.projections.outcome import SourceRecord
 from eventfold.projections.plan import Plan, compile_projection
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from sqlalchemy import BigInteger, String
-
-from eventfold.contract import EventEnvelope
 
 TOPIC = "eventfold.events.Sale"
 AGGREGATES = {"revenue": Sum("total"), "sales": Count(), "smallest": Min("total"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+
 from eventfold.projections.outcome import FoldOutcome
 from eventfold.projections.replay import ReplayProgress
 

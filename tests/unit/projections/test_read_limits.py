@@ -1,3 +1,9 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from eventfold.config import Settings
+from eventfold.contract import flatten_offsets as _flatten
+from eventfold.contract import nest_offsets as _to_offsets
 from eventfold.projections.execution.jobs import share_out
 from eventfold.projections.execution.kafka_source import KafkaSlice, OffsetRange, cap_rows
 from eventfold.projections.execution.limits import (
@@ -7,12 +13,6 @@ from eventfold.projections.execution.limits import (
     REPLAY_REST_RATIO,
     STREAMING_MAX_ROWS,
 )
-from hypothesis import given
-from hypothesis import strategies as st
-
-from eventfold.config import Settings
-from eventfold.contract import flatten_offsets as _flatten
-from eventfold.contract import nest_offsets as _to_offsets
 
 
 def test_the_configuration_defaults_are_the_engine_defaults() -> None:

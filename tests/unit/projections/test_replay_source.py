@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from eventfold.projections.replay import reads_event_store
 
 TOPIC = "eventfold.events.Sale"

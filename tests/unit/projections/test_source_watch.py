@@ -10,6 +10,7 @@ from collections.abc import Iterable, Iterator
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException
+
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import OffsetPlanner
 from eventfold.projections.source_watch import STALE_LOOKS, SourceWatch

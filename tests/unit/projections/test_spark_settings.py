@@ -4,6 +4,9 @@ spark-defaults.conf), then EVENTFOLD_SPARK_* settings, then our defaults."""
 from __future__ import annotations
 
 import pytest
+
+from eventfold.config import STREAMING_DRIVERS, ConfigError, Settings
+from eventfold.contract import split_password
 from eventfold.projections.execution.spark import (
     DEFAULTS,
     IDLE_PYTHON_WORKERS,
@@ -14,9 +17,6 @@ from eventfold.projections.execution.spark import (
 )
 from eventfold.projections.run_settings import EXECUTOR_PASSWORD
 from eventfold.projections.run_settings import STREAMING_DRIVERS as RUNNER_DRIVERS
-
-from eventfold.config import STREAMING_DRIVERS, ConfigError, Settings
-from eventfold.contract import split_password
 from eventfold.wiring import spark_conf
 
 

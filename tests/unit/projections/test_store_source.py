@@ -4,14 +4,14 @@ connector's envelopes of the same events do, and a row that is no event is a dea
 from __future__ import annotations
 
 import orjson
+
+from eventfold.contract import EventEnvelope, envelope_value
 from eventfold.outbox.history import STORE_TOPIC, HistoryRow
 from eventfold.projections.execution.decode import decode_events, records_table
 from eventfold.projections.execution.fold import BatchFold
 from eventfold.projections.execution.store_source import StoreSlice
 from eventfold.projections.outcome import RawRecords
 from eventfold.projections.plan import as_plan
-
-from eventfold.contract import EventEnvelope, envelope_value
 from examples.inventory import inventory_totals
 
 RECORDED_AT = "2026-11-26T13:11:34.1234Z"

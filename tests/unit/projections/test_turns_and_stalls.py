@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+
 from eventfold.projections.execution import jobs, turns, writes
 from eventfold.projections.state.lease import WriterBusy, WriterFenced
 from eventfold.projections.state.topics import writer_slots, writer_transactional_id

@@ -5,9 +5,9 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from eventfold.projections import Event
 from eventfold.reactions import Reaction, ReactionRegistry, command_id_for, reaction
-
 from examples.fulfilment import Purchase, ReserveStock, reserve_stock
 
 
@@ -62,7 +62,6 @@ def test_sources_take_aggregate_classes_and_names_are_checked() -> None:
 def test_a_typed_reaction_gets_its_classes_and_skips_other_types() -> None:
     from eventfold.reactions import DerivedEvents
     from eventfold.reactions.definition import topics_of, wants
-
     from examples.fulfilment import PurchasePlaced
 
     @reaction("typed", sources=[Purchase, DerivedEvents("eventfold.notifications.x")],

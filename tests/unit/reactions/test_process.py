@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from eventfold.projections import Event
 from eventfold.reactions import Process, ProcessContext, command_id_for
 from eventfold.reactions.process import refusal_event, timer_event
-
 from examples.fulfilment import CancelPurchase, payment_deadline
 
 NOW = datetime(2026, 11, 28, 12, 0, tzinfo=UTC)

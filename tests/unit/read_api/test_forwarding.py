@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+
 from eventfold.local_stack.process import free_port
 from eventfold.read_api.state.forwarding import Forwarder, ForwardFailed
 

@@ -12,10 +12,10 @@ from operator import itemgetter
 from typing import Any
 
 import pytest
-from eventfold.read_api.state.assignment import assign, owners
-from eventfold.read_api.state.merge import merge_pages
 
 from eventfold.contract.partitioner import murmur2, partition_for
+from eventfold.read_api.state.assignment import assign, owners
+from eventfold.read_api.state.merge import merge_pages
 
 
 @pytest.mark.parametrize(("key", "signed"), [

@@ -9,11 +9,12 @@ from operator import itemgetter
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from eventfold.read_api.state import KTableEntry, RocksDBStore, StoreConfig
 from eventfold.read_api.state.merge import merge_sorted
 from eventfold.read_api.state.stores import StateStore, TopicOffsets
-from hypothesis import given
-from hypothesis import strategies as st
 
 TOPIC, TOPIC_ID = "eventfold.ktable.totals.v1", "topic-id-1"
 

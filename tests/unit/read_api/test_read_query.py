@@ -6,6 +6,10 @@ import base64
 
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sqlalchemy import JSON, DateTime, Integer, Numeric, String, column, select
+
 from eventfold.projections import FoldProjection
 from eventfold.read_api.query import (
     ListQuery,
@@ -17,9 +21,6 @@ from eventfold.read_api.query import (
     parse_sort,
 )
 from eventfold.read_api.schema import Kind, QueryError, ReadModelSchema
-from hypothesis import given
-from hypothesis import strategies as st
-from sqlalchemy import JSON, DateTime, Integer, Numeric, String, column, select
 
 SCHEMA = ReadModelSchema.of(FoldProjection(
     name="items", sources=("Item",), apply=lambda s, e: s, indexes=("total", "name"),

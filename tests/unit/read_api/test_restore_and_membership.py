@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from eventfold.read_api.state import KTableEntry, RocksDBStore, StoreConfig
 from eventfold.read_api.state.assignment import assign
 from eventfold.read_api.state.membership import TIMEOUT_S, Member, Membership

@@ -10,6 +10,10 @@ import json
 import uuid
 from typing import Any
 
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
 from eventfold.write_model.commands import Command, CommandRegistry, CommandResult
 from eventfold.write_model.domain.aggregate import DomainError
 from eventfold.write_model.http import create_command_app
@@ -19,10 +23,6 @@ from eventfold.write_model.persistence.store import (
     StoreUnavailable,
     StreamNotFound,
 )
-from fastapi.testclient import TestClient
-from hypothesis import HealthCheck, example, given, settings
-from hypothesis import strategies as st
-
 from examples import inventory
 
 

@@ -11,8 +11,8 @@ import time
 from collections.abc import Sequence
 
 import pytest
-from eventfold.write_model.persistence.group_commit import AsyncGroupCommit, GroupCommit
 
+from eventfold.write_model.persistence.group_commit import AsyncGroupCommit, GroupCommit
 from tests.concurrency import run_together
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from eventfold.write_model import CommandRegistry
 
 from eventfold import Aggregate, Command, handles
+from eventfold.write_model import CommandRegistry
 from examples.inventory import Product, ReceiveStock, ShipStock, StockReceived
 
 

@@ -1,10 +1,10 @@
 """Domain classes and command validation: no database needed."""
 
 import pytest
-from eventfold.write_model import DomainError, default_registry
 from pydantic import ValidationError
 
 from eventfold.config import ConfigError, Settings
+from eventfold.write_model import DomainError, default_registry
 from examples.inventory import Product, ReceiveStock, StockReceived
 
 
