@@ -68,6 +68,7 @@ if TYPE_CHECKING:
         CommandResult,
         DomainError,
         DomainEvent,
+        TargetId,
         handles,
     )
 
@@ -78,7 +79,7 @@ _OWNERS = {
     "eventfold.config": ["Settings"],
     "eventfold.runtime": ["Runtime"],
     "eventfold.write_model": ["Aggregate", "Command", "CommandResult", "DomainError",
-                              "DomainEvent", "handles"],
+                              "DomainEvent", "TargetId", "handles"],
     "eventfold.projections": ["AggregateFunction", "Avg", "Count", "Derived", "Dispatch",
                               "Event", "EventLog", "Latest", "Lookup", "Max", "Min",
                               "Projection", "State", "Sum", "aggregation", "fold_in_memory",
@@ -111,6 +112,7 @@ __all__ = [
     "Settings",
     "State",
     "Sum",
+    "TargetId",
     "aggregation",
     "effect",
     "fold_in_memory",

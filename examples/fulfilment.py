@@ -38,6 +38,7 @@ from eventfold import (
     Eventfold,
     ProcessContext,
     State,
+    TargetId,
     handles,
     process,
     projection,
@@ -76,53 +77,38 @@ class PurchaseCancelled(DomainEvent):
 class StockShelf(Command):
     """Put stock on a shelf."""
 
-    shelf_id: str = Field(min_length=1, max_length=100)
+    shelf_id: str = TargetId(min_length=1, max_length=100)
     quantity: int = Field(gt=0)
-
-    def stream_id(self) -> str:
-        return self.shelf_id
 
 
 class PlacePurchase(Command):
     """Buy from a shelf; the stock is reserved by the reaction."""
 
-    purchase_id: str = Field(min_length=1, max_length=100)
+    purchase_id: str = TargetId(min_length=1, max_length=100)
     shelf_id: str = Field(min_length=1, max_length=100)
     quantity: int = Field(gt=0)
     pay_within_s: int = Field(default=3600, gt=0)
-
-    def stream_id(self) -> str:
-        return self.purchase_id
 
 
 class PayPurchase(Command):
     """Pay for a purchase (before its deadline, or it is cancelled)."""
 
-    purchase_id: str = Field(min_length=1, max_length=100)
-
-    def stream_id(self) -> str:
-        return self.purchase_id
+    purchase_id: str = TargetId(min_length=1, max_length=100)
 
 
 class CancelPurchase(Command):
     """Cancel an unpaid purchase (sent by ``payment_deadline``)."""
 
-    purchase_id: str = Field(min_length=1, max_length=100)
+    purchase_id: str = TargetId(min_length=1, max_length=100)
     reason: str = Field(min_length=1, max_length=200)
-
-    def stream_id(self) -> str:
-        return self.purchase_id
 
 
 class ReserveStock(Command):
     """Reserve a purchase's quantity on its shelf (sent by ``reserve_stock``)."""
 
-    shelf_id: str = Field(min_length=1, max_length=100)
+    shelf_id: str = TargetId(min_length=1, max_length=100)
     purchase_id: str = Field(min_length=1, max_length=100)
     quantity: int = Field(gt=0)
-
-    def stream_id(self) -> str:
-        return self.shelf_id
 
 
 class Shelf(Aggregate):
@@ -154,10 +140,8 @@ class Purchase(Aggregate):
         self.paid = False
         self.cancelled = False
 
-    @handles(PlacePurchase)
+    @handles(PlacePurchase, creates=True)
     def place(self, shelf_id: str, quantity: int, pay_within_s: int) -> None:
-        if self.version > 0:
-            raise DomainError(f"purchase {self.id} was already placed")
         self.record(PurchasePlaced(shelf_id=shelf_id, quantity=quantity,
                                    pay_within_s=pay_within_s))
 

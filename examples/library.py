@@ -32,6 +32,7 @@ from eventfold import (
     Eventfold,
     ProcessContext,
     State,
+    TargetId,
     handles,
     process,
     projection,
@@ -68,38 +69,26 @@ class MemberFined(DomainEvent):
 
 
 class AddCopies(Command):
-    book: str = Field(min_length=1)
+    book: str = TargetId(min_length=1)
     copies: int = Field(gt=0)
-
-    def stream_id(self) -> str:
-        return self.book
 
 
 class LendBook(Command):
-    book: str = Field(min_length=1)
+    book: str = TargetId(min_length=1)
     loan: str = Field(min_length=1)
     member: str = Field(min_length=1)
     days: int = Field(default=14, gt=0)
 
-    def stream_id(self) -> str:
-        return self.book
-
 
 class ReturnBook(Command):
-    book: str = Field(min_length=1)
+    book: str = TargetId(min_length=1)
     loan: str = Field(min_length=1)
-
-    def stream_id(self) -> str:
-        return self.book
 
 
 class FineMember(Command):
-    member: str = Field(min_length=1)
+    member: str = TargetId(min_length=1)
     loan: str = Field(min_length=1)
     amount: int = Field(gt=0)
-
-    def stream_id(self) -> str:
-        return self.member
 
 
 class Book(Aggregate):

@@ -20,6 +20,7 @@ from eventfold.write_model.commands import (
     CommandBus,
     CommandRegistry,
     CommandResult,
+    TargetId,
     handles,
 )
 from eventfold.write_model.domain.aggregate import Aggregate, DomainError
@@ -68,6 +69,7 @@ __all__ = [
     "StreamAppend",
     "StreamNotFound",
     "StreamOwnedByAnotherType",
+    "TargetId",
     "append_in_transaction",
     "default_registry",
     "handles",

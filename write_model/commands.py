@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError, to_jsonable_python
 
-from eventfold.write_model.domain.aggregate import Aggregate
+from eventfold.write_model.domain.aggregate import Aggregate, DomainError
 from eventfold.write_model.domain.values import storable_problem
 from eventfold.write_model.metrics import CONFLICTS
 from eventfold.write_model.persistence.repository import AggregateCache, AsyncRepository, Repository
@@ -36,12 +36,26 @@ C = TypeVar("C", bound="Command")
 M = TypeVar("M", bound=Callable[..., None])
 
 
+TARGET = "x-eventfold-target"
+"""The mark a command's field gets from ``TargetId`` (an OpenAPI extension: the command API's
+document shows which field names the aggregate)."""
+
+
+def TargetId(**options: Any) -> Any:
+    """A command field naming the aggregate it goes to (its stream id), as Axon's
+    ``@TargetAggregateIdentifier``: ``book: str = TargetId(min_length=1)``; the command needs
+    no ``stream_id`` method. ``options`` are pydantic ``Field``'s."""
+    extra = options.pop("json_schema_extra", None) or {}
+    return Field(json_schema_extra={**extra, TARGET: True}, **options)
+
+
 class Command(BaseModel):
     """Base of commands: a validated request to change one aggregate.
 
-    Subclasses declare their fields with pydantic and implement ``stream_id``. With
-    ``expected_version`` set, the command fails with a conflict if the aggregate moved on;
-    without it the bus retries a lost race against the latest version.
+    Subclasses declare their fields with pydantic, one of them the aggregate's id
+    (``TargetId``), or implement ``stream_id``. With ``expected_version`` set, the command
+    fails with a conflict if the aggregate moved on; without it the bus retries a lost race
+    against the latest version.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -53,10 +67,23 @@ class Command(BaseModel):
     expected_version: int | None = Field(
         default=None, ge=0, description="Optimistic concurrency: the stream version you saw.")
 
+    _target: ClassVar[str | None] = None
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "command_name" not in cls.__dict__:
             cls.command_name = cls.__name__
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        targets = [name for name, field in cls.model_fields.items()
+                   if isinstance(field.json_schema_extra, dict)
+                   and field.json_schema_extra.get(TARGET)]
+        if len(targets) > 1:
+            raise TypeError(f"{cls.__name__}: one field names the aggregate (TargetId), "
+                            f"not {', '.join(targets)}")
+        cls._target = targets[0] if targets else cls._target
 
     @field_validator("*", mode="after")
     @classmethod
@@ -68,7 +95,11 @@ class Command(BaseModel):
         return value
 
     def stream_id(self) -> str:
-        raise NotImplementedError(f"{type(self).__name__} must implement stream_id()")
+        """The id of the aggregate the command goes to: its ``TargetId`` field's value."""
+        if self._target is None:
+            raise NotImplementedError(f"{type(self).__name__}: mark the field naming the "
+                                      "aggregate with TargetId(), or implement stream_id()")
+        return str(getattr(self, self._target))
 
     def fingerprint(self) -> str:
         """A digest of what the command asks for (its name and fields, not its id): a command
@@ -107,15 +138,18 @@ class HandlerSpec(Generic[A, C]):
     aggregate: type[A]
     handle: Callable[[A, C], None]
     requires_existing: bool
+    creates: bool = False
 
 
 @dataclass(frozen=True)
 class _Handles:
     command: type[Command]
     requires_existing: bool
+    creates: bool
 
 
-def handles(command: type[Command], *, requires_existing: bool = False) -> Callable[[M], M]:
+def handles(command: type[Command], *, requires_existing: bool = False,
+            creates: bool = False) -> Callable[[M], M]:
     """Decorator on an aggregate's method: ``command`` calls it, passing the command's fields
     its parameters name, so that one use case is written in one place::
 
@@ -124,10 +158,14 @@ def handles(command: type[Command], *, requires_existing: bool = False) -> Calla
             def ship(self, quantity: int) -> None: ...
 
     Register the aggregate with ``CommandRegistry.add``. ``requires_existing``: the command
-    fails with StreamNotFound on a new stream."""
+    fails with StreamNotFound on a new stream; ``creates``: it starts the aggregate, and is
+    refused (``DomainError``) on one that exists."""
+    if requires_existing and creates:
+        raise ValueError(f"{command.__name__}: a handler creates an aggregate or requires "
+                         "one, not both")
 
     def mark(method: M) -> M:
-        method.__eventfold_handles__ = _Handles(command, requires_existing)  # type: ignore[attr-defined]
+        method.__eventfold_handles__ = _Handles(command, requires_existing, creates)  # type: ignore[attr-defined]
         return method
 
     return mark
@@ -167,7 +205,8 @@ class CommandRegistry:
             marked: _Handles | None = getattr(member, "__eventfold_handles__", None)
             if marked is not None:
                 self.handler(marked.command, aggregate,
-                             requires_existing=marked.requires_existing)(
+                             requires_existing=marked.requires_existing,
+                             creates=marked.creates)(
                     _method_handler(aggregate, name, marked.command))
                 found = True
         if not found:
@@ -175,7 +214,8 @@ class CommandRegistry:
         return aggregate
 
     def handler(
-        self, command: type[C], aggregate: type[A], *, requires_existing: bool = False
+        self, command: type[C], aggregate: type[A], *, requires_existing: bool = False,
+        creates: bool = False,
     ) -> Callable[[Callable[[A, C], None]], Callable[[A, C], None]]:
         """Decorator: ``handle(aggregate, command)`` calls the aggregate's command methods.
         ``requires_existing`` makes the command fail with StreamNotFound on a new stream."""
@@ -184,7 +224,8 @@ class CommandRegistry:
             name = command.command_name
             if name in self._handlers:
                 raise ValueError(f"command {name!r} already has a handler")
-            self._handlers[name] = HandlerSpec(command, aggregate, handle, requires_existing)
+            self._handlers[name] = HandlerSpec(command, aggregate, handle, requires_existing,
+                                               creates)
             return handle
 
         return register
@@ -304,6 +345,8 @@ class _Execution:
     def _decide(spec: HandlerSpec[Any, Any], command: Command, aggregate: Aggregate) -> None:
         if spec.requires_existing and aggregate.version == 0:
             raise StreamNotFound(aggregate.id)
+        if spec.creates and aggregate.version > 0:
+            raise DomainError(f"{aggregate.stream_type} {aggregate.id} exists already")
         expected = command.expected_version
         if expected is not None and expected != aggregate.version:
             raise ConcurrencyError(aggregate.id, expected, aggregate.version)

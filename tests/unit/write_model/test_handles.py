@@ -39,3 +39,46 @@ def test_a_method_parameter_no_command_field_fills_is_refused_when_added() -> No
         CommandRegistry().add(Thing)
     with pytest.raises(ValueError, match="Plain has no method marked @handles"):
         CommandRegistry().add(Plain)
+
+
+def test_a_target_field_names_the_aggregate_and_a_creating_handler_refuses_an_existing_one(
+) -> None:
+    """``TargetId`` stands for a ``stream_id`` method; ``creates=True`` for the check that the
+    aggregate does not exist yet. Both through the command bus, in memory."""
+    from dataclasses import dataclass
+
+    from pydantic import Field
+
+    from eventfold import Aggregate, Command, DomainError, DomainEvent, Eventfold, TargetId
+    from eventfold.testing import AggregateFixture
+
+    @dataclass(frozen=True)
+    class TicketOpened(DomainEvent):
+        title: str
+
+    class OpenTicket(Command):
+        ticket: str = TargetId(min_length=1)
+        title: str = Field(min_length=1)
+
+    class Ticket(Aggregate):
+        @handles(OpenTicket, creates=True)
+        def open(self, title: str) -> None:
+            self.record(TicketOpened(title=title))
+
+        def apply(self, event: DomainEvent) -> None:
+            pass
+
+    app = Eventfold("tickets")
+    app.commands.add(Ticket)
+    assert OpenTicket(ticket="t-1", title="x").stream_id() == "t-1"
+    (AggregateFixture(app, "t-1").when(OpenTicket(ticket="t-1", title="x"))
+     .then(TicketOpened(title="x")))
+    (AggregateFixture(app, "t-1").given(TicketOpened(title="x"))
+     .when(OpenTicket(ticket="t-1", title="y"))
+     .then_refused(DomainError, "Ticket t-1 exists already"))
+    with pytest.raises(TypeError, match="one field names the aggregate"):
+        class Twice(Command):
+            a: str = TargetId()
+            b: str = TargetId()
+    with pytest.raises(ValueError, match="creates an aggregate or requires one"):
+        handles(OpenTicket, creates=True, requires_existing=True)
