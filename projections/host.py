@@ -253,6 +253,8 @@ class _Supervisor:
         self.standing_by = host.standby
         self.stalls_in_a_row = 0
         """Runs given up as stalled since the last batch committed: each doubles the bound."""
+        self.wrote = False
+        """A run of this host has held the lease: a later start refused is a takeover."""
         self._warmed: dict[WriterLease, ProjectionRunner] = {}
         """The runner a standby made ready while it waited for the lease, by that lease."""
 
@@ -342,7 +344,7 @@ class _Supervisor:
         """One run, of ``ready`` (a standby's runner, warmed while it waited) or of a new
         runner."""
         from eventfold.projections.running_query import described, stop_gracefully
-        from eventfold.projections.state.lease import WriterFenced
+        from eventfold.projections.state.lease import WriterBusy, WriterFenced
         from eventfold.projections.state.topics import WritesFenced
 
         host, name = self.host, self.name
@@ -351,6 +353,7 @@ class _Supervisor:
             runner = started = ready or host.wiring.runner(name, self._catch_up_bar(),
                                                            self.spark, lease)
             query = runner.start(once=host.once)
+            self.wrote = True
             if self.watched is not None:
                 self.watched.running(runner, query)
             # Signal handlers only set a flag: the thread may be inside a py4j call, which
@@ -378,6 +381,12 @@ class _Supervisor:
             active = runner.versions.active(name)
             return _RunOutcome(runner.batches, described(error),
                                active if active != runner.version else None)
+        except WriterBusy as busy:
+            if not self.wrote:
+                raise  # a second runner started by mistake: a person has to decide
+            # This host wrote it, and lost its lease meanwhile (a database pause, say): the
+            # runner that took it over writes on, and this one stands by.
+            return _RunOutcome(runner.batches if runner else 0, described(busy), fenced=True)
         except needs_a_person():
             raise  # a person has to decide: starting again would only meet it again
         except Exception as exc:  # the broker or the database unreachable while starting
