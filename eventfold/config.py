@@ -140,6 +140,7 @@ class Settings(BaseSettings):
     reaction_retry_pause_s: float = Field(default=2.0, gt=0)
     reaction_session_timeout_s: float = Field(default=10.0, ge=6, le=300)
     reaction_max_poll_interval_s: float = Field(default=300.0, ge=6)
+    process_timer_grace_s: float = Field(default=2.0, ge=0)
     ktable_topic_config: str = ""
     state_dir: Path = Path(".eventfold/state")
     ktable_cache_mb: int = Field(default=64, ge=1)

@@ -265,6 +265,14 @@ def read_message(kafka: KafkaConnection, topic: str, offset: int, partition: int
         consumer.close()
 
 
+def partition_ends(consumer: Consumer, timeout_s: float = 10.0) -> dict[PartitionKey, int]:
+    """Where each partition assigned to ``consumer`` ends now, as the broker answers (one
+    request per partition: for a look now and then, not for every message)."""
+    return {(tp.topic, tp.partition): consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=timeout_s)[1]
+            for tp in consumer.assignment()}
+
+
 def offset_of(message: Message) -> int:
     """A consumed message's offset (the client's type says optional: only a message being
     produced has none)."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from eventfold.contract import PartitionKey
 from eventfold.projections.definition.projection import Event
 from eventfold.reactions.parking import Parking
 from eventfold.reactions.positions import Refusal
+from eventfold.reactions.process import recorded_time
 from eventfold.reactions.sending import Answered, Outgoing
 from eventfold.write_model import Command
 
@@ -38,6 +40,9 @@ class ReactionBatch:
     sent), and what it could not do."""
 
     positions: dict[PartitionKey, int] = field(default_factory=dict)
+    recorded_through: dict[PartitionKey, datetime] = field(default_factory=dict)
+    """Each partition's latest recorded time among the batch's events (a process's stream
+    time once the batch is stepped)."""
     events: list[tuple[Event, str | None]] = field(default_factory=list)
     """Each event and its correlation id."""
     outgoing: list[Outgoing] = field(default_factory=list)
@@ -45,6 +50,14 @@ class ReactionBatch:
     called: bool = False
     """An effect's calls were made."""
     parking: Parking = field(default_factory=Parking)
+
+    def read(self, key: PartitionKey, recorded_at: str) -> None:
+        """An event recorded at ``recorded_at`` was read from partition ``key`` (a derived
+        event, with no recorded time, does not move stream time)."""
+        at = recorded_time(recorded_at)
+        if at is not None and (key not in self.recorded_through
+                               or at > self.recorded_through[key]):
+            self.recorded_through[key] = at
 
     def asked(self, group: str, event: Event, commands: Sequence[Command],
               correlation_id: str | None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Literal
 
 import psycopg
@@ -114,6 +115,36 @@ def _upsert(conn: psycopg.Connection, reaction: str, positions: Mapping[Partitio
             f"next_offset = {new_offset}, saved_at = now()",
             [(reaction, topic, partition, offset)
              for (topic, partition), offset in sorted(positions.items())])
+
+
+def save_stepped_through(conn: psycopg.Connection, reaction: str,
+                         recorded: Mapping[PartitionKey, datetime]) -> None:
+    """A process's stream time, inside its batch's transaction: each partition stepped
+    through the recorded time of its last event in the batch (never moving back)."""
+    _step_through(conn, reaction, [(at, topic, partition, 0)
+                                   for (topic, partition), at in sorted(recorded.items())])
+
+
+def save_at_end(conn: psycopg.Connection, reaction: str, ends: Mapping[PartitionKey, int],
+                observed_at: datetime) -> None:
+    """Partitions whose saved position is at or past ``ends``, their ends as a look that
+    began at ``observed_at`` found them, were stepped through ``observed_at``: every event
+    appended before it is behind the saved position. Which runner looks does not matter:
+    a position saved by any runner is stepped."""
+    _step_through(conn, reaction, [(observed_at, topic, partition, end)
+                                   for (topic, partition), end in sorted(ends.items())])
+
+
+def _step_through(conn: psycopg.Connection, reaction: str,
+                  rows: Sequence[tuple[datetime, str, int, int]]) -> None:
+    if not rows:
+        return
+    with conn.cursor() as cursor:
+        cursor.executemany(
+            "UPDATE reaction_positions SET stepped_through = GREATEST(COALESCE("
+            "stepped_through, '-infinity'), %s) WHERE reaction = %s AND topic = %s AND "
+            "partition = %s AND next_offset >= %s",
+            [(at, reaction, topic, partition, end) for at, topic, partition, end in rows])
 
 
 @dataclass(frozen=True)

@@ -190,12 +190,12 @@ def refusal_event(key: str, command: str, command_id: uuid.UUID, reason: str,
                  f"{REFUSAL_EVENT_PREFIX}{command_id}", 0, at.isoformat())
 
 
-def recorded_time(event: Event, default: datetime) -> datetime:
-    """When ``event`` was recorded (``default`` when it does not say: a derived event)."""
+def recorded_time(recorded_at: str) -> datetime | None:
+    """An event's ``recorded_at`` as a time (None when it does not say: a derived event)."""
     try:
-        at = datetime.fromisoformat(event.recorded_at)
+        at = datetime.fromisoformat(recorded_at)
     except (TypeError, ValueError):
-        return default
+        return None
     return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
@@ -291,15 +291,37 @@ class DueTimer:
     at: datetime
 
 
-def take_due_timers(conn: psycopg.Connection, process: str, limit: int) -> list[DueTimer]:
+def take_due_timers(conn: psycopg.Connection, process: str, limit: int,
+                    sources: Sequence[str], grace_s: float) -> list[DueTimer]:
     """Due timers, locked until the caller's transaction ends (another runner skips them),
-    except those of parked keys: a timer waits behind its key's held events as they do."""
+    except those of parked keys: a timer waits behind its key's held events as they do.
+
+    Due by the process's stream time, not only the clock: a timer fires once every
+    partition of ``sources`` has been stepped ``grace_s`` past its due time (events reach
+    Kafka a moment after they are recorded), so the events recorded before it are stepped
+    first, however far behind the runner is."""
     rows = conn.execute(
-        "SELECT t.id, t.key, t.name, t.fire_at FROM process_timers t WHERE t.process = %s "
-        "AND t.fire_at <= now() AND NOT EXISTS (SELECT 1 FROM reaction_parked p WHERE "
-        "p.reaction = t.process AND p.key = t.key) ORDER BY t.fire_at, t.id LIMIT %s "
-        "FOR UPDATE OF t SKIP LOCKED", (process, limit)).fetchall()
+        "WITH stream AS (SELECT min(COALESCE(stepped_through, '-infinity')) AS through "
+        "FROM reaction_positions WHERE reaction = %(p)s AND topic = ANY(%(sources)s)) "
+        "SELECT t.id, t.key, t.name, t.fire_at FROM process_timers t, stream "
+        "WHERE t.process = %(p)s AND t.fire_at <= now() "
+        "AND t.fire_at + make_interval(secs => %(grace)s) <= stream.through "
+        "AND NOT EXISTS (SELECT 1 FROM reaction_parked p WHERE p.reaction = t.process "
+        "AND p.key = t.key) ORDER BY t.fire_at, t.id LIMIT %(limit)s "
+        "FOR UPDATE OF t SKIP LOCKED",
+        {"p": process, "sources": list(sources), "grace": grace_s, "limit": limit}
+    ).fetchall()
     return [DueTimer(int(i), str(k), str(n), a) for i, k, n, a in rows]
+
+
+def due_by_the_clock(conn: psycopg.Connection, process: str, grace_s: float) -> bool:
+    """Whether a timer of a key not parked is ``grace_s`` past its due time: only then is it
+    worth finding which partitions are stepped to their end."""
+    row = conn.execute(
+        "SELECT EXISTS (SELECT 1 FROM process_timers t WHERE t.process = %s AND t.fire_at + "
+        "make_interval(secs => %s) <= now() AND NOT EXISTS (SELECT 1 FROM reaction_parked p "
+        "WHERE p.reaction = t.process AND p.key = t.key))", (process, grace_s)).fetchone()
+    return bool(row and row[0])
 
 
 def save_fired(conn: psycopg.Connection, process: str, states: KeyStates,

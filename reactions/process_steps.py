@@ -6,15 +6,20 @@ transaction saves the runner's positions, the refusals, the parked keys, the sta
 timers, and the commands the steps decided (``outbox``); only then are the commands sent. A
 due timer (``fire_due_timers``) is stepped and saved the same way, under a lock on its row
 that another runner skips; a timer whose step raises parks its key, holding the timer, and a
-parked key's timers wait (its held events come first). A command the domain refuses comes
+parked key's timers wait (its held events come first). A timer is due by the process's
+stream time: each batch saves, per partition, the recorded time it stepped through, and a
+partition found stepped to its end is stepped through the time it was looked at; a timer
+fires once every partition of the process is a grace past its due time, so a runner behind
+its events steps those recorded before a timer first. A command the domain refuses comes
 back to its key as a ``command_refused`` event, stepped and saved the same way (a command
 that such a step sends and that is refused again is only recorded).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 import psycopg
@@ -30,12 +35,13 @@ from eventfold.reactions.outbox import (
     save_commands,
 )
 from eventfold.reactions.parking import save_parking
-from eventfold.reactions.positions import save_batch
+from eventfold.reactions.positions import save_at_end, save_batch, save_stepped_through
 from eventfold.reactions.process import (
     REFUSAL_EVENT_PREFIX,
     KeyStates,
     Process,
     database_now,
+    due_by_the_clock,
     load_states,
     recorded_time,
     refusal_event,
@@ -56,7 +62,8 @@ class ProcessSteps:
     def __init__(self, process: Process, sender: CommandSender,
                  connection: Callable[[], psycopg.Connection], decode: DecodeCommand,
                  counts: ReactionCounts, batch_max_events: int,
-                 leftover_after_s: float) -> None:
+                 leftover_after_s: float, sources: Sequence[str], timer_grace_s: float
+                 ) -> None:
         self.process = process
         self.sender = sender
         self.connection = connection
@@ -66,6 +73,10 @@ class ProcessSteps:
         self.leftover_after_s = leftover_after_s
         """How old a saved command must be for this runner to send it as left behind: longer
         than a runner takes to send its own."""
+        self.sources = list(sources)
+        self.timer_grace_s = timer_grace_s
+        """How long past its due time a timer waits for events recorded before it to reach
+        Kafka (``EVENTFOLD_PROCESS_TIMER_GRACE_S``)."""
         self._started = False
 
     async def send_leftovers(self) -> None:
@@ -94,6 +105,7 @@ class ProcessSteps:
             save_batch(conn, self.process.name, batch.positions, batch.refusals, read_from)
             save_parking(conn, self.process.name, batch.parking)
             save_states(conn, self.process.name, states)
+            save_stepped_through(conn, self.process.name, batch.recorded_through)
             pending = save_commands(conn, self.process.name, batch.outgoing)
         crash_point("process.saved")
         await self._send(pending)
@@ -112,7 +124,8 @@ class ProcessSteps:
         for key, event, correlation_id in keyed:
             if batch.parking.holds(key, event, correlation_id):
                 continue
-            self._step(states, batch, key, event, correlation_id, recorded_time(event, now))
+            at = recorded_time(event.recorded_at) or now
+            self._step(states, batch, key, event, correlation_id, at)
         return states
 
     def _step(self, states: KeyStates, batch: ReactionBatch, key: str, event: Event,
@@ -124,14 +137,22 @@ class ProcessSteps:
             return
         batch.asked(key, event, commands, correlation_id)
 
-    async def fire_due_timers(self) -> None:
+    async def fire_due_timers(self, partition_ends: Callable[[], Mapping[PartitionKey, int]]
+                              ) -> None:
         """Every due timer of keys not parked, stepped as an event of its key at its due
         time, and saved with its key's state, under a lock on its row (a runner beside this
-        one skips it); then its commands are sent."""
+        one skips it); then its commands are sent. ``partition_ends`` asks the broker where
+        this runner's partitions end now: with a timer due by the clock, the partitions
+        whose saved positions are there are stepped through the time it was asked."""
         conn = self.connection()
         name = self.process.name
+        if not due_by_the_clock(conn, name, self.timer_grace_s):
+            return
+        observed_at = database_now(conn)
+        save_at_end(conn, name, await asyncio.to_thread(partition_ends), observed_at)
         with conn.transaction():
-            due = take_due_timers(conn, name, self.batch_max_events)
+            due = take_due_timers(conn, name, self.batch_max_events, self.sources,
+                                  self.timer_grace_s)
             if not due:
                 return
             states = load_states(conn, name, sorted({t.key for t in due}))

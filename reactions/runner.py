@@ -40,7 +40,7 @@ from confluent_kafka import (
 from eventfold.contract import PartitionKey, libpq_url
 from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 from eventfold.outbox.connection import KafkaConnection
-from eventfold.outbox.kafka import consume_available
+from eventfold.outbox.kafka import consume_available, partition_ends
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import acting_as, crash_point
 from eventfold.reactions.batch import ReactionBatch, ReactionCounts
@@ -73,6 +73,7 @@ class ReactionOptions:
     reaction_retry_pause_s: float = 2.0
     reaction_session_timeout_s: float = 10.0
     reaction_max_poll_interval_s: float = 300.0
+    process_timer_grace_s: float = 2.0
 
 
 POLL_WAIT_S = 0.5
@@ -109,7 +110,8 @@ class ReactionRunner:
         saved when it was assigned, rewound or saved by this runner (0: none saved yet)."""
         self.steps = (ProcessSteps(reaction, self.sender, self._connection, self._command,
                                    self.counts, self.options.reaction_batch_max_events,
-                                   self.options.reaction_session_timeout_s)
+                                   self.options.reaction_session_timeout_s, self.topics,
+                                   self.options.process_timer_grace_s)
                       if isinstance(reaction, Process) else None)
 
     @property
@@ -227,7 +229,15 @@ class ReactionRunner:
                                            POLL_WAIT_S)
         if self.steps is not None:
             await self.steps.send_leftovers()
-            await self.steps.fire_due_timers()
+        await self._handle(messages)
+        if self.steps is not None:
+            # After the batch: a timer fires only once the events recorded before it are
+            # stepped, and this batch may hold some.
+            await self.steps.fire_due_timers(lambda: partition_ends(consumer))
+
+    async def _handle(self, messages: Sequence[Message]) -> None:
+        """The batch's events (and a parked key's held ones, when asked again) acted on and
+        saved with their positions."""
         parking, retried = open_parking(self._connection(), self.reaction.name)
         if not messages and not parking.retried:
             return
@@ -296,6 +306,7 @@ class ReactionRunner:
                 batch.refusals.append(Refusal(f"{topic}:{partition}:{offset}", -1,
                                               "undecodable", "", "", str(exc)))
                 continue
+            batch.read((topic, partition), envelope.recorded_at)
             if not wants(self.reaction, envelope.event_type):
                 continue
             batch.events.append((Event(

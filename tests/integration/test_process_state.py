@@ -1,7 +1,8 @@
 """A process's state as its events show it (``process_view``), saved in the real Postgres the
 way the reaction runner saves it: a timer that fires and schedules again is shown with the
 new timer pending, never with the one that just fired; a key of any characters is kept as
-given. A batch saves only from the positions it read from."""
+given. A batch saves only from the positions it read from. A due timer waits for its
+process's stream time."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from eventfold.reactions.positions import (
     Refusal,
     load_positions,
     refusal_count,
+    save_at_end,
     save_batch,
+    save_stepped_through,
 )
 from eventfold.reactions.process import (
     database_now,
@@ -61,8 +64,11 @@ def test_a_timer_that_schedules_again_shows_only_its_new_timer(
         assert [t["name"] for t in _latest_change(conn, reminder.name, key)["timers"]] == [
             "nudge"]
 
+        source = ("eventfold.events.Customer", 0)
+        save_batch(conn, reminder.name, {source: 1}, [], read_from={})
+        save_stepped_through(conn, reminder.name, {source: database_now(conn)})
         with conn.transaction():  # as the runner fires due timers
-            due = take_due_timers(conn, reminder.name, 10)
+            due = take_due_timers(conn, reminder.name, 10, [source[0]], 0.0)
             assert [(t.key, t.name) for t in due] == [(key, "nudge")]
             states = load_states(conn, reminder.name, [key])
             now = database_now(conn)
@@ -98,3 +104,38 @@ def test_a_batch_read_from_positions_another_runner_moved_saves_nothing(
             "eventfold.events.Customer[1] is at offset 3, not 0)")
         assert load_positions(conn, reaction) == {known: 9, new: 3}
         assert refusal_count(conn, reaction) == 0
+
+
+def test_a_due_timer_waits_until_every_partition_is_stepped_past_it(
+        inventory_app, stack_settings, unique) -> None:
+    """A timer due a minute ago, its process reading two partitions: while one partition has
+    been stepped only to events recorded before the due time, it waits (the clock alone
+    does not fire it); a partition found at its end is stepped through the time it was
+    looked at, unless its saved position is short of that end; with both past the due time
+    and the grace, it fires."""
+    process = f"stream_time_{unique}"
+    topic = f"eventfold.events.StreamTime{unique}"
+    first, second = (topic, 0), (topic, 1)
+    with psycopg.connect(libpq_url(stack_settings.database_url), autocommit=True) as conn:
+        now = database_now(conn)
+        conn.execute("INSERT INTO process_timers (process, key, name, fire_at) VALUES "
+                     "(%s, 'k', 'due', %s)", (process, now - timedelta(minutes=1)))
+        save_batch(conn, process, {first: 4, second: 7}, [], read_from={})
+
+        def due() -> list[str]:
+            with conn.transaction():
+                return [t.name for t in take_due_timers(conn, process, 10, [topic], 2.0)]
+
+        assert due() == [], "no partition stepped yet"
+        save_stepped_through(conn, process, {first: now, second: now - timedelta(minutes=2)})
+        assert due() == [], "the second partition is behind the due time"
+        save_at_end(conn, process, {second: 8}, now)
+        assert due() == [], "its saved position is short of its end"
+        save_stepped_through(conn, process, {second: now - timedelta(minutes=1)})
+        assert due() == [], "stepped to the due time, not the grace past it"
+        save_at_end(conn, process, {second: 7}, now)
+        assert due() == ["due"]
+        save_stepped_through(conn, process, {second: now - timedelta(hours=1)})
+        assert conn.execute("SELECT stepped_through FROM reaction_positions WHERE reaction = "
+                            "%s AND partition = 1", (process,)).fetchone() == (now,), (
+            "stream time never moves back")

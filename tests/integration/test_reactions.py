@@ -204,12 +204,29 @@ def _waiting(engine, unique: str) -> tuple[list[str], int]:
     return [str(key) for key in keys], _process_rows(engine, unique)[1]
 
 
+def _cancels_refused(engine, unique: str) -> list[str]:
+    """This test's purchases the deadline process asked to cancel and the domain refused."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(
+            "SELECT stream_id FROM reaction_refusals WHERE reaction = 'payment_deadline' AND "
+            "kind = 'refused' AND stream_id LIKE :purchases"),
+            {"purchases": f"{unique}-%"}).all()
+    return sorted(str(r[0]) for r in rows)
+
+
+PAY_WITHIN_S = 8
+"""Long enough for the purchases paid after the runner's kill to be paid before their
+deadlines."""
+
+
 def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
         stack_settings, engine, tmp_path, unique) -> None:
-    """Ten purchases paid, ten not, their deadlines falling due while the process's runner
-    is down; the runner that comes back dies between sending the cancellations and
-    committing them; the next one fires them again. Each unpaid purchase is cancelled
-    exactly once, no paid one is, and no process or timer is left."""
+    """Twenty purchases: five paid at once, five paid while the process's runner is down
+    (before their deadlines, which then fall due while it is still down), ten never. The
+    runner that comes back dies between sending the cancellations and committing them; the
+    next one sends them again. Each unpaid purchase is cancelled exactly once, and no
+    cancellation is asked for a paid one: the payments recorded before a deadline are
+    stepped before its timer, however late they are read."""
     from examples import fulfilment
 
     runtime = fulfilment.app.runtime(stack_settings)
@@ -230,24 +247,26 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
         purchases = [f"{unique}-d{n}" for n in range(20)]
         for purchase in purchases:
             bus.execute(fulfilment.PlacePurchase(purchase_id=purchase, shelf_id="any",
-                                                 quantity=1, pay_within_s=6))
-        for purchase in purchases[:10]:
+                                                 quantity=1, pay_within_s=PAY_WITHIN_S))
+        for purchase in purchases[:5]:
             bus.execute(fulfilment.PayPurchase(purchase_id=purchase))
-        # The unpaid ten, each with its timer: ten processes alone can also be the paid ten,
-        # read before their payments were.
-        wait_for(lambda: _waiting(engine, unique) == (sorted(purchases[10:]), 10),
-                 "the unpaid ten waiting for their payment", timeout_s=60)
+        # The fifteen unpaid, each with its timer: fifteen processes alone can also include
+        # paid ones, read before their payments were.
+        wait_for(lambda: _waiting(engine, unique) == (sorted(purchases[5:]), 15),
+                 "the unpaid fifteen waiting for their payment", timeout_s=60)
         running.send_signal(signal.SIGKILL)
         running.wait(timeout=30)
+        for purchase in purchases[5:10]:
+            bus.execute(fulfilment.PayPurchase(purchase_id=purchase))
+        last_due_s = _process_rows(engine, unique)[2]
+        assert last_due_s is not None and last_due_s > 0, "paid after their deadlines"
         listed = eventfold("reaction", "processes", "payment_deadline", "--key-prefix", unique,
                            "--json", env=env)
         assert listed.returncode == 0, listed.stderr
         waiting = json.loads(listed.stdout)["payment_deadline"]
-        assert [p["key"] for p in waiting] == sorted(purchases[10:])
+        assert [p["key"] for p in waiting] == sorted(purchases[5:])
         assert {tuple(name for name, _ in p["timers"]) for p in waiting} == {("payment_due",)}
-        last_due_s = _process_rows(engine, unique)[2]
-        assert last_due_s is not None
-        time.sleep(max(last_due_s, 0) + 1)  # every deadline falls due while none runs
+        time.sleep(last_due_s + 1)  # every deadline falls due while none runs
         assert _cancellations(engine, unique) == {}
         crashed = tmp_path / "crashed"
         running = deadline_runner(logs[1], EVENTFOLD_CRASH_AT="process.sending",
@@ -264,6 +283,7 @@ def test_a_deadline_that_falls_due_while_no_runner_is_up_fires_once_after(
                                   "answered from the command log"),
                  "the commands left unsent to be sent again", timeout_s=30)
         assert _cancellations(engine, unique) == {p: 1 for p in purchases[10:]}
+        assert _cancels_refused(engine, unique) == [], "a paid purchase's deadline fired"
         assert not log_says(logs[2], "timers fired")
     finally:
         stop_pid(running.pid, what="a process manager")
