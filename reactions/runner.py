@@ -169,6 +169,10 @@ class ReactionRunner:
                     reported, reported_counts = time.monotonic(), dataclasses.replace(self.counts)
                     self._report()
         finally:
+            # The consumer holds ``on_assign`` (bound to this runner) where the collector
+            # cannot see it: a runner still pointing back would keep both, and the clients
+            # it owns, alive for the life of a process that runs runners one after another.
+            self.consumer = None
             consumer.close()
             self._drop_connection()
         self._report()
