@@ -52,6 +52,12 @@ from bench.common import (
     names_of,
     per_event_us,
 )
+from bench.keys import (
+    DISTRIBUTIONS,
+    Distribution,
+    key_indices,
+    versions_before,
+)
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
@@ -111,20 +117,19 @@ bench_stats = aggregation(
 
 
 def produce_events(kafka: KafkaConnection, events: int, keys: int, partitions: int,
-                   after: int = 0, source: str = SOURCE) -> float:
-    """Events of aggregate type ``source`` at global positions ``after + 1`` on, position
-    ``p`` of key ``p % keys`` (each key's versions go on from the events before ``after``).
+                   after: int = 0, source: str = SOURCE,
+                   distribution: Distribution = "uniform") -> float:
+    """Events of aggregate type ``source`` at global positions ``after + 1`` on, each of the
+    key ``bench.keys`` gives it (each key's versions go on from the events before ``after``).
     Returns events/s."""
     topic = event_topic(source)
     TopicAdmin(kafka).ensure([topic], EVENT_TOPIC_CONFIG, partitions=partitions)
     producer = Producer(kafka.client_config(**{
         "linger.ms": 50, "batch.size": 1_000_000, "compression.type": "lz4",
         "queue.buffering.max.messages": 1_000_000}))
-    # how many of positions 1..after fell to each key
-    versions = [after // keys + (1 if 0 < k <= after % keys else 0) for k in range(keys)]
+    versions = versions_before(after, keys, distribution)
     started = time.perf_counter()
-    for position in range(after + 1, after + events + 1):
-        k = position % keys
+    for position, k in enumerate(key_indices(events, keys, distribution, after), after + 1):
         versions[k] += 1
         key, value = EventEnvelope(
             event_id=f"e{position}", event_type="SaleRecorded", stream_id=f"product-{k}",
@@ -140,7 +145,8 @@ def produce_events(kafka: KafkaConnection, events: int, keys: int, partitions: i
     return events / (time.perf_counter() - started)
 
 
-def write_history(database_url: str, events: int, keys: int) -> float:
+def write_history(database_url: str, events: int, keys: int,
+                  distribution: Distribution = "uniform") -> float:
     """The same events, in the event store only (as if the topics had dropped them), by COPY.
     Returns events/s."""
     versions = [0] * keys
@@ -148,8 +154,7 @@ def write_history(database_url: str, events: int, keys: int) -> float:
     with psycopg.connect(libpq_url(database_url)) as conn, conn.cursor() as cursor, \
             cursor.copy("COPY events (event_id, stream_id, stream_type, stream_version, "
                         "event_type, data) FROM STDIN") as copy:
-        for position in range(1, events + 1):
-            k = position % keys
+        for position, k in enumerate(key_indices(events, keys, distribution), 1):
             versions[k] += 1
             copy.write_row((uuid.uuid4(), f"product-{k}", SOURCE, versions[k], "SaleRecorded",
                             json.dumps({"product": f"product-{k}",
@@ -314,6 +319,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=10_000)
+    add_distribution_argument(parser)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--max-rows-per-batch", type=int, default=STREAMING_MAX_ROWS)
     parser.add_argument("--replay-max-rows-per-batch", type=int, default=REPLAY_MAX_ROWS)
@@ -351,8 +357,10 @@ def main() -> None:
 
 def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, work_dir: Path,
         stack_pids: frozenset[int], cluster_pids: frozenset[int]) -> None:
-    produce_rate = produce_events(kafka, args.events, args.keys, args.partitions)
-    print(f"produced {args.events:,} events ({args.keys:,} keys, {args.partitions} partitions) "
+    produce_rate = produce_events(kafka, args.events, args.keys, args.partitions,
+                                  distribution=args.distribution)
+    print(f"produced {args.events:,} events ({args.keys:,} keys, {args.distribution}, "
+          f"{args.partitions} partitions) "
           f"at {produce_rate:,.0f} events/s", flush=True)
     seen, seconds = plain_python_fold(kafka, range(args.partitions))
     plain = seen / seconds
@@ -386,7 +394,8 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                               "streaming_typed_events_per_s": round(typed_rate),
                               "typed_vs_raw_event_ratio": round(typed_rate / stream_rate, 2),
                               **against_peers(peer_runs, {"streaming": stream_rate}),
-                              "events": args.events, "keys": args.keys}))
+                              "events": args.events, "keys": args.keys,
+                              "distribution": args.distribution}))
             return
         metrics_on, metrics_off = metrics_on_and_off(spark, settings, bench_totals,
                                                      args.events)
@@ -407,7 +416,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
               f"({agg_spark_kafka / agg_stream:.2f}x ours)", flush=True)
         agg_replay = replay(spark, bench_stats, replay_settings)
         report_replay("Spark aggregation", agg_replay)
-        history_rate = write_history(database_url, args.events, args.keys)
+        history_rate = write_history(database_url, args.events, args.keys, args.distribution)
         print(f"wrote the same {args.events:,} events to the event store at "
               f"{history_rate:,.0f} events/s", flush=True)
         store_replay = replay(spark, bench_totals, replay_settings, source="store")
@@ -453,11 +462,18 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                           "streaming": stream_rate, "streaming_aggregation": agg_stream,
                           "replay_python_fold": fold_replay.events_per_s,
                           "replay_aggregation": agg_replay.events_per_s}),
-                      "master": args.master, "events": args.events, "keys": args.keys}))
+                      "master": args.master, "events": args.events, "keys": args.keys,
+                      "distribution": args.distribution}))
 
 
 KAFKA_STREAMS_THREADS = (1, 2)
 PEERS = (*(f"kafka_streams_{threads}t" for threads in KAFKA_STREAMS_THREADS), "quix")
+
+
+def add_distribution_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--distribution", choices=DISTRIBUTIONS, default="uniform",
+                        help="how events fall to keys: uniform, or zipf (s = 1.1: a few hot "
+                             "keys, a long tail, as real key spaces are)")
 
 
 def add_peers_argument(parser: argparse.ArgumentParser) -> None:
@@ -478,7 +494,7 @@ class PeerRun:
 def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, PeerRun]:
     """The chosen peers (Kafka Streams with 1 and 2 stream threads, Quix Streams) over the
     bench's topic, each result checked against the events produced."""
-    expected = peers.Expected.of_bench(args.events, args.keys)
+    expected = peers.Expected.of_bench(args.events, args.keys, args.distribution)
     bootstrap, topic = kafka.bootstrap_servers, event_topic(SOURCE)
     runs: dict[str, Callable[[], float]] = {
         f"kafka_streams_{threads}t": partial(peers.kafka_streams, bootstrap, topic, threads,

@@ -27,6 +27,7 @@ from pathlib import Path
 from confluent_kafka import Producer
 
 from bench.common import own_stack, percentile
+from bench.keys import versions_before
 from bench.projections import SOURCE, BatchClock, bench_totals, produce_events
 from eventfold import migrations
 from eventfold.config import Settings
@@ -55,16 +56,13 @@ class SteadyEvents:
                  rate: float) -> None:
         self.kafka, self.position, self.keys = kafka, after, keys
         self.partitions, self.rate = partitions, rate
-        self.versions: dict[int, int] = {}
+        self.versions = versions_before(after, keys)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="steady-events", daemon=True)
 
     def _version(self, key: int) -> int:
         """The next version of ``key``, whose events so far are those of positions up to
-        ``after`` that fell to it (position p belongs to key p % keys) and those sent here."""
-        if key not in self.versions:
-            after = self.position
-            self.versions[key] = after // self.keys + (1 if 0 < key <= after % self.keys else 0)
+        ``after`` that fell to it (``bench.keys``, uniform) and those sent here."""
         self.versions[key] += 1
         return self.versions[key]
 

@@ -39,6 +39,7 @@ from bench.common import (
 )
 from bench.projections import (
     BatchClock,
+    add_distribution_argument,
     add_peers_argument,
     against_peers,
     bench_stats,
@@ -86,6 +87,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--keys", type=int, default=1_000_000)
+    add_distribution_argument(parser)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--cluster", action="store_true",
@@ -120,10 +122,12 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         stack_pids: frozenset[int], cluster_pids: frozenset[int]) -> None:
     # The bench's own work runs in processes of their own: the producer's buffers and the
     # plain loop's dict of every key would stay in this one's heap and count as the driver's.
-    in_a_process(produce_events, kafka, args.events, args.keys, args.partitions)
+    in_a_process(produce_events, kafka, args.events, args.keys, args.partitions,
+                 distribution=args.distribution)
     plain = plain_python_fold_parallel(kafka, args.partitions, processes=1)
-    print(f"{args.events:,} events over {args.keys:,} keys; plain Python fold (one process, "
-          f"confluent-kafka loop into a dict): {plain:,.0f} events/s", flush=True)
+    print(f"{args.events:,} events over {args.keys:,} keys ({args.distribution}); plain Python "
+          f"fold (one process, confluent-kafka loop into a dict): {plain:,.0f} events/s",
+          flush=True)
     plain_two = plain_python_fold_parallel(kafka, args.partitions, processes=2)
     print(f"the same loop in two processes, the partitions shared out: {plain_two:,.0f} "
           f"events/s", flush=True)
@@ -149,7 +153,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
               f"loop)", flush=True)
 
     def replay_from_store() -> float:
-        in_a_process(write_history, database_url, args.events, args.keys)
+        in_a_process(write_history, database_url, args.events, args.keys, args.distribution)
         return float(args.events) / measure("replay from the event store", lambda: replay(
             spark, bench_totals, replay_settings, source="store")).seconds
 
@@ -189,7 +193,8 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         **cpu_figures,
         "plain_python_fold_events_per_s": round(plain),
         "plain_python_fold_2_processes_events_per_s": round(plain_two), "events": args.events,
-        "keys": args.keys, "driver_peak_rss_mb": round(driver_mb),
+        "keys": args.keys, "distribution": args.distribution,
+        "driver_peak_rss_mb": round(driver_mb),
         "executor_peak_rss_mb": round(executor_mb), "master": args.master}))
 
 

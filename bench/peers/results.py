@@ -17,6 +17,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.keys import Distribution, distinct_keys
+
 PEERS = Path(__file__).resolve().parent
 KAFKA_STREAMS = PEERS / "kafka_streams" / "target"
 QUIX_PYTHON = PEERS / "quix" / ".venv" / "bin" / "python"
@@ -32,16 +34,18 @@ class PeerNotBuilt(RuntimeError):
 
 @dataclass(frozen=True)
 class Expected:
-    """What folding the bench's events gives: event ``p`` (1, 2, ...) of key ``p % keys``
-    with value ``p % 97 + 1``."""
+    """What folding the bench's events gives: event ``p`` (1, 2, ...) of the key
+    ``bench.keys`` gives it, with value ``p % 97 + 1``."""
 
     keys: int
     total: int
     count: int
 
     @classmethod
-    def of_bench(cls, events: int, keys: int) -> Expected:
-        return cls(min(keys, events), sum(p % 97 + 1 for p in range(1, events + 1)), events)
+    def of_bench(cls, events: int, keys: int,
+                 distribution: Distribution = "uniform") -> Expected:
+        return cls(distinct_keys(events, keys, distribution),
+                   sum(p % 97 + 1 for p in range(1, events + 1)), events)
 
 
 def checked(name: str, printed: str, expected: Expected) -> float:
