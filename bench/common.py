@@ -12,7 +12,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +53,40 @@ def threaded_round(command: Callable[[int, int], object], clients: int,
 
 def _call_into(queue: Any, work: Callable[..., T], args: tuple[Any, ...]) -> None:
     queue.put(work(*args))
+
+
+def _together_in(work: Callable[..., tuple[int, float]], args: tuple[Any, ...], ready: Any,
+                 go: Any, results: Any) -> None:
+    def wait_for_go() -> None:
+        ready.put(True)
+        go.wait()
+
+    results.put(work(*args, wait_for_go))
+
+
+def together(work: Callable[..., tuple[int, float]], shares: Sequence[tuple[Any, ...]],
+             timeout_s: float = 1800) -> float:
+    """``work(*share, ready)`` for each share in a spawned process of its own, started
+    together once each has called ``ready`` (connected); each returns (events, seconds).
+    Events/s of them all over the slowest: what the machine's cores give the work at once."""
+    context = mp.get_context("spawn")
+    ready, results, go = context.Queue(), context.Queue(), context.Event()
+    workers = [context.Process(target=_together_in, args=(work, share, ready, go, results))
+               for share in shares]
+    for worker in workers:
+        worker.start()
+    outcomes: list[tuple[int, float]] = []
+    try:
+        for _ in workers:
+            ready.get(timeout=120)
+        go.set()
+        outcomes = [results.get(timeout=timeout_s) for _ in workers]
+    finally:
+        for worker in workers:
+            if not outcomes:
+                worker.terminate()  # one failed: stop the others rather than wait
+            worker.join()
+    return sum(seen for seen, _ in outcomes) / max(seconds for _, seconds in outcomes)
 
 
 def in_a_process(work: Callable[..., T], *args: Any) -> T:

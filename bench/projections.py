@@ -25,7 +25,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import multiprocessing as mp
 import tempfile
 import threading
 import time
@@ -33,8 +32,6 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from multiprocessing.queues import Queue
-from multiprocessing.synchronize import Event as StartSignal
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -51,6 +48,7 @@ from bench.common import (
     log_projection_runs,
     names_of,
     per_event_us,
+    together,
 )
 from bench.keys import (
     DISTRIBUTIONS,
@@ -58,6 +56,7 @@ from bench.keys import (
     key_indices,
     versions_before,
 )
+from bench.peers.both_sinks import both_sinks
 from eventfold import migrations
 from eventfold.config import Settings
 from eventfold.contract import EventEnvelope, event_topic, libpq_url
@@ -189,37 +188,11 @@ def plain_python_fold(kafka: KafkaConnection, partitions: Sequence[int],
     return seen, seconds
 
 
-def _plain_fold_process(kafka: KafkaConnection, partitions: list[int], ready: Queue,
-                        go: StartSignal, results: Queue) -> None:
-    def wait_for_go() -> None:
-        ready.put(True)
-        go.wait()
-
-    results.put(plain_python_fold(kafka, partitions, wait_for_go))
-
-
 def plain_python_fold_parallel(kafka: KafkaConnection, partitions: int, processes: int) -> float:
     """The same loop in ``processes`` processes at once, the partitions shared out: what the
     machine's cores give this work together, to read the engine's figures against."""
-    context = mp.get_context("spawn")
-    ready, results, go = context.Queue(), context.Queue(), context.Event()
-    workers = [context.Process(target=_plain_fold_process, args=(
-        kafka, list(range(n, partitions, processes)), ready, go, results))
-        for n in range(processes)]
-    for worker in workers:
-        worker.start()
-    outcomes: list[tuple[int, float]] = []
-    try:
-        for _ in workers:
-            ready.get(timeout=120)
-        go.set()
-        outcomes = [results.get(timeout=600) for _ in workers]
-    finally:
-        for worker in workers:
-            if not outcomes:
-                worker.terminate()  # the run failed: stop the others rather than wait
-            worker.join()
-    return sum(seen for seen, _ in outcomes) / max(seconds for _, seconds in outcomes)
+    return together(plain_python_fold, [(kafka, list(range(n, partitions, processes)))
+                                        for n in range(processes)], timeout_s=600)
 
 
 class BatchClock:
@@ -370,7 +343,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     print(f"the same loop in two processes at once, the partitions shared out: "
           f"{plain_two:,.0f} events/s ({plain_two / plain:.2f}x one process: what two busy "
           f"cores give here)", flush=True)
-    peer_runs = run_peers(kafka, args) if args.peers else {}
+    peer_runs = run_peers(kafka, database_url, args) if args.peers else {}
 
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
@@ -467,7 +440,9 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
 
 
 KAFKA_STREAMS_THREADS = (1, 2)
-PEERS = (*(f"kafka_streams_{threads}t" for threads in KAFKA_STREAMS_THREADS), "quix")
+BOTH_SINKS_PROCESSES = (1, 2)
+PEERS = (*(f"kafka_streams_{threads}t" for threads in KAFKA_STREAMS_THREADS), "quix",
+         *(f"python_both_sinks_{processes}p" for processes in BOTH_SINKS_PROCESSES))
 
 
 def add_distribution_argument(parser: argparse.ArgumentParser) -> None:
@@ -491,9 +466,11 @@ class PeerRun:
     run, start-up included, per event."""
 
 
-def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, PeerRun]:
-    """The chosen peers (Kafka Streams with 1 and 2 stream threads, Quix Streams) over the
-    bench's topic, each result checked against the events produced."""
+def run_peers(kafka: KafkaConnection, database_url: str,
+              args: argparse.Namespace) -> dict[str, PeerRun]:
+    """The chosen peers (Kafka Streams with 1 and 2 stream threads, Quix Streams, the
+    hand-written loop writing both sinks in 1 and 2 processes) over the bench's topic, each
+    result checked against the events produced."""
     expected = peers.Expected.of_bench(args.events, args.keys, args.distribution)
     bootstrap, topic = kafka.bootstrap_servers, event_topic(SOURCE)
     runs: dict[str, Callable[[], float]] = {
@@ -501,6 +478,9 @@ def run_peers(kafka: KafkaConnection, args: argparse.Namespace) -> dict[str, Pee
                                              args.events, expected)
         for threads in KAFKA_STREAMS_THREADS}
     runs["quix"] = partial(peers.quix, bootstrap, topic, args.events, expected)
+    for processes in BOTH_SINKS_PROCESSES:
+        runs[f"python_both_sinks_{processes}p"] = partial(
+            both_sinks, kafka, database_url, topic, args.partitions, processes, expected)
     results: dict[str, PeerRun] = {}
     for name in args.peers:
         before = cpu_by_component()

@@ -131,7 +131,7 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     plain_two = plain_python_fold_parallel(kafka, args.partitions, processes=2)
     print(f"the same loop in two processes, the partitions shared out: {plain_two:,.0f} "
           f"events/s", flush=True)
-    peer_runs = run_peers(kafka, args) if args.peers else {}
+    peer_runs = run_peers(kafka, database_url, args) if args.peers else {}
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
                               checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
