@@ -267,7 +267,7 @@ class InMemoryApp:
         envelope = decode(record.key, record.value)
         event = Event(envelope.event_type, envelope.data, envelope.stream_id,
                       envelope.stream_version, envelope.event_id, envelope.global_position,
-                      envelope.recorded_at)
+                      envelope.recorded_at, schema_version=envelope.schema_version)
         for declared in self.app.reactions:
             if record.topic not in topics_of(declared) or not wants(declared,
                                                                     event.type):
@@ -386,4 +386,4 @@ def _envelope(recorded: RecordedEvent) -> tuple[str, str]:
 def _event(recorded: RecordedEvent) -> Event:
     return Event(recorded.event_type, dict(recorded.data), recorded.stream_id,
                  recorded.stream_version, str(recorded.event_id), recorded.global_position,
-                 recorded.recorded_at.isoformat())
+                 recorded.recorded_at.isoformat(), schema_version=recorded.schema_version)

@@ -164,15 +164,16 @@ class Purchase(Aggregate):
             self.cancelled = True
 
 
-@projection("shelf_stock", sources=["Shelf"],
+@projection("shelf_stock", sources=["Shelf"], event_types=[ShelfStocked, StockReserved],
             columns={"stocked": BigInteger(), "reserved": BigInteger()})
-def shelf_stock(state: State | None, event: Event) -> State | None:
+def shelf_stock(state: State | None, event: ShelfStocked | StockReserved) -> State | None:
     """What each shelf was stocked with and what purchases reserved of it."""
     current = state or {"stocked": 0, "reserved": 0}
-    if event.type == "ShelfStocked":
-        return {**current, "stocked": current["stocked"] + int(event.data["quantity"])}
-    if event.type == "StockReserved":
-        return {**current, "reserved": current["reserved"] + int(event.data["quantity"])}
+    match event:
+        case ShelfStocked(quantity=quantity):
+            return {**current, "stocked": current["stocked"] + quantity}
+        case StockReserved(quantity=quantity):
+            return {**current, "reserved": current["reserved"] + quantity}
     return current
 
 
@@ -185,16 +186,18 @@ def reserve_stock(event: Event) -> ReserveStock | None:
                         quantity=event.data["quantity"])
 
 
-@process("payment_deadline", sources=[Purchase])
-def payment_deadline(purchase: ProcessContext, event: Event) -> None:
+@process("payment_deadline", sources=[Purchase],
+         event_types=[PurchasePlaced, PurchasePaid, PurchaseCancelled])
+def payment_deadline(purchase: ProcessContext,
+                     event: PurchasePlaced | PurchasePaid | PurchaseCancelled | Event) -> None:
     """A purchase not paid within its ``pay_within_s`` is cancelled."""
-    match event.type:
-        case "PurchasePlaced":
-            purchase.state["placed"] = event.recorded_at
-            purchase.schedule("payment_due", after=timedelta(seconds=event.data["pay_within_s"]))
-        case "PurchasePaid" | "PurchaseCancelled":
+    match event:
+        case PurchasePlaced(pay_within_s=pay_within_s):
+            purchase.state["placed"] = purchase.now.isoformat()
+            purchase.schedule("payment_due", after=timedelta(seconds=pay_within_s))
+        case PurchasePaid() | PurchaseCancelled():
             purchase.done()
-        case "payment_due":
+        case Event(type="payment_due"):
             purchase.send(CancelPurchase(purchase_id=purchase.key, reason="not paid in time"))
             purchase.done()
 

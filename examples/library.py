@@ -142,16 +142,17 @@ class Member(Aggregate):
             self.fined += event.amount
 
 
-@projection("shelf", sources=[Book], columns={"on_shelf": BigInteger(), "lent": BigInteger()})
-def shelf(state: State | None, event: Event) -> State | None:
+@projection("shelf", sources=[Book], event_types=[CopiesAdded, BookLent, BookReturned],
+            columns={"on_shelf": BigInteger(), "lent": BigInteger()})
+def shelf(state: State | None, event: CopiesAdded | BookLent | BookReturned) -> State | None:
     """Each book's copies on the shelf and out on loan."""
     current = state or {"on_shelf": 0, "lent": 0}
-    match event.type:
-        case "CopiesAdded":
-            return {**current, "on_shelf": current["on_shelf"] + event.data["copies"]}
-        case "BookLent":
+    match event:
+        case CopiesAdded(copies=copies):
+            return {**current, "on_shelf": current["on_shelf"] + copies}
+        case BookLent():
             return {"on_shelf": current["on_shelf"] - 1, "lent": current["lent"] + 1}
-        case "BookReturned":
+        case BookReturned():
             return {"on_shelf": current["on_shelf"] + 1, "lent": current["lent"] - 1}
     return current
 

@@ -32,12 +32,13 @@ _EVENTS = sql.Identifier(EVENTS_TABLE)
 _COLUMNS = sql.SQL("""global_position, stream_id, event_id::text, event_type, stream_version,
     rtrim(rtrim(to_char(recorded_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '0'),
           '.') || 'Z',
-    data::text""")
+    data::text, schema_version""")
 _IN_SLICE = sql.SQL("stream_type = ANY(%(types)s) AND global_position > %(after)s "
                     "AND global_position <= %(upto)s")
-HistoryRow = tuple[int, str, str, str, int, str, str]
+HistoryRow = tuple[int, str, str, str, int, str, str, int]
 """(global position, stream id, event id, event type, stream version, record time, payload
-JSON): what the connector's envelope carries, less the metadata, which folds never read."""
+JSON, schema version): what the connector's envelope carries, less the metadata, which folds
+never read."""
 
 
 def head_position(conn: psycopg.Connection) -> int:

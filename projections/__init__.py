@@ -4,7 +4,8 @@ Layers, each importing only those above it:
 
 - ``definition/`` (what a projection is; plain Python, no engine): ``projection`` (the three
   kinds, fold, aggregation and stream, with re-keying, lookups and derived events, and typed
-  event dispatch), ``aggregates`` (aggregate functions, each with every form the engine runs
+  event dispatch), ``typed`` (events as the domain's classes, lifted to their current schema
+  version), ``aggregates`` (aggregate functions, each with every form the engine runs
   it in), ``fields`` (how keys and fields are read out of a payload), ``registry``;
 - ``plan``: ``compile_projection`` turns a definition into the ``Plan`` its batches run, the
   one place that branches on kind, re-keying and lookups;

@@ -13,12 +13,11 @@ from eventfold.projections.definition.projection import (
     Event,
     EventType,
     Projection,
-    Typed,
     event_type_names,
     source_names,
-    typed_builders,
 )
 from eventfold.projections.definition.registry import ProjectionRegistry
+from eventfold.projections.definition.typed import Typed, typed_builders
 from eventfold.write_model import Aggregate, Command
 
 React = Callable[[Event], Iterable[Command] | Command | None]

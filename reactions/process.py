@@ -29,7 +29,8 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from eventfold.projections.definition.projection import Event, EventType, FoldProjection, Typed
+from eventfold.projections.definition.projection import Event, EventType, FoldProjection
+from eventfold.projections.definition.typed import Typed
 from eventfold.reactions.definition import (
     Source,
     Start,

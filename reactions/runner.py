@@ -316,7 +316,8 @@ class ReactionRunner:
             batch.events.append((Event(
                 envelope.event_type, envelope.data, envelope.stream_id,
                 envelope.stream_version, envelope.event_id, envelope.global_position,
-                envelope.recorded_at), envelope.correlation_id))
+                envelope.recorded_at, schema_version=envelope.schema_version),
+                envelope.correlation_id))
         return batch
 
     @staticmethod

@@ -23,6 +23,7 @@ from sqlalchemy.types import JSON, BigInteger, Boolean, Float, Integer, Numeric,
 from eventfold.contract import DEFAULT_TOPIC_PREFIX, event_topic
 from eventfold.projections.definition.aggregates import AggregateFunction, CompositeAggregate
 from eventfold.projections.definition.fields import key_text, path_value
+from eventfold.projections.definition.typed import Build, TypedFold, typed_builders
 
 State = dict[str, Any]
 
@@ -42,6 +43,9 @@ class Event(NamedTuple):
     recorded_at: str = ""
     joined: State | None = None
     """The looked-up row of the projection's ``lookup`` table (None: no such key)."""
+    schema_version: int = 1
+    """The version of its type's schema ``data`` was recorded at: a typed function receives
+    it lifted to the class's current version."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,45 +93,6 @@ def source_names(sources: Iterable[Source]) -> tuple[str, ...]:
 
 def event_type_names(event_types: Iterable[EventType]) -> frozenset[str]:
     return frozenset(t if isinstance(t, str) else t.event_type for t in event_types)
-
-
-def typed_builders(event_types: Iterable[EventType]
-                   ) -> dict[str, Callable[[Mapping[str, Any]], Any]]:
-    """How each event type given as a class is built from an event's data. A class that has
-    moved past its first schema version is refused: its stored events may need upcasting,
-    which the write side's registry does and a projection's decoded columns cannot yet."""
-    builders: dict[str, Callable[[Mapping[str, Any]], Any]] = {}
-    for event_type in event_types:
-        if isinstance(event_type, str):
-            continue
-        if getattr(event_type, "schema_version", 1) != 1:
-            raise ValueError(
-                f"{event_type.__name__} is at schema version {event_type.schema_version}: "  # type: ignore[attr-defined]
-                f"its older events need upcasting; name it {event_type.event_type!r} to "
-                f"receive the raw Event and upcast in the function")
-        builders[event_type.event_type] = event_type.from_data
-    return builders
-
-
-class Typed:
-    """The events of the types given as classes, as instances of them (others as the
-    ``Event``): what a typed fold or reaction receives."""
-
-    def __init__(self, function: Callable[..., Any], event_types: Iterable[EventType]) -> None:
-        self.function = function
-        self.builders = typed_builders(event_types)
-        self.__doc__ = function.__doc__
-
-    def typed(self, event: Event) -> Any:
-        build = self.builders.get(event.type)
-        return event if build is None else build(event.data)
-
-
-class TypedFold(Typed):
-    """A fold that receives the domain's own event classes."""
-
-    def __call__(self, state: State | None, event: Event) -> State | None:
-        return self.function(state, self.typed(event))  # type: ignore[no-any-return]
 
 
 def on_crossing(condition: Callable[[State], bool],
@@ -377,7 +342,7 @@ class Dispatch:
     """
 
     def __init__(self) -> None:
-        self._handlers: dict[str, tuple[Handler, Callable[[Mapping[str, Any]], Any] | None]] = {}
+        self._handlers: dict[str, tuple[Handler, Build | None]] = {}
 
     def on(self, *event_types: EventType) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
@@ -399,7 +364,8 @@ class Dispatch:
         if entry is None:
             return state
         handler, build = entry
-        return handler(state, event if build is None else build(event.data))
+        return handler(state, event if build is None else build(event.data,
+                                                                 event.schema_version))
 
 
 def _options(sources: Iterable[Source], event_types: Iterable[EventType] | None

@@ -41,7 +41,8 @@ RECORDS_ARROW = pa.schema([
 a dead letter before decoding (its key or value is not UTF-8)."""
 ENVELOPE_ARROW = pa.schema([
     ("eventId", pa.string()), ("eventType", pa.string()), ("streamVersion", pa.int64()),
-    ("globalPosition", pa.int64()), ("recordedAt", pa.string()), ("payload", pa.string()),
+    ("globalPosition", pa.int64()), ("recordedAt", pa.string()), ("schemaVersion", pa.int64()),
+    ("payload", pa.string()),
 ])
 REQUIRED = ("eventId", "eventType", "streamVersion", "globalPosition", "payload")
 RECORD_FIELDS = [*zip(RECORDS_ARROW.names, RECORDS_ARROW.types, strict=True),
@@ -246,6 +247,7 @@ def _decode_per_record(records: pa.Table, plan: Plan, schema: pa.Schema) -> pa.T
         row.update(eventId=envelope.event_id, eventType=envelope.event_type,
                    streamVersion=envelope.stream_version,
                    globalPosition=envelope.global_position, recordedAt=envelope.recorded_at,
+                   schemaVersion=envelope.schema_version,
                    payload=orjson.dumps(envelope.data).decode())
         fold_key = projection.fold_key(envelope.stream_id, envelope.data)
         row["fold_key"] = fold_key
@@ -264,7 +266,7 @@ def _append(out: dict[str, list[Any]], row: dict[str, Any]) -> None:
 
 def decoded_event(topic: str, partition: int, offset: int, key: str, value: str | None,
                   event_id: str, event_type: str, version: int, position: int,
-                  recorded_at: str | None, payload: str
+                  recorded_at: str | None, schema_version: int | None, payload: str
                   ) -> tuple[SourceRecord, Event | None, str | None]:
     """A row Spark decoded as a record with its event, or with the reason it is a dead
     letter."""
@@ -276,4 +278,4 @@ def decoded_event(topic: str, partition: int, offset: int, key: str, value: str 
     if not isinstance(data, dict):
         return record, None, "event payload is not a JSON object"
     return record, Event(event_type, data, key, version, event_id, position,
-                         recorded_at or ""), None
+                         recorded_at or "", None, schema_version or 1), None

@@ -186,14 +186,15 @@ def envelope_of(event: Event) -> str:
     return EventEnvelope(
         event_id=event.event_id, event_type=event.type, stream_id=event.stream_id,
         stream_version=event.stream_version, global_position=event.global_position,
-        recorded_at=event.recorded_at, data=dict(event.data)).encode()[1]
+        recorded_at=event.recorded_at, data=dict(event.data),
+        schema_version=event.schema_version).encode()[1]
 
 
 def event_from_envelope(envelope: EventEnvelope, joined: State | None = None) -> Event:
     return Event(type=envelope.event_type, data=envelope.data, stream_id=envelope.stream_id,
                  stream_version=envelope.stream_version, event_id=envelope.event_id,
                  global_position=envelope.global_position, recorded_at=envelope.recorded_at,
-                 joined=joined)
+                 joined=joined, schema_version=envelope.schema_version)
 
 
 loads_json = orjson.loads
@@ -209,14 +210,16 @@ def _parse_event(key: str | bytes | None, value: bytes | str | None) -> Event | 
         event_type, event_id = outer["eventType"], outer["eventId"]
         version, position = outer["streamVersion"], outer["globalPosition"]
         recorded_at = outer.get("recordedAt", "")
+        schema_version = outer.get("schemaVersion", 1)
     except Exception:  # the slow path names the problem
         return None
     # Checked as locals, before the tuple exists: a field of a named tuple costs a lookup.
     if (type(data) is dict and type(version) is int and type(position) is int
             and type(event_type) is str and type(event_id) is str
-            and type(recorded_at) is str and type(key) is str):
+            and type(recorded_at) is str and type(key) is str
+            and type(schema_version) is int):
         return new_tuple(Event, (event_type, data, key, version, event_id, position,
-                                  recorded_at, None))
+                                  recorded_at, None, schema_version))
     return None
 
 

@@ -208,12 +208,13 @@ def decoded_rows(rows: dict[str, list[Any]], outcome: FoldOutcome
     """The shuffled rows' events with their keys, in row order; the rows that do not decode
     go to ``outcome`` as dead letters."""
     for (topic, partition, offset, stream_id, value, reason, key, event_id, event_type,
-         stream_version, position, recorded_at, payload) in zip(
+         stream_version, position, recorded_at, schema_version, payload) in zip(
             *(rows[c] for c in FOLD_INPUT), strict=True):
         if reason is None:
             record, event, reason = decoded_event(topic, partition, offset, stream_id, value,
                                                   event_id, event_type, stream_version,
-                                                  position, recorded_at, payload)
+                                                  position, recorded_at, schema_version,
+                                                  payload)
         else:
             record, event = SourceRecord(topic, partition, offset, stream_id, value), None
         if event is None:

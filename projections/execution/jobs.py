@@ -31,7 +31,8 @@ from eventfold.projections.state.store import ReadModelStore, lookup_rows
 RECORD_COLUMNS = SourceRecord._fields
 TASK_CHUNK_ROWS = 50_000
 FOLD_INPUT = ("topic", "partition", "offset", "key", "value", "reason", "fold_key", "eventId",
-              "eventType", "streamVersion", "globalPosition", "recordedAt", "payload")
+              "eventType", "streamVersion", "globalPosition", "recordedAt", "schemaVersion",
+              "payload")
 SUMMARY_DDL = spark_ddl(task_output.SCHEMA)
 
 

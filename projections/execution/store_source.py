@@ -51,17 +51,19 @@ class StoreSlice:
         values: list[str | None] = []
         events: list[Event | None] = []
         for row in rows:
-            position, stream_id, event_id, event_type, version, recorded_at, payload = row
+            (position, stream_id, event_id, event_type, version, recorded_at, payload,
+             schema_version) = row
             data = loads_json(payload)
             positions.append(position)
             keys.append(stream_id)
             if type(data) is dict:
                 values.append(None)
                 events.append(new_tuple(Event, (event_type, data, stream_id, version,
-                                                event_id, position, recorded_at, None)))
+                                                event_id, position, recorded_at, None,
+                                                schema_version)))
             else:  # for the decoder to name as a dead letter, as it came in
                 values.append(envelope_value(event_id, event_type, version, position,
-                                             recorded_at, payload))
+                                             recorded_at, payload, schema_version))
                 events.append(None)
         return RawRecords(STORE_TOPIC, self.bucket, positions, keys, values, events=events)
 

@@ -12,6 +12,7 @@ import json
 import os
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import count
 
 import psycopg
@@ -19,10 +20,12 @@ import pytest
 from confluent_kafka import Producer
 from hypothesis import HealthCheck, given, settings
 from psycopg import sql
+from sqlalchemy import Text
 
 from eventfold import migrations
-from eventfold.contract import PartitionKey, event_topic, libpq_url
+from eventfold.contract import EventEnvelope, PartitionKey, event_topic, libpq_url
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, TopicAdmin
+from eventfold.projections import State, projection
 from eventfold.projections.execution import worker
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
@@ -42,6 +45,7 @@ from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.stage import StagedBatch
 from eventfold.projections.state.store import ReadModelStore
 from eventfold.projections.state.topics import TopicSink
+from eventfold.write_model import DomainEvent, default_registry
 from tests.kafka_helpers import read_table, read_topic
 from tests.parity import LOOKUP_ROWS, PARTITIONS, Step, comparable, kinds, long_logs, records_of
 
@@ -188,3 +192,49 @@ def test_spark_pipelines_fold_as_the_python_harness(spark, stack_settings, kind:
             expected["dead_letters"]
 
     check()
+
+
+@dataclass(frozen=True)
+class ShelfRelocated(DomainEvent):
+    """At version 2 ``aisle`` became ``location``: version 1's events are lifted."""
+
+    event_type = "TestShelfRelocatedOnSpark"
+    schema_version = 2
+    location: str
+
+
+@default_registry.upcaster("TestShelfRelocatedOnSpark", from_version=1)
+def _aisle_to_location(data: dict) -> dict:
+    return {"location": f"aisle {data['aisle']}"}
+
+
+def test_a_typed_fold_on_spark_receives_events_of_every_schema_version_lifted(
+        spark, stack_settings) -> None:
+    """Envelopes recorded at version 1 and 2 of one class, on a topic: every pipeline a typed
+    fold runs in hands the function the class at version 2."""
+    migrations.upgrade(stack_settings.database_url)
+    suffix = uuid.uuid4().hex[:8]
+    topic = event_topic(f"Shelf_{suffix}")
+
+    def envelope(offset: int, key: str, version: int, data: dict) -> SourceRecord:
+        return SourceRecord(topic, 0, offset, key, EventEnvelope(
+            event_id=f"e{offset}", event_type=ShelfRelocated.event_type, stream_id=key,
+            stream_version=offset + 1, global_position=offset + 1, recorded_at="",
+            data=data, schema_version=version).encode()[1])
+
+    records = [envelope(0, "s1", 1, {"aisle": 4}), envelope(1, "s2", 2, {"location": "back"}),
+               envelope(2, "s1", 2, {"location": "front"}), envelope(3, "s3", 1, {"aisle": 9})]
+    produce_log(stack_settings, topic, records)
+    for pipeline, on_driver in [(Pipeline.FOLD_AFTER_SHUFFLE, False),
+                                (Pipeline.FOLD_IN_PLACE, False), (Pipeline.FOLD_IN_PLACE, True)]:
+        @projection(f"shelves_{suffix}_{pipeline.name.lower()}_{on_driver}",
+                    sources=[f"Shelf_{suffix}"], columns={"location": Text()},
+                    event_types=[ShelfRelocated])
+        def shelves(state: State | None, moved: ShelfRelocated) -> State | None:
+            return {"location": moved.location}
+
+        rows = fold_in_two_batches(spark, stack_settings, compile_projection(shelves), pipeline,
+                                   on_driver, topic, [records[:2], records[2:]])
+        assert {key: ks.state for key, ks in rows.items()} == {
+            "s1": {"location": "front"}, "s2": {"location": "back"},
+            "s3": {"location": "aisle 9"}}, (pipeline, on_driver)

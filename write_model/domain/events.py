@@ -12,11 +12,12 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 from eventfold.write_model.domain.ids import uuid7
 
 EventData = dict[str, Any]
+E = TypeVar("E", bound="DomainEvent")
 Upcaster = Callable[[EventData], EventData]
 
 
@@ -67,11 +68,18 @@ class EventRegistry:
     def decode(self, event_type: str, data: Mapping[str, Any],
                schema_version: int | None = None) -> DomainEvent:
         event_class = self.event_class(event_type)
-        if schema_version is not None and schema_version != event_class.schema_version:
+        if schema_version is None:
+            return event_class.from_data(data)
+        return self.lift(event_class, data, schema_version)
+
+    def lift(self, event_class: type[E], data: Mapping[str, Any], schema_version: int) -> E:
+        """An ``event_class`` from ``data`` stored at ``schema_version``, upcast to the class's
+        current version."""
+        if schema_version != event_class.schema_version:
             if schema_version > event_class.schema_version:
-                raise LookupError(f"{event_type} v{schema_version} is newer than this code "
-                                  f"(v{event_class.schema_version})")
-            data = self.upcast(event_type, schema_version, data)
+                raise LookupError(f"{event_class.event_type} v{schema_version} is newer than "
+                                  f"this code (v{event_class.schema_version})")
+            data = self.upcast(event_class.event_type, schema_version, data)
         return event_class.from_data(data)
 
 
@@ -103,6 +111,12 @@ class DomainEvent:
     @classmethod
     def from_data(cls, data: Mapping[str, Any]) -> Self:
         return cls(**data)
+
+    @classmethod
+    def from_stored(cls, data: Mapping[str, Any], schema_version: int) -> Self:
+        """One from ``data`` recorded at ``schema_version``, lifted by the upcasters registered
+        with ``default_registry``: what a typed fold, reaction or process receives."""
+        return default_registry.lift(cls, data, schema_version)
 
 
 _FIELD_NAMES: dict[type[DomainEvent], tuple[str, ...]] = {}

@@ -16,6 +16,7 @@ from eventfold.projections import (
     Latest,
     Lookup,
     Projection,
+    State,
     Sum,
     aggregation,
     projection,
@@ -23,6 +24,7 @@ from eventfold.projections import (
 )
 from eventfold.projections.definition.fields import coerce, key_text, path_value
 from eventfold.projections.plan import Pipeline, compile_projection
+from eventfold.write_model import DomainEvent, default_registry
 
 
 def event(event_type: str, **data: object) -> Event:
@@ -176,7 +178,8 @@ def test_a_fold_receives_the_classes_it_names_and_the_event_for_names() -> None:
     assert seen == [ItemAdded(5), ItemRemoved(2), renamed]
 
 
-def test_an_event_class_past_its_first_schema_version_is_refused_by_class() -> None:
+def test_a_class_past_its_first_schema_version_that_cannot_lift_older_events_is_refused(
+        ) -> None:
     @dataclass(frozen=True)
     class ItemMoved:
         event_type = "ItemMoved"
@@ -186,7 +189,39 @@ def test_an_event_class_past_its_first_schema_version_is_refused_by_class() -> N
         def from_data(cls, data: dict) -> ItemMoved:
             return cls()
 
-    with pytest.raises(ValueError, match="schema version 2: its older events need upcasting; "
-                                         "name it 'ItemMoved'"):
+    with pytest.raises(ValueError, match="schema version 2 and has no from_stored"):
         projection("p", sources=["Item"], columns={}, event_types=[ItemMoved])(
             lambda s, e: s)
+
+
+@dataclass(frozen=True)
+class ShelfMoved(DomainEvent):
+    """At version 2 ``aisle`` became ``location``; version 1's events are lifted."""
+
+    event_type = "TestShelfMovedReadSide"
+    schema_version = 2
+    location: str
+
+
+@default_registry.upcaster("TestShelfMovedReadSide", from_version=1)
+def _aisle_to_location(data: dict) -> dict:
+    return {"location": f"aisle {data['aisle']}"}
+
+
+def test_a_typed_fold_receives_events_of_every_schema_version_at_the_current_one() -> None:
+    seen: list[ShelfMoved] = []
+
+    @projection("shelves", sources=["Shelf"], columns={}, event_types=[ShelfMoved])
+    def shelves(state: State | None, moved: ShelfMoved) -> State | None:
+        seen.append(moved)
+        return {"location": moved.location}
+
+    stored_v1 = Event("TestShelfMovedReadSide", {"aisle": 4}, "s1", 1, "e1", 1,
+                      schema_version=1)
+    current = Event("TestShelfMovedReadSide", {"location": "back"}, "s1", 2, "e2", 2,
+                    schema_version=2)
+    assert shelves.apply(shelves.apply(None, stored_v1), current) == {"location": "back"}
+    assert seen == [ShelfMoved(location="aisle 4"), ShelfMoved(location="back")]
+    newer = Event("TestShelfMovedReadSide", {"where": "?"}, "s1", 3, "e3", 3, schema_version=3)
+    with pytest.raises(LookupError, match="v3 is newer than this code"):
+        shelves.apply(None, newer)

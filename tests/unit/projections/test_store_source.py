@@ -19,7 +19,7 @@ RECORDED_AT = "2026-11-26T13:11:34.1234Z"
 
 def row(position: int, product: str, version: int, payload: object) -> HistoryRow:
     return (position, product, f"e{position}", "StockReceived", version, RECORDED_AT,
-            orjson.dumps(payload).decode())
+            orjson.dumps(payload).decode(), 1)
 
 
 ROWS = [row(1, "a", 1, {"product": "a", "quantity": 5}),
@@ -39,7 +39,7 @@ def as_envelopes(rows: list[HistoryRow]) -> RawRecords:
                             recorded_at=recorded_at, data=orjson.loads(payload)).encode()[1]
               if payload.startswith("{") else envelope_value(
                   event_id, event_type, version, position, recorded_at, payload)
-              for position, stream_id, event_id, event_type, version, recorded_at, payload
+              for position, stream_id, event_id, event_type, version, recorded_at, payload, _
               in rows]
     return RawRecords(STORE_TOPIC, 0, [r[0] for r in rows], [r[1] for r in rows], values)
 

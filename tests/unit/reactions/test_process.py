@@ -20,10 +20,11 @@ def _event(type_: str, data: dict | None = None, event_id: str = "e1") -> Event:
 
 def test_a_placed_purchase_waits_for_its_payment_and_a_paid_one_ends() -> None:
     context = ProcessContext("p1", None, NOW)
-    assert payment_deadline.step(context, _event("PurchasePlaced", {"pay_within_s": 60})) == []
+    placed = _event("PurchasePlaced", {"shelf_id": "s1", "quantity": 1, "pay_within_s": 60})
+    assert payment_deadline.step(context, placed) == []
     assert [(t.name, t.at) for t in context.timers] == [("payment_due",
                                                           NOW + timedelta(seconds=60))]
-    assert context.state == {"placed": "2026-11-28T12:00:00Z"}
+    assert context.state == {"placed": NOW.isoformat()}
     payment_deadline.step(context, _event("PurchasePaid", event_id="e2"))
     assert context.finished and context.cleared and context.timers == []
 
