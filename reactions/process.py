@@ -29,6 +29,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
+from eventfold.projections.definition.fields import key_text, path_value
 from eventfold.projections.definition.projection import Event, EventType, FoldProjection
 from eventfold.projections.definition.typed import Typed
 from eventfold.reactions.definition import (
@@ -108,7 +109,8 @@ class ProcessContext:
 @dataclass(frozen=True)
 class Process:
     """``handle`` runs once per event of ``sources`` and per timer, for the key ``key_by``
-    names in the event's data (its stream id without one), one event of a key after another."""
+    names in the event's data (a dotted path reaches into it: ``order.id``; its stream id
+    without one), one event of a key after another."""
 
     name: str
     sources: tuple[str, ...]
@@ -130,10 +132,11 @@ class Process:
     def key_of(self, event: Event) -> str:
         if self.key_by is None or event.event_id.startswith(_OWN_EVENTS):
             return event.stream_id  # a timer's or a refusal's: its key
-        value = event.data.get(self.key_by)
-        if value is None:
+        # A projection's rule, so one field keys a process and a re-keyed projection alike
+        key = key_text(path_value(event.data, self.key_by))
+        if key is None:
             raise KeyError(f"{event.type} has no {self.key_by!r} to key the process by")
-        return str(value)
+        return key
 
     def step(self, context: ProcessContext, event: Event) -> list[Command]:
         """Handle ``event``; the commands it sent, each with the id it always has for the

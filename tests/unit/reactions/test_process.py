@@ -90,3 +90,11 @@ def test_an_event_after_the_end_starts_a_new_process_and_keys_come_from_the_data
     assert not context.finished and context.cleared and context.state == {"n": 1}
     with pytest.raises(ValueError, match="either at= or after="):
         context.schedule("t")
+
+
+def test_a_process_is_keyed_by_a_dotted_path_as_a_projection_is() -> None:
+    manager = Process("by_order", ("Purchase",), lambda c, e: None, key_by="order.id")
+    placed = Event("PurchasePlaced", {"order": {"id": 7}}, "p1", 1, "e1", 1)
+    assert manager.key_of(placed) == "7"
+    with pytest.raises(KeyError, match=r"has no 'order\.id'"):
+        manager.key_of(Event("PurchasePlaced", {"order": {}}, "p1", 1, "e2", 2))
