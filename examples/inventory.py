@@ -21,6 +21,7 @@ from eventfold import (
     DomainEvent,
     Eventfold,
     State,
+    TargetId,
     handles,
     projection,
 )
@@ -41,21 +42,15 @@ class StockShipped(DomainEvent):
 class ReceiveStock(Command):
     """Record a delivery of ``quantity`` units of ``product``."""
 
-    product: str = Field(min_length=1, max_length=200)
+    product: str = TargetId(min_length=1, max_length=200)
     quantity: int = Field(gt=0, le=1_000_000)
-
-    def stream_id(self) -> str:
-        return self.product
 
 
 class ShipStock(Command):
     """Ship ``quantity`` units of a known ``product``; fails if fewer are on hand."""
 
-    product: str = Field(min_length=1, max_length=200)
+    product: str = TargetId(min_length=1, max_length=200)
     quantity: int = Field(gt=0, le=1_000_000)
-
-    def stream_id(self) -> str:
-        return self.product
 
 
 class Product(Aggregate):

@@ -1,8 +1,8 @@
 """Read API: HTTP queries over what the projections materialize.
 
 Owns: queries over SQL read models (the views named after projections, read as the read-only
-role), KTables materialized from their compacted topics into state stores (``state``: in
-memory, or RocksDB on disk restored from its checkpoint) and interactive queries over them,
+role), KTables materialized from their compacted topics into state stores (``state``: RocksDB
+on disk, restored from its checkpoint) and interactive queries over them,
 freshness and read-your-writes, and the HTTP app.
 
 May import: ``projections`` (definitions, table names), ``outbox.kafka`` and

@@ -4,8 +4,9 @@ A local Spark driver loads and verifies some fifteen thousand classes from Spark
 its first job, and every ``projection run`` process starts one. ``build`` runs a small local
 job in a JVM that writes, as it exits, the classes it loaded (``-XX:ArchiveClassesAtExit``);
 a later local driver maps that file instead (``-XX:SharedArchiveFile``) and starts sooner
-(docs/operations.md has the figures). Set-up builds it once per Java and Spark
-install (``scripts/setup.sh``, ``eventfold stack install``); without it nothing changes. The
+(docs/deployment.md, "A local driver's start", has the figures). Set-up builds it once per
+Java and Spark install (``scripts/setup.sh``, ``eventfold stack install``); without it
+nothing changes. The
 options and the recording's handling are those of every JVM Eventfold starts
 (``eventfold.contract.class_data``); a stale archive is ignored, and the build again replaces
 it.
