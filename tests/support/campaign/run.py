@@ -44,7 +44,7 @@ from tests.support.campaign.checkers import (
     sinks_agree,
 )
 from tests.support.campaign.nemesis import Nemesis, Struck
-from tests.support.campaign.schedule import Schedule
+from tests.support.campaign.schedule import PROJECTION_ACTORS, Schedule
 from tests.support.read_api import read_api
 
 log = logging.getLogger(__name__)
@@ -138,6 +138,16 @@ class Campaign:
                 readers = ReadsAfterWrites(reads.url, names)
                 with _striking(nemesis, schedule, actors, conn, names):
                     _load(app.runtime(settings).command_bus(), schedule, prefix, readers)
+                # As a supervisor would: a killed process starts again (a host as a standby,
+                # as an HA pair runs), so a schedule that kills every writer still ends caught
+                # up, and a comeback's recovery is judged too.
+                for struck in nemesis.struck:
+                    if struck.at is not None and struck.fault.kind == "kill":
+                        role = _named(actors, struck.actor).role
+                        if role in PROJECTION_ACTORS:
+                            host(f"{role}-again", standby=True)
+                        else:
+                            runners(f"{role}-again")
                 if broken:
                     campaign.BROKEN_DEADLINES.discard(broken)
                     lost = _retry_when_parked(conn, names.process, broken)
