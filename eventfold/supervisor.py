@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
+from eventfold.contract.backoff import doubled
 from eventfold.logs import configure_logging
 
 log = logging.getLogger("eventfold.serving")
@@ -146,8 +147,7 @@ class Supervisor:
             log.error("HTTP worker %d died %d times within %.0f s of starting (last: %s); "
                       "stopping", number, slot.quick_deaths, SETTLED_S, died)
             return False
-        pause = (0.0 if slot.quick_deaths == 0
-                 else min(FIRST_PAUSE_S * 2 ** (slot.quick_deaths - 1), MAX_PAUSE_S))
+        pause = doubled(FIRST_PAUSE_S, slot.quick_deaths, MAX_PAUSE_S)
         slot.restart_at = time.monotonic() + pause
         log.error("HTTP worker %d exited (%s) after %.1f s; starting another%s", number, died,
                   lived_s, f" in {pause:.1f} s" if pause else "")

@@ -12,6 +12,7 @@ import requests
 from sqlalchemy.engine import make_url
 
 from eventfold.contract import DEFAULT_TOPIC_PREFIX
+from eventfold.contract.backoff import doubled
 from eventfold.outbox.design import DEFAULT_OUTBOX_DESIGN, OutboxDesign
 from eventfold.write_model.persistence.schema import HEARTBEAT_TABLE, OUTBOX_PUBLICATION
 
@@ -177,7 +178,6 @@ class ConnectClient:
         self.session = requests.Session()
 
     def _request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
-        delay = 0.2
         for attempt in range(1, self.retries + 1):
             try:
                 response = self.session.request(
@@ -194,8 +194,7 @@ class ConnectClient:
                     return response
                 log.info("connect %s %s -> %d (attempt %d); retrying", method, path,
                          response.status_code, attempt)
-            time.sleep(delay)
-            delay = min(delay * 2, 3.0)
+            time.sleep(doubled(0.2, attempt, 3.0))
         raise AssertionError("unreachable")
 
     def put_config(self, name: str, config: dict[str, str]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 
 from eventfold.contract import libpq_url
+from eventfold.contract.backoff import doubled
 from eventfold.outbox.connection import redact
 from eventfold.outbox.connector import ConnectClient, ConnectError, OutboxConnectorSpec
 from eventfold.outbox.topics import TopicAdmin
@@ -210,7 +211,7 @@ class ConnectorOperations:
                 self.restart(only_failed=True)
             except ConnectError as exc:
                 log.warning("connector %s: restart refused (%s)", self.spec.name, exc)
-            pause = min(interval_s * 2 ** (failed_in_a_row - 1), max_pause_s)
+            pause = doubled(interval_s, failed_in_a_row, max_pause_s)
 
     def delete(self, keep_slot: bool = False, timeout_s: float = 60) -> bool:
         """Delete the connector and, unless ``keep_slot``, drop its replication slot (an

@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
+from eventfold.contract.backoff import doubled
 from eventfold.projections.host_requests import HostRequests, gist
 from eventfold.projections.signals import stop_on_signal
 
@@ -291,7 +292,7 @@ class _Supervisor:
             if failures > MAX_FAILED_STARTS:
                 raise GaveUp(f"projection {name} failed {failures - 1} times in a row without "
                              f"a batch, and stops: {gist(outcome.error)}")
-            pause = min(2.0 ** failures, 30.0)
+            pause = doubled(2.0, failures, 30.0)
             log.warning("projection %s failed: %s; starting again in %.0f s", name,
                         gist(outcome.error), pause)
             if self.watched is not None:
@@ -401,7 +402,8 @@ class _Supervisor:
     def stall_floor_s(self, setting_s: float) -> float:
         """The watchdog's floor for the run under way: the setting, doubled for each run
         given up as stalled since a batch last committed (``MAX_STALL_DOUBLINGS`` at most)."""
-        return setting_s * 2.0 ** min(self.stalls_in_a_row, MAX_STALL_DOUBLINGS)
+        return doubled(setting_s, self.stalls_in_a_row + 1,
+                       setting_s * 2.0 ** MAX_STALL_DOUBLINGS)
 
     def _stalled(self, runner: ProjectionRunner, query: RunningQuery) -> str | None:
         """The watchdog, every second of a run: a stream thread whose look or batch has gone

@@ -38,6 +38,7 @@ from confluent_kafka import (
 )
 
 from eventfold.contract import PartitionKey, libpq_url
+from eventfold.contract.backoff import doubled
 from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available, partition_ends
@@ -362,7 +363,7 @@ class ReactionRunner:
     async def _call(self, effect: Effect, event: Event) -> Exception | None:
         """Call ``effect`` for ``event`` until it returns or has failed ``max_attempts``
         times (the last error then), pausing twice as long after each failure."""
-        key, pause = effect.idempotency_key(event), effect.first_pause_s
+        key = effect.idempotency_key(event)
         for attempt in range(1, effect.max_attempts + 1):
             try:
                 await asyncio.to_thread(effect.call, event, key)
@@ -373,10 +374,10 @@ class ReactionRunner:
                     log.warning("effect %s: event %s given up after %d attempts: %s",
                                 effect.name, event.event_id, attempt, exc)
                     return exc
+                pause = doubled(effect.first_pause_s, attempt, MAX_EFFECT_PAUSE_S)
                 log.info("effect %s: event %s, attempt %d failed (%s); again in %.1f s",
                          effect.name, event.event_id, attempt, exc, pause)
                 await asyncio.sleep(pause)
-                pause = min(pause * 2, MAX_EFFECT_PAUSE_S)
         raise AssertionError("unreachable")
 
     def _drop_connection(self) -> None:

@@ -17,6 +17,7 @@ import psycopg
 from psycopg import sql
 
 from eventfold.contract import libpq_url
+from eventfold.contract.backoff import doubled
 from eventfold.projections.state.catalog import BATCH_COMMITTED
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class CommitNotifications:
         return conn
 
     async def _listen(self, conn: psycopg.AsyncConnection[tuple[object, ...]] | None) -> None:
-        pause = RECONNECT_S[0]
+        failures = 0
         while True:
             if conn is not None:
                 try:
@@ -75,12 +76,12 @@ class CommitNotifications:
                             self._wake(notification.payload)
                 except psycopg.Error as exc:
                     log.warning("lost the connection that listens for batch commits: %s", exc)
-                    pause = RECONNECT_S[0]
+                    failures = 0
                 finally:
                     self._listening = False
                     self._wake_all()  # waiters go back to polling
-            await asyncio.sleep(pause)
-            pause = min(pause * 2, RECONNECT_S[1])
+            failures += 1
+            await asyncio.sleep(doubled(RECONNECT_S[0], failures, RECONNECT_S[1]))
             conn = await self._connect(warn=False)
 
     def _wake(self, projection: str) -> None:

@@ -11,6 +11,7 @@ write side, the outbox, the projections and the read API must agree on, declared
 - intervals written as Spark's triggers take them;
 - the options that map or record a JVM's class-data archive, for each JVM Eventfold starts
   (``class_data``);
+- the back-off every retry loop follows (``backoff``);
 - a package's exports loaded when first used (``lazy``: ``eventfold`` and
   ``eventfold.projections`` name more than a process needs);
 - the one way past the router that both HTTP APIs take for their hot path (``asgi``, which
