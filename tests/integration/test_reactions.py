@@ -60,12 +60,14 @@ def _reservations(engine, unique: str) -> dict[str, int]:
     return {str(purchase): int(n) for purchase, n in rows}
 
 
-def _refused(engine, unique: str) -> list[str]:
+def _refused(engine, unique: str, reaction: str = "reserve_stock",
+             reason: str = "%available%") -> list[str]:
+    """This test's purchases whose command ``reaction`` sent the domain refused."""
     with engine.connect() as conn:
         rows = conn.execute(text(
-            "SELECT stream_id FROM reaction_refusals WHERE reaction = 'reserve_stock' AND "
-            "kind = 'refused' AND stream_id LIKE :purchases AND reason LIKE '%available%'"),
-            {"purchases": f"{unique}-%"}).all()
+            "SELECT stream_id FROM reaction_refusals WHERE reaction = :reaction AND "
+            "kind = 'refused' AND stream_id LIKE :purchases AND reason LIKE :reason"),
+            {"reaction": reaction, "purchases": f"{unique}-%", "reason": reason}).all()
     return sorted(str(r[0]) for r in rows)
 
 
@@ -206,12 +208,7 @@ def _waiting(engine, unique: str) -> tuple[list[str], int]:
 
 def _cancels_refused(engine, unique: str) -> list[str]:
     """This test's purchases the deadline process asked to cancel and the domain refused."""
-    with engine.connect() as conn:
-        rows = conn.execute(text(
-            "SELECT stream_id FROM reaction_refusals WHERE reaction = 'payment_deadline' AND "
-            "kind = 'refused' AND stream_id LIKE :purchases"),
-            {"purchases": f"{unique}-%"}).all()
-    return sorted(str(r[0]) for r in rows)
+    return _refused(engine, unique, reaction="payment_deadline", reason="%")
 
 
 PAY_WITHIN_S = 8
