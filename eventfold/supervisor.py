@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
 import json
 import logging
 import os
@@ -39,7 +38,9 @@ from eventfold.logs import configure_logging
 
 log = logging.getLogger("eventfold.serving")
 
-_WORKER = "import sys; from eventfold.serving import serve_worker; serve_worker(*sys.argv[1:])"
+_WORKER = ("import sys; from eventfold.supervisor import stop_with_the_supervisor; "
+           "stop_with_the_supervisor(int(sys.argv[1])); "
+           "from eventfold.serving import serve_worker; serve_worker(*sys.argv[2:])")
 _WATCH_S = 0.2
 SETTLED_S = 10.0
 """A worker that lived this long had started: its death is not the app failing to start."""
@@ -86,7 +87,8 @@ class _Slot:
 class Supervisor:
     def __init__(self, factory: str, host: str, port: int, workers: int,
                  shared: Path | None = None) -> None:
-        self.command = [sys.executable, "-c", _WORKER, factory, host, str(port)]
+        self.command = [sys.executable, "-c", _WORKER, str(os.getpid()), factory, host,
+                        str(port)]
         # A worker imports what this process could (the app's directory, say), as a child
         # spawned by multiprocessing would.
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
@@ -129,9 +131,9 @@ class Supervisor:
                 slot.process.terminate()  # SIGTERM: each worker drains its in-flight requests
 
     def _start(self, slot: _Slot) -> None:
-        _libc()  # loaded here: the forked child may only make the call
-        slot.process = subprocess.Popen(self.command, env=self.env,
-                                        preexec_fn=_stop_with_the_supervisor)
+        # No preexec_fn: with one, Python forks (not vfork) and runs Python code in the child
+        # before exec, which in a process with threads (a library's) can crash the child.
+        slot.process = subprocess.Popen(self.command, env=self.env)
         slot.started_at = time.monotonic()
 
     def _replace(self, number: int, slot: _Slot, code: int) -> bool:
@@ -172,18 +174,14 @@ class Supervisor:
 _PR_SET_PDEATHSIG = 1
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    """The C library, found and loaded in the supervisor: finding it runs a program
-    (``ldconfig``), which a child forked from a process with threads must not do before it
-    execs (a lock another thread held at the fork is never released in the child)."""
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-
-
-def _stop_with_the_supervisor() -> None:
-    """In a worker before it runs (Linux): SIGTERM when the supervisor dies, however it dies,
-    so that no worker is left holding the port with nobody to stop it."""
-    _libc().prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def stop_with_the_supervisor(supervisor_pid: int) -> None:
+    """First thing in a worker (Linux): SIGTERM when the supervisor dies, however it dies, so
+    that no worker is left holding the port with nobody to stop it. A supervisor that died
+    before the worker asked has already left it to another parent: the worker stops now."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() != supervisor_pid:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _forget_samples_of(pid: int) -> None:

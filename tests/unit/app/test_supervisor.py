@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -80,3 +81,56 @@ def test_sigterm_stops_every_worker_and_returns_0(tmp_path) -> None:
     assert all(slot.process is not None and slot.process.poll() is not None
                for slot in made.slots), pids
     assert read_restarts(tmp_path) == {}
+
+
+_PARENT = """
+import subprocess, sys, time
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE)
+print(worker.pid, worker.stdout.readline().decode().strip(), flush=True)
+time.sleep(600)
+"""
+_WORKER_OF = """
+import os, time
+from eventfold.supervisor import stop_with_the_supervisor
+stop_with_the_supervisor({supervisor})
+print("asked", flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    try:  # a zombie left to init is gone for this purpose: it holds no port, runs no code
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1].startswith("Z")
+    except FileNotFoundError:
+        return True
+
+
+def test_a_worker_stops_when_its_supervisor_is_killed(tmp_path) -> None:
+    worker = _WORKER_OF.format(supervisor="os.getppid()")
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, worker], stdout=subprocess.PIPE)
+    worker_pid = 0
+    try:
+        assert parent.stdout is not None
+        pid_text, said = parent.stdout.readline().decode().split()
+        worker_pid = int(pid_text)
+        assert said == "asked"
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait(10)
+        _wait(lambda: _gone(worker_pid), "the worker to stop with its supervisor", 10)
+    finally:
+        stop_pid(parent.pid, what="parent", timeout_s=10)
+        if worker_pid and not _gone(worker_pid):
+            stop_pid(worker_pid, what="worker", timeout_s=10)
+
+
+def test_a_worker_whose_supervisor_died_before_it_asked_stops_at_once() -> None:
+    worker = subprocess.Popen(
+        [sys.executable, "-c", _WORKER_OF.format(supervisor=os.getpid() + 10**6)])
+    try:
+        assert worker.wait(20) == -signal.SIGTERM
+    finally:
+        stop_pid(worker.pid, what="worker", timeout_s=10)
