@@ -26,7 +26,7 @@ from tests.kafka_helpers import read_table, read_topic
 from tests.pipeline_helpers import log_says, placing, wait_for
 from tests.support.cli import eventfold, stack_env
 
-PURCHASES = int(os.environ.get("EVENTFOLD_DRILL_PURCHASES", "2000"))
+PURCHASES = int(os.environ.get("EVENTFOLD_DRILL_PURCHASES", "600"))
 """The suite's scale; the drill at the issue's (``EVENTFOLD_DRILL_PURCHASES=10000``) is run
 by hand, its figures in docs/reactions.md."""
 REFUSED_EVERY = 50
