@@ -328,8 +328,7 @@ def own_stack(prefix: str) -> Iterator[tuple[Settings, Path]]:
     try:
         yield Settings(database_url=endpoints.database_url,
                        kafka_bootstrap=endpoints.kafka_bootstrap,
-                       connect_url=endpoints.connect_url,
-                       checkpoint_dir=root / "checkpoints"), root
+                       connect_url=endpoints.connect_url), root
     finally:
         stack.down()
 

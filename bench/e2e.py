@@ -257,8 +257,7 @@ def run(settings: Settings, work_dir: Path, args: argparse.Namespace) -> None:
     fold_projection = dataclasses.replace(inventory_totals, name="bench_fold", table="",
                                           ktable_topic="")
     fold_runner = ProjectionRunner(runner.spark, fold_projection, RunnerSettings(
-        kafka=settings.kafka, database_url=settings.database_url,
-        checkpoint_dir=settings.checkpoint_dir))
+        kafka=settings.kafka, database_url=settings.database_url))
     fold_runner.prepare()
     started = time.perf_counter()
     query = fold_runner.start(once=True)

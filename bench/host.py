@@ -66,7 +66,6 @@ class Phase:
                     "EVENTFOLD_DATABASE_URL": settings.database_url,
                     "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
                     "EVENTFOLD_CONNECT_URL": settings.connect_url,
-                    "EVENTFOLD_CHECKPOINT_DIR": str(work_dir / "checkpoints"),
                     "EVENTFOLD_METRICS": "false", "PYTHONPATH": str(Path.cwd())}
         if self.metrics_port is not None:
             self.env.update({"EVENTFOLD_METRICS": "true",

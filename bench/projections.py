@@ -283,11 +283,6 @@ def renamed(definition: Projection, suffix: str) -> Projection:
                                ktable_topic="")
 
 
-def on_spark_kafka(definition: Projection) -> Projection:
-    """The benchmark's projection under a name of its own, for Spark's Kafka source."""
-    return renamed(definition, "spark_kafka")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -346,7 +341,6 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
     peer_runs = run_peers(kafka, database_url, args) if args.peers else {}
 
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
-                              checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
                               max_rows_per_batch=args.max_rows_per_batch)
     replay_settings = RunnerSettings(**{**settings.__dict__,
@@ -375,18 +369,10 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         print(f"the same with Prometheus metrics off, then on (batches recorded, lag scraped "
               f"every second): {metrics_off:,.0f} / {metrics_on:,.0f} events/s "
               f"({metrics_on / metrics_off:.3f}x)", flush=True)
-        spark_kafka = dataclasses.replace(settings, streaming_driver="structured_streaming")
-        stream_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_totals),
-                                       args.events)
-        print(f"the same through Spark's Kafka source: {stream_spark_kafka:,.0f} events/s "
-              f"({stream_spark_kafka / stream_rate:.2f}x ours)", flush=True)
         fold_replay = replay(spark, bench_totals, replay_settings)
         report_replay("Python fold", fold_replay)
         agg_stream = streaming(spark, settings, bench_stats, args.events)
         print(f"streaming Spark aggregation, steady state: {agg_stream:,.0f} events/s", flush=True)
-        agg_spark_kafka = streaming(spark, spark_kafka, on_spark_kafka(bench_stats), args.events)
-        print(f"the same through Spark's Kafka source: {agg_spark_kafka:,.0f} events/s "
-              f"({agg_spark_kafka / agg_stream:.2f}x ours)", flush=True)
         agg_replay = replay(spark, bench_stats, replay_settings)
         report_replay("Spark aggregation", agg_replay)
         history_rate = write_history(database_url, args.events, args.keys, args.distribution)
@@ -407,8 +393,6 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
         "streaming_events_per_s": round(stream_rate),
         "streaming_typed_events_per_s": round(typed_rate),
         "streaming_aggregation_events_per_s": round(agg_stream),
-        "streaming_spark_kafka_source_events_per_s": round(stream_spark_kafka),
-        "streaming_aggregation_spark_kafka_source_events_per_s": round(agg_spark_kafka),
         "replay_aggregation_events_per_s": round(agg_replay.events_per_s),
         "replay_python_fold_events_per_s": round(fold_replay.events_per_s),
         "plain_python_fold_events_per_s": round(plain),
@@ -427,10 +411,6 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
                       "streaming_metrics_on_vs_off_ratio": round(metrics_on / metrics_off, 3),
                       "streaming_vs_plain_python_2_processes_ratio": round(
                           stream_rate / plain_two, 2),
-                      "spark_kafka_source_vs_ours_fold_ratio": round(
-                          stream_spark_kafka / stream_rate, 2),
-                      "spark_kafka_source_vs_ours_aggregation_ratio": round(
-                          agg_spark_kafka / agg_stream, 2),
                       **against_peers(peer_runs, {
                           "streaming": stream_rate, "streaming_aggregation": agg_stream,
                           "replay_python_fold": fold_replay.events_per_s,

@@ -76,7 +76,7 @@ def build_read_model(settings: Settings, keys: int) -> None:
                 raise RuntimeError(f"read model has {rows(settings)} of {keys} rows")
             runner = ProjectionRunner(spark, inventory_totals, RunnerSettings(
                 kafka=settings.kafka, database_url=settings.database_url,
-                checkpoint_dir=settings.checkpoint_dir, trigger_interval="1 second"))
+                trigger_interval="1 second"))
             try:
                 runner.catch_up(timeout_s=300)
             finally:

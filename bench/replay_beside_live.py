@@ -111,7 +111,6 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection,
           flush=True)
     configured = Settings.from_env()  # the Spark and replay settings a host would take
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
-                              checkpoint_dir=work_dir / "checkpoints",
                               max_rows_per_batch=STREAMING_MAX_ROWS,
                               replay_rest_ratio=configured.replay_rest_ratio)
     spark = spark_session(args.master, app_name="eventfold-replay-beside-live",

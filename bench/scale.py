@@ -133,7 +133,6 @@ def run(args: argparse.Namespace, database_url: str, kafka: KafkaConnection, wor
           f"events/s", flush=True)
     peer_runs = run_peers(kafka, database_url, args) if args.peers else {}
     settings = RunnerSettings(kafka=kafka, database_url=database_url,
-                              checkpoint_dir=work_dir / "checkpoints",
                               trigger_interval="200 milliseconds",
                               max_rows_per_batch=STREAMING_MAX_ROWS)
     replay_settings = RunnerSettings(**{**settings.__dict__,

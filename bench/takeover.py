@@ -46,7 +46,6 @@ def main() -> None:
                "EVENTFOLD_DATABASE_URL": settings.database_url,
                "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
                "EVENTFOLD_CONNECT_URL": settings.connect_url,
-               "EVENTFOLD_CHECKPOINT_DIR": str(root / "checkpoints"),
                "EVENTFOLD_STATE_DIR": str(root / "state"),
                "EVENTFOLD_WRITER_LEASE_S": str(args.lease_s)}
         bus = sales.app.runtime(settings).command_bus()

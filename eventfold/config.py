@@ -46,15 +46,6 @@ class ConfigError(RuntimeError):
 
 
 DEFAULT_STACK_DIR = Path(".eventfold/stack")
-STREAMING_DRIVERS = ("stream_thread", "structured_streaming")
-"""What drives a streaming projection's batches: a stream thread over Eventfold's own offset
-planner (``projections.stream_thread``), or a Spark Structured Streaming query over Spark's
-built-in Kafka source (``spark-sql-kafka-0-10``)."""
-RETIRED = {"EVENTFOLD_SPARK_SOURCE": "is now EVENTFOLD_STREAMING_DRIVER (eventfold is "
-                                     "stream_thread, kafka is structured_streaming)",
-           "EVENTFOLD_KTABLE_STORE": "is gone: every KTable is kept in RocksDB under "
-                                     "EVENTFOLD_STATE_DIR"}
-"""Variables of earlier releases, refused saying what replaced them rather than ignored."""
 
 
 def find_stack_dir(start: Path) -> Path:
@@ -121,9 +112,7 @@ class Settings(BaseSettings):
     outbox_design: str = DEFAULT_OUTBOX_DESIGN.value
     spark_master: str = "local[2]"
     spark_conf: str = ""
-    streaming_driver: str = "stream_thread"
     stack_dir: Path = Field(default_factory=lambda: find_stack_dir(Path.cwd()))
-    checkpoint_dir: Path = Path(".eventfold/checkpoints")
     event_topic_partitions: int = 4
     trigger_interval: str = "100 milliseconds"
     # projections.limits's defaults, written out: importing projections here would slow every
@@ -235,13 +224,6 @@ class Settings(BaseSettings):
         if self.outbox_design not in tuple(OutboxDesign):
             raise ConfigError(f"EVENTFOLD_OUTBOX_DESIGN is one of "
                               f"{', '.join(OutboxDesign)}, not {self.outbox_design!r}")
-        if self.streaming_driver not in STREAMING_DRIVERS:
-            raise ConfigError(f"EVENTFOLD_STREAMING_DRIVER is one of "
-                              f"{', '.join(STREAMING_DRIVERS)}, not {self.streaming_driver!r}")
-        environment = _ENVIRONMENT.get()
-        for old, instead in RETIRED.items():
-            if old in (os.environ if environment is None else environment):
-                raise ConfigError(f"{old} {instead}")
         password = self.connect_database_password
         if password and not is_provider_reference(password):
             raise ConfigError(

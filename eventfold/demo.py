@@ -33,7 +33,7 @@ def run_demo(settings: Settings) -> int:
     try:
         say(f"stack up in {time.monotonic() - started:.1f} s: {endpoints.as_env()}")
         settings = settings.replace(
-            app="examples.inventory:app", checkpoint_dir=demo_dir / "checkpoints",
+            app="examples.inventory:app",
             database_url=endpoints.database_url, kafka_bootstrap=endpoints.kafka_bootstrap,
             connect_url=endpoints.connect_url, request_log=False,
         )

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 from eventfold.config import ConfigError, Settings
 from eventfold.contract import retention_ms, split_password
 from eventfold.loading import app_directories, python_path
-from eventfold.local_stack.java import spark_kafka_jars
 from eventfold.outbox.connector import ConnectClient, OutboxConnectorSpec
 from eventfold.outbox.design import OutboxDesign
 from eventfold.outbox.operations import ConnectorOperations
@@ -51,9 +50,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     """``EVENTFOLD_SPARK_CONF``; the app's directories on the Python workers' path (on the
     hosts of a cluster, ship the app with ``--py-files`` too: docs/deployment.md); the
     database password for executors in their environment (``PGPASSWORD``, which libpq reads
-    and Spark's UI masks), so that task closures carry the URL without it; and Spark's Kafka
-    source from the jars setup fetched, when the settings name no jars or packages of their
-    own."""
+    and Spark's UI masks), so that task closures carry the URL without it."""
     from eventfold.projections.run_settings import EXECUTOR_PASSWORD
 
     conf = dict(settings.spark_settings)
@@ -63,9 +60,6 @@ def spark_conf(settings: Settings) -> dict[str, str]:
     _, password = split_password(settings.database_url) if settings.database_url else ("", "")
     if password:
         conf.setdefault(EXECUTOR_PASSWORD, password)
-    local_jars = spark_kafka_jars()
-    if local_jars and not {"spark.jars", "spark.jars.packages"} & conf.keys():
-        conf["spark.jars"] = ",".join(str(jar) for jar in local_jars)
     return conf
 
 

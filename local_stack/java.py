@@ -22,7 +22,6 @@ from eventfold.contract.class_data import (
 from eventfold.local_stack.process import StackError
 
 JARS_DIR = Path(__file__).resolve().parent / "jars"
-SPARK_KAFKA_JARS_DIR = Path(__file__).resolve().parent / "spark_kafka" / "jars"
 
 
 def _run_maven(command: list[str]) -> None:
@@ -49,24 +48,21 @@ def jars_dir() -> Path:
 
 def install_jars(run: Callable[[list[str]], None] = _run_maven) -> list[Path]:
     """Fetch the pinned jars from Maven Central (once; a second call only checks): the stack's
-    into ``jars_dir()``, Spark's Kafka source beside its pom. What ``scripts/setup.sh`` does
+    into ``jars_dir()``. What ``scripts/setup.sh`` does
     for a checkout, for an installed wheel (``eventfold stack install``). Returns the
     directories filled."""
     if shutil.which("mvn") is None:
         raise StackError("Maven (`mvn`) is needed once to fetch the Kafka, Connect and Debezium "
                          "jars: `apt-get install maven`")
-    filled = []
-    for pom, target in ((JARS_DIR.parent / "pom.xml", jars_dir()),
-                        (SPARK_KAFKA_JARS_DIR.parent / "pom.xml", SPARK_KAFKA_JARS_DIR)):
-        marker, pinned = target / ".complete", pom_digest(pom)
-        if marker.exists() and marker.read_text().strip() == pinned:
-            continue
-        shutil.rmtree(target, ignore_errors=True)
-        run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-             f"-DoutputDirectory={target}", "-DincludeScope=runtime"])
-        marker.write_text(pinned + "\n")
-        filled.append(target)
-    return filled
+    pom, target = JARS_DIR.parent / "pom.xml", jars_dir()
+    marker, pinned = target / ".complete", pom_digest(pom)
+    if marker.exists() and marker.read_text().strip() == pinned:
+        return []
+    shutil.rmtree(target, ignore_errors=True)
+    run(["mvn", "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+         f"-DoutputDirectory={target}", "-DincludeScope=runtime"])
+    marker.write_text(pinned + "\n")
+    return [target]
 
 
 def pom_digest(pom: Path) -> str:
@@ -103,12 +99,6 @@ def class_data_options(role: str, record: bool = False) -> list[str]:
     exits (``eventfold.contract.class_data``)."""
     archive = class_archive(role)
     return recording_options(recording_of(archive)) if record else mapping_options(archive)
-
-
-def spark_kafka_jars() -> list[Path]:
-    """The jars of Spark's Kafka source that setup fetched (``spark_kafka/pom.xml``), for
-    ``spark.jars``; none when it did not run."""
-    return sorted(SPARK_KAFKA_JARS_DIR.glob("*.jar"))
 
 
 def java_binary() -> str:

@@ -28,8 +28,8 @@ Layers, each importing only those above it:
   replays handed to it, ``replay_requests`` being the requester's side; wired by the
   composition root through ``HostWiring``), ``runner``
   (with its ``run_settings``, ``progress`` and ``retention`` check, driven by a
-  ``stream_thread`` (idle, on the process's shared ``source_watch``) or by
-  ``structured_streaming``, seen by callers as a ``running_query``),
+  ``stream_thread`` (idle, on the process's shared ``source_watch``), seen by callers as a
+  ``running_query``),
   ``replay``,
   ``status``, ``dead_letters``, ``metrics``, and ``testing`` (an event topic in memory, for
   users' tests).

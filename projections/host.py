@@ -450,16 +450,10 @@ def _await_query(query: RunningQuery, stop_requested: threading.Event,
                  stop_gracefully: Callable[[RunningQuery], None],
                  stalled: Callable[[], str | None]) -> str | None:
     """Wait for the run to end: by itself (caught up with ``--once``, or failed), on a signal,
-    or once ``stalled`` (asked every second) says it is (what it said). A failed query raises
-    from ``awaitTermination``; its ``exception()`` says why and the caller decides (a version
-    switch is not a failure)."""
-    from pyspark.errors import StreamingQueryException
-
+    or once ``stalled`` (asked every second) says it is (what it said). A failed run's
+    ``exception()`` says why and the caller decides (a version switch is not a failure)."""
     while True:
-        try:
-            if query.awaitTermination(1):
-                return None
-        except StreamingQueryException:
+        if query.awaitTermination(1):
             return None
         if stop_requested.is_set():
             stop_gracefully(query)

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Literal, get_args
 
 from pyspark.sql import SparkSession
 
@@ -29,15 +27,12 @@ EXECUTOR_PASSWORD = "spark.executorEnv.PGPASSWORD"
 Spark masks it in its UI and logs."""
 _EXECUTOR_CREDENTIALS = (EXECUTOR_PASSWORD, "spark.executorEnv.PGPASSFILE",
                          "spark.executorEnv.PGSERVICEFILE")
-StreamingDriver = Literal["stream_thread", "structured_streaming"]
-STREAMING_DRIVERS: tuple[StreamingDriver, ...] = get_args(StreamingDriver)
 
 
 @dataclass(frozen=True)
 class RunnerSettings:
     kafka: KafkaConnection
     database_url: str
-    checkpoint_dir: Path
     trigger_interval: str = "100 milliseconds"
     max_rows_per_batch: int = STREAMING_MAX_ROWS
     fair_batch_rows: int = FAIR_BATCH_ROWS
@@ -59,11 +54,6 @@ class RunnerSettings:
     """Go on when retention deleted events this projection never read (else it stops)."""
     metrics: bool = True
     """Record each batch in the Prometheus metrics (``projections.metrics``)."""
-    streaming_driver: StreamingDriver = "stream_thread"
-    """What drives a streaming run's batches: ``stream_thread`` (a loop on the driver whose
-    Spark tasks read and fold their partitions' ranges in one pass) or
-    ``structured_streaming`` (a Spark Structured Streaming query over Spark's own Kafka
-    source, with a Spark checkpoint of its own)."""
     ktable_retire_wait_s: float = 60.0
     """How long a replay waits for read APIs to leave the old KTable topic before deleting
     it (later runs delete it once they have)."""

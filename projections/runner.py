@@ -1,6 +1,5 @@
 """Running a projection: a stream thread (``stream_thread``) on the driver finds the records the
-store has not committed, or a Spark Structured Streaming query (``structured_streaming``) hands
-them over.
+store has not committed.
 
 Each batch: the runner shares the offset ranges out over Spark tasks; the executors read, fold
 and write them (``execution.engine``): each task stages the rows it
@@ -18,10 +17,8 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from eventfold.contract import PartitionKey, interval_seconds
 from eventfold.outbox.history import count_events
@@ -31,7 +28,6 @@ from eventfold.projections.definition.projection import Projection
 from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.execution.engine import (
     SourceSlice,
-    decode_records,
     fold_on_driver,
     read_events,
     run_aggregation,
@@ -65,7 +61,6 @@ from eventfold.projections.state.topics import (
     writer_slots,
 )
 from eventfold.projections.stream_thread import StreamThread
-from eventfold.projections.structured_streaming import start_query
 from eventfold.projections.task_errors import raised_in_task
 from eventfold.projections.upkeep import Upkeep
 
@@ -112,14 +107,6 @@ class ProjectionRunner:
         """This run, as its batch under way is recorded (``catalog.batch_started``)."""
         self._sources: SourceTopics | None = None
 
-    @property
-    def checkpoint_dir(self) -> Path:
-        """The Spark checkpoint of a streaming query over Spark's Kafka source (the store's
-        own checkpoint is where a new query starts; a stream thread needs no other)."""
-        # ".kafka": the name such checkpoints had when the driver was named for its source.
-        suffix = "" if self.settings.streaming_driver == "stream_thread" else ".kafka"
-        return self.settings.checkpoint_dir / f"{self.projection.name}.v{self.version}{suffix}"
-
     def prepare(self) -> None:
         """Tables, topics and (the active version) the view: once per runner, as a replay's
         last catch-up runs while it holds the lock every live commit waits for."""
@@ -162,13 +149,10 @@ class ProjectionRunner:
             self._sources = check_sources(self.projection, self.version, self.settings,
                                           committed)
         with clock.phase("query"):
-            query: RunningQuery = (start_query(self, committed, once)
-                                   if self.settings.streaming_driver == "structured_streaming"
-                                   else StreamThread(self, interval_seconds(
-                                       self.settings.trigger_interval), once).start())
-        log.info("%s: %s from %s (%s); started in %s", what,
-                 "catching up" if once else "streaming",
-                 ", ".join(self.projection.source_topics), self.settings.streaming_driver, clock)
+            query: RunningQuery = StreamThread(
+                self, interval_seconds(self.settings.trigger_interval), once).start()
+        log.info("%s: %s from %s; started in %s", what, "catching up" if once else "streaming",
+                 ", ".join(self.projection.source_topics), clock)
         return query
 
     @property
@@ -215,27 +199,9 @@ class ProjectionRunner:
             raise RuntimeError(f"projection {self.projection.name} v{self.version} failed: "
                                f"{described(error)}") from error
 
-    def process_records(self, batch: DataFrame, batch_id: int) -> None:
-        """One micro-batch of Spark's Kafka source: ``batch`` holds its records. They are
-        kept in memory while the batch runs, as its end offsets are computed from them."""
-        batch.persist()
-        try:
-            committed = self.store.committed_offsets()
-            last = batch.groupBy("topic", "partition").agg(F.max("offset").alias("last"))
-            end = {(row["topic"], row["partition"]): row["last"] + 1 for row in last.collect()}
-            records = sum(max(o - committed.get(k, 0), 0) for k, o in end.items())
-            if records == 0:
-                return  # a re-run of a batch the store already committed
-            self.check_sources()  # Spark's source reads on a topic made again as if the same
-            self._apply(batch_id, committed, end, records, self.plan.for_rows,
-                        lambda context, pipeline: self._fold_events(
-                            decode_records(batch, context), context, pipeline))
-        finally:
-            batch.unpersist()
-
-    # -- bounded catch-ups (a replay): plain Spark jobs, no streaming query --------------------
-    # The store's checkpoint is the only one they need, so they skip the query's start-up and
-    # its checkpoint files, and an interrupted replay resumes from what the store committed.
+    # -- bounded catch-ups (a replay): batches up to fixed ends, no stream thread ------------
+    # The store's checkpoint says where each starts, so an interrupted replay resumes from what
+    # the store committed.
 
     def fold_topics_up_to(self, ending: Mapping[PartitionKey, int]) -> None:
         """Fold the source topics up to ``ending``, at most ``max_rows_per_batch`` a batch."""

@@ -65,9 +65,9 @@ class StreamThread:
     """Runs a runner's batches on a thread of its own until stopped, or with ``once`` until it
     has folded up to the end offsets it found at its start.
 
-    Its methods are those of Spark's ``StreamingQuery`` that Eventfold uses (``isActive``,
-    ``awaitTermination``, ``exception``, ``stop``), so that a caller runs either alike; unlike
-    Spark's, ``awaitTermination`` does not raise: ``exception()`` says why it ended. The thread
+    Its methods are named as Spark's ``StreamingQuery``'s (``isActive``, ``awaitTermination``,
+    ``exception``, ``stop``); unlike Spark's, ``awaitTermination`` does not raise:
+    ``exception()`` says why it ended. The thread
     inherits the caller's Spark local properties (its scheduler pool), and runs its jobs in a
     job group of its own (``job_group``), which a watchdog cancels when ``stalled_for`` says
     a look or batch has gone on too long.

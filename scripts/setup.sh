@@ -36,7 +36,6 @@ fetch_jars() {  # pom, directory, what
   fi
 }
 fetch_jars local_stack/pom.xml local_stack/jars "the Kafka, Kafka Connect and Debezium jars"
-fetch_jars local_stack/spark_kafka/pom.xml local_stack/spark_kafka/jars "Spark's Kafka source"
 
 python_bin="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then

@@ -47,7 +47,6 @@ def stack_settings(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setting
             kafka_bootstrap=endpoints.kafka_bootstrap,
             connect_url=endpoints.connect_url,
             stack_dir=root / "stack",
-            checkpoint_dir=root / "checkpoints",
             state_dir=root / "state",
             trigger_interval="200 milliseconds",
         )

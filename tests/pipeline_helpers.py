@@ -64,7 +64,7 @@ def wait_for_more(sent: Callable[[], int], more: int, what: str,
 def runner_settings(settings, **overrides: Any) -> RunnerSettings:
     return RunnerSettings(
         kafka=settings.kafka, database_url=settings.database_url,
-        checkpoint_dir=settings.checkpoint_dir, trigger_interval=settings.trigger_interval,
+        trigger_interval=settings.trigger_interval,
         **overrides)
 
 

@@ -99,13 +99,6 @@ def records_table(raw: RawRecords) -> pa.Table:
                     pa.array(raw.keys, pa.binary()), pa.array(values, pa.binary()))
 
 
-def spark_records_table(batch: pa.RecordBatch) -> pa.Table:
-    """Records as Spark's Kafka source hands them over (``topic, partition, offset`` and
-    binary ``key, value``), as ``RECORDS_ARROW`` columns."""
-    return _records(*(batch.column(name) for name in
-                      ("topic", "partition", "offset", "key", "value")))
-
-
 def _records(topics: pa.Array, partitions: pa.Array, offsets: pa.Array, keys: pa.Array,
              values: pa.Array) -> pa.Table:
     key_text, bad_keys = binary_text(keys)

@@ -37,7 +37,6 @@ from eventfold.projections.execution.decode import (
     decoded_schema,
 )
 from eventfold.projections.execution.fold_jobs import (
-    decode_records,
     fold_slices,
     read_events,
     run_fold,
@@ -50,7 +49,7 @@ from eventfold.projections.execution.partial import (
 from eventfold.projections.plan import Pipeline, Plan
 from eventfold.projections.state.stage import StagedBatch
 
-__all__ = ["SourceSlice", "decode_records", "fold_on_driver", "read_events", "run_aggregation",
+__all__ = ["SourceSlice", "fold_on_driver", "read_events", "run_aggregation",
            "run_aggregation_in_place", "run_fold", "run_fold_in_place"]
 
 

@@ -9,10 +9,8 @@ from operator import itemgetter
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 
-from eventfold.contract import PartitionKey
 from eventfold.projections.definition.projection import Event
 from eventfold.projections.execution import task_output
 from eventfold.projections.execution.context import BatchContext
@@ -21,7 +19,6 @@ from eventfold.projections.execution.decode import (
     decoded_event,
     decoded_schema,
     spark_ddl,
-    spark_records_table,
 )
 from eventfold.projections.execution.executor import executor_task
 from eventfold.projections.execution.fold import BatchFold, KeyFolder, lookup_keys
@@ -120,39 +117,6 @@ def decode_task(batches: Iterator[pa.RecordBatch], tasks: Tasks,
             for records in chunks(source_slice, clock):
                 events = decode_events(records, context.plan)
                 yield from drop_applied(events, watermarks).to_batches()
-
-
-def decode_records(records: DataFrame, context: BatchContext) -> DataFrame:
-    """Records another reader gave Spark (its own Kafka source: ``topic, partition, offset``,
-    binary ``key, value``), decoded like ``read_events``' and guarded the same way, less what
-    the store committed before (a batch Spark runs again after a crash)."""
-    columns = records.select("topic", "partition", "offset", "key", "value")
-    return columns.mapInArrow(lambda batches: decode_records_task(batches, context),
-                              spark_ddl(decoded_schema(context.plan)))
-
-
-@executor_task
-def decode_records_task(batches: Iterator[pa.RecordBatch],
-                        context: BatchContext) -> Iterator[pa.RecordBatch]:
-    with paused_gc(), task_store(context) as store:
-        watermarks = watermarks_of(store, context)
-        for batch in batches:
-            records = unapplied(spark_records_table(batch), context.committed)
-            if records.num_rows:
-                events = decode_events(records, context.plan)
-                yield from drop_applied(events, watermarks).to_batches()
-
-
-def unapplied(records: pa.Table, committed: dict[PartitionKey, int] | Any) -> pa.Table:
-    """The records at or after the offset the store committed for their partition."""
-    if not committed:
-        return records
-    names = [f"{topic}\x00{partition}" for topic, partition in committed]
-    at = pc.index_in(pc.binary_join_element_wise(
-        records.column("topic"), pc.cast(records.column("partition"), pa.string()), "\x00"),
-        value_set=pa.array(names, pa.string()))
-    first = pc.fill_null(pc.take(pa.array(list(committed.values()), pa.int64()), at), 0)
-    return records.filter(pc.greater_equal(records.column("offset"), first))
 
 
 def run_fold(events: DataFrame, context: BatchContext) -> StagedBatch:

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-import pytest
 from sqlalchemy import Engine, text
 
 from eventfold.contract import EventEnvelope, event_topic
@@ -244,10 +243,9 @@ def test_replay_from_the_event_store_recovers_what_the_topics_no_longer_hold(
     assert rows(engine, totals.table, unique, "total")[old1] == 1001
 
 
-@pytest.mark.parametrize("driver", ["stream_thread", "structured_streaming"])
 def test_point_of_sale_shipments_loyalty_and_masked_analytics(
-        stack_settings, spark, engine, unique, driver: str) -> None:
-    """Stream projections and a re-keyed fold, by either streaming driver."""
+        stack_settings, spark, engine, unique) -> None:
+    """Stream projections and a re-keyed fold."""
     point_of_sale.app.runtime(stack_settings).setup()
     bus = point_of_sale.app.runtime(stack_settings).command_bus()
     invoices = [("1", "S1", "C1", "PRIME", "HOME-DELIVERY", 100_000, 2),
@@ -264,7 +262,7 @@ def test_point_of_sale_shipments_loyalty_and_masked_analytics(
     wait_until_in_topic(stack_settings, "Store", unique, 3)
     for definition in (point_of_sale.shipments, point_of_sale.loyalty_points,
                        point_of_sale.invoice_analytics):
-        catch_up(spark, stack_settings, renamed(definition, unique), streaming_driver=driver)
+        catch_up(spark, stack_settings, renamed(definition, unique))
 
     shipped = derived(stack_settings, point_of_sale.SHIPMENTS_TOPIC, unique)
     assert sorted(e["data"]["invoice_no"] for e in shipped) == [f"{unique}-1", f"{unique}-3"]
@@ -280,9 +278,8 @@ def test_point_of_sale_shipments_loyalty_and_masked_analytics(
     assert all("Analytical" not in json.dumps(line) for line in lines)
 
 
-@pytest.mark.parametrize("driver", ["stream_thread", "structured_streaming"])
 def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, engine,
-                                                       unique, driver: str) -> None:
+                                                       unique) -> None:
     orders.app.runtime(stack_settings).setup()
     customers = renamed(orders.customers, unique)
     per_customer = renamed(orders.orders_per_customer, unique,
@@ -295,8 +292,8 @@ def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, en
                                       amount=10.0))
     wait_until_in_topic(stack_settings, "Customer", unique, 2)
     wait_until_in_topic(stack_settings, "Order", unique, 4)
-    catch_up(spark, stack_settings, customers, streaming_driver=driver)
-    catch_up(spark, stack_settings, per_customer, streaming_driver=driver)
+    catch_up(spark, stack_settings, customers)
+    catch_up(spark, stack_settings, per_customer)
     assert rows(engine, per_customer.table, unique, "orders") == {
         f"{unique}-c1": 2, f"{unique}-c2": 1, f"{unique}-ghost": 1}
     assert rows(engine, per_customer.table, unique, "customer_name") == {
@@ -306,7 +303,7 @@ def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, en
 
     # Read-your-writes on the re-keyed read model: the command wrote to the order's stream,
     # the row is the customer's; the read waits for the order's event to be folded.
-    server = read_api([per_customer], stack_settings, f"orders-{driver}")
+    server = read_api([per_customer], stack_settings, "orders")
     row = f"/read-models/{per_customer.name}/rows/{unique}-c1"
     try:
         assert get(server, row, min_version=1, stream=f"{unique}-o0").json()["row"][
@@ -320,7 +317,7 @@ def test_orders_left_joined_with_customers_and_counted(stack_settings, spark, en
             waiting = pool.submit(get, server, row, min_version=1, stream=f"{unique}-o9",
                                   wait_ms=30_000)
             wait_until_in_topic(stack_settings, "Order", unique, 5)
-            catch_up(spark, stack_settings, per_customer, streaming_driver=driver)
+            catch_up(spark, stack_settings, per_customer)
             assert waiting.result(timeout=90).json()["row"]["orders"] == 3
     finally:
         server.stop()

@@ -52,8 +52,7 @@ def test_a_first_app_from_an_empty_directory(tmp_path, eventfold_wheel) -> None:
            if not key.startswith(("EVENTFOLD_", "PYTHON", "VIRTUAL_ENV"))}
     # The stack's jars (and their class-data archives) of the checkout, which set-up fetched
     # and recorded: fetching them again into the wheel's directory would take a minute and
-    # test nothing more (the wheel's pom: test_layout.py; install_jars runs here for Spark's
-    # Kafka source, from the wheel's own pom).
+    # test nothing more (the wheel's pom: test_layout.py).
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}",
                EVENTFOLD_JARS_DIR=str(ROOT / "local_stack" / "jars"),
                EVENTFOLD_COMMAND_API_PORT=str(commands_port),

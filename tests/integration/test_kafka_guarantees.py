@@ -337,27 +337,6 @@ def test_a_source_topic_made_again_stops_a_run_before_it_skips_an_event(
     assert f"{topic}[0] ends at offset 3, before offset 5" in started_again()
 
 
-def test_spark_kafka_source_stops_at_a_source_topic_made_again_before_it_folds(
-        inventory_app, spark, stack_settings, unique) -> None:
-    """Spark's own Kafka source reads on at the checkpoint's offsets in a topic made again
-    and written past them, as if it were the same topic: the batch it hands over is not
-    folded, and the run stops."""
-    projection = counter(unique)
-    aggregate = f"Counted{unique}"
-    publish(stack_settings, aggregate, [(f"s{n}", "Counted", {"note": "old"}) for n in range(5)])
-    runner = make_runner(spark, stack_settings, projection,
-                         streaming_driver="structured_streaming")
-    query = runner.start()
-    try:
-        wait_for(lambda: len(rows(stack_settings, projection)) == 5, "the old events folded")
-        made_again(stack_settings, aggregate, "new", 8)
-        wait_for(lambda: not query.isActive, "the run to stop", timeout_s=60)
-        assert "was deleted" in str(query.exception())
-    finally:
-        runner.close()
-    assert {row["note"] for row in rows(stack_settings, projection).values()} == {"old"}
-
-
 def test_a_reaction_reads_a_source_topic_made_again_while_it_was_down_from_its_beginning(
         inventory_app, stack_settings, unique, caplog) -> None:
     """A reaction's saved positions count the old topic's offsets: a runner started after
@@ -423,11 +402,10 @@ def test_a_broker_crash_while_commands_flow_and_a_projection_streams_loses_nothi
     endpoints = stack.up()
     settings = Settings(database_url=endpoints.database_url,
                         kafka_bootstrap=endpoints.kafka_bootstrap,
-                        connect_url=endpoints.connect_url, checkpoint_dir=tmp_path / "cp")
+                        connect_url=endpoints.connect_url)
     env = {**os.environ, "EVENTFOLD_DATABASE_URL": settings.database_url,
            "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
            "EVENTFOLD_CONNECT_URL": settings.connect_url,
-           "EVENTFOLD_CHECKPOINT_DIR": str(settings.checkpoint_dir),
            "EVENTFOLD_TRIGGER_INTERVAL": "200 milliseconds"}
     stop = threading.Event()
     sent = [0]

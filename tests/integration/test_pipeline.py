@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 
 import requests
 from sqlalchemy import text
@@ -166,22 +165,6 @@ def test_a_catch_up_folds_in_batches_of_at_most_max_rows_and_stops_at_the_end(
     assert read >= 12 and runner.batches == -(-read // 5)
     assert read_model_totals(engine, projection.table, unique) == {
         f"{unique}-{i}": 4 for i in range(3)}
-
-
-def test_lost_spark_checkpoint_does_not_double_count(
-        inventory_app, stack_settings, spark, engine, unique) -> None:
-    """With Spark's Kafka source, a streaming query has a checkpoint of its own: losing it
-    starts the query from the store's offsets, not from the beginning."""
-    projection = copy_of(inventory_totals, unique)
-    send(inventory_app.runtime(stack_settings).command_bus(), unique,
-         [(i % 3, 2) for i in range(9)])
-    wait_until_in_topic(stack_settings, "Product", unique, 9)
-    runner = catch_up(spark, stack_settings, projection, streaming_driver="structured_streaming")
-    shutil.rmtree(runner.checkpoint_dir)
-    catch_up(spark, stack_settings, projection, streaming_driver="structured_streaming")
-    expected = {f"{unique}-{i}": 6 for i in range(3)}
-    assert read_model_totals(engine, projection.table, unique) == expected
-    assert ktable_totals(stack_settings, projection.ktable_topic, unique) == expected
 
 
 def test_poison_event_goes_to_dead_letter_topic_and_projection_continues(

@@ -30,7 +30,6 @@ def stack_env(settings, tmp_path, **extra: str) -> dict[str, str]:
     return {**os.environ, "EVENTFOLD_DATABASE_URL": settings.database_url,
             "EVENTFOLD_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
             "EVENTFOLD_CONNECT_URL": settings.connect_url,
-            "EVENTFOLD_CHECKPOINT_DIR": str(tmp_path / "checkpoints"),
             "EVENTFOLD_STATE_DIR": str(tmp_path / "state"), **extra}
 
 

@@ -25,7 +25,6 @@ def cluster_stack(tmp_path_factory):
         settings = Settings(database_url=endpoints.database_url,
                             kafka_bootstrap=endpoints.kafka_bootstrap,
                             connect_url=endpoints.connect_url, stack_dir=root / "stack",
-                            checkpoint_dir=root / "checkpoints",
                             trigger_interval="200 milliseconds")
         sales.app.runtime(settings).setup()
         yield stack, settings

@@ -58,7 +58,7 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
 
 RUNNING = {f"projections.{m}" for m in ("host", "replay_requests", "signals", "runner",
                                          "run_settings", "progress",
-                                         "retention", "structured_streaming", "running_query",
+                                         "retention", "running_query",
                                          "stream_thread", "source_watch", "replay", "status",
                                          "metrics",
                                          "dead_letters", "testing")}

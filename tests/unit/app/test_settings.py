@@ -98,12 +98,6 @@ def test_an_instances_pool_and_cache_are_divided_among_its_http_workers() -> Non
     assert Settings.from_env({}).per_http_worker(10) == 10
 
 
-def test_a_retired_variable_is_refused_saying_what_replaced_it() -> None:
-    with pytest.raises(ConfigError, match="EVENTFOLD_KTABLE_STORE is gone: every KTable is "
-                                          "kept in RocksDB under EVENTFOLD_STATE_DIR"):
-        Settings.from_env({"EVENTFOLD_KTABLE_STORE": "memory"})
-
-
 def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     """``Settings.fill`` copies by name: a field of ``RunnerSettings`` the app's settings do
     not name would keep its default whatever the environment says, so each one is named,
@@ -120,13 +114,13 @@ def test_a_run_takes_every_setting_it_has_a_field_for_by_name() -> None:
     computed = {"pool_size", "title", "ktable_store", "workers_dir", "skip_router"}
     assert {f.name for f in dataclasses.fields(ReadApiOptions)} - computed <= named
     assert {f.name for f in dataclasses.fields(ReactionOptions)} <= named
-    settings = Settings(projection_stall_s=77, streaming_driver="structured_streaming",
+    settings = Settings(projection_stall_s=77, trigger_interval="2 seconds",
                         ktable_retire_wait_s=5, writer_lease_s=3, fair_batch_rows=9,
                         replay_rest_ratio=0.5)
     run = runner_settings(settings, max_rows=123)
-    assert (run.projection_stall_s, run.streaming_driver, run.ktable_retire_wait_s,
+    assert (run.projection_stall_s, run.trigger_interval, run.ktable_retire_wait_s,
             run.writer_lease_s, run.fair_batch_rows, run.replay_rest_ratio,
-            run.max_rows_per_batch) == (77, "structured_streaming", 5, 3, 9, 0.5, 123)
+            run.max_rows_per_batch) == (77, "2 seconds", 5, 3, 9, 0.5, 123)
     assert run.kafka == settings.kafka
     reads = Settings(read_forward_timeout_s=0.5).fill(ReadApiOptions, database_url="postgresql://x")
     assert reads.read_forward_timeout_s == 0.5

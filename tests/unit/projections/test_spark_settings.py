@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from eventfold.config import STREAMING_DRIVERS, ConfigError, Settings
+from eventfold.config import ConfigError, Settings
 from eventfold.contract import split_password
 from eventfold.projections.execution.spark import (
     DEFAULTS,
@@ -16,7 +16,6 @@ from eventfold.projections.execution.spark import (
     spark_defaults,
 )
 from eventfold.projections.run_settings import EXECUTOR_PASSWORD
-from eventfold.projections.run_settings import STREAMING_DRIVERS as RUNNER_DRIVERS
 from eventfold.wiring import spark_conf
 
 
@@ -55,12 +54,6 @@ def test_spark_settings_parse_and_fail_clearly() -> None:
                                        "spark.submit.pyFiles": "a.zip,b.zip"}
     with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_CONF"):
         Settings.from_env({"EVENTFOLD_SPARK_CONF": "spark.executor.memory"})
-    with pytest.raises(ConfigError, match="EVENTFOLD_STREAMING_DRIVER"):
-        Settings.from_env({"EVENTFOLD_STREAMING_DRIVER": "kafka"})
-    with pytest.raises(ConfigError, match="EVENTFOLD_SPARK_SOURCE is now "
-                                          "EVENTFOLD_STREAMING_DRIVER"):
-        Settings.from_env({"EVENTFOLD_SPARK_SOURCE": "kafka"})
-    assert STREAMING_DRIVERS == RUNNER_DRIVERS
 
 
 def test_executors_get_the_database_password_from_their_environment() -> None:
