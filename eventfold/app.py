@@ -1,9 +1,8 @@
 """The application entry point: one object that declares an app's commands, projections and
 reactions.
 
-    app = Eventfold("inventory")
-    app.projections.add(inventory_totals)
-    app.reactions.add(reserve_stock)
+    app = Eventfold("inventory", aggregates=[Product], projections=[inventory_totals],
+                    reactions=[reserve_stock])
 
     @app.commands.handler(ReceiveStock, Product)
     def receive_stock(product: Product, command: ReceiveStock) -> None: ...
@@ -16,22 +15,36 @@ process from it.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from eventfold.config import ConfigError, Settings
 from eventfold.loading import AppNotFound, import_app_module
+from eventfold.projections.definition.projection import Projection
 from eventfold.projections.definition.registry import ProjectionRegistry
 from eventfold.reactions import ReactionRegistry
+from eventfold.reactions.definition import Declared
 from eventfold.runtime import Runtime
-from eventfold.write_model import CommandRegistry
+from eventfold.write_model import Aggregate, CommandRegistry
 
 
 class Eventfold:
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, *, aggregates: Iterable[type[Aggregate]] = (),
+                 projections: Iterable[Projection] = (),
+                 reactions: Iterable[Declared] = ()) -> None:
+        """``aggregates`` (their ``@handles`` methods), ``projections`` and ``reactions``
+        (reactions, process managers, effects) added as ``commands.add``,
+        ``projections.add`` and ``reactions.add`` would."""
         self.name = name
         self.commands = CommandRegistry()
         self.projections = ProjectionRegistry()
         self.reactions = ReactionRegistry(self.projections)
+        for aggregate in aggregates:
+            self.commands.add(aggregate)
+        for projection in projections:
+            self.projections.add(projection)
+        for reaction in reactions:
+            self.reactions.add(reaction)
 
     @property
     def aggregate_types(self) -> list[str]:

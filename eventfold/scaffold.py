@@ -34,7 +34,6 @@ from eventfold import (
     Command,
     DomainError,
     DomainEvent,
-    Event,
     Eventfold,
     State,
     handles,
@@ -74,9 +73,7 @@ class Withdraw(Command):
 
 
 class Account(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.balance = 0
+    balance: int = 0
 
     @handles(Deposit)
     def deposit(self, amount: int) -> None:
@@ -109,20 +106,18 @@ def balances(state: State | None, event: Deposited | Withdrawn) -> State | None:
             return {{"balance": balance - amount}}
 
 
-@reaction("welcome_bonus", sources=[Account], event_types=["Deposited"])
-def welcome_bonus(event: Event) -> Deposit | None:
+@reaction("welcome_bonus", sources=[Account], event_types=[Deposited])
+def welcome_bonus(deposited: Deposited) -> Deposit | None:
     """An account's first deposit earns a bonus of 10: sent once, however often the event
-    is delivered (the command's id derives from the event's). Named by type, the event
-    comes as the ``Event``, with its stream id and version."""
-    if event.stream_version == 1:
-        return Deposit(account=event.stream_id, amount=10)
+    is delivered (the command's id derives from the event's). ``recorded`` says where the
+    event was recorded: its stream id and version."""
+    if deposited.recorded.stream_version == 1:
+        return Deposit(account=deposited.recorded.stream_id, amount=10)
     return None
 
 
-app = Eventfold("{name}")
-app.commands.add(Account)
-app.projections.add(balances)
-app.reactions.add(welcome_bonus)
+app = Eventfold("{name}", aggregates=[Account], projections=[balances],
+                reactions=[welcome_bonus])
 '''
 
 CONFIG_TEMPLATE = '''\

@@ -112,9 +112,7 @@ class ReserveStock(Command):
 
 
 class Shelf(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.available = 0
+    available: int = 0
 
     @handles(StockShelf)
     def stock(self, quantity: int) -> None:
@@ -135,10 +133,8 @@ class Shelf(Aggregate):
 
 
 class Purchase(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.paid = False
-        self.cancelled = False
+    paid: bool = False
+    cancelled: bool = False
 
     @handles(PlacePurchase, creates=True)
     def place(self, shelf_id: str, quantity: int, pay_within_s: int) -> None:
@@ -177,13 +173,11 @@ def shelf_stock(state: State | None, event: ShelfStocked | StockReserved) -> Sta
     return current
 
 
-@reaction("reserve_stock", sources=[Purchase])
-def reserve_stock(event: Event) -> ReserveStock | None:
+@reaction("reserve_stock", sources=[Purchase], event_types=[PurchasePlaced])
+def reserve_stock(placed: PurchasePlaced) -> ReserveStock:
     """Every placed purchase reserves its quantity on its shelf."""
-    if event.type != "PurchasePlaced":
-        return None
-    return ReserveStock(shelf_id=event.data["shelf_id"], purchase_id=event.stream_id,
-                        quantity=event.data["quantity"])
+    return ReserveStock(shelf_id=placed.shelf_id, purchase_id=placed.recorded.stream_id,
+                        quantity=placed.quantity)
 
 
 @process("payment_deadline", sources=[Purchase],
@@ -202,9 +196,5 @@ def payment_deadline(purchase: ProcessContext,
             purchase.done()
 
 
-app = Eventfold("fulfilment")
-app.commands.add(Shelf)
-app.commands.add(Purchase)
-app.projections.add(shelf_stock)
-app.reactions.add(reserve_stock)
-app.reactions.add(payment_deadline)
+app = Eventfold("fulfilment", aggregates=[Shelf, Purchase], projections=[shelf_stock],
+                reactions=[reserve_stock, payment_deadline])

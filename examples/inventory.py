@@ -55,10 +55,7 @@ class ShipStock(Command):
 
 class Product(Aggregate):
     snapshot_every = 100
-
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.on_hand = 0
+    on_hand: int = 0
 
     @handles(ReceiveStock)
     def receive_stock(self, quantity: int) -> None:
@@ -92,6 +89,4 @@ def inventory_totals(state: State | None, event: StockReceived | StockShipped) -
             return {"quantity": quantity - shipped}
 
 
-app = Eventfold("inventory")
-app.commands.add(Product)
-app.projections.add(inventory_totals)
+app = Eventfold("inventory", aggregates=[Product], projections=[inventory_totals])

@@ -92,10 +92,8 @@ class FineMember(Command):
 
 
 class Book(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.on_shelf = 0
-        self.loans: set[str] = set()
+    on_shelf: int = 0
+    loans: frozenset[str] = frozenset()
 
     @handles(AddCopies)
     def add_copies(self, copies: int) -> None:
@@ -122,16 +120,14 @@ class Book(Aggregate):
                 self.on_shelf += copies
             case BookLent(loan=loan):
                 self.on_shelf -= 1
-                self.loans.add(loan)
+                self.loans |= {loan}
             case BookReturned(loan=loan):
                 self.on_shelf += 1
-                self.loans.discard(loan)
+                self.loans -= {loan}
 
 
 class Member(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.fined = 0
+    fined: int = 0
 
     @handles(FineMember)
     def fine(self, loan: str, amount: int) -> None:
@@ -177,9 +173,5 @@ def loan_due(loan: ProcessContext, event: BookLent | BookReturned | Event) -> No
             loan.done()
 
 
-app = Eventfold("library")
-app.commands.add(Book)
-app.commands.add(Member)
-app.projections.add(shelf)
-app.reactions.add(reorder_last_copy)
-app.reactions.add(loan_due)
+app = Eventfold("library", aggregates=[Book, Member], projections=[shelf],
+                reactions=[reorder_last_copy, loan_due])

@@ -16,7 +16,7 @@ from pydantic import Field
 from sqlalchemy import BigInteger, Float, String
 
 from eventfold.app import Eventfold
-from eventfold.projections import Event, Lookup, State, projection
+from eventfold.projections import Lookup, State, projection
 from eventfold.write_model import Aggregate, Command, DomainError, DomainEvent
 
 
@@ -37,9 +37,7 @@ class OrderPlaced(DomainEvent):
 
 
 class Customer(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.name = ""
+    name: str = ""
 
     def register(self, name: str) -> None:
         if self.name:
@@ -95,27 +93,26 @@ class PlaceOrder(Command):
         return self.order_id
 
 
-@projection("customers", sources=["Customer"], columns={"name": String()})
-def customers(state: State | None, event: Event) -> State | None:
+@projection("customers", sources=["Customer"], columns={"name": String()},
+            event_types=[CustomerRegistered, CustomerRenamed])
+def customers(state: State | None, event: CustomerRegistered | CustomerRenamed) -> State | None:
     """The current name of every customer: the table side of the join."""
-    return {"name": event.data["name"]}
+    return {"name": event.name}
 
 
 @projection("orders_per_customer", sources=["Order"], key_by="customer_id",
-            lookup=Lookup("customers", on="customer_id"),
+            lookup=Lookup("customers", on="customer_id"), event_types=[OrderPlaced],
             columns={"orders": BigInteger(), "amount": Float(), "customer_name": String()})
-def orders_per_customer(state: State | None, event: Event) -> State | None:
+def orders_per_customer(state: State | None, order: OrderPlaced) -> State | None:
     """Orders and amount per customer, with the customer's name when the customer is known."""
     current = state or {"orders": 0, "amount": 0.0, "customer_name": None}
-    name = event.joined["name"] if event.joined else current["customer_name"]
+    customer = order.recorded.joined
     return {"orders": current["orders"] + 1,
-            "amount": round(current["amount"] + float(event.data["amount"]), 2),
-            "customer_name": name}
+            "amount": round(current["amount"] + order.amount, 2),
+            "customer_name": customer["name"] if customer else current["customer_name"]}
 
 
-app = Eventfold("orders")
-for definition in (customers, orders_per_customer):
-    app.projections.add(definition)
+app = Eventfold("orders", projections=[customers, orders_per_customer])
 
 
 @app.commands.handler(RegisterCustomer, Customer)

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field
 from sqlalchemy import BigInteger
 
 from eventfold.app import Eventfold
-from eventfold.projections import Derived, Event, State, projection, stream
+from eventfold.projections import Derived, State, projection, stream
 from eventfold.write_model import Aggregate, Command, DomainEvent
 
 SHIPMENTS_TOPIC = "eventfold.pos.shipments"
@@ -47,9 +47,7 @@ class InvoiceIssued(DomainEvent):
 
 
 class Store(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.invoices = 0
+    invoices: int = 0
 
     def issue(self, invoice: IssueInvoice) -> None:
         self.record(InvoiceIssued(**invoice.model_dump(exclude={"command_id",
@@ -84,40 +82,39 @@ class IssueInvoice(Command):
         return self.store_id
 
 
-@stream("shipments", sources=["Store"], event_types=["InvoiceIssued"])
-def shipments(event: Event) -> Iterator[Derived]:
+@stream("shipments", sources=[Store], event_types=[InvoiceIssued])
+def shipments(invoice: InvoiceIssued) -> Iterator[Derived]:
     """HOME-DELIVERY invoices, for the shipping service."""
-    data = event.data
-    if data["delivery_type"] == "HOME-DELIVERY":
-        yield Derived(SHIPMENTS_TOPIC, data["invoice_no"], "ShipmentRequested", {
-            "invoice_no": data["invoice_no"], "store_id": data["store_id"],
-            "customer_name": data["customer_name"], "customer_phone": data["customer_phone"],
-            "delivery_address": data["delivery_address"], "items": data["items"]})
+    if invoice.delivery_type == "HOME-DELIVERY":
+        yield Derived(SHIPMENTS_TOPIC, invoice.invoice_no, "ShipmentRequested", {
+            "invoice_no": invoice.invoice_no, "store_id": invoice.store_id,
+            "customer_name": invoice.customer_name, "customer_phone": invoice.customer_phone,
+            "delivery_address": invoice.delivery_address, "items": invoice.items})
 
 
-def points_notification(event: Event, _before: State | None,
+def points_notification(invoice: InvoiceIssued, _before: State | None,
                         after: State | None) -> Iterator[Derived]:
-    if event.data["customer_type"] == "PRIME" and after is not None:
-        yield Derived(LOYALTY_TOPIC, event.data["customer_id"], "LoyaltyPointsEarned", {
-            "customer_id": event.data["customer_id"], "invoice_no": event.data["invoice_no"],
-            "store_id": event.data["store_id"], "points_earned": earned(event),
+    if invoice.customer_type == "PRIME" and after is not None:
+        yield Derived(LOYALTY_TOPIC, invoice.customer_id, "LoyaltyPointsEarned", {
+            "customer_id": invoice.customer_id, "invoice_no": invoice.invoice_no,
+            "store_id": invoice.store_id, "points_earned": earned(invoice),
             "total_points": after["points"]})
 
 
-def earned(event: Event) -> int:
+def earned(invoice: InvoiceIssued) -> int:
     """Whole points for the invoice; a part of 100 spent earns nothing, as at the till."""
-    return int(event.data["total_cents"]) * POINTS_PER_100 // 10_000
+    return invoice.total_cents * POINTS_PER_100 // 10_000
 
 
-@projection("loyalty_points", sources=["Store"], event_types=["InvoiceIssued"],
+@projection("loyalty_points", sources=[Store], event_types=[InvoiceIssued],
             key_by="customer_id", derive=points_notification,
             columns={"points": BigInteger(), "prime_invoices": BigInteger()})
-def loyalty_points(state: State | None, event: Event) -> State | None:
+def loyalty_points(state: State | None, invoice: InvoiceIssued) -> State | None:
     """Loyalty points per PRIME customer, whichever store they buy in."""
-    if event.data["customer_type"] != "PRIME":
+    if invoice.customer_type != "PRIME":
         return state
     current = state or {"points": 0, "prime_invoices": 0}
-    return {"points": current["points"] + earned(event),
+    return {"points": current["points"] + earned(invoice),
             "prime_invoices": current["prime_invoices"] + 1}
 
 
@@ -128,23 +125,20 @@ def mask(value: str, keep: int = 2) -> str:
     return value[:shown] + "*" * (len(value) - shown)
 
 
-@stream("invoice_analytics", sources=["Store"], event_types=["InvoiceIssued"])
-def invoice_analytics(event: Event) -> Iterator[Derived]:
+@stream("invoice_analytics", sources=[Store], event_types=[InvoiceIssued])
+def invoice_analytics(invoice: InvoiceIssued) -> Iterator[Derived]:
     """One record per line item, the customer's name, phone and address masked."""
-    data = event.data
-    for line, item in enumerate(data["items"]):
-        yield Derived(ANALYTICS_TOPIC, data["invoice_no"], "InvoiceLineSold", {
-            "invoice_no": data["invoice_no"], "line": line, "store_id": data["store_id"],
-            "customer_id": data["customer_id"], "customer_type": data["customer_type"],
-            "delivery_type": data["delivery_type"], **item,
-            "customer_name": mask(data["customer_name"]),
-            "customer_phone": mask(data["customer_phone"][::-1])[::-1],
-            "delivery_address": "***" if data["delivery_address"] else ""})
+    for line, item in enumerate(invoice.items):
+        yield Derived(ANALYTICS_TOPIC, invoice.invoice_no, "InvoiceLineSold", {
+            "invoice_no": invoice.invoice_no, "line": line, "store_id": invoice.store_id,
+            "customer_id": invoice.customer_id, "customer_type": invoice.customer_type,
+            "delivery_type": invoice.delivery_type, **item,
+            "customer_name": mask(invoice.customer_name),
+            "customer_phone": mask(invoice.customer_phone[::-1])[::-1],
+            "delivery_address": "***" if invoice.delivery_address else ""})
 
 
-app = Eventfold("point_of_sale")
-for definition in (shipments, loyalty_points, invoice_analytics):
-    app.projections.add(definition)
+app = Eventfold("point_of_sale", projections=[shipments, loyalty_points, invoice_analytics])
 
 
 @app.commands.handler(IssueInvoice, Store)

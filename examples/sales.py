@@ -26,7 +26,6 @@ from eventfold import (
     Derived,
     DomainError,
     DomainEvent,
-    Event,
     Eventfold,
     Max,
     State,
@@ -52,6 +51,15 @@ class ProductDelisted(DomainEvent):
     product: str
 
 
+@dataclass(frozen=True)
+class SalesTargetReached(DomainEvent):
+    """Derived by ``sales_totals``, once each time a product's total reaches the target."""
+
+    product: str
+    total: int
+    target: int
+
+
 class RecordSale(Command):
     """Record a sale of ``product`` worth ``value``."""
 
@@ -72,9 +80,7 @@ class DelistProduct(Command):
 
 
 class ProductSales(Aggregate):
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.listed = True
+    listed: bool = True
 
     @handles(RecordSale)
     def record_sale(self, value: int) -> None:
@@ -91,9 +97,9 @@ class ProductSales(Aggregate):
         self.listed = not isinstance(event, ProductDelisted)
 
 
-def target_reached(event: Event, state: State) -> Derived:
-    return Derived(NOTIFICATIONS_TOPIC, event.stream_id, "SalesTargetReached",
-                   {"product": event.stream_id, "total": state["total"], "target": SALES_TARGET})
+def target_reached(sale: SaleRecorded, state: State) -> Derived:
+    return Derived.of(NOTIFICATIONS_TOPIC, sale.product, SalesTargetReached(
+        product=sale.product, total=state["total"], target=SALES_TARGET))
 
 
 @projection("sales_totals", sources=[ProductSales], columns={"total": BigInteger()},
@@ -115,7 +121,4 @@ sales_stats = aggregation(
     description="Revenue, number of sales and largest sale per product, computed by Spark.",
 )
 
-app = Eventfold("sales")
-app.commands.add(ProductSales)
-app.projections.add(sales_totals)
-app.projections.add(sales_stats)
+app = Eventfold("sales", aggregates=[ProductSales], projections=[sales_totals, sales_stats])

@@ -29,12 +29,11 @@ from eventfold import (
     Command,
     DerivedEvents,
     DomainEvent,
-    Event,
     Eventfold,
     handles,
     reaction,
 )
-from examples.sales import NOTIFICATIONS_TOPIC, ProductSales, sales_totals
+from examples.sales import NOTIFICATIONS_TOPIC, ProductSales, SalesTargetReached, sales_totals
 
 
 @dataclass(frozen=True)
@@ -57,9 +56,7 @@ class NotifyTargetReached(Command):
 class TargetNotices(Aggregate):
     """The notifications sent for one product's sales."""
 
-    def __init__(self, id: str) -> None:
-        super().__init__(id)
-        self.sent = 0
+    sent: int = 0
 
     @handles(NotifyTargetReached)
     def notify(self, total: int, target: int) -> None:
@@ -70,15 +67,12 @@ class TargetNotices(Aggregate):
 
 
 @reaction("notify_target_reached", sources=[DerivedEvents(NOTIFICATIONS_TOPIC)],
-          event_types=["SalesTargetReached"], start="earliest")
-def notify_target_reached(crossing: Event) -> NotifyTargetReached:
+          event_types=[SalesTargetReached], start="earliest")
+def notify_target_reached(crossing: SalesTargetReached) -> NotifyTargetReached:
     """Every crossing the projection derived, notified once."""
-    return NotifyTargetReached(product=crossing.stream_id, total=crossing.data["total"],
-                               target=crossing.data["target"])
+    return NotifyTargetReached(product=crossing.product, total=crossing.total,
+                               target=crossing.target)
 
 
-app = Eventfold("sales_targets")
-app.commands.add(ProductSales)
-app.commands.add(TargetNotices)
-app.projections.add(sales_totals)
-app.reactions.add(notify_target_reached)
+app = Eventfold("sales_targets", aggregates=[ProductSales, TargetNotices],
+                projections=[sales_totals], reactions=[notify_target_reached])

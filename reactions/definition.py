@@ -78,7 +78,9 @@ class Reaction:
 
     def commands_for(self, event: Event) -> list[Command]:
         """What ``react`` asks for ``event``, each with the id it always has for it (an id
-        the function set itself is kept)."""
+        the function set itself is kept); nothing for an event of a type it did not name."""
+        if not wants(self, event.type):
+            return []
         asked = self.react(event)
         commands = [] if asked is None else [asked] if isinstance(asked, Command) else list(asked)
         return with_ids(self.name, event.event_id, commands)

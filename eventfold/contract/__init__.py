@@ -3,9 +3,10 @@ write side, the outbox, the projections and the read API must agree on, declared
 
 - event topics: their names (``event_topic``) and the envelope of their messages
   (``EventEnvelope``, in ``envelope``), and of the events projections derive
-  (``derived_value``, read back by ``EventEnvelope.decode_derived``);
-- Kafka partitions and offsets: ``PartitionKey`` and the JSON form of offsets that Spark's
-  offset log and projection checkpoints keep; which partition holds a key (``partitioner``);
+  (``derived_value``, read back by ``EventEnvelope.decode_derived``); where a typed event a
+  fold, reaction or process receives was recorded (``Recorded``);
+- Kafka partitions and offsets: ``PartitionKey`` and the JSON form of offsets that projection
+  checkpoints keep; which partition holds a key (``partitioner``);
 - KTable record headers;
 - the database URL in libpq form;
 - intervals written as Spark's triggers take them;
@@ -28,8 +29,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from eventfold.contract.envelope import (
+    RECORDED_ATTRIBUTE,
     EventEnvelope,
     MalformedEvent,
+    Recorded,
     derived_value,
     envelope_value,
     trace_of,
@@ -40,10 +43,12 @@ __all__ = [
     "KTABLE_MOVED_HEADER",
     "KTABLE_POSITION_HEADER",
     "KTABLE_VERSION_HEADER",
+    "RECORDED_ATTRIBUTE",
     "EventEnvelope",
     "MalformedEvent",
     "NestedOffsets",
     "PartitionKey",
+    "Recorded",
     "derived_value",
     "envelope_value",
     "event_topic",
@@ -69,7 +74,7 @@ NestedOffsets = dict[str, dict[str, int]]
 
 def nest_offsets(flat: Mapping[PartitionKey, int]) -> NestedOffsets:
     """{(topic, partition): offset} as {topic: {"partition": offset}}: the JSON form kept in
-    Spark's offset log and in projection checkpoints."""
+    projection checkpoints."""
     nested: NestedOffsets = {}
     for (topic, partition), offset in sorted(flat.items()):
         nested.setdefault(topic, {})[str(partition)] = int(offset)

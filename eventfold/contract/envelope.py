@@ -15,12 +15,35 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
 # A tuple, not ``str | bytes``: the union is rebuilt on every call of a hot path.
 _TEXT = (str, bytes)
+
+
+RECORDED_ATTRIBUTE = "_recorded"
+"""The attribute of a typed event a fold, reaction or process receives that holds the event it
+was built from (``projections.definition.typed`` sets it, ``DomainEvent.recorded`` reads it)."""
+
+
+class Recorded(Protocol):
+    """Where an event a fold, reaction or process receives was recorded."""
+
+    @property
+    def stream_id(self) -> str: ...
+    @property
+    def stream_version(self) -> int: ...
+    @property
+    def event_id(self) -> str: ...
+    @property
+    def global_position(self) -> int: ...
+    @property
+    def recorded_at(self) -> str: ...
+    @property
+    def joined(self) -> Mapping[str, Any] | None:
+        """The row a projection's ``lookup`` joined (None: none, or no lookup)."""
 
 
 class MalformedEvent(ValueError):

@@ -23,7 +23,7 @@ from sqlalchemy.types import JSON, BigInteger, Boolean, Float, Integer, Numeric,
 from eventfold.contract import DEFAULT_TOPIC_PREFIX, event_topic
 from eventfold.projections.definition.aggregates import AggregateFunction, CompositeAggregate
 from eventfold.projections.definition.fields import key_text, path_value
-from eventfold.projections.definition.typed import Build, TypedFold, typed_builders
+from eventfold.projections.definition.typed import Build, Typed, TypedFold, built, typed_builders
 
 State = dict[str, Any]
 
@@ -57,10 +57,27 @@ class Derived:
     type: str
     data: Mapping[str, Any]
 
+    @classmethod
+    def of(cls, topic: str, key: str, event: DerivableEvent) -> Derived:
+        """One that carries ``event``, an instance of an event class: its type and data (a
+        reaction that names the class receives it as one)."""
+        return cls(topic, key, event.event_type, event.to_data())
+
+
+class DerivableEvent(Protocol):
+    """An event a projection may derive as an instance of its class (``DomainEvent`` is one)."""
+
+    event_type: ClassVar[str]
+
+    def to_data(self) -> Mapping[str, Any]: ...
+
 
 Fold = Callable[[State | None, Event], State | None]
 Derive = Callable[[Event, State | None, State | None], Iterable[Derived]]
 """``derive(event, state_before, state_after)``: the derived events of one applied event."""
+ReceivingDerive = Callable[[Any, State | None, State | None], Iterable[Derived]]
+"""A ``Derive`` as its projection's author writes it: its event is what the fold receives (an
+instance of its class where the event types were given as classes)."""
 
 
 class TypedEvent(Protocol):
@@ -96,7 +113,7 @@ def event_type_names(event_types: Iterable[EventType]) -> frozenset[str]:
 
 
 def on_crossing(condition: Callable[[State], bool],
-                emit: Callable[[Event, State], Derived]) -> Derive:
+                emit: Callable[[Any, State], Derived]) -> Derive:
     """Emit once each time a key's state starts to satisfy ``condition``.
 
     The state before and after each event decide, so a key that stays above a target does not
@@ -364,8 +381,22 @@ class Dispatch:
         if entry is None:
             return state
         handler, build = entry
-        return handler(state, event if build is None else build(event.data,
-                                                                 event.schema_version))
+        return handler(state, event if build is None else built(build, event))
+
+
+class _TypedDerive(Typed):
+    def __call__(self, event: Event, before: State | None, after: State | None
+                 ) -> Iterable[Derived]:
+        return self.function(self.typed(event), before, after)  # type: ignore[no-any-return]
+
+
+def _typed_derive(derive: ReceivingDerive | None, event_types: Iterable[EventType] | None
+                  ) -> Derive | None:
+    """A fold's ``derive`` receives its events as the fold does: typed where their types were
+    given as classes."""
+    if derive is None or event_types is None or not typed_builders(event_types):
+        return derive
+    return _TypedDerive(derive, event_types)
 
 
 def _options(sources: Iterable[Source], event_types: Iterable[EventType] | None
@@ -377,7 +408,7 @@ def _options(sources: Iterable[Source], event_types: Iterable[EventType] | None
 def projection(
     name: str, *, sources: Iterable[Source], columns: Mapping[str, TypeEngine[Any]],
     event_types: Iterable[EventType] | None = None, key_by: str | None = None,
-    lookup: Lookup | None = None, derive: Derive | None = None, table: str = "",
+    lookup: Lookup | None = None, derive: ReceivingDerive | None = None, table: str = "",
     ktable_topic: str = "", indexes: Iterable[str] = (), park_on_failure: bool = True,
     ktable_partitions: int | None = None,
 ) -> Callable[[Handler], FoldProjection]:
@@ -396,8 +427,9 @@ def projection(
             fold = TypedFold(fold, event_types)
         return FoldProjection(
             name=name, columns=dict(columns), apply=fold, key_by=key_by, lookup=lookup,
-            derive=derive, table=table, ktable_topic=ktable_topic, indexes=tuple(indexes),
-            ktable_partitions=ktable_partitions, park_on_failure=park_on_failure,
+            derive=_typed_derive(derive, handled), table=table, ktable_topic=ktable_topic,
+            indexes=tuple(indexes), ktable_partitions=ktable_partitions,
+            park_on_failure=park_on_failure,
             description=(fold.__doc__ or "").strip(),
             **_options(sources, handled),
         )
@@ -420,12 +452,15 @@ def aggregation(
 
 def stream(
     name: str, *, sources: Iterable[Source], event_types: Iterable[EventType] | None = None,
-) -> Callable[[Callable[[Event], Iterable[Derived]]], StreamProjection]:
-    """Decorator: a stateless stream of derived events (filter, map, flat-map)."""
+) -> Callable[[Callable[[Any], Iterable[Derived]]], StreamProjection]:
+    """Decorator: a stateless stream of derived events (filter, map, flat-map). Event types
+    given as classes reach it as instances of them, as a fold's do."""
 
-    def wrap(transform: Callable[[Event], Iterable[Derived]]) -> StreamProjection:
+    def wrap(transform: Callable[[Any], Iterable[Derived]]) -> StreamProjection:
+        receive = Typed(transform, event_types or ()).typed
+
         def derive(event: Event, _before: State | None, _after: State | None) -> Iterable[Derived]:
-            return transform(event)
+            return transform(receive(event))
 
         return StreamProjection(name=name, derive=derive,
                                 description=(transform.__doc__ or "").strip(),

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
 
+from eventfold.contract import RECORDED_ATTRIBUTE
+
 
 class RecordedEvent(Protocol):
     """What a typed function's event is built from (``projection.Event`` is one)."""
@@ -17,7 +19,17 @@ class RecordedEvent(Protocol):
     @property
     def schema_version(self) -> int: ...
 
-__all__ = ["Build", "Typed", "TypedFold", "typed_builders"]
+
+__all__ = ["Build", "Typed", "TypedFold", "built", "typed_builders"]
+
+def built(build: Build, event: RecordedEvent) -> Any:
+    """``event`` as an instance of its class, knowing where it was recorded."""
+    instance = build(event.data, event.schema_version)
+    try:  # noqa: SIM105 (suppress() costs a context manager per event on the hot path)
+        object.__setattr__(instance, RECORDED_ATTRIBUTE, event)
+    except AttributeError:  # a class with __slots__ and no room for it: it goes without
+        pass
+    return instance
 
 Build = Callable[[Mapping[str, Any], int], Any]
 """How an event type given as a class is built from an event's data and the schema version
@@ -81,7 +93,7 @@ class Typed:
 
     def typed(self, event: RecordedEvent) -> Any:
         build = self.builders.get(event.type)
-        return event if build is None else build(event.data, event.schema_version)
+        return event if build is None else built(build, event)
 
 
 class TypedFold(Typed):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import inspect
 from collections.abc import Iterable
 from typing import Any, ClassVar, Self
 
@@ -15,9 +17,11 @@ class DomainError(ValueError):
 class Aggregate:
     """Base class of event-sourced aggregates.
 
-    Subclasses implement ``apply`` (mutate state from one event, never fail) and command
-    methods that validate and call ``record``. ``stream_type`` names the aggregate type in the
-    store and routes its events to one topic; it defaults to the class name.
+    Subclasses declare their state as annotated class attributes with their starting values
+    (``available: int = 0``; each instance gets a copy of a mutable one, as ``set()``),
+    implement ``apply`` (mutate state from one event, never fail) and command methods that
+    validate and call ``record``. ``stream_type`` names the aggregate type in the store and
+    routes its events to one topic; it defaults to the class name.
 
     Snapshots: set ``snapshot_every = N`` to store the state every N events; loading then starts
     from the latest snapshot. Bump ``state_version`` whenever the state's shape changes:
@@ -29,16 +33,20 @@ class Aggregate:
     stream_type: ClassVar[str]
     snapshot_every: ClassVar[int] = 0
     state_version: ClassVar[int] = 1
+    _starting_state: ClassVar[dict[str, Any]] = {}
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if "stream_type" not in cls.__dict__:
             cls.stream_type = cls.__name__
+        cls._starting_state = {**cls._starting_state, **_declared_state(cls)}
 
     def __init__(self, id: str) -> None:
         self.id = id
         self.version = 0
         self._pending: list[DomainEvent] = []
+        for name, value in self._starting_state.items():
+            setattr(self, name, copy.copy(value))
 
     def apply(self, event: DomainEvent) -> None:
         raise NotImplementedError(f"{type(self).__name__}.apply must handle {event.event_type}")
@@ -90,3 +98,11 @@ class Aggregate:
         """True when the pending events cross a multiple of ``snapshot_every``."""
         every = self.snapshot_every
         return every > 0 and self.version // every > self.loaded_version // every
+
+
+def _declared_state(cls: type) -> dict[str, Any]:
+    """The state ``cls`` itself declares: its annotated class attributes with a value, but
+    for class variables (``ClassVar[...]``)."""
+    annotations = inspect.get_annotations(cls)
+    return {name: cls.__dict__[name] for name, annotation in annotations.items()
+            if name in cls.__dict__ and "ClassVar" not in str(annotation)}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar, Self, TypeVar
 
+from eventfold.contract import RECORDED_ATTRIBUTE, Recorded
 from eventfold.write_model.domain.ids import uuid7
 
 EventData = dict[str, Any]
@@ -117,6 +118,16 @@ class DomainEvent:
         """One from ``data`` recorded at ``schema_version``, lifted by the upcasters registered
         with ``default_registry``: what a typed fold, reaction or process receives."""
         return default_registry.lift(cls, data, schema_version)
+
+    @property
+    def recorded(self) -> Recorded:
+        """Where this event was recorded (its stream id, version, position and time, and the
+        row a projection's lookup joined), when a fold, reaction or process received it."""
+        recorded: Recorded | None = self.__dict__.get(RECORDED_ATTRIBUTE)
+        if recorded is None:
+            raise AttributeError(f"this {type(self).__name__} was made here, not received from "
+                                 "the store: only a received event knows where it was recorded")
+        return recorded
 
 
 _FIELD_NAMES: dict[type[DomainEvent], tuple[str, ...]] = {}

@@ -10,6 +10,7 @@ from sqlalchemy import BigInteger, Float, String
 from eventfold.projections import (
     Avg,
     Count,
+    Derived,
     Dispatch,
     Event,
     FoldProjection,
@@ -19,6 +20,7 @@ from eventfold.projections import (
     State,
     Sum,
     aggregation,
+    on_crossing,
     projection,
     stream,
 )
@@ -225,3 +227,58 @@ def test_a_typed_fold_receives_events_of_every_schema_version_at_the_current_one
     newer = Event("TestShelfMovedReadSide", {"where": "?"}, "s1", 3, "e3", 3, schema_version=3)
     with pytest.raises(LookupError, match="v3 is newer than this code"):
         shelves.apply(None, newer)
+
+
+@dataclass(frozen=True)
+class ShelfFilled(DomainEvent):
+    event_type = "TestShelfFilledRecorded"
+    quantity: int
+
+
+@dataclass(frozen=True)
+class ShelfFull(DomainEvent):
+    event_type = "TestShelfFull"
+    shelf: str
+    quantity: int
+
+
+def test_a_typed_event_knows_where_it_was_recorded_and_what_its_lookup_joined() -> None:
+    received: list[ShelfFilled] = []
+
+    @projection("filled", sources=["Shelf"], columns={}, event_types=[ShelfFilled],
+                lookup=Lookup("aisles", on="aisle"))
+    def filled(state: State | None, event: ShelfFilled) -> State | None:
+        received.append(event)
+        return {"aisle": (event.recorded.joined or {}).get("name")}
+
+    stored = Event("TestShelfFilledRecorded", {"quantity": 3}, "shelf-7", 4, "e9", 41,
+                   "2026-12-08T03:00:00Z", {"name": "back"})
+    assert filled.apply(None, stored) == {"aisle": "back"}
+    [event] = received
+    assert event == ShelfFilled(quantity=3)  # where it was recorded is no part of its value
+    assert (event.recorded.stream_id, event.recorded.stream_version, event.recorded.event_id,
+            event.recorded.global_position) == ("shelf-7", 4, "e9", 41)
+    with pytest.raises(AttributeError, match="made here, not received from the store"):
+        _ = ShelfFilled(quantity=3).recorded
+
+
+def test_a_stream_and_a_folds_derive_receive_typed_events_and_derive_typed_ones() -> None:
+    @stream("filled_log", sources=["Shelf"], event_types=[ShelfFilled])
+    def filled_log(event: ShelfFilled):
+        yield Derived("log", event.recorded.stream_id, "Filled", {"quantity": event.quantity})
+
+    def full(event: ShelfFilled, state: State) -> Derived:
+        return Derived.of("full", event.recorded.stream_id, ShelfFull(
+            shelf=event.recorded.stream_id, quantity=state["quantity"]))
+
+    @projection("levels", sources=["Shelf"], columns={}, event_types=[ShelfFilled],
+                derive=on_crossing(lambda state: state["quantity"] >= 5, full))
+    def levels(state: State | None, event: ShelfFilled) -> State | None:
+        return {"quantity": (state or {"quantity": 0})["quantity"] + event.quantity}
+
+    stored = Event("TestShelfFilledRecorded", {"quantity": 6}, "shelf-7", 1, "e1", 1)
+    assert list(filled_log.derive(stored, None, None)) == [  # type: ignore[misc]
+        Derived("log", "shelf-7", "Filled", {"quantity": 6})]
+    assert levels.derive is not None
+    assert list(levels.derive(stored, None, levels.apply(None, stored))) == [
+        Derived("full", "shelf-7", "TestShelfFull", {"shelf": "shelf-7", "quantity": 6})]

@@ -82,3 +82,22 @@ def test_a_target_field_names_the_aggregate_and_a_creating_handler_refuses_an_ex
             b: str = TargetId()
     with pytest.raises(ValueError, match="creates an aggregate or requires one"):
         handles(OpenTicket, creates=True, requires_existing=True)
+
+
+def test_state_declared_on_the_class_starts_each_aggregate_afresh() -> None:
+    from typing import ClassVar
+
+    class Basket(Aggregate):
+        snapshot_every: ClassVar[int] = 10
+        items: set[str] = set()  # noqa: RUF012 (each basket gets a copy)
+        total: int = 0
+
+    class GiftBasket(Basket):
+        wrapped: bool = False
+
+    one, two = GiftBasket("b1"), GiftBasket("b2")
+    one.items.add("tea")
+    one.total = 5
+    assert (two.items, two.total, two.wrapped) == (set(), 0, False)
+    assert one.snapshot_state() == {"items": {"tea"}, "total": 5, "wrapped": False}
+    assert "snapshot_every" not in vars(one) and Basket.items == set()
