@@ -30,7 +30,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from eventfold.projections.definition.fields import key_text, path_value
-from eventfold.projections.definition.projection import Event, EventType, FoldProjection
+from eventfold.projections.definition.projection import (
+    Event,
+    EventType,
+    FoldProjection,
+    event_type_names,
+)
 from eventfold.projections.definition.typed import Typed
 from eventfold.reactions.definition import (
     Source,
@@ -110,12 +115,14 @@ class ProcessContext:
 class Process:
     """``handle`` runs once per event of ``sources`` and per timer, for the key ``key_by``
     names in the event's data (a dotted path reaches into it: ``order.id``; its stream id
-    without one), one event of a key after another."""
+    without one), one event of a key after another. Events that name their process by
+    different fields map each type to its own (``{"PaymentTaken": "order.id", ...}``), as a
+    saga's handlers each name their association property."""
 
     name: str
     sources: tuple[str, ...]
     handle: Callable[[ProcessContext, Event], None]
-    key_by: str | None = None
+    key_by: str | Mapping[str, str] | None = None
     start: Start = "latest"
     derived_topics: tuple[str, ...] = ()
     event_types: frozenset[str] | None = None
@@ -123,6 +130,12 @@ class Process:
 
     def __post_init__(self) -> None:
         check_name(self)
+        if isinstance(self.key_by, Mapping):
+            unkeyed = (self.event_types or frozenset({"(any type)"})) - self.key_by.keys()
+            if unkeyed:
+                raise ValueError(f"process {self.name!r}: key_by names no field for "
+                                 f"{', '.join(sorted(unkeyed))} (with key_by by event type, "
+                                 f"name event_types and a field for each)")
 
     def read_model(self) -> FoldProjection:
         """The projection of its running keys (``<name>_processes``): a read model and a
@@ -132,10 +145,11 @@ class Process:
     def key_of(self, event: Event) -> str:
         if self.key_by is None or event.event_id.startswith(_OWN_EVENTS):
             return event.stream_id  # a timer's or a refusal's: its key
+        path = self.key_by if isinstance(self.key_by, str) else self.key_by[event.type]
         # A projection's rule, so one field keys a process and a re-keyed projection alike
-        key = key_text(path_value(event.data, self.key_by))
+        key = key_text(path_value(event.data, path))
         if key is None:
-            raise KeyError(f"{event.type} has no {self.key_by!r} to key the process by")
+            raise KeyError(f"{event.type} has no {path!r} to key the process by")
         return key
 
     def step(self, context: ProcessContext, event: Event) -> list[Command]:
@@ -160,15 +174,21 @@ class TypedHandle(Typed):
         self.function(context, self.typed(event))
 
 
-def process(name: str, sources: Sequence[Source], key_by: str | None = None,
-            start: Start = "latest", event_types: Sequence[EventType] | None = None
+def process(name: str, sources: Sequence[Source],
+            key_by: str | Mapping[EventType, str] | None = None, start: Start = "latest",
+            event_types: Sequence[EventType] | None = None
             ) -> Callable[[Callable[[ProcessContext, Any], None]], Process]:
     """Decorator: a function of a ``ProcessContext`` and an event becomes a ``Process``
-    (``event_types`` as ``reaction``'s; a timer comes as the ``Event`` named after it)."""
+    (``event_types`` as ``reaction``'s; a timer comes as the ``Event`` named after it).
+    ``key_by``: one field of every event's data, or a field per event type (by class or
+    name)."""
+    paths = key_by if key_by is None or isinstance(key_by, str) else {
+        next(iter(event_type_names([event_type]))): path
+        for event_type, path in key_by.items()}
 
     def define(handle: Callable[[ProcessContext, Any], None]) -> Process:
         return Process(name=name, handle=typed(TypedHandle, handle, event_types),
-                       key_by=key_by, start=start, **subscription(sources, event_types))
+                       key_by=paths, start=start, **subscription(sources, event_types))
 
     return define
 
