@@ -5,8 +5,9 @@ Three layers, each importing only those before it:
 - ``domain``: aggregates, domain events and their registry, value checks, ids;
 - ``persistence``: the Postgres event store (events and their outbox rows appended in ONE
   transaction), group commit, repositories;
-- ``commands`` (the application: commands, handlers, the command bus) and ``http`` (the
-  command API, a transport over the bus, with its OpenAPI document in ``openapi``).
+- ``commands`` (the application: commands and where they are handled), ``bus`` (the command
+  bus that executes them) and ``http`` (the command API, a transport over the bus, with its
+  OpenAPI document in ``openapi``).
 
 May import: the standard library, SQLAlchemy, psycopg, pydantic, FastAPI, prometheus-client
 (``metrics``, a leaf every layer may import) and ``eventfold.contract``. It imports no other
@@ -14,10 +15,9 @@ Eventfold package: everything downstream (outbox, projections, read_api) depends
 the reverse.
 """
 
+from eventfold.write_model.bus import AsyncCommandBus, CommandBus
 from eventfold.write_model.commands import (
-    AsyncCommandBus,
     Command,
-    CommandBus,
     CommandRegistry,
     CommandResult,
     TargetId,

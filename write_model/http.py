@@ -34,7 +34,8 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventfold.contract.asgi import Match, RouterBypass
-from eventfold.write_model.commands import AsyncCommandBus, Command
+from eventfold.write_model.bus import AsyncCommandBus
+from eventfold.write_model.commands import Command
 from eventfold.write_model.domain.aggregate import DomainError
 from eventfold.write_model.domain.values import (
     storable_problem,
