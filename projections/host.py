@@ -346,7 +346,7 @@ class _Supervisor:
         runner."""
         from eventfold.projections.running_query import described, stop_gracefully
         from eventfold.projections.state.lease import WriterBusy, WriterFenced
-        from eventfold.projections.state.topics import WritesFenced
+        from eventfold.projections.state.transactions import WritesFenced
 
         host, name = self.host, self.name
         runner = None

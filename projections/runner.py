@@ -52,14 +52,11 @@ from eventfold.projections.running_query import RunningQuery, described
 from eventfold.projections.state.catalog import ProjectionCatalog
 from eventfold.projections.state.lease import LEASE_S, WriterLease
 from eventfold.projections.state.parking import ParkedKeysReleased
+from eventfold.projections.state.producer import LetterNote
 from eventfold.projections.state.stage import NOTED_LETTERS, KeySplitAcrossPartitions, StagedBatch
 from eventfold.projections.state.store import ReadModelStore
-from eventfold.projections.state.topics import (
-    LetterNote,
-    TopicSink,
-    fence_writers,
-    writer_slots,
-)
+from eventfold.projections.state.topics import TopicSink
+from eventfold.projections.state.transactions import fence_writers, writer_slots
 from eventfold.projections.stream_thread import StreamThread
 from eventfold.projections.task_errors import raised_in_task
 from eventfold.projections.upkeep import Upkeep

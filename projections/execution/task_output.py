@@ -15,8 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from eventfold.projections.state.producer import LetterNote
 from eventfold.projections.state.stage import TASK_PHASES, StagedBatch
-from eventfold.projections.state.topics import LetterNote
 
 
 class Row(StrEnum):

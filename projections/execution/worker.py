@@ -20,10 +20,10 @@ from eventfold.contract import libpq_url
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consumer_config
 from eventfold.outbox.topics import EVENT_TOPIC_CONFIG, Replication, TopicAdmin
-from eventfold.projections.state.topics import (
+from eventfold.projections.state.producer import new_producer
+from eventfold.projections.state.transactions import (
     DRIVER_SLOT,
     TransactionalWrites,
-    new_producer,
     writer_transactional_id,
 )
 

@@ -24,9 +24,10 @@ from eventfold.projections.execution.context import BatchContext
 from eventfold.projections.faults import crash_point
 from eventfold.projections.outcome import FoldOutcome, RawRecords
 from eventfold.projections.state.lease import epoch_is, guard_kafka_commit
+from eventfold.projections.state.producer import LetterNote, OutputProducer
 from eventfold.projections.state.stage import NOTED_LETTERS, StagedBatch
 from eventfold.projections.state.store import ReadModelStore, server_started
-from eventfold.projections.state.topics import LetterNote, OutputProducer, TransactionalWrites
+from eventfold.projections.state.transactions import TransactionalWrites
 
 
 class TaskClock:

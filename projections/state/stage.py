@@ -21,12 +21,12 @@ from eventfold.projections.outcome import DeadLetter, KeyState
 from eventfold.projections.state.parking import (
     stage_letters,
 )
+from eventfold.projections.state.producer import LetterNote
 from eventfold.projections.state.schema import (
     stage_sources_table,
     stage_table,
     state_table,
 )
-from eventfold.projections.state.topics import LetterNote
 from eventfold.projections.task_errors import TaskError
 
 SYSTEM_COLUMNS = ("_version", "_position", "_deleted")

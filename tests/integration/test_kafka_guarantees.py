@@ -29,8 +29,8 @@ from eventfold.outbox.topics import (
 )
 from eventfold.projections import FoldProjection
 from eventfold.projections.retention import SourceDataLost, SourceTopicRecreated
+from eventfold.projections.state.producer import DeliveryFailed
 from eventfold.projections.state.topics import (
-    DeliveryFailed,
     OutputTopicConfigs,
     TopicSink,
     ensure_projection_topics,

@@ -9,7 +9,7 @@ import pytest
 
 from eventfold.projections.execution import jobs, turns, writes
 from eventfold.projections.state.lease import WriterBusy, WriterFenced
-from eventfold.projections.state.topics import writer_slots, writer_transactional_id
+from eventfold.projections.state.transactions import writer_slots, writer_transactional_id
 
 
 @pytest.fixture
