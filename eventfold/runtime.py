@@ -190,7 +190,8 @@ class Runtime:
         """A host running ``names`` in one Spark application (``projections.host``), wired to
         this runtime's runners, replays and metrics; ``holder``: the writer leases' holder
         it takes them as (None: this process)."""
-        from eventfold.projections.host import HostWiring, ProjectionHost
+        from eventfold.projections.host import ProjectionHost
+        from eventfold.projections.host_wiring import HostWiring
 
         settings = self.settings
 

@@ -24,9 +24,10 @@ Layers, each importing only those above it:
   ``writes`` (what a task writes), ``task_output`` (the counts tasks hand the driver),
   ``worker`` (what a Python worker keeps between tasks), ``executor`` (what every task does
   first), the sources (``kafka_source``, ``store_source``);
-- what runs them: ``host`` (one Spark application running several, supervised, with the
-  replays handed to it, ``replay_requests`` being the requester's side; wired by the
-  composition root through ``HostWiring``), ``runner``
+- what runs them: ``host`` (one Spark application running several, with the replays handed
+  to it, ``replay_requests`` being the requester's side; wired by the composition root
+  through ``host_wiring.HostWiring``), ``supervision`` (each of them on a thread of its own:
+  the writer lease, warm standby, stalls and restarts), ``runner``
   (with its ``run_settings``, ``progress`` and ``retention`` check, driven by a
   ``stream_thread`` (idle, on the process's shared ``source_watch``), seen by callers as a
   ``running_query``),

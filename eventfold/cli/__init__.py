@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as exc:
         from eventfold.local_stack import StackError
-        from eventfold.projections.host import ProjectionsStopped, needs_a_person
+        from eventfold.projections.host_wiring import ProjectionsStopped, needs_a_person
         from eventfold.projections.replay_requests import ReplayCancelled, ReplayFailed
 
         if isinstance(exc, ReplayCancelled):

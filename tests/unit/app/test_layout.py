@@ -56,7 +56,8 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
         f"{package} imports {sorted(imported - ALLOWED[package])}")
 
 
-RUNNING = {f"projections.{m}" for m in ("host", "replay_requests", "signals", "runner",
+RUNNING = {f"projections.{m}" for m in ("host", "host_wiring", "supervision",
+                                         "replay_requests", "signals", "runner",
                                          "run_settings", "progress",
                                          "retention", "running_query",
                                          "stream_thread", "source_watch", "replay", "status",

@@ -15,16 +15,12 @@ import pytest
 from eventfold import cli
 from eventfold.cli import projection as projection_cli
 from eventfold.projections import host as projection_host
-from eventfold.projections.host import (
-    MAX_FAILED_STARTS,
-    HostWiring,
-    ProjectionHost,
-    _RunOutcome,
-    _Supervisor,
-)
+from eventfold.projections.host import ProjectionHost
+from eventfold.projections.host_wiring import MAX_FAILED_STARTS, HostWiring
+from eventfold.projections.supervision import RunOutcome, Supervisor
 
-BROKER_DOWN = _RunOutcome(0, "KafkaException: broker down")
-REFUSED = _RunOutcome(0, "psycopg.OperationalError: connection refused")
+BROKER_DOWN = RunOutcome(0, "KafkaException: broker down")
+REFUSED = RunOutcome(0, "psycopg.OperationalError: connection refused")
 
 
 class _Spark:
@@ -50,9 +46,9 @@ def host_of(monkeypatch):
     waits = threading.Event.wait
     wiring = _wiring()
 
-    def run_with(outcomes: dict[str, list[_RunOutcome]]) -> int:
-        def run_until_it_ends(supervisor: _Supervisor, lease: object,
-                              ready: object = None) -> _RunOutcome:
+    def run_with(outcomes: dict[str, list[RunOutcome]]) -> int:
+        def run_until_it_ends(supervisor: Supervisor, lease: object,
+                              ready: object = None) -> RunOutcome:
             calls[supervisor.name] += 1
             return outcomes[supervisor.name][calls[supervisor.name] - 1]
 
@@ -65,7 +61,7 @@ def host_of(monkeypatch):
             pauses[thread].append(timeout)
             return False
 
-        monkeypatch.setattr(_Supervisor, "_run_until_it_ends", run_until_it_ends)
+        monkeypatch.setattr(Supervisor, "_run_until_it_ends", run_until_it_ends)
         monkeypatch.setattr(threading.Event, "wait", wait)
         monkeypatch.setattr(projection_host, "stop_on_signal", lambda requested: None)
         monkeypatch.setattr(projection_cli, "_projection",
@@ -82,7 +78,7 @@ def host_of(monkeypatch):
 
 
 def test_a_run_that_keeps_failing_stops_with_exit_code_1(host_of, capsys) -> None:
-    code = host_of({"orders": [BROKER_DOWN] * 3 + [_RunOutcome(2, BROKER_DOWN.error)]
+    code = host_of({"orders": [BROKER_DOWN] * 3 + [RunOutcome(2, BROKER_DOWN.error)]
                     + [REFUSED] * 10})
     assert code == 1
     # 3 failures; a run that made batches before it failed (the count starts again, at 1);
@@ -95,7 +91,7 @@ def test_a_run_that_keeps_failing_stops_with_exit_code_1(host_of, capsys) -> Non
 
 
 def test_in_a_host_the_projection_that_gives_up_stops_alone(host_of, capsys) -> None:
-    code = host_of({"orders": [REFUSED] * 10, "customers": [BROKER_DOWN, _RunOutcome(7)]})
+    code = host_of({"orders": [REFUSED] * 10, "customers": [BROKER_DOWN, RunOutcome(7)]})
     assert code == 1
     assert host_of.calls == {"orders": 1 + MAX_FAILED_STARTS, "customers": 2}
     assert host_of.pauses["projection-customers"] == [2]
@@ -105,9 +101,9 @@ def test_in_a_host_the_projection_that_gives_up_stops_alone(host_of, capsys) -> 
 
 
 def test_a_stop_signal_during_a_pause_ends_the_run_cleanly(monkeypatch) -> None:
-    monkeypatch.setattr(_Supervisor, "_run_until_it_ends",
+    monkeypatch.setattr(Supervisor, "_run_until_it_ends",
                         lambda self, lease, ready=None: BROKER_DOWN)
     monkeypatch.setattr(threading.Event, "wait", lambda self, timeout=None: True)
     host = ProjectionHost(_wiring(), ["orders"])
-    _Supervisor(host, _Spark(), "orders", None).run()  # type: ignore[arg-type]
+    Supervisor(host, _Spark(), "orders", None).run()  # type: ignore[arg-type]
     assert "orders" not in host.stopped_on

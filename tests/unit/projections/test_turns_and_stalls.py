@@ -84,17 +84,18 @@ def test_each_stall_without_a_batch_doubles_the_bound_until_a_batch_commits(
     cancelled at the same point on every start until the host gives up."""
     from types import SimpleNamespace
 
-    from eventfold.projections import host
+    from eventfold.projections import supervision
 
     never = SimpleNamespace(is_set=lambda: False, wait=lambda _s: False)
     a_host = SimpleNamespace(stop_requested=never, standby=False)
-    supervisor = host._Supervisor(a_host, None, "sales", None)  # type: ignore[arg-type]
-    outcomes = iter([host._RunOutcome(0, "stalled", stalled=True)] * 6
-                    + [host._RunOutcome(2, "stalled", stalled=True),
-                       host._RunOutcome(0, "stalled", stalled=True), host._RunOutcome(1)])
+    supervisor = supervision.Supervisor(a_host, None, "sales", None)  # type: ignore[arg-type]
+    stalled = supervision.RunOutcome
+    outcomes = iter([stalled(0, "stalled", stalled=True)] * 6
+                    + [stalled(2, "stalled", stalled=True),
+                       stalled(0, "stalled", stalled=True), stalled(1)])
     floors: list[float] = []
 
-    def run_once(_lease: object, _ready: object = None) -> host._RunOutcome:
+    def run_once(_lease: object, _ready: object = None) -> supervision.RunOutcome:
         floors.append(supervisor.stall_floor_s(5))
         return next(outcomes)
 
