@@ -56,7 +56,7 @@ def test_each_package_imports_only_what_its_docstring_allows(package: str) -> No
         f"{package} imports {sorted(imported - ALLOWED[package])}")
 
 
-RUNNING = {f"projections.{m}" for m in ("host", "host_wiring", "supervision",
+RUNNING = {f"projections.{m}" for m in ("host", "host_wiring", "supervision", "batch",
                                          "replay_requests", "signals", "runner",
                                          "run_settings", "progress",
                                          "retention", "running_query",
