@@ -27,6 +27,7 @@ commands after (``outbox``), so a step that lost to another runner sends nothing
   the retries operators ask for;
 - ``batch``: one batch as a runner reads and acts on it, and what a runner counts;
 - ``sending``: commands sent through the bus in order per group, refusals recorded;
+- ``effects``: an effect's calls, at least once per event, given up on loudly;
 - ``outbox``: a process manager's saved commands, sent after its steps commit;
 - ``process_steps``: a process manager's events and due timers stepped, saved, then sent;
 - ``runner``: the loop that reads, reacts (or steps), sends and saves;

@@ -22,7 +22,6 @@ import socket
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +37,6 @@ from confluent_kafka import (
 )
 
 from eventfold.contract import PartitionKey, libpq_url
-from eventfold.contract.backoff import doubled
 from eventfold.contract.envelope import EventEnvelope, MalformedEvent
 from eventfold.outbox.connection import KafkaConnection
 from eventfold.outbox.kafka import consume_available, partition_ends
@@ -46,6 +44,7 @@ from eventfold.projections.definition.projection import Event
 from eventfold.projections.faults import acting_as, crash_point
 from eventfold.reactions.batch import ReactionBatch, ReactionCounts
 from eventfold.reactions.definition import Declared, Effect, Reaction, topics_of, wants
+from eventfold.reactions.effects import call_effects
 from eventfold.reactions.operations import SourceIds, SourcesMadeAgain, group_of, place
 from eventfold.reactions.parking import Parking, open_parking, save_parking
 from eventfold.reactions.positions import (
@@ -60,8 +59,6 @@ from eventfold.reactions.sending import UNAVAILABLE, CommandSender, Outgoing
 from eventfold.write_model import AsyncCommandBus, Command
 
 log = logging.getLogger(__name__)
-
-MAX_EFFECT_PAUSE_S = 30.0
 
 REPORT_EVERY_S = 10.0
 
@@ -272,7 +269,7 @@ class ReactionRunner:
         if isinstance(self.reaction, Reaction):
             self._react(self.reaction, batch)
         elif isinstance(self.reaction, Effect):
-            await self._call_effects(self.reaction, batch)
+            await call_effects(self.reaction, batch, self.counts)
         answered = await self.sender.send(batch.outgoing)
         self.counts.answered(answered)
         if batch.outgoing or batch.called:
@@ -336,49 +333,6 @@ class ReactionRunner:
                 batch.outgoing.append(Outgoing(command.stream_id(), command, event.event_id,
                                                index, event.type, event.stream_id,
                                                correlation_id))
-
-    async def _call_effects(self, effect: Effect, batch: ReactionBatch) -> None:
-        """Each event's side effect, at least once: one stream's events one after the other,
-        streams concurrently; a call given up on is recorded (``failed``) and parks its
-        stream."""
-        by_stream: dict[str, list[tuple[Event, str | None]]] = defaultdict(list)
-        for event, correlation_id in batch.events:
-            by_stream[event.stream_id].append((event, correlation_id))
-
-        async def call_in_order(stream: str, events: list[tuple[Event, str | None]]) -> None:
-            for event, correlation_id in events:
-                if batch.parking.holds(stream, event, correlation_id):
-                    continue
-                if (error := await self._call(effect, event)) is not None:
-                    reason = (f"{effect.max_attempts} attempts, the last: "
-                              f"{type(error).__name__}: {error}")
-                    batch.refusals.append(Refusal(event.event_id, 0, "failed", event.type,
-                                                  stream, reason))
-                    batch.parking.park(stream, event, correlation_id, reason)
-
-        await asyncio.gather(*(call_in_order(stream, events)
-                               for stream, events in by_stream.items()))
-        batch.called = bool(by_stream)
-
-    async def _call(self, effect: Effect, event: Event) -> Exception | None:
-        """Call ``effect`` for ``event`` until it returns or has failed ``max_attempts``
-        times (the last error then), pausing twice as long after each failure."""
-        key = effect.idempotency_key(event)
-        for attempt in range(1, effect.max_attempts + 1):
-            try:
-                await asyncio.to_thread(effect.call, event, key)
-                self.counts.sent += 1
-                return None
-            except Exception as exc:  # the user's call: tried again, then recorded
-                if attempt == effect.max_attempts:
-                    log.warning("effect %s: event %s given up after %d attempts: %s",
-                                effect.name, event.event_id, attempt, exc)
-                    return exc
-                pause = doubled(effect.first_pause_s, attempt, MAX_EFFECT_PAUSE_S)
-                log.info("effect %s: event %s, attempt %d failed (%s); again in %.1f s",
-                         effect.name, event.event_id, attempt, exc, pause)
-                await asyncio.sleep(pause)
-        raise AssertionError("unreachable")
 
     def _drop_connection(self) -> None:
         if self._conn is not None:
