@@ -2,7 +2,8 @@
 
 Owns: the stores (``stores``: their contract; ``rocksdb_store``: RocksDB on local disk, one
 database per topic partition with the changelog offset it has applied written in the same batch
-as the data), and the view that restores a store from its topic and follows it (``view``). A
+as the data), and the view that restores a store from its topic and follows it (``view``, as
+its store's writer in ``store_writer``). A
 restart of a RocksDB store restores only the records after its checkpoint; a store whose
 checkpoint is not valid for the topic (recreated, offsets beyond its end) is wiped and
 restored, saying why.
