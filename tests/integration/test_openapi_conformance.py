@@ -29,7 +29,7 @@ def fuzz(url: str, report: Path, token: str | None, seed: int) -> list[dict]:
     auth = ["--header", f"Authorization: Bearer {token}"] if token else []
     result = subprocess.run(
         [str(SCHEMATHESIS), "run", f"{url}/openapi.json", "--phases",
-         "examples,coverage,fuzzing", "--max-examples", "15", "--seed", str(seed), "--no-color",
+         "examples,coverage,fuzzing", "--max-examples", "30", "--seed", str(seed), "--no-color",
          "--report", "har", "--report-har-path", str(report), *auth],
         capture_output=True, text=True, timeout=600, check=False, cwd=report.parent)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

@@ -50,7 +50,7 @@ from tests.kafka_helpers import read_table, read_topic
 from tests.parity import LOOKUP_ROWS, PARTITIONS, Step, comparable, kinds, long_logs, records_of
 
 _examples = count()
-EXAMPLES = int(os.environ.get("EVENTFOLD_PARITY_EXAMPLES", "4"))
+EXAMPLES = int(os.environ.get("EVENTFOLD_PARITY_EXAMPLES", "3"))
 """Random logs per pipeline: each costs a topic and a few Spark jobs, so CI runs a few; set
 more to hunt."""
 
